@@ -1,0 +1,248 @@
+"""`upsertctl`: the engine for humans and scripts.
+
+Exit codes: 0 ok; 2 usage or bad configuration; 3 bad input data (nothing committed);
+4 integrity violation; 5 commit outcome unknown (safe to retry); 1 anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import socket
+import sys
+import uuid
+from typing import Any, Sequence
+
+from airflow_upsert_provider.engine.errors import UpsertError
+
+DEFAULT_CONSENSUS_URL = "sqlite:///./.upsert/consensus.db"
+DEFAULT_BLOB_ROOT = "./.upsert/blob"
+
+EPILOG = """exit codes: 0 ok; 2 usage or bad configuration; 3 bad input data (nothing committed);
+4 integrity violation; 5 commit outcome unknown (safe to retry)
+
+defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
+          --blob-root from UPSERT_BLOB_ROOT, else ./.upsert/blob;
+          --master from UPSERT_SPARK_MASTER, else local[*]"""
+
+
+def _common_options() -> argparse.ArgumentParser:
+    # Accepted before or after the command: `upsertctl --consensus X status s` and
+    # `upsertctl status s --consensus X` mean the same.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--consensus", default=argparse.SUPPRESS, metavar="URL", help="consensus store URL")
+    common.add_argument("--blob-root", default=argparse.SUPPRESS, metavar="PATH", help="root of runs and checkpoints")
+    common.add_argument("--master", default=argparse.SUPPRESS, help="Spark master (default local[*])")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options()
+    parser = argparse.ArgumentParser(
+        prog="upsertctl",
+        description="Micro-batch upserts on Spark into a keyed table with a durable frontier.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    init = commands.add_parser("init", parents=[common], help="create a shard")
+    init.add_argument("shard")
+    init.add_argument("--source", required=True, help="dir:/path/to/landing")
+    init.add_argument("--key", action="append", required=True, help="key column (repeat for a compound key)")
+    init.add_argument("--order-by", help="order column: within a key the highest wins")
+    init.add_argument("--delete-marker", help="boolean column: true deletes the key")
+    init.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", dest="source_format")
+    init.add_argument("--buckets", type=int, default=None)
+    init.add_argument("--max-files-per-batch", type=int, default=None)
+    init.add_argument("--schema", help="column types as DDL ('id BIGINT, name STRING'); inferred from the source if omitted")
+    init.add_argument("--json", action="store_true")
+
+    status = commands.add_parser("status", parents=[common], help="frontier, source lag and row count")
+    status.add_argument("shard")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--no-rows", action="store_true", help="skip the row count (no Spark job)")
+
+    run = commands.add_parser("run-batch", parents=[common], help="run micro-batches")
+    run.add_argument("shard")
+    amount = run.add_mutually_exclusive_group()
+    amount.add_argument("--max-batches", type=int, default=1)
+    amount.add_argument("--until-caught-up", action="store_true")
+    run.add_argument("--writer-id", help="identity recorded with each commit (default: host, pid and a random part)")
+    run.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
+    run.add_argument("--json", action="store_true")
+
+    read = commands.add_parser("read", parents=[common], help="print the table, sorted by key")
+    read.add_argument("shard")
+    read.add_argument("--as-of", type=int, default=None)
+    read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
+    read.add_argument("--out", help="write to this file instead of stdout")
+    return parser
+
+
+class Context:
+    """Engine objects built from the global options, Spark only on demand."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from airflow_upsert_provider.engine.blob import open_blob
+        from airflow_upsert_provider.engine.consensus import open_consensus
+
+        url = getattr(args, "consensus", None) or os.environ.get("UPSERT_CONSENSUS_URL") or DEFAULT_CONSENSUS_URL
+        root = getattr(args, "blob_root", None) or os.environ.get("UPSERT_BLOB_ROOT") or DEFAULT_BLOB_ROOT
+        self.consensus = open_consensus(url)
+        self.blob = open_blob(root)
+        self.master = getattr(args, "master", None)
+        self._spark = None
+
+    def spark(self):
+        if self._spark is None:
+            from airflow_upsert_provider.engine.spark import get_spark
+
+            self._spark = get_spark(self.master)
+        return self._spark
+
+    def shard(self, shard_id: str):
+        from airflow_upsert_provider.engine.shard import Shard
+
+        return Shard.open(self.consensus, self.blob, shard_id)
+
+
+def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.config import (
+        DEFAULT_BUCKETS,
+        DEFAULT_MAX_FILES_PER_BATCH,
+        ShardConfig,
+        validate_shard_id,
+    )
+    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.sources import open_source
+    from airflow_upsert_provider.engine.upsert import infer_schema, parse_schema
+
+    validate_shard_id(args.shard)
+    source = open_source(args.source, args.source_format)
+    source.check()
+    spark = ctx.spark()
+    schema = parse_schema(spark, args.schema) if args.schema else infer_schema(spark, source)
+    config = ShardConfig(
+        source=source.uri,
+        keys=tuple(args.key),
+        schema=schema,
+        order_by=args.order_by,
+        delete_marker=args.delete_marker,
+        source_format=args.source_format,
+        buckets=args.buckets or DEFAULT_BUCKETS,
+        max_files_per_batch=args.max_files_per_batch or DEFAULT_MAX_FILES_PER_BATCH,
+    )
+    shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config)
+    return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0}
+
+
+def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    shard = ctx.shard(args.shard)
+    return shard.status(None if args.no_rows else ctx.spark()).to_dict()
+
+
+def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.writer import Writer
+
+    shard = ctx.shard(args.shard)
+    writer_id = args.writer_id or f"upsertctl:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    writer = Writer(shard, writer_id, spark_factory=ctx.spark, on_bad_record=args.on_bad_record)
+    tty = sys.stderr.isatty()
+    done = 0
+
+    def on_result(result) -> None:
+        nonlocal done
+        if not result.progressed:
+            return
+        done += 1
+        lag = sum(result.lag_offsets.values())
+        line = (
+            f"batch ts={result.ts} {result.outcome}: rows in {result.rows_in}, out {result.rows_out}, "
+            f"rejected {result.rejected}, {result.seconds:.2f}s; {done} done, lag {lag} offsets"
+        )
+        if tty:
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+        elif not args.json:
+            print(line, flush=True)
+
+    report = writer.run(
+        max_batches=None if args.until_caught_up else args.max_batches,
+        until_caught_up=args.until_caught_up,
+        on_result=on_result,
+    )
+    if tty and done:
+        print(file=sys.stderr)
+    out = {"shard": shard.shard_id, "writer_id": writer_id, **report.to_dict()}
+    if not args.json:
+        print(f"upper: {report.upper} ({out['committed']} committed, {len(report.results)} step(s))")
+        return {}
+    return out
+
+
+def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.upsert import table_columns
+
+    shard = ctx.shard(args.shard)
+    frame = shard.read(ctx.spark(), as_of=args.as_of).orderBy(*shard.config.keys)
+    columns = table_columns(shard.config)
+    handle = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout
+    try:
+        if args.output_format == "csv":
+            writer = csv.writer(handle)
+            writer.writerow(columns)
+            for row in frame.toLocalIterator():
+                writer.writerow(["" if row[c] is None else row[c] for c in columns])
+        else:
+            for row in frame.toLocalIterator():
+                handle.write(json.dumps(row.asDict(), default=str, sort_keys=False) + "\n")
+    finally:
+        if args.out:
+            handle.close()
+    return {}
+
+
+COMMANDS = {"init": cmd_init, "status": cmd_status, "run-batch": cmd_run_batch, "read": cmd_read}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    as_json = getattr(args, "json", False)
+    try:
+        ctx = Context(args)
+        result = COMMANDS[args.command](ctx, args)
+    except UpsertError as exc:
+        payload = exc.to_dict()
+        if as_json:
+            print(json.dumps(payload, default=str))
+        print(f"upsertctl: {exc.message}", file=sys.stderr)
+        for item in payload.get("records", [])[:5]:
+            print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("upsertctl: interrupted", file=sys.stderr)
+        return 130
+    if result:
+        if as_json:
+            print(json.dumps(result, default=str))
+        else:
+            _print_human(result)
+    return 0
+
+
+def _print_human(result: dict[str, Any]) -> None:
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for k, v in value.items():
+                print(f"  {k}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}")
+        else:
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

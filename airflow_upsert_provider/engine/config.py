@@ -1,0 +1,98 @@
+"""Shard configuration: what a shard is keyed on and where its source lives."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+SHARD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SOURCE_FORMATS = ("jsonl", "parquet")
+DEFAULT_BUCKETS = 8
+DEFAULT_MAX_FILES_PER_BATCH = 64
+# Columns the engine adds to runs; user columns may not use these names.
+INTERNAL_COLUMNS = ("_ts", "_deleted", "_bucket", "_partition", "_offset", "_line")
+
+
+def validate_shard_id(shard_id: str) -> str:
+    if not SHARD_ID_PATTERN.match(shard_id or ""):
+        raise ConfigurationError(
+            f"invalid shard id {shard_id!r}: use letters, digits, '_', '.', '-' (max 128), "
+            "starting with a letter or digit",
+            field="shard",
+        )
+    return shard_id
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """Immutable definition of a shard, stored in consensus at `init`.
+
+    :param source: source URI, ``dir:/path/to/landing`` (or ``kafka:...`` later).
+    :param keys: key column(s).
+    :param schema: Spark StructType as JSON; the types every record is validated against.
+    :param order_by: optional order column; within a key the highest wins, then
+        (partition, offset, line).
+    :param delete_marker: optional boolean column; a record with it true deletes the key.
+    :param source_format: ``jsonl`` or ``parquet`` segment files.
+    :param buckets: number of hash buckets runs are split into.
+    :param max_files_per_batch: how many segment files one batch binds at most.
+    """
+
+    source: str
+    keys: tuple[str, ...]
+    schema: str
+    order_by: str | None = None
+    delete_marker: str | None = None
+    source_format: str = "jsonl"
+    buckets: int = DEFAULT_BUCKETS
+    max_files_per_batch: int = DEFAULT_MAX_FILES_PER_BATCH
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ConfigurationError("a shard needs at least one key column", field="key")
+        if self.source_format not in SOURCE_FORMATS:
+            raise ConfigurationError(
+                f"unknown source format {self.source_format!r}; expected one of {SOURCE_FORMATS}",
+                field="format",
+            )
+        if not 1 <= self.buckets <= 4096:
+            raise ConfigurationError("buckets must be between 1 and 4096", field="buckets")
+        if self.max_files_per_batch < 1:
+            raise ConfigurationError("max files per batch must be >= 1", field="max_files_per_batch")
+        columns = self.column_names()
+        for name in (*self.keys, self.order_by, self.delete_marker):
+            if name is not None and name not in columns:
+                raise ConfigurationError(
+                    f"column {name!r} is not in the schema (columns: {', '.join(columns)})",
+                    field="schema",
+                )
+        clash = sorted(set(columns) & set(INTERNAL_COLUMNS))
+        if clash:
+            raise ConfigurationError(
+                f"column name(s) {clash} are reserved by the engine", field="schema"
+            )
+
+    def schema_fields(self) -> list[dict[str, Any]]:
+        return json.loads(self.schema)["fields"]
+
+    def column_names(self) -> list[str]:
+        return [f["name"] for f in self.schema_fields()]
+
+    def value_columns(self) -> list[str]:
+        return [c for c in self.column_names() if c not in self.keys]
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["keys"] = list(self.keys)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ShardConfig":
+        data = json.loads(text)
+        data["keys"] = tuple(data["keys"])
+        return cls(**data)

@@ -1,0 +1,527 @@
+"""Consensus: the linearizable store of every shard's authoritative state.
+
+One interface, two real stores through SQLAlchemy Core: SQLite (embedded default, WAL mode,
+``BEGIN IMMEDIATE`` so a transaction takes the write lock up front) and PostgreSQL (shared,
+row-level compare-and-set). Every compare-and-set is one conditional UPDATE checked by
+rowcount inside one short transaction; nothing here is held while Spark works.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.engine.url import make_url
+
+from airflow_upsert_provider.engine.errors import (
+    ConfigurationError,
+    ConsensusUnavailable,
+    IntegrityError,
+    ShardExists,
+    ShardNotFound,
+)
+
+metadata = sa.MetaData()
+
+shards_table = sa.Table(
+    "upsert_shards",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("upper", sa.BigInteger, nullable=False),
+    sa.Column("since", sa.BigInteger, nullable=False),
+    # Bumped by every state change; compaction (which leaves upper alone) compares on it.
+    sa.Column("seqno", sa.BigInteger, nullable=False),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# binding(ts): which source offsets batch ts covers. Inserted once, never updated.
+bindings_table = sa.Table(
+    "upsert_bindings",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("ts", sa.BigInteger, primary_key=True),
+    sa.Column("ranges", sa.Text, nullable=False),
+    sa.Column("minted_by", sa.String(512), nullable=False),
+    sa.Column("minted_at", sa.Float, nullable=False),
+)
+
+# The one committed batch of every ts < upper (invariant 2: the primary key makes it one).
+batches_table = sa.Table(
+    "upsert_batches",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("ts", sa.BigInteger, primary_key=True),
+    sa.Column("writer_id", sa.String(512), nullable=False),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("run", sa.Text, nullable=False),
+    sa.Column("stats", sa.Text, nullable=False),
+    sa.Column("committed_at", sa.Float, nullable=False),
+)
+
+# Source files set aside in quarantine mode (unparseable names, late arrivals, unreadable
+# files), so each is reported once and never silently skipped.
+quarantined_files_table = sa.Table(
+    "upsert_quarantined_files",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("file", sa.String(2048), primary_key=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("ts", sa.BigInteger, nullable=False),
+)
+
+
+class AppendOutcome(str, enum.Enum):
+    COMMITTED = "committed"
+    # The upper had already moved past expected_upper with this very token: an earlier
+    # attempt of ours landed (e.g. the connection dropped after the commit).
+    ALREADY_COMMITTED = "already_committed"
+    # A peer's batch holds that ts: ours provably lost.
+    UPPER_MOVED = "upper_moved"
+    # The upper is below expected_upper: the batch must be held until the shard gets there.
+    UPPER_BEHIND = "upper_behind"
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    shard_id: str
+    upper: int
+    since: int
+    seqno: int
+    config: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Binding:
+    ts: int
+    # partition -> {"from": int, "to": int, "files": [[seq, name], ...], "count": int}
+    ranges: dict[str, dict[str, Any]]
+    # [{"file": path, "reason": str}] set aside when this binding was minted (quarantine mode)
+    quarantined: list[dict[str, str]] = field(default_factory=list)
+    minted_by: str = ""
+
+    def to_offsets(self) -> dict[str, int]:
+        return {p: r["to"] for p, r in self.ranges.items()}
+
+    def file_count(self) -> int:
+        return sum(len(r["files"]) for r in self.ranges.values())
+
+    def to_json(self) -> str:
+        return json.dumps({"ranges": self.ranges, "quarantined": self.quarantined}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    ts: int
+    writer_id: str
+    token: str
+    # {"path": staging dir, "files": [{"path", "bytes"}], "rows": int}
+    run: dict[str, Any]
+    stats: dict[str, Any]
+    committed_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    outcome: AppendOutcome
+    # The authoritative upper after the attempt, read from the store, never from a cache.
+    upper: int
+    # On UPPER_MOVED: the writer and token of the batch that holds expected_upper.
+    winner_writer_id: str | None = None
+    winner_token: str | None = None
+
+
+def _is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` as the psycopg 3 driver."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password masked, for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparseable URL still must not leak what it holds
+        return "<unparseable consensus url>"
+
+
+class Consensus:
+    """The consensus store. Create with :func:`open_consensus`."""
+
+    def __init__(self, engine: Engine, url: str) -> None:
+        self.engine = engine
+        self.url = url
+        self.dialect = engine.dialect.name
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _run(self, fn):
+        """Run ``fn(conn)`` in one transaction; map connection errors to a clear error."""
+        try:
+            with self.engine.begin() as conn:
+                return fn(conn)
+        except sa.exc.OperationalError as exc:
+            raise ConsensusUnavailable(
+                f"consensus store {redact_url(self.url)} failed: {_short(exc)}",
+                consensus=redact_url(self.url),
+            ) from None
+
+    def create_schema(self) -> None:
+        try:
+            metadata.create_all(self.engine)
+        except sa.exc.OperationalError as exc:
+            raise ConsensusUnavailable(
+                f"cannot reach consensus store {redact_url(self.url)}: {_short(exc)}",
+                consensus=redact_url(self.url),
+            ) from None
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def _insert_ignore(self, table: sa.Table, **values: Any):
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table).values(**values).on_conflict_do_nothing()
+
+    # -- shards ---------------------------------------------------------------------------
+
+    def create_shard(self, shard_id: str, config_json: str) -> ShardRecord:
+        now = time.time()
+
+        def txn(conn):
+            stmt = self._insert_ignore(
+                shards_table,
+                shard_id=shard_id,
+                upper=0,
+                since=0,
+                seqno=0,
+                config=config_json,
+                created_at=now,
+            )
+            return conn.execute(stmt).rowcount
+
+        if self._run(txn) != 1:
+            raise ShardExists(f"shard {shard_id!r} already exists", shard=shard_id)
+        return self.get_shard(shard_id)
+
+    def get_shard(self, shard_id: str) -> ShardRecord:
+        row = self._run(
+            lambda conn: conn.execute(
+                sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
+            ).first()
+        )
+        if row is None:
+            raise ShardNotFound(
+                f"unknown shard {shard_id!r} in {redact_url(self.url)} (create it with `upsertctl init`)",
+                shard=shard_id,
+            )
+        return ShardRecord(**row._mapping)
+
+    def list_shards(self) -> list[ShardRecord]:
+        rows = self._run(
+            lambda conn: conn.execute(sa.select(shards_table).order_by(shards_table.c.shard_id)).all()
+        )
+        return [ShardRecord(**r._mapping) for r in rows]
+
+    # -- bindings -------------------------------------------------------------------------
+
+    def get_binding(self, shard_id: str, ts: int) -> Binding | None:
+        row = self._run(
+            lambda conn: conn.execute(
+                sa.select(bindings_table).where(
+                    bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts
+                )
+            ).first()
+        )
+        return None if row is None else _binding_from_row(row)
+
+    def latest_binding(self, shard_id: str) -> Binding | None:
+        row = self._run(
+            lambda conn: conn.execute(
+                sa.select(bindings_table)
+                .where(bindings_table.c.shard_id == shard_id)
+                .order_by(bindings_table.c.ts.desc())
+                .limit(1)
+            ).first()
+        )
+        return None if row is None else _binding_from_row(row)
+
+    def bindings(self, shard_id: str) -> Iterator[Binding]:
+        rows = self._run(
+            lambda conn: conn.execute(
+                sa.select(bindings_table)
+                .where(bindings_table.c.shard_id == shard_id)
+                .order_by(bindings_table.c.ts)
+            ).all()
+        )
+        for row in rows:
+            yield _binding_from_row(row)
+
+    def mint_binding(self, shard_id: str, binding: Binding, minted_by: str) -> Binding:
+        """Insert binding(ts) unless one exists; return the one that is authoritative.
+
+        The insert is refused unless binding(ts-1) exists and ``binding.from`` equals its
+        ``to`` for every partition (contiguity, invariant 2)."""
+        ts = binding.ts
+
+        def txn(conn):
+            if ts > 0:
+                prev = conn.execute(
+                    sa.select(bindings_table.c.ranges).where(
+                        bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts - 1
+                    )
+                ).scalar_one_or_none()
+                if prev is None:
+                    raise IntegrityError(
+                        f"cannot bind ts {ts} of shard {shard_id!r}: binding {ts - 1} does not exist",
+                        shard=shard_id,
+                        ts=ts,
+                    )
+                prev_ranges = json.loads(prev)["ranges"]
+                for partition, rng in binding.ranges.items():
+                    expected_from = prev_ranges.get(partition, {}).get("to", 0)
+                    if rng["from"] != expected_from:
+                        raise IntegrityError(
+                            f"binding {ts} of shard {shard_id!r} is not contiguous in partition "
+                            f"{partition!r}: from {rng['from']} != previous to {expected_from}",
+                            shard=shard_id,
+                            ts=ts,
+                        )
+            inserted = conn.execute(
+                self._insert_ignore(
+                    bindings_table,
+                    shard_id=shard_id,
+                    ts=ts,
+                    ranges=binding.to_json(),
+                    minted_by=minted_by,
+                    minted_at=time.time(),
+                )
+            ).rowcount
+            # A peer's binding won: its quarantine list is the one that counts.
+            for q in binding.quarantined if inserted == 1 else ():
+                conn.execute(
+                    self._insert_ignore(
+                        quarantined_files_table,
+                        shard_id=shard_id,
+                        file=q["file"],
+                        reason=q["reason"],
+                        ts=ts,
+                    )
+                )
+            row = conn.execute(
+                sa.select(bindings_table).where(
+                    bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts
+                )
+            ).one()
+            return _binding_from_row(row)
+
+        return self._run(txn)
+
+    def quarantined_files(self, shard_id: str) -> dict[str, str]:
+        rows = self._run(
+            lambda conn: conn.execute(
+                sa.select(quarantined_files_table.c.file, quarantined_files_table.c.reason).where(
+                    quarantined_files_table.c.shard_id == shard_id
+                )
+            ).all()
+        )
+        return {r.file: r.reason for r in rows}
+
+    # -- batches --------------------------------------------------------------------------
+
+    def compare_and_append(
+        self, shard_id: str, expected_upper: int, new_upper: int, batch: BatchRecord
+    ) -> AppendResult:
+        """Commit ``batch`` at ts == expected_upper iff the authoritative upper is
+        expected_upper at commit time (invariant 3).
+
+        One transaction: a conditional UPDATE checked by rowcount, then the batch row. Any
+        driver error while it runs is re-raised as-is: the caller cannot know whether the
+        commit landed and must treat the outcome as unknown.
+        """
+        if new_upper != expected_upper + 1 or batch.ts != expected_upper:
+            raise IntegrityError(
+                f"an append covers exactly one ts: got {expected_upper}->{new_upper} for ts {batch.ts}",
+                shard=shard_id,
+            )
+        with self.engine.begin() as conn:
+            updated = conn.execute(
+                sa.update(shards_table)
+                .where(
+                    shards_table.c.shard_id == shard_id,
+                    shards_table.c.upper == expected_upper,
+                )
+                .values(upper=new_upper, seqno=shards_table.c.seqno + 1)
+            ).rowcount
+            if updated == 1:
+                conn.execute(
+                    sa.insert(batches_table).values(
+                        shard_id=shard_id,
+                        ts=batch.ts,
+                        writer_id=batch.writer_id,
+                        token=batch.token,
+                        run=json.dumps(batch.run, sort_keys=True),
+                        stats=json.dumps(batch.stats, sort_keys=True),
+                        committed_at=time.time(),
+                    )
+                )
+        if updated == 1:
+            return AppendResult(AppendOutcome.COMMITTED, new_upper)
+        return self.resolve_append(shard_id, expected_upper, batch.token)
+
+    def resolve_append(self, shard_id: str, expected_upper: int, token: str) -> AppendResult:
+        """What became of an append of ts == expected_upper with ``token``, read from the
+        authoritative store."""
+
+        def txn(conn):
+            upper = conn.execute(
+                sa.select(shards_table.c.upper).where(shards_table.c.shard_id == shard_id)
+            ).scalar_one_or_none()
+            if upper is None:
+                raise ShardNotFound(f"unknown shard {shard_id!r}", shard=shard_id)
+            winner = None
+            if upper > expected_upper:
+                winner = conn.execute(
+                    sa.select(batches_table.c.writer_id, batches_table.c.token).where(
+                        batches_table.c.shard_id == shard_id, batches_table.c.ts == expected_upper
+                    )
+                ).first()
+            return upper, winner
+
+        upper, winner = self._run(txn)
+        if upper <= expected_upper:
+            # upper == expected_upper only after an attempt that did not land: the caller
+            # may append again.
+            return AppendResult(AppendOutcome.UPPER_BEHIND, upper)
+        if winner is None:
+            raise IntegrityError(
+                f"shard {shard_id!r} has upper {upper} but no committed batch at ts {expected_upper}",
+                shard=shard_id,
+                ts=expected_upper,
+            )
+        outcome = AppendOutcome.ALREADY_COMMITTED if winner.token == token else AppendOutcome.UPPER_MOVED
+        return AppendResult(outcome, upper, winner.writer_id, winner.token)
+
+    def get_batch(self, shard_id: str, ts: int) -> BatchRecord | None:
+        row = self._run(
+            lambda conn: conn.execute(
+                sa.select(batches_table).where(
+                    batches_table.c.shard_id == shard_id, batches_table.c.ts == ts
+                )
+            ).first()
+        )
+        return None if row is None else _batch_from_row(row)
+
+    def batches(self, shard_id: str, *, from_ts: int = 0, below: int | None = None) -> list[BatchRecord]:
+        query = sa.select(batches_table).where(
+            batches_table.c.shard_id == shard_id, batches_table.c.ts >= from_ts
+        )
+        if below is not None:
+            query = query.where(batches_table.c.ts < below)
+        rows = self._run(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
+        return [_batch_from_row(r) for r in rows]
+
+
+def _binding_from_row(row) -> Binding:
+    data = json.loads(row.ranges)
+    return Binding(
+        ts=row.ts,
+        ranges=data["ranges"],
+        quarantined=data.get("quarantined", []),
+        minted_by=row.minted_by,
+    )
+
+
+def _batch_from_row(row) -> BatchRecord:
+    return BatchRecord(
+        ts=row.ts,
+        writer_id=row.writer_id,
+        token=row.token,
+        run=json.loads(row.run),
+        stats=json.loads(row.stats),
+        committed_at=row.committed_at,
+    )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised through every test
+        # Let SQLAlchemy issue BEGIN itself (below) instead of pysqlite's deferred BEGIN.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # pragma: no cover
+        # Take the write lock at BEGIN: a deferred transaction that reads then writes can
+        # fail with SQLITE_BUSY mid-way instead of waiting.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def open_consensus(url: str, *, create: bool = True) -> Consensus:
+    """Open (and by default create the tables of) the consensus store at ``url``.
+
+    ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``.
+    """
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigurationError(
+            "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
+            field="consensus",
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        path = parsed.database
+        if not path or path == ":memory:":
+            raise ConfigurationError(
+                "the SQLite consensus must be a file (sqlite:///PATH) so that writers share it",
+                field="consensus",
+            )
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        _configure_sqlite(engine)
+    elif backend == "postgresql":
+        engine = sa.create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=2,
+            max_overflow=2,
+            connect_args={"connect_timeout": 10},
+        )
+    else:
+        raise ConfigurationError(
+            f"unsupported consensus backend {backend!r}: use sqlite or postgresql",
+            field="consensus",
+        )
+    consensus = Consensus(engine, url)
+    if create:
+        consensus.create_schema()
+    return consensus

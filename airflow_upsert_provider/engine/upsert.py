@@ -1,0 +1,382 @@
+"""One upsert batch on Spark, and the merge-on-read of the table.
+
+A batch reads exactly the segment files its binding lists, validates every record, keeps the
+latest record per key by (order column, partition, offset, line), hashes keys into buckets and
+writes one sorted Parquet file per bucket under a staging path unique to (writer, ts, attempt).
+It never reads the table: a write costs O(batch), never O(table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.consensus import Binding
+from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
+from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
+from airflow_upsert_provider.engine.sources import DirectorySource, Segment
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+# How much of a bad value an error message quotes.
+QUOTE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class StagedOutput:
+    run: dict[str, Any]
+    rejects: dict[str, Any] | None
+    rows_in: int
+    rows_out: int
+    rejected: int
+
+
+def user_schema(config: ShardConfig) -> "StructType":
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(config.schema))
+
+
+def table_columns(config: ShardConfig) -> list[str]:
+    """The columns a read returns: the schema without the delete marker."""
+    return [c for c in config.column_names() if c != config.delete_marker]
+
+
+def stage_batch(
+    spark: "SparkSession",
+    shard: Shard,
+    binding: Binding,
+    *,
+    run_dir: str,
+    rejects_dir: str,
+    on_bad_record: str,
+) -> StagedOutput:
+    """Write the runs of batch ``binding.ts`` under ``run_dir``; nothing is committed here."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    config = shard.config
+    segments = shard.segment_paths(binding)
+    missing = [s.path for s in segments if not os.path.isfile(s.path)]
+    if missing:
+        raise BadInputError(
+            f"{len(missing)} segment file(s) bound to batch {binding.ts} are missing; first: "
+            f"{missing[0]} (a bound segment must stay in place until its batch commits)",
+            records=[{"file": p, "reason": "missing"} for p in missing[:MAX_REPORTED]],
+            count=len(missing),
+        )
+    if not segments:
+        return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
+
+    if config.source_format == "jsonl":
+        records = _jsonl_records(spark, config, segments)
+    else:
+        records = _parquet_records(spark, shard, segments, on_bad_record)
+    records = records.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        totals = records.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("bad")).first()
+        rows_in, rejected = int(totals["n"]), int(totals["bad"])
+        rejects = None
+        if rejected:
+            bad = records.where(F.col("_reason").isNotNull())
+            if on_bad_record == "fail":
+                sample = (
+                    bad.select("_file", "_line", "_reason")
+                    .orderBy("_partition", "_offset", "_line")
+                    .limit(MAX_REPORTED)
+                    .collect()
+                )
+                listed = [{"file": _local_path(r["_file"]), "line": r["_line"], "reason": r["_reason"]} for r in sample]
+                first = listed[0]
+                raise BadInputError(
+                    f"{rejected} bad record(s) in batch {binding.ts}; first: {first['file']} "
+                    f"line {first['line']}: {first['reason']} (nothing was committed; fix the "
+                    "data or run with --on-bad-record quarantine)",
+                    records=listed,
+                    count=rejected,
+                    ts=binding.ts,
+                )
+            (
+                bad.select(
+                    F.regexp_replace("_file", "^file:(//)?", "").alias("file"),
+                    F.col("_line").alias("line"),
+                    F.col("_reason").alias("reason"),
+                    F.col("_raw").alias("record"),
+                )
+                .coalesce(1)
+                .write.mode("errorifexists")
+                .json(rejects_dir)
+            )
+            rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
+        latest = _latest_per_key(records.where(F.col("_reason").isNull()), config, binding.ts)
+        keys = list(config.keys)
+        (
+            latest.repartition(config.buckets, "_bucket")
+            .sortWithinPartitions("_bucket", *keys)
+            .write.mode("errorifexists")
+            .partitionBy("_bucket")
+            .parquet(run_dir)
+        )
+    finally:
+        records.unpersist()
+    files = run_files(shard, run_dir)
+    rows_out = _parquet_rows([shard.blob.path(f["path"]) for f in files])
+    run = {"path": _relative(shard, run_dir), "files": files, "rows": rows_out}
+    return StagedOutput(run, rejects, rows_in, rows_out, rejected)
+
+
+def run_files(shard: Shard, run_dir: str) -> list[dict[str, Any]]:
+    """The Parquet files of a staged run, relative to the blob root, with their sizes."""
+    return [
+        {"path": _relative(shard, f.path), "bytes": f.size}
+        for f in shard.blob.walk_files(run_dir)
+        if f.path.endswith(".parquet") and not os.path.basename(f.path).startswith((".", "_"))
+    ]
+
+
+def read_runs(spark: "SparkSession", config: ShardConfig, blob, runs: list[dict[str, Any]]) -> "DataFrame":
+    """Merge runs: per key the record of the highest ts wins; tombstones removed."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    schema = user_schema(config)
+    columns = table_columns(config)
+    paths = [blob.path(f["path"]) for run in runs for f in run["files"]]
+    out_schema = StructType([schema[c] for c in columns])
+    if not paths:
+        return spark.createDataFrame([], out_schema)
+    run_schema = StructType(
+        [schema[c] for c in columns] + [StructField("_deleted", BooleanType()), StructField("_ts", LongType())]
+    )
+    df = spark.read.schema(run_schema).option("recursiveFileLookup", "true").parquet(*paths)
+    keys = list(config.keys)
+    values = [c for c in columns if c not in keys]
+    winner = F.max_by(F.struct(*values, "_deleted"), F.col("_ts")).alias("_w")
+    merged = df.groupBy(*keys).agg(winner)
+    return merged.where(~F.col("_w._deleted")).select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values])
+
+
+# -- record parsing ---------------------------------------------------------------------------
+
+
+def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> "DataFrame":
+    """One row per non-blank line: position, raw text, typed columns and why it is bad."""
+    from pyspark.sql import functions as F
+
+    schema = user_schema(config)
+    lines = spark.read.text([s.path for s in segments], wholetext=True).select(
+        F.col("_metadata.file_path").alias("_file"),
+        F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_raw"),
+    )
+    parsed = (
+        lines.where(F.trim(F.col("_raw")) != "")
+        .select(
+            "_file",
+            (F.col("_pos") + 1).alias("_line"),
+            "_raw",
+            F.from_json("_raw", schema).alias("_r"),
+            F.from_json("_raw", "MAP<STRING,STRING>").alias("_m"),
+        )
+        .withColumns(_segment_columns("_file", ".jsonl"))
+    )
+    reasons: list[Column] = [F.when(F.col("_m").isNull(), F.lit("malformed JSON: not a JSON object"))]
+    for key in config.keys:
+        reasons.append(
+            F.when(~F.map_contains_key("_m", F.lit(key)), F.lit(f"missing key column '{key}'"))
+        )
+        reasons.append(F.when(F.col(f"_r.{key}").isNull(), F.lit(f"null key column '{key}'")))
+    for field in schema.fields:
+        raw_value = F.element_at("_m", F.lit(field.name))
+        reasons.append(
+            F.when(
+                raw_value.isNotNull() & F.col(f"_r.`{field.name}`").isNull(),
+                F.concat(
+                    F.lit(f"field '{field.name}': expected {field.dataType.simpleString()}, got "),
+                    F.substring(raw_value, 1, QUOTE_CHARS),
+                ),
+            )
+        )
+    return parsed.select(
+        "_file",
+        "_partition",
+        "_offset",
+        "_line",
+        "_raw",
+        *[F.col(f"_r.`{f.name}`").alias(f.name) for f in schema.fields],
+        F.coalesce(*reasons).alias("_reason"),
+    )
+
+
+def _parquet_records(
+    spark: "SparkSession", shard: Shard, segments: list[Segment], on_bad_record: str
+) -> "DataFrame":
+    """Parquet segments: the file schema is checked first (a missing key column or an
+    incompatible type is a whole-file problem); then null keys are bad records."""
+    from pyspark.sql import functions as F
+
+    config = shard.config
+    schema = user_schema(config)
+    problems = []
+    for seg in segments:
+        problem = _parquet_schema_problem(seg.path, config)
+        if problem:
+            problems.append({"file": seg.path, "reason": problem})
+    if problems:
+        # A file's schema is immutable, so every writer reaches the same verdict.
+        raise BadInputError(
+            f"{len(problems)} Parquet segment(s) do not match the shard schema; first: "
+            f"{problems[0]['file']}: {problems[0]['reason']}",
+            records=problems[:MAX_REPORTED],
+            count=len(problems),
+        )
+    df = spark.read.schema(schema).parquet(*[s.path for s in segments])
+    df = df.select(
+        F.col("_metadata.file_path").alias("_file"),
+        (F.col("_metadata.row_index") + 1).alias("_line"),
+        F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in schema.fields])).alias("_raw"),
+        *[F.col(f"`{f.name}`") for f in schema.fields],
+    ).withColumns(_segment_columns("_file", ".parquet"))
+    reasons = [F.when(F.col(f"`{k}`").isNull(), F.lit(f"null key column '{k}'")) for k in config.keys]
+    return df.select(
+        "_file", "_partition", "_offset", "_line", "_raw",
+        *[F.col(f"`{f.name}`") for f in schema.fields],
+        F.coalesce(*reasons).alias("_reason"),
+    )
+
+
+# Spark type name (as in the schema JSON) -> Arrow type names a Parquet segment may carry.
+_ARROW_COMPATIBLE = {
+    "long": ("int",), "integer": ("int",), "short": ("int",), "byte": ("int",),
+    "double": ("double", "float", "halffloat"), "float": ("float", "halffloat"),
+    "string": ("string", "large_string"), "boolean": ("bool",),
+    "date": ("date",), "timestamp": ("timestamp",), "binary": ("binary", "large_binary"),
+}
+
+
+def _parquet_schema_problem(path: str, config: ShardConfig) -> str | None:
+    import pyarrow.parquet as pq
+
+    try:
+        arrow_schema = pq.read_schema(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt footer
+        return f"unreadable Parquet footer: {exc}"
+    fields = {f.name: f for f in arrow_schema}
+    for spec in config.schema_fields():
+        name, spark_type = spec["name"], spec["type"]
+        if name not in fields:
+            if name in config.keys:
+                return f"missing key column '{name}'"
+            continue
+        arrow_type = str(fields[name].type)
+        compatible = _ARROW_COMPATIBLE.get(spark_type) if isinstance(spark_type, str) else None
+        if compatible and not arrow_type.startswith(compatible):
+            return f"field '{name}': expected {spark_type}, got {arrow_type}"
+    return None
+
+
+def _segment_columns(file_column: str, extension: str) -> dict[str, "Column"]:
+    """Partition and offset of a segment, from its path ``.../<partition>/<seq><ext>``."""
+    from pyspark.sql import functions as F
+
+    pattern = r"/([^/]+)/([0-9]+)" + re.escape(extension) + "$"
+    return {
+        "_partition": F.regexp_extract(file_column, pattern, 1),
+        "_offset": F.regexp_extract(file_column, pattern, 2).cast("long"),
+    }
+
+
+def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFrame":
+    """Within a key the latest record wins by (order column, partition, offset, line):
+    the same total order on every writer (invariant 5)."""
+    from pyspark.sql import functions as F
+
+    keys = list(config.keys)
+    columns = table_columns(config)
+    values = [c for c in columns if c not in keys]
+    deleted = (
+        F.coalesce(F.col(f"`{config.delete_marker}`"), F.lit(False)) if config.delete_marker else F.lit(False)
+    )
+    rank = [F.col("_partition"), F.col("_offset"), F.col("_line")]
+    if config.order_by:
+        rank.insert(0, F.col(f"`{config.order_by}`"))
+    latest = good.groupBy(*keys).agg(
+        F.max_by(F.struct(*[F.col(f"`{v}`") for v in values], deleted.alias("_deleted")), F.struct(*rank)).alias("_w")
+    )
+    return latest.select(
+        *keys,
+        *[F.col(f"_w.`{v}`").alias(v) for v in values],
+        F.col("_w._deleted").alias("_deleted"),
+        F.lit(ts).cast("long").alias("_ts"),
+        F.pmod(F.xxhash64(*keys), F.lit(config.buckets)).alias("_bucket"),
+    )
+
+
+def _parquet_rows(paths: list[str]) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(p).num_rows for p in paths)
+
+
+def _relative(shard: Shard, path: str) -> str:
+    return os.path.relpath(path, shard.blob.root)
+
+
+def _local_path(uri: str) -> str:
+    """A path Spark reports (``file:/x`` or ``file:///x``, URL-quoted) as a plain path."""
+    from urllib.parse import unquote
+
+    return unquote(re.sub(r"^file:(//)?", "", uri))
+
+
+def parse_schema(spark: "SparkSession", ddl: str) -> str:
+    """A DDL string (``id BIGINT, name STRING``) as the schema JSON a shard stores."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    del spark  # required only so that an active SparkContext exists for the parser
+    try:
+        parsed = _parse_datatype_string(ddl)
+    except Exception as exc:
+        raise ConfigurationError(f"invalid --schema {ddl!r}: {str(exc).splitlines()[0]}", field="schema") from None
+    if not isinstance(parsed, StructType):
+        raise ConfigurationError(f"--schema {ddl!r} is not a list of columns", field="schema")
+    return parsed.json()
+
+
+def infer_schema(spark: "SparkSession", source: DirectorySource, *, sample_files: int = 8) -> str:
+    """Infer the schema from the first segments of the source (columns in the order of
+    the first record, not alphabetical)."""
+    from pyspark.sql.types import StructType
+
+    segments: list[Segment] = []
+    for partition in source.partitions():
+        found, _ = source.scan(partition)
+        segments += found[:sample_files]
+    segments = sorted(segments)[:sample_files]
+    if not segments:
+        raise ConfigurationError(
+            f"source {source.root} holds no segments to infer a schema from; pass --schema",
+            field="schema",
+        )
+    paths = [s.path for s in segments]
+    if source.source_format == "parquet":
+        return spark.read.parquet(*paths).schema.json()
+    inferred = spark.read.option("mode", "PERMISSIVE").json(paths).schema
+    fields = {f.name: f for f in inferred.fields if f.name != "_corrupt_record"}
+    order: list[str] = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    order += [k for k in record if k in fields and k not in order]
+    order += [name for name in fields if name not in order]
+    return StructType([fields[name] for name in order]).json()

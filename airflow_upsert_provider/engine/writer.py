@@ -1,0 +1,281 @@
+"""The writer: one execution of an upsert (one CLI run, one Airflow task try).
+
+It holds staged batches and classifies each against the authoritative upper (invariant 4):
+ts < upper is dropped (a peer persisted it), ts == upper is appended, ts > upper is held. A
+lagging writer reaches the upper without starting Spark. Appends are compare-and-append with
+an idempotency token; an unknown outcome is retried with the same token and never deletes the
+staged files.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import sqlalchemy as sa
+
+from airflow_upsert_provider.engine.consensus import AppendOutcome, BatchRecord
+from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown, ConfigurationError, IntegrityError
+from airflow_upsert_provider.engine.shard import Disposition, Shard, check_bad_record_mode, classify
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+COMMITTED = "committed"
+ALREADY_COMMITTED = "already_committed"
+ALREADY_PERSISTED = "already_persisted"
+NOTHING_TO_DO = "nothing_to_do"
+
+# Retries of an append whose outcome is unknown, with the same token.
+APPEND_RETRIES = 3
+APPEND_RETRY_DELAY_SECONDS = 0.5
+
+
+@dataclass
+class StagedBatch:
+    ts: int
+    token: str
+    run: dict[str, Any]
+    rejects: dict[str, Any] | None
+    rows_in: int
+    rows_out: int
+    rejected: int
+    stage_seconds: float
+
+
+@dataclass
+class BatchResult:
+    ts: int
+    outcome: str
+    rows_in: int = 0
+    rows_out: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+    upper: int = 0
+    lag_offsets: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def progressed(self) -> bool:
+        return self.outcome != NOTHING_TO_DO
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["seconds"] = round(self.seconds, 3)
+        data["timings"] = {k: round(v, 3) for k, v in self.timings.items()}
+        return data
+
+
+@dataclass
+class RunReport:
+    results: list[BatchResult]
+    upper: int
+    converged: int  # held batches dropped because a peer persisted them
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batches": [r.to_dict() for r in self.results],
+            "upper": self.upper,
+            "converged": self.converged,
+            "committed": sum(1 for r in self.results if r.outcome == COMMITTED),
+        }
+
+
+class Writer:
+    """Runs micro-batches of one shard.
+
+    :param shard: the shard to write.
+    :param writer_id: identity of this execution; recorded with every batch it commits.
+    :param spark_factory: builds the SparkSession on first need (a skip never starts Spark).
+    :param on_bad_record: ``fail`` (default) or ``quarantine``.
+    """
+
+    def __init__(
+        self,
+        shard: Shard,
+        writer_id: str,
+        *,
+        spark_factory: Callable[[], "SparkSession"],
+        on_bad_record: str = "fail",
+    ) -> None:
+        if not writer_id:
+            raise ConfigurationError("a writer needs a non-empty writer id", field="writer_id")
+        self.shard = shard
+        self.writer_id = writer_id
+        self.on_bad_record = check_bad_record_mode(on_bad_record)
+        self._spark_factory = spark_factory
+        self.held: dict[int, StagedBatch] = {}
+        # This writer's own frontier: never below the upper it last read (invariant 4).
+        self.progress = 0
+        self.converged = 0
+
+    # -- the one rule ------------------------------------------------------------------------
+
+    def reconcile(self, upper: int) -> None:
+        """Drop every held batch below ``upper`` and bring progress up to it."""
+        for ts in sorted(self.held):
+            if classify(ts, upper) is Disposition.DROP:
+                self._discard_lost(self.held.pop(ts))
+                self.converged += 1
+        self.progress = max(self.progress, upper)
+
+    def _discard_lost(self, staged: StagedBatch) -> None:
+        """A held batch at ts < upper: delete its files unless they are the committed ones."""
+        winner = self.shard.consensus.get_batch(self.shard.shard_id, staged.ts)
+        if winner is not None and winner.token != staged.token:
+            # Invariant 7: a peer's token committed this ts, so ours provably lost.
+            self._delete_staged(staged)
+
+    def _delete_staged(self, staged: StagedBatch) -> None:
+        blob = self.shard.blob
+        blob.delete_tree(blob.path(staged.run["path"]))
+        if staged.rejects:
+            blob.delete_tree(blob.path(staged.rejects["path"]))
+
+    # -- staging and appending ---------------------------------------------------------------
+
+    def stage(self, ts: int) -> StagedBatch:
+        """Stage batch ``ts`` (its binding must exist) and hold it."""
+        from airflow_upsert_provider.engine.upsert import stage_batch
+
+        binding = self.shard.binding(ts)
+        if binding is None:
+            raise ConfigurationError(f"batch {ts} of shard {self.shard.shard_id!r} is not bound yet")
+        started = time.monotonic()
+        nonce = uuid.uuid4().hex
+        output = stage_batch(
+            self._spark_factory(),
+            self.shard,
+            binding,
+            run_dir=self.shard.run_dir(ts, self.writer_id, nonce[:12]),
+            rejects_dir=self.shard.rejects_dir(ts, self.writer_id, nonce[:12]),
+            on_bad_record=self.on_bad_record,
+        )
+        staged = StagedBatch(
+            ts=ts,
+            token=nonce,
+            run=output.run,
+            rejects=output.rejects,
+            rows_in=output.rows_in,
+            rows_out=output.rows_out,
+            rejected=output.rejected,
+            stage_seconds=time.monotonic() - started,
+        )
+        self.held[ts] = staged
+        return staged
+
+    def append(self, staged: StagedBatch) -> str:
+        """compare_and_append(ts -> ts+1) of a held batch; the outcome as a result word."""
+        record = BatchRecord(
+            ts=staged.ts,
+            writer_id=self.writer_id,
+            token=staged.token,
+            run=staged.run,
+            stats={
+                "rows_in": staged.rows_in,
+                "rows_out": staged.rows_out,
+                "rejected": staged.rejected,
+                "rejects": staged.rejects,
+            },
+        )
+        last_error: Exception | None = None
+        for attempt in range(APPEND_RETRIES + 1):
+            if attempt:
+                time.sleep(APPEND_RETRY_DELAY_SECONDS * attempt)
+                log.warning("retrying append of ts %s with the same token (attempt %s)", staged.ts, attempt + 1)
+            try:
+                result = self.shard.compare_and_append(staged.ts, staged.ts + 1, record)
+            except (sa.exc.DBAPIError, OSError) as exc:
+                # The commit may have landed; the same token tells on the next attempt.
+                last_error = exc
+                continue
+            return self._settle(staged, result.outcome, result.upper)
+        raise CommitOutcomeUnknown(
+            f"commit of batch {staged.ts} of shard {self.shard.shard_id!r} has an unknown outcome "
+            f"after {APPEND_RETRIES + 1} attempts ({type(last_error).__name__}); its files are kept "
+            "and a retry is safe",
+            shard=self.shard.shard_id,
+            ts=staged.ts,
+            token=staged.token,
+        )
+
+    def _settle(self, staged: StagedBatch, outcome: AppendOutcome, upper: int) -> str:
+        if outcome is AppendOutcome.UPPER_BEHIND:
+            # Held until the upper reaches it (ts > upper: invariant 4's third case).
+            self.progress = max(self.progress, upper)
+            return "held"
+        self.held.pop(staged.ts, None)
+        if outcome is AppendOutcome.UPPER_MOVED:
+            self._delete_staged(staged)
+            self.converged += 1
+        self.progress = max(self.progress, upper)
+        return {
+            AppendOutcome.COMMITTED: COMMITTED,
+            AppendOutcome.ALREADY_COMMITTED: ALREADY_COMMITTED,
+            AppendOutcome.UPPER_MOVED: ALREADY_PERSISTED,
+        }[outcome]
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def step(self) -> BatchResult:
+        """Advance the shard by one batch if the source holds one."""
+        started = time.monotonic()
+        upper = self.shard.state().upper
+        self.reconcile(upper)
+        staged = self.held.get(upper)
+        if staged is None:
+            binding = self.shard.mint_binding(upper, minted_by=self.writer_id, on_bad_record=self.on_bad_record)
+            if binding is None:
+                return BatchResult(upper, NOTHING_TO_DO, upper=upper, seconds=time.monotonic() - started)
+            staged = self.stage(upper)
+        commit_started = time.monotonic()
+        outcome = self.append(staged)
+        commit_seconds = time.monotonic() - commit_started
+        if outcome == "held":
+            raise IntegrityError(
+                f"upper of shard {self.shard.shard_id!r} is below batch {staged.ts}, which was "
+                "bound at the upper: the upper moved backwards",
+                shard=self.shard.shard_id,
+                ts=staged.ts,
+            )
+        mine = outcome in (COMMITTED, ALREADY_COMMITTED)
+        return BatchResult(
+            ts=staged.ts,
+            outcome=outcome,
+            rows_in=staged.rows_in if mine else 0,
+            rows_out=staged.rows_out if mine else 0,
+            rejected=staged.rejected if mine else 0,
+            seconds=time.monotonic() - started,
+            upper=self.progress,
+            timings={"stage": staged.stage_seconds, "commit": commit_seconds},
+        )
+
+    def run(
+        self,
+        *,
+        max_batches: int | None = 1,
+        until_caught_up: bool = False,
+        on_result: Callable[[BatchResult], None] | None = None,
+        with_lag: bool = True,
+    ) -> RunReport:
+        """Run batches: ``max_batches`` of them, or until the source is caught up."""
+        if max_batches is not None and max_batches < 1:
+            raise ConfigurationError("max batches must be >= 1", field="max_batches")
+        results: list[BatchResult] = []
+        while True:
+            result = self.step()
+            if with_lag:
+                result.lag_offsets = self.shard.status().lag_offsets
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+            if not result.progressed:
+                break
+            if not until_caught_up and max_batches is not None and len(results) >= max_batches:
+                break
+        return RunReport(results, self.progress, self.converged)
