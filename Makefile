@@ -1,0 +1,34 @@
+# Both entry points bootstrap .venv when it is missing (or pyproject.toml changed), then run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast bench check-java clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+check-java:
+	@command -v java >/dev/null || { echo "Java 17+ is required by PySpark 4 (apt-get install openjdk-17-jre-headless)"; exit 2; }
+	@java -version 2>&1 | awk -F'"' '/version/ { split($$2, v, "."); if (v[1] < 17) { print "Java " $$2 " found; PySpark 4 needs 17+"; exit 2 } }'
+
+demo: $(STAMP) check-java
+	$(BIN)/python demo/demo.py
+
+test: $(STAMP) check-java
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+# The fast set: no multi-process, cluster or Airflow end-to-end tests.
+test-fast: $(STAMP) check-java
+	$(BIN)/python -m pytest -ra -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP) check-java
+	$(BIN)/python bench/bench_upsert.py
+
+clean:
+	rm -rf .upsert .demo spark-warehouse

@@ -1,0 +1,85 @@
+"""Shared fixtures: one real SparkSession per test session, a real PostgreSQL server, and
+consensus stores of both kinds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.consensus import open_consensus  # noqa: E402
+from tests.pgserver import PostgresServer  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from airflow_upsert_provider.engine.spark import get_spark
+
+    session = get_spark(
+        "local[2]",
+        app_name="upsert-tests",
+        conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A fresh database on the shared server for one test."""
+    return pg_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'consensus.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def consensus_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'consensus.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def consensus(consensus_url):
+    store = open_consensus(consensus_url)
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
+def blob(tmp_path):
+    b = open_blob(str(tmp_path / "blob"))
+    b.ensure_root()
+    return b
+
+
+def cli_env(consensus_url: str, blob_root: str, **extra: str) -> dict[str, str]:
+    """Environment for running `upsertctl` in a subprocess against a test shard."""
+    env = dict(os.environ)
+    env.update(
+        UPSERT_CONSENSUS_URL=consensus_url,
+        UPSERT_BLOB_ROOT=blob_root,
+        UPSERT_SPARK_MASTER="local[1]",
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.update(extra)
+    return env
