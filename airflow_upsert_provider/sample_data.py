@@ -79,3 +79,18 @@ def generate(root: str, spec: SampleSpec = SampleSpec()) -> list[str]:
             write_segment(path, lines)
             written.append(path)
     return written
+
+
+def sample_schema_json() -> str:
+    """The sample schema as the JSON a shard stores (no SparkSession needed)."""
+    from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+
+    return StructType(
+        [
+            StructField("id", LongType()),
+            StructField("name", StringType()),
+            StructField("amount", DoubleType()),
+            StructField("updated_at", LongType()),
+            StructField("deleted", BooleanType()),
+        ]
+    ).json()

@@ -193,12 +193,17 @@ class Consensus:
     def dispose(self) -> None:
         self.engine.dispose()
 
-    def _insert_ignore(self, table: sa.Table, **values: Any):
+    def _insert_ignore(self, conn, table: sa.Table, **values: Any) -> bool:
+        """INSERT unless the primary key exists; True if this call inserted the row.
+
+        Decided by RETURNING, not rowcount: drivers report -1 for ON CONFLICT inserts."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
             from sqlalchemy.dialects.sqlite import insert
-        return insert(table).values(**values).on_conflict_do_nothing()
+        key = list(table.primary_key.columns)[0]
+        stmt = insert(table).values(**values).on_conflict_do_nothing().returning(key)
+        return conn.execute(stmt).first() is not None
 
     # -- shards ---------------------------------------------------------------------------
 
@@ -206,7 +211,8 @@ class Consensus:
         now = time.time()
 
         def txn(conn):
-            stmt = self._insert_ignore(
+            return self._insert_ignore(
+                conn,
                 shards_table,
                 shard_id=shard_id,
                 upper=0,
@@ -215,9 +221,8 @@ class Consensus:
                 config=config_json,
                 created_at=now,
             )
-            return conn.execute(stmt).rowcount
 
-        if self._run(txn) != 1:
+        if not self._run(txn):
             raise ShardExists(f"shard {shard_id!r} already exists", shard=shard_id)
         return self.get_shard(shard_id)
 
@@ -304,26 +309,19 @@ class Consensus:
                             shard=shard_id,
                             ts=ts,
                         )
-            inserted = conn.execute(
-                self._insert_ignore(
-                    bindings_table,
-                    shard_id=shard_id,
-                    ts=ts,
-                    ranges=binding.to_json(),
-                    minted_by=minted_by,
-                    minted_at=time.time(),
-                )
-            ).rowcount
+            inserted = self._insert_ignore(
+                conn,
+                bindings_table,
+                shard_id=shard_id,
+                ts=ts,
+                ranges=binding.to_json(),
+                minted_by=minted_by,
+                minted_at=time.time(),
+            )
             # A peer's binding won: its quarantine list is the one that counts.
-            for q in binding.quarantined if inserted == 1 else ():
-                conn.execute(
-                    self._insert_ignore(
-                        quarantined_files_table,
-                        shard_id=shard_id,
-                        file=q["file"],
-                        reason=q["reason"],
-                        ts=ts,
-                    )
+            for q in binding.quarantined if inserted else ():
+                self._insert_ignore(
+                    conn, quarantined_files_table, shard_id=shard_id, file=q["file"], reason=q["reason"], ts=ts
                 )
             row = conn.execute(
                 sa.select(bindings_table).where(

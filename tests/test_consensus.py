@@ -1,0 +1,154 @@
+"""Every compare-and-append outcome, bindings and store failures, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from airflow_upsert_provider.engine.consensus import AppendOutcome, Binding, open_consensus, redact_url
+from airflow_upsert_provider.engine.errors import (
+    ConfigurationError,
+    ConsensusUnavailable,
+    IntegrityError,
+    ShardExists,
+    ShardNotFound,
+)
+from tests.helpers import batch
+
+
+@pytest.fixture
+def store(consensus):
+    consensus.create_shard("s", "{}")
+    return consensus
+
+
+def test_committed_advances_upper_and_seqno(store):
+    result = store.compare_and_append("s", 0, 1, batch(0, "a"))
+    assert result.outcome is AppendOutcome.COMMITTED and result.upper == 1
+    record = store.get_shard("s")
+    assert (record.upper, record.seqno, record.since) == (1, 1, 0)
+    assert store.get_batch("s", 0).token == "a"
+
+
+def test_retry_with_own_token_reports_already_committed(store):
+    store.compare_and_append("s", 0, 1, batch(0, "a"))
+    result = store.compare_and_append("s", 0, 1, batch(0, "a"))
+    assert result.outcome is AppendOutcome.ALREADY_COMMITTED
+    assert result.upper == 1
+    assert store.get_shard("s").seqno == 1  # nothing written twice
+
+
+def test_peer_token_reports_upper_moved_with_authoritative_upper(store):
+    store.compare_and_append("s", 0, 1, batch(0, "peer", "peer-writer"))
+    store.compare_and_append("s", 1, 2, batch(1, "peer2", "peer-writer"))
+    result = store.compare_and_append("s", 0, 1, batch(0, "mine", "me"))
+    assert result.outcome is AppendOutcome.UPPER_MOVED
+    assert result.upper == 2  # read from the store, not the caller's expectation
+    assert (result.winner_writer_id, result.winner_token) == ("peer-writer", "peer")
+    assert store.get_batch("s", 0).token == "peer"
+
+
+def test_append_ahead_of_upper_is_refused_as_upper_behind(store):
+    result = store.compare_and_append("s", 3, 4, batch(3))
+    assert result.outcome is AppendOutcome.UPPER_BEHIND and result.upper == 0
+    assert store.get_shard("s").upper == 0
+    assert store.batches("s") == []
+
+
+def test_append_must_cover_exactly_one_ts(store):
+    with pytest.raises(IntegrityError):
+        store.compare_and_append("s", 0, 2, batch(0))
+
+
+def test_concurrent_appends_of_one_ts_commit_exactly_once(consensus_url):
+    # Separate engines, as separate writer processes would have.
+    setup = open_consensus(consensus_url)
+    setup.create_shard("s", "{}")
+    outcomes = []
+    barrier = threading.Barrier(8)
+
+    def attempt(n: int) -> None:
+        store = open_consensus(consensus_url)
+        barrier.wait()
+        outcomes.append(store.compare_and_append("s", 0, 1, batch(0, f"tok{n}", f"w{n}")).outcome)
+        store.dispose()
+
+    threads = [threading.Thread(target=attempt, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(o.value for o in outcomes) == ["committed"] + ["upper_moved"] * 7
+    assert setup.get_shard("s").upper == 1
+    assert len(setup.batches("s")) == 1
+
+
+def test_binding_is_minted_once_and_first_wins(store):
+    first = store.mint_binding("s", Binding(0, {"p0": {"from": 0, "to": 5, "files": [0], "count": 1}}), "w1")
+    second = store.mint_binding("s", Binding(0, {"p0": {"from": 0, "to": 9, "files": [0, 5], "count": 2}}), "w2")
+    assert first == second
+    assert second.ranges["p0"]["to"] == 5 and second.minted_by == "w1"
+
+
+def test_binding_must_be_contiguous(store):
+    store.mint_binding("s", Binding(0, {"p0": {"from": 0, "to": 5, "files": [0], "count": 1}}), "w")
+    with pytest.raises(IntegrityError, match="not contiguous"):
+        store.mint_binding("s", Binding(1, {"p0": {"from": 4, "to": 9, "files": [6], "count": 2}}), "w")
+    with pytest.raises(IntegrityError, match="does not exist"):
+        store.mint_binding("s", Binding(3, {"p0": {"from": 5, "to": 9, "files": [6], "count": 2}}), "w")
+    ok = store.mint_binding("s", Binding(1, {"p0": {"from": 5, "to": 9, "files": [6], "count": 2}}), "w")
+    assert ok.ranges["p0"]["from"] == 5
+
+
+def test_losing_binding_does_not_record_its_quarantine(store):
+    store.mint_binding("s", Binding(0, {"p0": {"from": 0, "to": 1, "files": [0], "count": 1}}), "w1")
+    store.mint_binding(
+        "s",
+        Binding(0, {"p0": {"from": 0, "to": 1, "files": [], "count": 1}}, [{"file": "/x/0.jsonl", "reason": "r"}]),
+        "w2",
+    )
+    assert store.quarantined_files("s") == {}
+
+
+def test_shard_create_twice_and_unknown_shard(store):
+    with pytest.raises(ShardExists):
+        store.create_shard("s", "{}")
+    with pytest.raises(ShardNotFound, match="unknown shard 'nope'"):
+        store.get_shard("nope")
+
+
+def test_unreachable_postgres_is_a_clear_error_without_the_password():
+    # Nothing listens on port 1 of loopback.
+    url = "postgresql://upsert:hunter2secret@127.0.0.1:1/db"
+    with pytest.raises(ConsensusUnavailable) as info:
+        open_consensus(url)
+    assert "hunter2secret" not in str(info.value)
+    assert "127.0.0.1:1" in str(info.value)
+    assert "hunter2secret" not in redact_url(url)
+
+
+def test_sqlite_in_memory_is_refused():
+    with pytest.raises(ConfigurationError, match="must be a file"):
+        open_consensus("sqlite://")
+
+
+def test_sqlite_store_runs_in_wal_mode(sqlite_url):
+    store = open_consensus(sqlite_url)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_upper_never_decreases_under_mixed_outcomes(store):
+    uppers = []
+    for ts in range(5):
+        store.compare_and_append("s", ts, ts + 1, batch(ts, f"t{ts}"))
+        if ts:
+            late = store.compare_and_append("s", ts - 1, ts, batch(ts - 1, "late"))
+            assert late.outcome is AppendOutcome.UPPER_MOVED
+        uppers.append(store.get_shard("s").upper)
+    assert uppers == sorted(uppers) == [1, 2, 3, 4, 5]
+    with store.engine.connect() as conn:
+        count = conn.execute(sa.text("SELECT count(*) FROM upsert_batches WHERE shard_id='s'")).scalar()
+    assert count == 5
