@@ -146,9 +146,14 @@ class Shard:
         binding = self.binding(upper - 1)
         return binding.to_offsets() if binding else {}
 
-    def mint_binding(self, ts: int, *, minted_by: str, on_bad_record: str = "fail") -> Binding | None:
+    def mint_binding(
+        self, ts: int, *, minted_by: str, on_bad_record: str = "fail", max_files: int | None = None
+    ) -> Binding | None:
         """binding(ts), minting it by compare-and-set if nobody has; None when the source
-        holds nothing beyond binding(ts-1) (no empty batches are minted)."""
+        holds nothing beyond binding(ts-1) (no empty batches are minted).
+
+        ``max_files`` overrides the shard's files per batch for a binding this call mints
+        (a backfill binds larger batches); a binding that exists is returned as it is."""
         existing = self.binding(ts)
         if existing is not None:
             return existing
@@ -156,12 +161,14 @@ class Shard:
         if ts > 0 and previous is None:
             # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0.
             raise ConfigurationError(f"cannot bind ts {ts}: binding {ts - 1} is missing", shard=self.shard_id)
-        planned = self._plan_binding(ts, previous, check_bad_record_mode(on_bad_record))
+        planned = self._plan_binding(ts, previous, check_bad_record_mode(on_bad_record), max_files)
         if planned is None:
             return None
         return self.consensus.mint_binding(self.shard_id, planned, minted_by)
 
-    def _plan_binding(self, ts: int, previous: Binding | None, on_bad_record: str) -> Binding | None:
+    def _plan_binding(
+        self, ts: int, previous: Binding | None, on_bad_record: str, max_files: int | None = None
+    ) -> Binding | None:
         source = self.source
         prev_ranges = previous.ranges if previous else {}
         known_quarantined = self.consensus.quarantined_files(self.shard_id)
@@ -196,7 +203,7 @@ class Shard:
             starts.setdefault(partition, (prev["to"], prev["count"]))
 
         candidates.sort(key=lambda s: (s.seq, s.partition))
-        taken = candidates[: self.config.max_files_per_batch]
+        taken = candidates[: max_files or self.config.max_files_per_batch]
         readable: list[Segment] = []
         for seg in taken:
             reason = source.unreadable_reason(seg)

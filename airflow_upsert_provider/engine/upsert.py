@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
@@ -35,6 +36,8 @@ class StagedOutput:
     rows_in: int
     rows_out: int
     rejected: int
+    # Seconds spent reading and validating the segments, and writing the runs.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def user_schema(config: ShardConfig) -> "StructType":
@@ -79,9 +82,11 @@ def stage_batch(
     else:
         records = _parquet_records(spark, shard, segments, on_bad_record)
     records = records.persist(StorageLevel.MEMORY_AND_DISK)
+    read_started = time.monotonic()
     try:
         totals = records.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("bad")).first()
         rows_in, rejected = int(totals["n"]), int(totals["bad"])
+        write_started = time.monotonic()
         rejects = None
         if rejected:
             bad = records.where(F.col("_reason").isNotNull())
@@ -128,7 +133,8 @@ def stage_batch(
     files = run_files(shard, run_dir)
     rows_out = _parquet_rows([shard.blob.path(f["path"]) for f in files])
     run = {"path": _relative(shard, run_dir), "files": files, "rows": rows_out}
-    return StagedOutput(run, rejects, rows_in, rows_out, rejected)
+    timings = {"read": write_started - read_started, "write": time.monotonic() - write_started}
+    return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
 
 
 def run_files(shard: Shard, run_dir: str) -> list[dict[str, Any]]:

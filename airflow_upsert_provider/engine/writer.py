@@ -46,6 +46,7 @@ class StagedBatch:
     rows_out: int
     rejected: int
     stage_seconds: float
+    stage_timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Writer:
     :param writer_id: identity of this execution; recorded with every batch it commits.
     :param spark_factory: builds the SparkSession on first need (a skip never starts Spark).
     :param on_bad_record: ``fail`` (default) or ``quarantine``.
+    :param max_files_per_batch: files per batch for the bindings this writer mints (default:
+        the shard's); bindings minted by peers are used as they are.
     """
 
     def __init__(
@@ -102,12 +105,16 @@ class Writer:
         *,
         spark_factory: Callable[[], "SparkSession"],
         on_bad_record: str = "fail",
+        max_files_per_batch: int | None = None,
     ) -> None:
         if not writer_id:
             raise ConfigurationError("a writer needs a non-empty writer id", field="writer_id")
         self.shard = shard
         self.writer_id = writer_id
         self.on_bad_record = check_bad_record_mode(on_bad_record)
+        if max_files_per_batch is not None and max_files_per_batch < 1:
+            raise ConfigurationError("max files per batch must be >= 1", field="max_files_per_batch")
+        self.max_files_per_batch = max_files_per_batch
         self._spark_factory = spark_factory
         self.held: dict[int, StagedBatch] = {}
         # This writer's own frontier: never below the upper it last read (invariant 4).
@@ -165,6 +172,7 @@ class Writer:
             rows_out=output.rows_out,
             rejected=output.rejected,
             stage_seconds=time.monotonic() - started,
+            stage_timings=dict(output.timings),
         )
         self.held[ts] = staged
         return staged
@@ -229,7 +237,12 @@ class Writer:
         self.reconcile(upper)
         staged = self.held.get(upper)
         if staged is None:
-            binding = self.shard.mint_binding(upper, minted_by=self.writer_id, on_bad_record=self.on_bad_record)
+            binding = self.shard.mint_binding(
+                upper,
+                minted_by=self.writer_id,
+                on_bad_record=self.on_bad_record,
+                max_files=self.max_files_per_batch,
+            )
             if binding is None:
                 return BatchResult(upper, NOTHING_TO_DO, upper=upper, seconds=time.monotonic() - started)
             staged = self.stage(upper)
@@ -252,7 +265,7 @@ class Writer:
             rejected=staged.rejected if mine else 0,
             seconds=time.monotonic() - started,
             upper=self.progress,
-            timings={"stage": staged.stage_seconds, "commit": commit_seconds},
+            timings={"stage": staged.stage_seconds, **staged.stage_timings, "commit": commit_seconds},
         )
 
     def run(
