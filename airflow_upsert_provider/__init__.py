@@ -2,4 +2,94 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+# The distribution name: Airflow's providers manager requires `package-name` to equal it.
+DISTRIBUTION_NAME = "airflow-upsert-provider"
+INTEGRATION_NAME = "Upsert shards"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Provider metadata, read by Airflow through the ``apache_airflow_provider`` entry point.
+
+    The connection form is declared here (``conn-fields``, ``ui-field-behaviour``) so that
+    Airflow renders it without importing the hook.
+    """
+    return {
+        "package-name": DISTRIBUTION_NAME,
+        "name": "Upsert",
+        "description": "Safe micro-batch upserts on Apache Spark into keyed tables with a durable "
+        "frontier (compare-and-append, converging writers).",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "external-doc-url": "https://spark.apache.org/docs/latest/api/python/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_upsert_provider.hooks.upsert"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_upsert_provider.operators.upsert"],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_upsert_provider.hooks.upsert.UpsertShardHook",
+                "hook-name": "Upsert shard store",
+                "connection-type": "upsert",
+                "ui-field-behaviour": {
+                    # The consensus URL names host, port, user and database itself; only its
+                    # password is kept apart, in the masked password field.
+                    "hidden-fields": ["host", "port", "schema", "login", "extra"],
+                    "relabeling": {"password": "Consensus password (PostgreSQL)"},
+                    "placeholders": {
+                        "consensus_url": "sqlite:////var/lib/upsert/consensus.db or "
+                        "postgresql://upsert@db.example.com:5432/upsert",
+                        "blob_root": "/shared/upsert/blob",
+                        "spark_conn_id": "spark_default",
+                    },
+                },
+                "conn-fields": {
+                    "consensus_url": {
+                        "label": "Consensus URL",
+                        "description": "sqlite:///PATH (one machine) or postgresql://USER@HOST:PORT/DB "
+                        "(shared); put the password in the password field, not in the URL. "
+                        "Default: sqlite:///$AIRFLOW_HOME/upsert/consensus.db",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "blob_root": {
+                        "label": "Blob root",
+                        "description": "Directory of runs and checkpoints that every Spark executor "
+                        "reaches. Default: $AIRFLOW_HOME/upsert/blob",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "spark_conn_id": {
+                        "label": "Spark connection id",
+                        "description": "Spark connection giving the master; local[*] when it does "
+                        "not exist.",
+                        "schema": {"type": ["string", "null"], "default": "spark_default"},
+                    },
+                    "default_buckets": {
+                        "label": "Buckets of new shards",
+                        "description": "Hash buckets a new shard's runs are split into.",
+                        "schema": {"type": ["integer", "null"], "default": 8, "minimum": 1, "maximum": 4096},
+                    },
+                    "default_max_files_per_batch": {
+                        "label": "Max files per batch of new shards",
+                        "description": "How many source segment files one batch of a new shard binds.",
+                        "schema": {"type": ["integer", "null"], "default": 64, "minimum": 1},
+                    },
+                },
+            }
+        ],
+    }

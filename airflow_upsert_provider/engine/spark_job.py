@@ -1,0 +1,120 @@
+"""The packaged Spark application of `submit` mode: ``spark-submit spark_job.py ARGS``.
+
+It runs :meth:`Writer.run` inside the spark-submit driver and writes a JSON result (the run
+report, or the error with its exit code) to ``--result-file``, then exits with the engine's
+exit code. The consensus URL comes from the environment (``UPSERT_CONSENSUS_URL``) so that a
+password never appears on a command line. No Airflow imports: the engine runs here alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+CONSENSUS_URL_ENV = "UPSERT_CONSENSUS_URL"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spark_job", description="Run micro-batches of one shard.")
+    parser.add_argument("--shard", required=True)
+    parser.add_argument("--writer-id", required=True)
+    parser.add_argument("--blob-root", required=True)
+    parser.add_argument("--result-file", required=True, help="where the JSON result is written")
+    parser.add_argument("--max-batches", type=int, default=1)
+    parser.add_argument("--until-caught-up", action="store_true")
+    parser.add_argument("--max-files-per-batch", type=int, default=None)
+    parser.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
+    return parser
+
+
+def _session_from_submit():
+    """The session spark-submit configured (master, resources); the engine's defaults fill
+    only what the submit left unset."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    from airflow_upsert_provider.engine.spark import DEFAULT_CONF
+
+    submitted = SparkConf()
+    builder = SparkSession.builder
+    for key, value in DEFAULT_CONF.items():
+        # The driver's memory is fixed once its JVM runs.
+        if key != "spark.driver.memory" and not submitted.contains(key):
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("UPSERT_SPARK_LOG_LEVEL", "ERROR"))
+    return spark
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.blob import open_blob
+    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.writer import Writer
+
+    url = os.environ.get(CONSENSUS_URL_ENV)
+    if not url:
+        raise ConfigurationError(f"{CONSENSUS_URL_ENV} is not set in the driver's environment", field="consensus")
+    consensus = open_consensus(url)
+    blob = open_blob(args.blob_root)
+    blob.check_root()
+    shard = Shard.open(consensus, blob, args.shard)
+    spark_seconds: list[float] = []
+    session: list[Any] = []
+
+    def spark_factory():
+        if not session:
+            started = time.monotonic()
+            session.append(_session_from_submit())
+            spark_seconds.append(time.monotonic() - started)
+        return session[0]
+
+    writer = Writer(
+        shard,
+        args.writer_id,
+        spark_factory=spark_factory,
+        on_bad_record=args.on_bad_record,
+        max_files_per_batch=args.max_files_per_batch,
+    )
+    try:
+        report = writer.run(
+            max_batches=None if args.until_caught_up else args.max_batches,
+            until_caught_up=args.until_caught_up,
+        )
+    finally:
+        consensus.dispose()
+    return {**report.to_dict(), "spark_start_seconds": round(sum(spark_seconds), 3)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from airflow_upsert_provider.engine.errors import UpsertError
+
+    args = build_parser().parse_args(argv)
+    started = time.monotonic()
+    exit_code = 0
+    try:
+        result: dict[str, Any] = {"ok": True, **run(args)}
+    except UpsertError as exc:
+        exit_code = exc.exit_code
+        result = {"ok": False, "exit_code": exc.exit_code, **exc.to_dict()}
+    except Exception as exc:  # reported to the operator, which fails the task with it
+        exit_code = 1
+        result = {"ok": False, "exit_code": 1, "error": type(exc).__name__, "message": str(exc).splitlines()[0] if str(exc) else ""}
+    result["driver_seconds"] = round(time.monotonic() - started, 3)
+    directory = os.path.dirname(os.path.abspath(args.result_file))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{args.result_file}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(result, handle, default=str)
+    os.replace(tmp, args.result_file)
+    print(f"upsert spark_job: {'ok' if result['ok'] else result.get('error')} (exit {exit_code})", flush=True)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

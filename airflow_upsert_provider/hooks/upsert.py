@@ -1,0 +1,266 @@
+"""The `upsert` connection type and the hook that turns it into engine objects.
+
+The hook holds no engine logic: it reads the connection, builds the consensus store, the blob
+store, shards and the SparkSession, and keeps secrets out of logs and messages.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from airflow_upsert_provider.engine.blob import LocalBlob
+    from airflow_upsert_provider.engine.consensus import Consensus
+    from airflow_upsert_provider.engine.shard import Shard
+
+DEFAULT_CONN_ID = "upsert_default"
+DEFAULT_SPARK_CONN_ID = "spark_default"
+DEFAULT_SPARK_MASTER = "local[*]"
+
+
+def airflow_home() -> str:
+    return os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+
+
+def embedded_consensus_url() -> str:
+    return f"sqlite:///{os.path.join(airflow_home(), 'upsert', 'consensus.db')}"
+
+
+def embedded_blob_root() -> str:
+    return os.path.join(airflow_home(), "upsert", "blob")
+
+
+@dataclass(frozen=True)
+class UpsertSettings:
+    """What an `upsert` connection says. ``consensus_url`` may hold a password: never log
+    it, use :attr:`redacted_consensus_url`."""
+
+    consensus_url: str
+    blob_root: str
+    spark_conn_id: str
+    default_buckets: int | None
+    default_max_files_per_batch: int | None
+
+    @property
+    def redacted_consensus_url(self) -> str:
+        from airflow_upsert_provider.engine.consensus import redact_url
+
+        return redact_url(self.consensus_url)
+
+
+def with_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` set (the connection keeps it in its masked password field)."""
+    if not password:
+        return url
+    from sqlalchemy.engine.url import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigurationError(
+            "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
+            field="consensus",
+        ) from None
+    return parsed.set(password=password).render_as_string(hide_password=False)
+
+
+def _optional_int(extra: Mapping[str, Any], name: str) -> int | None:
+    value = extra.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"connection field {name!r} must be an integer, got {value!r}", field=name) from None
+
+
+class UpsertShardHook(BaseHook):
+    """Builds the engine's objects from an `upsert` connection.
+
+    Connection fields (declared in the provider info, stored in the connection's extra):
+    ``consensus_url`` (``sqlite:///PATH`` or ``postgresql://USER@HOST:PORT/DB``; its password
+    goes in the connection's password field), ``blob_root``, ``spark_conn_id`` (default
+    ``spark_default``), ``default_buckets`` and ``default_max_files_per_batch`` (for shards
+    created through :meth:`create_shard`).
+
+    When the connection ``upsert_default`` is not defined the embedded defaults apply: SQLite
+    consensus at ``$AIRFLOW_HOME/upsert/consensus.db``, blob at ``$AIRFLOW_HOME/upsert/blob``.
+    When the Spark connection is not defined, Spark runs ``local[*]``.
+
+    API for operators: :meth:`get_consensus`, :meth:`get_blob`, :meth:`open_shard`,
+    :meth:`create_shard`, :meth:`spark_master`, :meth:`get_spark`, :meth:`close`.
+
+    :param upsert_conn_id: id of the `upsert` connection.
+    """
+
+    conn_name_attr = "upsert_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = "upsert"
+    hook_name = "Upsert shard store"
+
+    def __init__(self, upsert_conn_id: str = DEFAULT_CONN_ID) -> None:
+        super().__init__()
+        self.upsert_conn_id = upsert_conn_id
+        self._settings: UpsertSettings | None = None
+        self._consensus: Consensus | None = None
+        self._blob: LocalBlob | None = None
+
+    # -- connection --------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> UpsertSettings:
+        if self._settings is None:
+            self._settings = self._read_settings()
+        return self._settings
+
+    def _read_settings(self) -> UpsertSettings:
+        try:
+            conn = self.get_connection(self.upsert_conn_id)
+        except AirflowNotFoundException:
+            if self.upsert_conn_id != DEFAULT_CONN_ID:
+                raise ConfigurationError(
+                    f"Airflow connection {self.upsert_conn_id!r} is not defined "
+                    "(create it with conn type 'upsert')",
+                    field="upsert_conn_id",
+                ) from None
+            self.log.info("connection %r is not defined: using the embedded defaults", DEFAULT_CONN_ID)
+            return UpsertSettings(embedded_consensus_url(), embedded_blob_root(), DEFAULT_SPARK_CONN_ID, None, None)
+        if conn.conn_type not in (None, "", "upsert"):
+            raise ConfigurationError(
+                f"Airflow connection {self.upsert_conn_id!r} has type {conn.conn_type!r}; expected 'upsert'",
+                field="upsert_conn_id",
+            )
+        extra = conn.extra_dejson
+        url = extra.get("consensus_url") or embedded_consensus_url()
+        self._mask(conn.password)
+        self._mask_url_password(url)
+        return UpsertSettings(
+            consensus_url=with_password(url, conn.password),
+            blob_root=extra.get("blob_root") or embedded_blob_root(),
+            spark_conn_id=extra.get("spark_conn_id") or DEFAULT_SPARK_CONN_ID,
+            default_buckets=_optional_int(extra, "default_buckets"),
+            default_max_files_per_batch=_optional_int(extra, "default_max_files_per_batch"),
+        )
+
+    @staticmethod
+    def _mask(secret: str | None) -> None:
+        if secret:
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(secret)
+
+    def _mask_url_password(self, url: str) -> None:
+        # A password written into the URL itself is a secret too.
+        from sqlalchemy.engine.url import make_url
+
+        try:
+            self._mask(make_url(url).password)
+        except Exception:
+            pass
+
+    def get_conn(self) -> Consensus:
+        return self.get_consensus()
+
+    # -- engine objects ----------------------------------------------------------------------
+
+    def get_consensus(self) -> Consensus:
+        """The consensus store (tables created if missing). Raises ConsensusUnavailable when
+        it cannot be reached, with the password masked."""
+        if self._consensus is None:
+            from airflow_upsert_provider.engine.consensus import open_consensus
+
+            self.log.info("consensus: %s", self.settings.redacted_consensus_url)
+            self._consensus = open_consensus(self.settings.consensus_url)
+        return self._consensus
+
+    def get_blob(self, *, create: bool = False) -> LocalBlob:
+        """The blob store; its root must exist unless ``create``."""
+        if self._blob is None:
+            from airflow_upsert_provider.engine.blob import open_blob
+
+            blob = open_blob(self.settings.blob_root)
+            if create:
+                blob.ensure_root()
+            blob.check_root()
+            self._blob = blob
+        return self._blob
+
+    def open_shard(self, shard_id: str) -> Shard:
+        from airflow_upsert_provider.engine.shard import Shard
+
+        return Shard.open(self.get_consensus(), self.get_blob(), shard_id)
+
+    def create_shard(
+        self,
+        shard_id: str,
+        *,
+        source: str,
+        keys: tuple[str, ...] | list[str],
+        schema_ddl: str,
+        order_by: str | None = None,
+        delete_marker: str | None = None,
+        source_format: str = "jsonl",
+        buckets: int | None = None,
+        max_files_per_batch: int | None = None,
+    ) -> Shard:
+        """Create a shard; buckets and files per batch default to the connection's defaults."""
+        from airflow_upsert_provider.engine.config import (
+            DEFAULT_BUCKETS,
+            DEFAULT_MAX_FILES_PER_BATCH,
+            ShardConfig,
+        )
+        from airflow_upsert_provider.engine.shard import Shard
+        from airflow_upsert_provider.engine.upsert import parse_schema
+
+        config = ShardConfig(
+            source=source,
+            keys=tuple(keys),
+            schema=parse_schema(self.get_spark(), schema_ddl),
+            order_by=order_by,
+            delete_marker=delete_marker,
+            source_format=source_format,
+            buckets=buckets or self.settings.default_buckets or DEFAULT_BUCKETS,
+            max_files_per_batch=max_files_per_batch
+            or self.settings.default_max_files_per_batch
+            or DEFAULT_MAX_FILES_PER_BATCH,
+        )
+        return Shard.create(self.get_consensus(), self.get_blob(create=True), shard_id, config)
+
+    # -- Spark -------------------------------------------------------------------------------
+
+    def spark_master(self) -> str:
+        """The master of the Spark connection (as the Spark provider reads it), ``local[*]``
+        when that connection is not defined."""
+        try:
+            conn = self.get_connection(self.settings.spark_conn_id)
+        except AirflowNotFoundException:
+            return DEFAULT_SPARK_MASTER
+        host = (conn.host or "").strip()
+        if conn.conn_type in (None, "", "spark") and host and ("://" in host or not conn.port):
+            master = host
+        elif host:
+            master = f"{conn.conn_type}://{host}"
+        else:
+            return DEFAULT_SPARK_MASTER
+        return f"{master}:{conn.port}" if conn.port else master
+
+    def get_spark(self, app_name: str = "airflow-upsert-provider", conf: Mapping[str, str] | None = None) -> SparkSession:
+        """A SparkSession in this process on the Spark connection's master (the active one
+        if this process has one)."""
+        from airflow_upsert_provider.engine.spark import get_spark
+
+        return get_spark(self.spark_master(), app_name=app_name, conf=conf)
+
+    def close(self) -> None:
+        if self._consensus is not None:
+            self._consensus.dispose()
+            self._consensus = None

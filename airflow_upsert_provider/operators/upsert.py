@@ -1,0 +1,330 @@
+"""MicroBatchUpsertOperator: runs micro-batches of one shard, in the worker or on a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_upsert_provider.engine.errors import (
+    BadInputError,
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    ConsensusUnavailable,
+    IntegrityError,
+    UpsertError,
+)
+from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+SPARK_MODES = ("in_process", "submit")
+BAD_RECORD_MODES = ("fail", "quarantine")
+
+
+def writer_id_for(dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> str:
+    """One writer per task try: a retry is a new writer, and a zombie's commits stay
+    recognisable by the try that made them."""
+    mapped = f":{map_index}" if map_index is not None and map_index >= 0 else ""
+    return f"airflow:{dag_id}:{run_id}:{task_id}{mapped}:try{try_number}"
+
+
+def to_airflow_error(exc: UpsertError) -> AirflowException:
+    """The engine's error as Airflow understands it.
+
+    Bad data, integrity violations and configuration errors (unknown shard, missing blob
+    root, bad option) fail without retry: a retry cannot fix them. An unknown commit outcome
+    and an unreachable consensus store are retried within the task's ``retries``: the next
+    try recognises its token or finds the store back.
+    """
+    message = exc.message
+    if isinstance(exc, (CommitOutcomeUnknown, ConsensusUnavailable)):
+        return AirflowException(f"{message} (retryable)")
+    if isinstance(exc, BadInputError):
+        records = exc.details.get("records") or []
+        listed = "".join(f"\n  {json.dumps(r, default=str)}" for r in records[:5])
+        return AirflowFailException(f"bad input, nothing committed: {message}{listed}")
+    if isinstance(exc, IntegrityError):
+        return AirflowFailException(f"integrity violation: {message}")
+    if isinstance(exc, ConfigurationError):
+        return AirflowFailException(f"configuration error: {message}")
+    return AirflowFailException(message)
+
+
+def _as_int(value: Any, name: str) -> int | None:
+    if value in (None, "", "None"):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise AirflowFailException(f"{name} must be an integer, got {value!r}") from None
+    if number < 1:
+        raise AirflowFailException(f"{name} must be >= 1, got {number}")
+    return number
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def package_zip(directory: str) -> str:
+    """A zip of the ``airflow_upsert_provider`` package for ``--py-files``: what a cluster's
+    executors need to import the engine."""
+    import airflow_upsert_provider
+
+    package_dir = os.path.dirname(os.path.abspath(airflow_upsert_provider.__file__))
+    path = os.path.join(directory, "airflow_upsert_provider.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for root, dirs, files in os.walk(package_dir):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    full = os.path.join(root, name)
+                    archive.write(full, os.path.relpath(full, os.path.dirname(package_dir)))
+    return path
+
+
+class MicroBatchUpsertOperator(BaseOperator):
+    """Run micro-batches of a shard: one, ``max_batches``, or until the source is caught up.
+
+    Safe under overlap (a backfill beside the schedule, a zombie beside its retry): every
+    batch is bound once and committed by compare-and-append; a writer that loses reports
+    ``already_persisted``. Returns to XCom a dict with ``writer_id``, ``upper``,
+    ``committed``, ``converged`` and ``batches`` (per batch: ts, outcome, rows_in, rows_out,
+    rejected, lag_offsets after it, seconds and timings).
+
+    :param shard: the shard id (templated).
+    :param upsert_conn_id: the `upsert` connection (consensus, blob, Spark connection).
+    :param max_batches: batches to run at most (templated); ignored with ``until_caught_up``.
+    :param until_caught_up: run until the source holds nothing unbound (templated).
+    :param max_files_per_batch: source files per batch for bindings this task mints
+        (templated); default the shard's. A backfill passes a large value.
+    :param on_bad_record: ``fail`` (default) or ``quarantine`` (templated).
+    :param spark_mode: ``in_process`` (Spark in the worker process, on the Spark
+        connection's master, ``local[*]`` by default) or ``submit`` (the packaged job through
+        the Spark provider's ``SparkSubmitHook`` on the Spark connection, client deploy mode).
+    :param spark_conf: Spark settings (templated), for either mode.
+    :param submit_options: extra keyword arguments for ``SparkSubmitHook`` in ``submit`` mode
+        (e.g. ``executor_cores``, ``executor_memory``, ``total_executor_cores``).
+    """
+
+    template_fields: Sequence[str] = (
+        "shard",
+        "max_batches",
+        "until_caught_up",
+        "max_files_per_batch",
+        "on_bad_record",
+        "spark_conf",
+    )
+    template_fields_renderers = {"spark_conf": "json"}
+    ui_color = "#d9ecf2"
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        max_batches: int | str | None = 1,
+        until_caught_up: bool | str = False,
+        max_files_per_batch: int | str | None = None,
+        on_bad_record: str = "fail",
+        spark_mode: str = "in_process",
+        spark_conf: dict[str, str] | None = None,
+        submit_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if spark_mode not in SPARK_MODES:
+            raise ValueError(f"spark_mode must be one of {SPARK_MODES}, got {spark_mode!r}")
+        self.shard = shard
+        self.upsert_conn_id = upsert_conn_id
+        self.max_batches = max_batches
+        self.until_caught_up = until_caught_up
+        self.max_files_per_batch = max_files_per_batch
+        self.on_bad_record = on_bad_record
+        self.spark_mode = spark_mode
+        self.spark_conf = spark_conf or {}
+        self.submit_options = submit_options or {}
+        self._spark = None
+        self._submit_hook = None
+
+    # -- execute -----------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        started = time.monotonic()
+        ti = context["ti"]
+        writer_id = writer_id_for(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
+        max_batches = _as_int(self.max_batches, "max_batches")
+        until_caught_up = _as_bool(self.until_caught_up)
+        if not until_caught_up and max_batches is None:
+            max_batches = 1
+        max_files = _as_int(self.max_files_per_batch, "max_files_per_batch")
+        if self.on_bad_record not in BAD_RECORD_MODES:
+            raise AirflowFailException(f"on_bad_record must be one of {BAD_RECORD_MODES}, got {self.on_bad_record!r}")
+
+        hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
+        try:
+            # Fail fast, before any Spark starts, on what a retry cannot fix.
+            shard = hook.open_shard(self.shard)
+            self.log.info(
+                "shard %s: upper %s; writer %s; consensus %s; blob %s; spark %s",
+                self.shard, shard.state().upper, writer_id, hook.settings.redacted_consensus_url,
+                hook.settings.blob_root, self.spark_mode,
+            )
+            if self.spark_mode == "submit":
+                report = self._run_submit(hook, writer_id, max_batches, until_caught_up, max_files)
+            else:
+                report = self._run_in_process(hook, shard, writer_id, max_batches, until_caught_up, max_files)
+        except UpsertError as exc:
+            raise to_airflow_error(exc) from None
+        finally:
+            hook.close()
+        report["task_seconds"] = round(time.monotonic() - started, 3)
+        report.update(shard=self.shard, writer_id=writer_id, spark_mode=self.spark_mode)
+        self.log.info(
+            "shard %s: upper %s, %s committed, %s converged, %s step(s) in %.2fs",
+            self.shard, report["upper"], report["committed"], report["converged"],
+            len(report["batches"]), report["task_seconds"],
+        )
+        return report
+
+    def _log_batch(self, batch: dict[str, Any]) -> None:
+        self.log.info(
+            "batch ts=%s %s: rows in %s, out %s, rejected %s, lag %s offsets, %.2fs %s",
+            batch["ts"], batch["outcome"], batch["rows_in"], batch["rows_out"], batch["rejected"],
+            sum(batch.get("lag_offsets", {}).values()), batch["seconds"], batch.get("timings", {}),
+        )
+
+    def _run_in_process(self, hook, shard, writer_id, max_batches, until_caught_up, max_files) -> dict[str, Any]:
+        from airflow_upsert_provider.engine.writer import Writer
+
+        spark_seconds: list[float] = []
+
+        def spark_factory():
+            # A writer that only skips persisted batches never starts Spark.
+            if self._spark is None:
+                from pyspark.sql import SparkSession
+
+                spark_started = time.monotonic()
+                owned = SparkSession.getActiveSession() is None
+                session = hook.get_spark(app_name=f"upsert-{self.shard}", conf=self.spark_conf)
+                spark_seconds.append(time.monotonic() - spark_started)
+                self._spark = (session, owned)
+            return self._spark[0]
+
+        writer = Writer(
+            shard, writer_id, spark_factory=spark_factory,
+            on_bad_record=self.on_bad_record, max_files_per_batch=max_files,
+        )
+        try:
+            run = writer.run(
+                max_batches=None if until_caught_up else max_batches,
+                until_caught_up=until_caught_up,
+                on_result=lambda result: self._log_batch(result.to_dict()),
+            )
+        finally:
+            self._stop_spark()
+        return {**run.to_dict(), "spark_start_seconds": round(sum(spark_seconds), 3)}
+
+    def _stop_spark(self) -> None:
+        if self._spark is not None:
+            session, owned = self._spark
+            self._spark = None
+            if owned:
+                session.stop()
+
+    def _run_submit(self, hook, writer_id, max_batches, until_caught_up, max_files) -> dict[str, Any]:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        from airflow_upsert_provider.engine import spark_job
+
+        # Settle the blob root here: a missing root is a configuration error, not a job failure.
+        blob = hook.get_blob()
+        workdir = tempfile.mkdtemp(prefix="upsert-submit-")
+        try:
+            result_file = os.path.join(workdir, "result.json")
+            args = [
+                "--shard", self.shard, "--writer-id", writer_id, "--blob-root", blob.root,
+                "--result-file", result_file, "--on-bad-record", self.on_bad_record,
+            ]
+            args += ["--until-caught-up"] if until_caught_up else ["--max-batches", str(max_batches)]
+            if max_files:
+                args += ["--max-files-per-batch", str(max_files)]
+            conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+            conf.update(self.spark_conf)
+            options = {"name": f"upsert-{self.shard}", **self.submit_options}
+            self._submit_hook = SparkSubmitHook(
+                conf=conf,
+                conn_id=hook.settings.spark_conn_id,
+                py_files=package_zip(workdir),
+                application_args=args,
+                # The consensus URL (with its password) travels in the driver's environment,
+                # never on the command line that is logged and visible in `ps`.
+                env_vars={
+                    spark_job.CONSENSUS_URL_ENV: hook.settings.consensus_url,
+                    "PYSPARK_PYTHON": sys.executable,
+                    "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+                },
+                **options,
+            )
+            submit_started = time.monotonic()
+            failure: AirflowException | None = None
+            try:
+                self._submit_hook.submit(application=os.path.abspath(spark_job.__file__))
+            except AirflowException as exc:
+                failure = exc
+            submit_seconds = time.monotonic() - submit_started
+            if not os.path.exists(result_file):
+                raise AirflowException(
+                    f"the Spark job ended without a result ({failure or 'no error reported'})"
+                )
+            with open(result_file, encoding="utf-8") as handle:
+                result = json.load(handle)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if not result.get("ok"):
+            raise _error_from_result(result)
+        for batch in result["batches"]:
+            self._log_batch(batch)
+        result.pop("ok", None)
+        result["submit_seconds"] = round(submit_seconds, 3)
+        return result
+
+    def on_kill(self) -> None:
+        """Stop the Spark work this task started: the spark-submit process (and its driver),
+        or the jobs of the in-process session."""
+        if self._submit_hook is not None:
+            self._submit_hook.on_kill()
+        if self._spark is not None:
+            session = self._spark[0]
+            try:
+                session.sparkContext.cancelAllJobs()
+            finally:
+                self._stop_spark()
+
+
+_ERRORS_BY_EXIT_CODE = {2: ConfigurationError, 3: BadInputError, 4: IntegrityError, 5: CommitOutcomeUnknown}
+
+
+def _error_from_result(result: dict[str, Any]) -> AirflowException:
+    """The Airflow error for a failed packaged job, from the exit code it reported."""
+    details = {k: v for k, v in result.items() if k not in ("ok", "exit_code", "error", "message", "driver_seconds")}
+    message = f"{result.get('error')}: {result.get('message')}"
+    if result.get("error") == "ConsensusUnavailable":
+        return to_airflow_error(ConsensusUnavailable(message, **details))
+    cls = _ERRORS_BY_EXIT_CODE.get(result.get("exit_code"))
+    if cls is None:
+        return AirflowException(f"the Spark job failed: {message}")
+    return to_airflow_error(cls(message, **details))

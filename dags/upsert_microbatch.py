@@ -1,0 +1,38 @@
+"""Scheduled micro-batch upserts: every five minutes, catch the shard up with its source.
+
+Runs on the `upsert_default` connection (embedded defaults when it is not defined: SQLite
+consensus and blob under $AIRFLOW_HOME/upsert, Spark local[*]). The shard must exist
+(`upsertctl init`, or `UpsertShardHook.create_shard`). It is safe beside `upsert_backfill`
+on the same shard: both converge on one table.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
+
+SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+with DAG(
+    dag_id="upsert_microbatch",
+    description="Catch an upsert shard up with its source every five minutes",
+    schedule="*/5 * * * *",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    # One scheduled run at a time; overlap with a backfill or a retry is still safe.
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True},
+    params={"shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id")},
+    render_template_as_native_obj=True,
+    tags=["upsert", "example"],
+    doc_md=__doc__,
+) as dag:
+    MicroBatchUpsertOperator(
+        task_id="upsert",
+        shard="{{ params.shard }}",
+        until_caught_up=True,
+        execution_timeout=timedelta(minutes=30),
+    )
