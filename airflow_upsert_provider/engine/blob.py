@@ -7,9 +7,9 @@ filesystem (``hdfs://``, ``s3a://``) implementation has to provide.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
-import tempfile
+import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -20,6 +20,8 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 class BlobFile:
     path: str
     size: int
+    # Last modification (seconds since the epoch): GC's grace period is measured from it.
+    mtime: float = 0.0
 
 
 class LocalBlob:
@@ -59,31 +61,76 @@ class LocalBlob:
         """The absolute path (a string Spark accepts) of ``parts`` below the root."""
         return os.path.join(self.root, *parts)
 
+    # -- primitive operations ----------------------------------------------------------------
+    # Every metadata write and every deletion goes through these few methods, so that a test
+    # double can record them and simulate a crash that drops what was not made durable.
+
+    def write_file(self, path: str, data: bytes, *, sync: bool) -> None:
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            if sync:
+                os.fsync(handle.fileno())
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def fsync_dir(self, directory: str) -> None:
+        fsync_dir(directory)
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
     # -- metadata files ---------------------------------------------------------------------
+
+    def make_dirs(self, path: str) -> None:
+        """Create ``path`` and its missing parents, each entry made durable in its parent
+        (a rename into a directory whose own entry is lost by a crash is lost with it)."""
+        if os.path.isdir(path):
+            return
+        parent = os.path.dirname(path)
+        if parent != path:
+            self.make_dirs(parent)
+        try:
+            self.mkdir(path)
+        except FileExistsError:
+            return
+        self.fsync_dir(parent)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that ``path`` holds either its old content or all of ``data``,
         durably: temp file in the same directory, fsync, rename, fsync the directory."""
         directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        self.make_dirs(directory)
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            self.write_file(tmp, data, sync=True)
+            self.rename(tmp, path)
         except BaseException:
             try:
-                os.unlink(tmp)
+                self.unlink(tmp)
             except FileNotFoundError:
                 pass
             raise
-        fsync_dir(directory)
+        self.fsync_dir(directory)
 
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as handle:
             return handle.read()
+
+    def checksum(self, path: str) -> str:
+        """SHA-256 of the file at ``path``, hex."""
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
@@ -98,23 +145,40 @@ class LocalBlob:
             return []
 
     def walk_files(self, path: str) -> Iterator[BlobFile]:
-        """Every file below ``path`` (recursively), with its size, in a stable order."""
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                yield BlobFile(full, os.path.getsize(full))
+        """Every file below ``path`` (recursively), with its size and mtime, in a stable
+        order. One ``stat`` per file (GC plans over hundreds of thousands)."""
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                yield from self.walk_files(entry.path)
+            else:
+                st = entry.stat(follow_symlinks=False)
+                yield BlobFile(entry.path, st.st_size, st.st_mtime)
 
     def size(self, path: str) -> int:
         return os.path.getsize(path)
 
+    def mtime(self, path: str) -> float:
+        return os.path.getmtime(path)
+
     def delete_tree(self, path: str) -> None:
-        if os.path.isdir(path):
-            shutil.rmtree(path)
+        """Delete ``path`` and everything below it, then make the removal durable."""
+        if not os.path.isdir(path):
+            return
+        for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+            for name in filenames:
+                self.delete_file(os.path.join(dirpath, name))
+            for name in dirnames:
+                self.rmdir(os.path.join(dirpath, name))
+        self.rmdir(path)
+        self.fsync_dir(os.path.dirname(path))
 
     def delete_file(self, path: str) -> None:
         try:
-            os.unlink(path)
+            self.unlink(path)
         except FileNotFoundError:
             pass
 

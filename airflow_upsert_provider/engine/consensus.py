@@ -78,6 +78,19 @@ quarantined_files_table = sa.Table(
 )
 
 
+# The compacted run of a shard: every batch below ``since`` merged into one run per bucket.
+# One row per shard, replaced together with ``since`` by compare-and-set on since (writers
+# only move upper, so a compaction never makes a writer lose, nor a writer a compaction).
+compactions_table = sa.Table(
+    "upsert_compactions",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("since", sa.BigInteger, nullable=False),
+    sa.Column("run", sa.Text, nullable=False),
+    sa.Column("compacted_at", sa.Float, nullable=False),
+)
+
+
 class AppendOutcome(str, enum.Enum):
     COMMITTED = "committed"
     # The upper had already moved past expected_upper with this very token: an earlier
@@ -137,6 +150,34 @@ class AppendResult:
     # On UPPER_MOVED: the writer and token of the batch that holds expected_upper.
     winner_writer_id: str | None = None
     winner_token: str | None = None
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    # The run covers every ts < since; reads as of ts >= since add the batches from since on.
+    since: int
+    run: dict[str, Any]
+    compacted_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ShardSnapshot:
+    """Everything consensus holds about one shard, read in one transaction: what a
+    checkpoint records and what a restore writes back."""
+
+    record: ShardRecord
+    compaction: CompactionRecord | None
+    batches: list[BatchRecord]
+    bindings: list[Binding]
+    # [{"file", "reason", "ts"}]: source files set aside, with the batch that set them aside
+    quarantined: list[dict[str, Any]]
+
+    def live_runs(self) -> list[dict[str, Any]]:
+        """The runs a read at the upper merges: the compacted run and every batch from
+        the compaction's since on."""
+        base = self.compaction.since if self.compaction else 0
+        runs = [self.compaction.run] if self.compaction else []
+        return runs + [b.run for b in self.batches if b.ts >= base]
 
 
 def _is_sqlite(url: str) -> bool:
@@ -436,6 +477,156 @@ class Consensus:
         rows = self._run(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
         return [_batch_from_row(r) for r in rows]
 
+    # -- compaction, snapshots and restore ---------------------------------------------------
+
+    def get_compaction(self, shard_id: str) -> CompactionRecord | None:
+        row = self._run(
+            lambda conn: conn.execute(
+                sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
+            ).first()
+        )
+        return None if row is None else _compaction_from_row(row)
+
+    def compare_and_set_since(
+        self, shard_id: str, expected_since: int, new_since: int, run: dict[str, Any]
+    ) -> bool:
+        """Advance since from ``expected_since`` to ``new_since`` and install ``run`` as the
+        compacted run, iff the authoritative since is still ``expected_since`` and the upper
+        has reached ``new_since``. One transaction; True if it committed."""
+        if new_since <= expected_since:
+            raise IntegrityError(
+                f"since of shard {shard_id!r} only advances: {expected_since} -> {new_since}",
+                shard=shard_id,
+            )
+
+        def txn(conn):
+            updated = conn.execute(
+                sa.update(shards_table)
+                .where(
+                    shards_table.c.shard_id == shard_id,
+                    shards_table.c.since == expected_since,
+                    shards_table.c.upper >= new_since,
+                )
+                .values(since=new_since, seqno=shards_table.c.seqno + 1)
+            ).rowcount
+            if updated != 1:
+                return False
+            conn.execute(sa.delete(compactions_table).where(compactions_table.c.shard_id == shard_id))
+            conn.execute(
+                sa.insert(compactions_table).values(
+                    shard_id=shard_id,
+                    since=new_since,
+                    run=json.dumps(run, sort_keys=True),
+                    compacted_at=time.time(),
+                )
+            )
+            return True
+
+        return self._run(txn)
+
+    def snapshot(self, shard_id: str) -> ShardSnapshot:
+        """State, compacted run, batches, bindings and quarantined files of one shard, read
+        in one transaction so that they agree with each other."""
+
+        def txn(conn):
+            row = conn.execute(sa.select(shards_table).where(shards_table.c.shard_id == shard_id)).first()
+            if row is None:
+                raise ShardNotFound(f"unknown shard {shard_id!r}", shard=shard_id)
+            compaction = conn.execute(
+                sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
+            ).first()
+            batches = conn.execute(
+                sa.select(batches_table).where(batches_table.c.shard_id == shard_id).order_by(batches_table.c.ts)
+            ).all()
+            bindings = conn.execute(
+                sa.select(bindings_table).where(bindings_table.c.shard_id == shard_id).order_by(bindings_table.c.ts)
+            ).all()
+            quarantined = conn.execute(
+                sa.select(
+                    quarantined_files_table.c.file, quarantined_files_table.c.reason, quarantined_files_table.c.ts
+                )
+                .where(quarantined_files_table.c.shard_id == shard_id)
+                .order_by(quarantined_files_table.c.file)
+            ).all()
+            return ShardSnapshot(
+                record=ShardRecord(**row._mapping),
+                compaction=None if compaction is None else _compaction_from_row(compaction),
+                batches=[_batch_from_row(b) for b in batches],
+                bindings=[_binding_from_row(b) for b in bindings],
+                quarantined=[{"file": q.file, "reason": q.reason, "ts": q.ts} for q in quarantined],
+            )
+
+        return self._run(txn)
+
+    def restore_shard(self, shard_id: str, snapshot: ShardSnapshot) -> ShardRecord:
+        """Write ``snapshot`` as shard ``shard_id`` in one transaction. Refused if the shard
+        exists: a restore never moves an existing upper backwards (restore under a new id)."""
+        record = snapshot.record
+
+        def txn(conn):
+            existing = conn.execute(
+                sa.select(shards_table.c.upper).where(shards_table.c.shard_id == shard_id)
+            ).scalar_one_or_none()
+            if existing is not None or not self._insert_ignore(
+                conn,
+                shards_table,
+                shard_id=shard_id,
+                upper=record.upper,
+                since=record.since,
+                seqno=record.seqno,
+                config=record.config,
+                created_at=time.time(),
+            ):
+                raise ShardExists(
+                    f"cannot restore into shard {shard_id!r}: it exists"
+                    + (f" with upper {existing}" if existing is not None else "")
+                    + f" (the checkpoint's upper is {record.upper}); a restore never moves an "
+                    "existing upper backwards: restore into an empty consensus or under a new shard id",
+                    shard=shard_id,
+                    upper=existing,
+                )
+            # Stale rows of a shard id used before (dropped shard) must not mix in.
+            for table in (bindings_table, batches_table, quarantined_files_table, compactions_table):
+                conn.execute(sa.delete(table).where(table.c.shard_id == shard_id))
+            if snapshot.bindings:
+                conn.execute(
+                    sa.insert(bindings_table),
+                    [
+                        {"shard_id": shard_id, "ts": b.ts, "ranges": b.to_json(), "minted_by": b.minted_by,
+                         "minted_at": time.time()}
+                        for b in snapshot.bindings
+                    ],
+                )
+            if snapshot.batches:
+                conn.execute(
+                    sa.insert(batches_table),
+                    [
+                        {"shard_id": shard_id, "ts": b.ts, "writer_id": b.writer_id, "token": b.token,
+                         "run": json.dumps(b.run, sort_keys=True), "stats": json.dumps(b.stats, sort_keys=True),
+                         "committed_at": b.committed_at}
+                        for b in snapshot.batches
+                    ],
+                )
+            if snapshot.quarantined:
+                conn.execute(
+                    sa.insert(quarantined_files_table),
+                    [{"shard_id": shard_id, **q} for q in snapshot.quarantined],
+                )
+            if snapshot.compaction is not None:
+                conn.execute(
+                    sa.insert(compactions_table).values(
+                        shard_id=shard_id,
+                        since=snapshot.compaction.since,
+                        run=json.dumps(snapshot.compaction.run, sort_keys=True),
+                        compacted_at=snapshot.compaction.compacted_at,
+                    )
+                )
+            return ShardRecord(**conn.execute(
+                sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
+            ).one()._mapping)
+
+        return self._run(txn)
+
 
 def _binding_from_row(row) -> Binding:
     data = json.loads(row.ranges)
@@ -456,6 +647,10 @@ def _batch_from_row(row) -> BatchRecord:
         stats=json.loads(row.stats),
         committed_at=row.committed_at,
     )
+
+
+def _compaction_from_row(row) -> CompactionRecord:
+    return CompactionRecord(since=row.since, run=json.loads(row.run), compacted_at=row.compacted_at)
 
 
 def _short(exc: BaseException) -> str:

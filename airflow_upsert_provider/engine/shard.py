@@ -289,8 +289,22 @@ class Shard:
                 f"cannot read shard {self.shard_id!r} as of {as_of}: compacted below since {state.since}",
                 shard=self.shard_id,
             )
-        runs = [b.run for b in self.batches(below=as_of)]
-        return read_runs(spark, self.config, self.blob, runs)
+        return read_runs(spark, self.config, self.blob, self.runs_as_of(as_of))
+
+    def runs_as_of(self, as_of: int) -> list[dict[str, Any]]:
+        """The runs a read as of ``as_of`` merges: the compacted run (every ts below its
+        since) and the batches from its since up to ``as_of``."""
+        compaction = self.consensus.get_compaction(self.shard_id)
+        if compaction is None:
+            return [b.run for b in self.batches(below=as_of)]
+        if as_of < compaction.since:
+            # since advanced while this read started.
+            raise ConfigurationError(
+                f"cannot read shard {self.shard_id!r} as of {as_of}: compacted below since {compaction.since}",
+                shard=self.shard_id,
+            )
+        later = self.consensus.batches(self.shard_id, from_ts=compaction.since, below=as_of)
+        return [compaction.run] + [b.run for b in later]
 
     def status(self, spark: "SparkSession | None" = None) -> ShardStatus:
         """Frontier and source lag; ``rows`` only when a Spark session is given."""

@@ -120,27 +120,47 @@ def stage_batch(
             )
             rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
         latest = _latest_per_key(records.where(F.col("_reason").isNull()), config, binding.ts)
-        keys = list(config.keys)
-        (
-            latest.repartition(config.buckets, "_bucket")
-            .sortWithinPartitions("_bucket", *keys)
-            .write.mode("errorifexists")
-            .partitionBy("_bucket")
-            .parquet(run_dir)
-        )
+        write_bucketed(latest, config, run_dir)
     finally:
         records.unpersist()
-    files = run_files(shard, run_dir)
-    rows_out = _parquet_rows([shard.blob.path(f["path"]) for f in files])
-    run = {"path": _relative(shard, run_dir), "files": files, "rows": rows_out}
+    run = describe_run(shard, run_dir)
+    rows_out = run["rows"]
     timings = {"read": write_started - read_started, "write": time.monotonic() - write_started}
     return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
 
 
+def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str) -> None:
+    """Write ``rows`` (run columns plus ``_bucket``) under ``run_dir``: one Parquet file per
+    bucket, sorted by key. Batches and compaction write runs the same way."""
+    (
+        rows.repartition(config.buckets, "_bucket")
+        .sortWithinPartitions("_bucket", *config.keys)
+        .write.mode("errorifexists")
+        .partitionBy("_bucket")
+        .parquet(run_dir)
+    )
+
+
+def bucket_column(config: ShardConfig) -> "Column":
+    """The hash bucket of a row's key: the same function for batches and compaction."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.xxhash64(*config.keys), F.lit(config.buckets))
+
+
+def describe_run(shard: Shard, run_dir: str) -> dict[str, Any]:
+    """A written run as consensus records it: its path, files and row count."""
+    files = run_files(shard, run_dir)
+    rows = _parquet_rows([shard.blob.path(f["path"]) for f in files])
+    return {"path": _relative(shard, run_dir), "files": files, "rows": rows}
+
+
 def run_files(shard: Shard, run_dir: str) -> list[dict[str, Any]]:
-    """The Parquet files of a staged run, relative to the blob root, with their sizes."""
+    """The Parquet files of a staged run, relative to the blob root, with their sizes and
+    SHA-256. The checksum is taken here, while the files are fresh in the page cache, so
+    that a checkpoint lists it without reading the table again."""
     return [
-        {"path": _relative(shard, f.path), "bytes": f.size}
+        {"path": _relative(shard, f.path), "bytes": f.size, "sha256": shard.blob.checksum(f.path)}
         for f in shard.blob.walk_files(run_dir)
         if f.path.endswith(".parquet") and not os.path.basename(f.path).startswith((".", "_"))
     ]
@@ -149,23 +169,32 @@ def run_files(shard: Shard, run_dir: str) -> list[dict[str, Any]]:
 def read_runs(spark: "SparkSession", config: ShardConfig, blob, runs: list[dict[str, Any]]) -> "DataFrame":
     """Merge runs: per key the record of the highest ts wins; tombstones removed."""
     from pyspark.sql import functions as F
+
+    keys = list(config.keys)
+    values = [c for c in table_columns(config) if c not in keys]
+    return merge_runs(spark, config, blob, runs).where(~F.col("_deleted")).select(*keys, *values)
+
+
+def merge_runs(spark: "SparkSession", config: ShardConfig, blob, runs: list[dict[str, Any]]) -> "DataFrame":
+    """Merge runs keeping the run columns: per key the row of the highest ``_ts``, with its
+    ``_deleted`` and ``_ts`` (tombstones kept; compaction writes this, reads filter it)."""
+    from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
     schema = user_schema(config)
     columns = table_columns(config)
     paths = [blob.path(f["path"]) for run in runs for f in run["files"]]
-    out_schema = StructType([schema[c] for c in columns])
-    if not paths:
-        return spark.createDataFrame([], out_schema)
     run_schema = StructType(
         [schema[c] for c in columns] + [StructField("_deleted", BooleanType()), StructField("_ts", LongType())]
     )
+    if not paths:
+        return spark.createDataFrame([], run_schema)
     df = spark.read.schema(run_schema).option("recursiveFileLookup", "true").parquet(*paths)
     keys = list(config.keys)
     values = [c for c in columns if c not in keys]
-    winner = F.max_by(F.struct(*values, "_deleted"), F.col("_ts")).alias("_w")
+    winner = F.max_by(F.struct(*values, "_deleted", "_ts"), F.col("_ts")).alias("_w")
     merged = df.groupBy(*keys).agg(winner)
-    return merged.where(~F.col("_w._deleted")).select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values])
+    return merged.select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values + ["_deleted", "_ts"]])
 
 
 # -- record parsing ---------------------------------------------------------------------------
@@ -319,7 +348,7 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
         *[F.col(f"_w.`{v}`").alias(v) for v in values],
         F.col("_w._deleted").alias("_deleted"),
         F.lit(ts).cast("long").alias("_ts"),
-        F.pmod(F.xxhash64(*keys), F.lit(config.buckets)).alias("_bucket"),
+        bucket_column(config).alias("_bucket"),
     )
 
 

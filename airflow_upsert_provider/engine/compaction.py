@@ -1,0 +1,149 @@
+"""Compaction: merge a shard's runs below a chosen since into one run per bucket.
+
+The output is a run like any other (key, value columns, ``_deleted``, ``_ts``; one sorted
+Parquet file per bucket) holding the latest row of every key below the new since, with its
+own ``_ts`` kept, so that a read as of any ts >= since merges it with the later batches and
+gets exactly what it got before. Tombstones are dropped: the compacted run covers every ts
+below since, so nothing older remains for a tombstone to hide.
+
+It is swapped in by compare-and-set on ``since`` (one transaction that also installs the run).
+Writers only move ``upper`` and compaction only reads batches below the new since, which are
+immutable, so a writer never makes a compaction lose and a compaction never touches a batch
+at ts >= since. Two compactions race on since: the loser deletes its own output (nobody can
+reference it) and retries against the new state.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from airflow_upsert_provider.engine.errors import (
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    ConsensusUnavailable,
+    UpsertError,
+)
+from airflow_upsert_provider.engine.shard import Shard
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+COMPACTED = "compacted"
+NOTHING_TO_DO = "nothing_to_do"
+# A lost race means another compaction advanced since; a few rounds settle any real contention.
+MAX_ATTEMPTS = 5
+
+
+@dataclass
+class CompactionResult:
+    shard: str
+    outcome: str
+    since_before: int
+    since: int
+    upper: int
+    runs_merged: int = 0
+    rows: int = 0
+    files: int = 0
+    bytes: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    run_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["seconds"] = round(self.seconds, 3)
+        return data
+
+
+def compaction_dir(shard: Shard, since: int, nonce: str) -> str:
+    """Where the output of one compaction attempt goes: unique per attempt, and at the same
+    depth as a batch's run (``<shard>/runs/<group>/<name>``) so GC treats both alike."""
+    return shard.blob.path(shard.shard_id, "runs", f"since={since:012d}", f"compaction-{nonce}")
+
+
+def compact(
+    spark: "SparkSession",
+    shard: Shard,
+    *,
+    since: int | None = None,
+    on_step: Callable[[str], None] | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> CompactionResult:
+    """Compact every run of ``shard`` below ``since`` (default: its upper) and advance since.
+
+    :param since: the new since; reads as of a ts below it fail afterwards. Must be <= upper.
+    :param on_step: called with ``"written"`` after the output is written and before the
+        swap (tests force races there).
+    :param max_attempts: how many lost races to retry before giving up.
+    """
+    from pyspark.sql import functions as F
+
+    from airflow_upsert_provider.engine.upsert import bucket_column, describe_run, merge_runs, write_bucketed
+
+    started = time.monotonic()
+    consensus, blob = shard.consensus, shard.blob
+    for attempt in range(1, max_attempts + 1):
+        state = shard.state()
+        target = state.upper if since is None else since
+        if target > state.upper:
+            raise ConfigurationError(
+                f"cannot compact shard {shard.shard_id!r} to since {target}: its upper is {state.upper}",
+                shard=shard.shard_id,
+            )
+        if target <= state.since:
+            return CompactionResult(
+                shard.shard_id, NOTHING_TO_DO, state.since, state.since, state.upper,
+                attempts=attempt, seconds=time.monotonic() - started,
+            )
+        base = consensus.get_compaction(shard.shard_id)
+        base_since = base.since if base else 0
+        if base_since != state.since:
+            # The state was read between a swap's two reads; read again.
+            continue
+        runs = ([base.run] if base else []) + [
+            b.run for b in consensus.batches(shard.shard_id, from_ts=base_since, below=target)
+        ]
+        merged = merge_runs(spark, shard.config, blob, runs)
+        survivors = merged.where(~F.col("_deleted") & (F.col("_ts") < target))
+        run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
+        write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
+        run = describe_run(shard, run_dir)
+        if on_step is not None:
+            on_step("written")
+        try:
+            swapped = consensus.compare_and_set_since(shard.shard_id, state.since, target, run)
+        except ConsensusUnavailable:
+            current = consensus.get_compaction(shard.shard_id)
+            if current is None or current.run["path"] != run["path"]:
+                # Whether it landed is unknown: the output stays for GC to judge (grace period).
+                raise CommitOutcomeUnknown(
+                    f"compaction of shard {shard.shard_id!r} to since {target} has an unknown outcome; "
+                    f"its output {run['path']} is kept and a retry is safe",
+                    shard=shard.shard_id,
+                ) from None
+            swapped = True
+        if swapped:
+            return CompactionResult(
+                shard=shard.shard_id,
+                outcome=COMPACTED,
+                since_before=state.since,
+                since=target,
+                upper=state.upper,
+                runs_merged=len(runs),
+                rows=run["rows"],
+                files=len(run["files"]),
+                bytes=sum(f["bytes"] for f in run["files"]),
+                attempts=attempt,
+                seconds=time.monotonic() - started,
+                run_path=run["path"],
+            )
+        # Another compaction advanced since first: this output provably lost.
+        blob.delete_tree(run_dir)
+    raise UpsertError(
+        f"compaction of shard {shard.shard_id!r} lost the race for since {max_attempts} times; "
+        "another compaction keeps advancing it",
+        shard=shard.shard_id,
+    )

@@ -1,0 +1,64 @@
+"""Builders shared by the maintenance tests: shards with committed batches, reads at every
+ts, file-tree snapshots, and file ages."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.sample_data import SampleSpec
+from tests.helpers import make_shard
+from tests.oracle import oracle_table, table_from_rows
+
+# 2 partitions x 6 segments, 2 files per batch: 6 batches, with updates and tombstones
+# crossing batches (600 keys for 2400 records).
+SPEC = SampleSpec(records=2400, keys=600, partitions=2, segments_per_partition=6, delete_ratio=0.1, seed=11)
+BATCHES = 6
+
+
+def written_shard(spark, consensus, blob, tmp_path, *, batches: int | None = BATCHES, shard_id: str = "orders"):
+    """A shard with ``batches`` committed batches of ``SPEC`` (None: all of them)."""
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id=shard_id, max_files_per_batch=2)
+    writer = Writer(shard, "setup", spark_factory=lambda: spark)
+    if batches is None:
+        writer.run(until_caught_up=True, with_lag=False)
+    elif batches:
+        writer.run(max_batches=batches, with_lag=False)
+    return shard
+
+
+def table(shard, spark, as_of=None) -> dict:
+    return table_from_rows(shard.read(spark, as_of=as_of).collect())
+
+
+def reads_at_every_ts(shard, spark, start: int = 0) -> dict[int, dict]:
+    return {ts: table(shard, spark, ts) for ts in range(start, shard.state().upper + 1)}
+
+
+def oracle(shard) -> dict:
+    """The expected table at the shard's upper, straight from the source files."""
+    return oracle_table(shard.source.root, max_offset=shard.bound_offsets(shard.state().upper))
+
+
+def tree(root: str) -> dict[str, bytes]:
+    """Every file below ``root`` with its content: equal trees mean nothing was touched."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as handle:
+                out[os.path.relpath(path, root)] = handle.read()
+    return out
+
+
+def age_files(root: str, seconds: float = 3 * 3600) -> None:
+    """Make every file below ``root`` look ``seconds`` old (older than a test's grace)."""
+    past = time.time() - seconds
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            os.utime(os.path.join(dirpath, name), (past, past))
+
+
+def files_of(blob, runs) -> set[str]:
+    return {blob.path(f["path"]) for run in runs for f in run["files"]}
