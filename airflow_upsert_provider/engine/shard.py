@@ -206,7 +206,7 @@ class Shard:
         taken = candidates[: max_files or self.config.max_files_per_batch]
         readable: list[Segment] = []
         for seg in taken:
-            reason = source.unreadable_reason(seg)
+            reason = source.unreadable_reason(seg, self.config.schema_fields(), self.config.keys)
             if reason is None:
                 readable.append(seg)
             else:

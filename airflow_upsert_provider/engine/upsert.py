@@ -80,7 +80,7 @@ def stage_batch(
     if config.source_format == "jsonl":
         records = _jsonl_records(spark, config, segments)
     else:
-        records = _parquet_records(spark, shard, segments, on_bad_record)
+        records = _parquet_records(spark, shard, segments)
     records = records.persist(StorageLevel.MEMORY_AND_DISK)
     read_started = time.monotonic()
     try:
@@ -225,7 +225,10 @@ def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Se
         reasons.append(
             F.when(~F.map_contains_key("_m", F.lit(key)), F.lit(f"missing key column '{key}'"))
         )
-        reasons.append(F.when(F.col(f"_r.{key}").isNull(), F.lit(f"null key column '{key}'")))
+        # A JSON null; a value of the wrong type is reported by the field checks below.
+        reasons.append(
+            F.when(F.element_at("_m", F.lit(key)).isNull(), F.lit(f"null key column '{key}'"))
+        )
     for field in schema.fields:
         raw_value = F.element_at("_m", F.lit(field.name))
         reasons.append(
@@ -248,28 +251,13 @@ def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Se
     )
 
 
-def _parquet_records(
-    spark: "SparkSession", shard: Shard, segments: list[Segment], on_bad_record: str
-) -> "DataFrame":
-    """Parquet segments: the file schema is checked first (a missing key column or an
-    incompatible type is a whole-file problem); then null keys are bad records."""
+def _parquet_records(spark: "SparkSession", shard: Shard, segments: list[Segment]) -> "DataFrame":
+    """Parquet segments. Their schemas were checked when the batch was bound (a missing key
+    column or an incompatible type is a whole-file problem); here null keys are bad records."""
     from pyspark.sql import functions as F
 
     config = shard.config
     schema = user_schema(config)
-    problems = []
-    for seg in segments:
-        problem = _parquet_schema_problem(seg.path, config)
-        if problem:
-            problems.append({"file": seg.path, "reason": problem})
-    if problems:
-        # A file's schema is immutable, so every writer reaches the same verdict.
-        raise BadInputError(
-            f"{len(problems)} Parquet segment(s) do not match the shard schema; first: "
-            f"{problems[0]['file']}: {problems[0]['reason']}",
-            records=problems[:MAX_REPORTED],
-            count=len(problems),
-        )
     df = spark.read.schema(schema).parquet(*[s.path for s in segments])
     df = df.select(
         F.col("_metadata.file_path").alias("_file"),
@@ -283,36 +271,6 @@ def _parquet_records(
         *[F.col(f"`{f.name}`") for f in schema.fields],
         F.coalesce(*reasons).alias("_reason"),
     )
-
-
-# Spark type name (as in the schema JSON) -> Arrow type names a Parquet segment may carry.
-_ARROW_COMPATIBLE = {
-    "long": ("int",), "integer": ("int",), "short": ("int",), "byte": ("int",),
-    "double": ("double", "float", "halffloat"), "float": ("float", "halffloat"),
-    "string": ("string", "large_string"), "boolean": ("bool",),
-    "date": ("date",), "timestamp": ("timestamp",), "binary": ("binary", "large_binary"),
-}
-
-
-def _parquet_schema_problem(path: str, config: ShardConfig) -> str | None:
-    import pyarrow.parquet as pq
-
-    try:
-        arrow_schema = pq.read_schema(path)
-    except Exception as exc:  # pyarrow raises several types for a corrupt footer
-        return f"unreadable Parquet footer: {exc}"
-    fields = {f.name: f for f in arrow_schema}
-    for spec in config.schema_fields():
-        name, spark_type = spec["name"], spec["type"]
-        if name not in fields:
-            if name in config.keys:
-                return f"missing key column '{name}'"
-            continue
-        arrow_type = str(fields[name].type)
-        compatible = _ARROW_COMPATIBLE.get(spark_type) if isinstance(spark_type, str) else None
-        if compatible and not arrow_type.startswith(compatible):
-            return f"field '{name}': expected {spark_type}, got {arrow_type}"
-    return None
 
 
 def _segment_columns(file_column: str, extension: str) -> dict[str, "Column"]:

@@ -45,6 +45,8 @@ class StagedBatch:
     rows_in: int
     rows_out: int
     rejected: int
+    # Source files set aside when the batch was bound (quarantine mode), with reasons.
+    quarantined_files: list[dict[str, str]]
     stage_seconds: float
     stage_timings: dict[str, float] = field(default_factory=dict)
 
@@ -56,6 +58,7 @@ class BatchResult:
     rows_in: int = 0
     rows_out: int = 0
     rejected: int = 0
+    quarantined_files: int = 0
     seconds: float = 0.0
     upper: int = 0
     lag_offsets: dict[str, int] = field(default_factory=dict)
@@ -171,6 +174,7 @@ class Writer:
             rows_in=output.rows_in,
             rows_out=output.rows_out,
             rejected=output.rejected,
+            quarantined_files=binding.quarantined,
             stage_seconds=time.monotonic() - started,
             stage_timings=dict(output.timings),
         )
@@ -189,6 +193,7 @@ class Writer:
                 "rows_out": staged.rows_out,
                 "rejected": staged.rejected,
                 "rejects": staged.rejects,
+                "quarantined_files": staged.quarantined_files,
             },
         )
         last_error: Exception | None = None
@@ -263,6 +268,7 @@ class Writer:
             rows_in=staged.rows_in if mine else 0,
             rows_out=staged.rows_out if mine else 0,
             rejected=staged.rejected if mine else 0,
+            quarantined_files=len(staged.quarantined_files) if mine else 0,
             seconds=time.monotonic() - started,
             upper=self.progress,
             timings={"stage": staged.stage_seconds, **staged.stage_timings, "commit": commit_seconds},

@@ -93,25 +93,53 @@ class DirectorySource:
         segments.sort()
         return segments, bad
 
-    def unreadable_reason(self, segment: Segment) -> str | None:
-        """Why a segment cannot be read, or None. Checked when a batch is bound so that
-        every writer agrees on which files the batch reads."""
+    def unreadable_reason(self, segment: Segment, schema_fields: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
+        """Why a segment cannot be read against the shard schema, or None. Checked when a
+        batch is bound, so that every writer agrees on which files the batch reads."""
         try:
             if os.path.isdir(segment.path):
                 return "segment is a directory, not a file"
             with open(segment.path, "rb") as handle:
                 head = handle.read(4)
-            if self.source_format == "parquet":
-                import pyarrow.parquet as pq
-
-                if head != b"PAR1":
-                    return "not a Parquet file (bad magic bytes)"
-                pq.read_schema(segment.path)
         except OSError as exc:
             return f"unreadable: {exc.strerror or exc}"
-        except Exception as exc:  # pyarrow raises several types for a corrupt footer
-            return f"unreadable Parquet footer: {exc}"
+        if self.source_format == "parquet":
+            if head != b"PAR1":
+                return "not a Parquet file (bad magic bytes)"
+            return parquet_schema_problem(segment.path, schema_fields, keys)
         return None
 
     def describe(self) -> dict[str, Any]:
         return {"type": "directory", "root": self.root, "format": self.source_format}
+
+
+# Spark type name (as in the schema JSON) -> Arrow type names a Parquet segment may carry.
+_ARROW_COMPATIBLE = {
+    "long": ("int",), "integer": ("int",), "short": ("int",), "byte": ("int",),
+    "double": ("double", "float", "halffloat"), "float": ("float", "halffloat"),
+    "string": ("string", "large_string"), "boolean": ("bool",),
+    "date": ("date",), "timestamp": ("timestamp",), "binary": ("binary", "large_binary"),
+}
+
+
+def parquet_schema_problem(path: str, schema_fields: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
+    """A whole-file mismatch between a Parquet segment and the shard schema, or None.
+    A file's schema is immutable, so every writer reaches the same verdict."""
+    import pyarrow.parquet as pq
+
+    try:
+        arrow_schema = pq.read_schema(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt footer
+        return f"unreadable Parquet footer: {exc}"
+    fields = {f.name: f for f in arrow_schema}
+    for spec in schema_fields:
+        name, spark_type = spec["name"], spec["type"]
+        if name not in fields:
+            if name in keys:
+                return f"missing key column '{name}'"
+            continue
+        arrow_type = str(fields[name].type)
+        compatible = _ARROW_COMPATIBLE.get(spark_type) if isinstance(spark_type, str) else None
+        if compatible and not arrow_type.startswith(compatible):
+            return f"field '{name}': expected {spark_type}, got {arrow_type}"
+    return None

@@ -1,0 +1,224 @@
+"""Bad input, in both modes: by default the batch fails naming file, line and reason and
+nothing is committed; with quarantine the bad records or files are set aside with their
+reason, counted, and the batch commits. Nothing is skipped silently."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from airflow_upsert_provider.engine.errors import BadInputError
+from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.sample_data import write_segment
+from tests.helpers import make_shard
+from tests.oracle import table_from_rows
+
+
+def rec(id_, name="n", amount=1.0, at=1, deleted=False):
+    return json.dumps({"id": id_, "name": name, "amount": amount, "updated_at": at, "deleted": deleted})
+
+
+GOOD = [rec(1), rec(2), rec(3)]
+
+BAD_RECORDS = {
+    "malformed": ('{"id": 4, "name": "x"', "malformed JSON: not a JSON object"),
+    "missing_key": (json.dumps({"name": "no id", "amount": 2.0}), "missing key column 'id'"),
+    "null_key": (json.dumps({"id": None, "name": "null id"}), "null key column 'id'"),
+    "wrong_type": (json.dumps({"id": 5, "amount": "lots"}), "field 'amount': expected double, got lots"),
+    "wrong_key_type": (json.dumps({"id": "five"}), "field 'id': expected bigint, got five"),
+}
+
+
+def shard_with(consensus, blob, tmp_path, files: dict[str, list[str]], **overrides):
+    landing = tmp_path / "landing"
+    for relative, lines in files.items():
+        write_segment(str(landing / relative), lines)
+    return make_shard(consensus, blob, tmp_path, **overrides)
+
+
+def rows(shard, spark):
+    return table_from_rows(shard.read(spark).collect())
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_bad_record_fails_the_batch_naming_file_line_reason(case, spark, consensus, blob, tmp_path):
+    bad_line, reason = BAD_RECORDS[case]
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": [GOOD[0], bad_line, GOOD[1]]})
+    with pytest.raises(BadInputError) as info:
+        Writer(shard, "w", spark_factory=lambda: spark).step()
+    error = info.value
+    assert error.exit_code == 3
+    path = str(tmp_path / "landing" / "p0" / "0.jsonl")
+    assert error.details["records"] == [{"file": path, "line": 2, "reason": reason}]
+    assert path in error.message and "line 2" in error.message
+    assert shard.state().upper == 0 and shard.batches() == []
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_bad_record_quarantined_is_counted_and_batch_commits(case, spark, consensus, blob, tmp_path):
+    bad_line, reason = BAD_RECORDS[case]
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": [GOOD[0], bad_line, GOOD[1]]})
+    result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine").step()
+    assert (result.outcome, result.rows_in, result.rejected) == ("committed", 3, 1)
+    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2]
+    rejects = shard.batches()[0].stats["rejects"]
+    written = []
+    for path in glob.glob(os.path.join(blob.path(rejects["path"]), "*.json")):
+        with open(path) as handle:
+            written += [json.loads(line) for line in handle]
+    assert written == [
+        {"file": str(tmp_path / "landing" / "p0" / "0.jsonl"), "line": 2, "reason": reason, "record": bad_line}
+    ]
+
+
+def test_blank_lines_and_crlf_are_not_records(spark, consensus, blob, tmp_path):
+    landing = tmp_path / "landing" / "p0"
+    landing.mkdir(parents=True)
+    (landing / "0.jsonl").write_bytes((rec(1) + "\r\n\r\n" + rec(2) + "\r\n").encode())
+    shard = make_shard(consensus, blob, tmp_path)
+    result = Writer(shard, "w", spark_factory=lambda: spark).step()
+    assert (result.rows_in, result.rejected) == (2, 0)
+
+
+def test_many_bad_records_are_all_counted_and_listed_in_order(spark, consensus, blob, tmp_path):
+    lines = [rec(i) if i % 3 else "not json" for i in range(60)]
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": lines})
+    with pytest.raises(BadInputError) as info:
+        Writer(shard, "w", spark_factory=lambda: spark).step()
+    assert info.value.details["count"] == 20
+    listed = [r["line"] for r in info.value.details["records"]]
+    assert listed == [1 + 3 * i for i in range(20)]
+
+
+# -- file-level problems: decided when the batch is bound, so every writer agrees ----------------
+
+FILE_CASES = {
+    "non_numeric": ("p0/abc.jsonl", "is not a non-negative integer offset"),
+    "non_numeric_mixed": ("p0/12a.jsonl", "is not a non-negative integer offset"),
+    "wrong_extension": ("p0/7.parquet", "is not jsonl"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILE_CASES))
+def test_bad_segment_name_fails_before_binding(case, spark, consensus, blob, tmp_path):
+    relative, reason = FILE_CASES[case]
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD, relative: GOOD})
+    with pytest.raises(BadInputError) as info:
+        Writer(shard, "w", spark_factory=lambda: spark).step()
+    record = info.value.details["records"][0]
+    assert record["file"] == str(tmp_path / "landing" / relative)
+    assert reason in record["reason"]
+    assert shard.binding(0) is None and shard.state().upper == 0
+
+
+@pytest.mark.parametrize("case", sorted(FILE_CASES))
+def test_bad_segment_name_quarantined_once(case, spark, consensus, blob, tmp_path):
+    relative, reason = FILE_CASES[case]
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD, relative: GOOD})
+    w = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine")
+    first = w.step()
+    assert (first.outcome, first.quarantined_files) == ("committed", 1)
+    quarantined = shard.consensus.quarantined_files(shard.shard_id)
+    assert list(quarantined) == [str(tmp_path / "landing" / relative)]
+    assert reason in quarantined[str(tmp_path / "landing" / relative)]
+    write_segment(str(tmp_path / "landing" / "p0" / "20.jsonl"), [rec(9)])
+    second = w.step()
+    assert (second.outcome, second.quarantined_files) == ("committed", 0)  # reported once
+    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2, 3, 9]
+
+
+def late_arrival_setup(consensus, blob, tmp_path, spark, mode):
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": [rec(1)], "p0/10.jsonl": [rec(2)]})
+    w = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record=mode)
+    assert w.step().outcome == "committed"  # binds [0, 11)
+    write_segment(str(tmp_path / "landing" / "p0" / "5.jsonl"), [rec(5)])
+    write_segment(str(tmp_path / "landing" / "p0" / "30.jsonl"), [rec(30)])
+    return shard, w
+
+
+def test_late_arrival_fails_naming_the_file(spark, consensus, blob, tmp_path):
+    shard, w = late_arrival_setup(consensus, blob, tmp_path, spark, "fail")
+    with pytest.raises(BadInputError) as info:
+        w.step()
+    record = info.value.details["records"][0]
+    assert record["file"] == str(tmp_path / "landing" / "p0" / "5.jsonl")
+    assert "late arrival: offset 5 is below the bound offset 11" in record["reason"]
+    assert shard.state().upper == 1 and shard.binding(1) is None
+
+
+def test_late_arrival_quarantined_and_later_batches_proceed(spark, consensus, blob, tmp_path):
+    shard, w = late_arrival_setup(consensus, blob, tmp_path, spark, "quarantine")
+    result = w.step()
+    assert (result.outcome, result.quarantined_files) == ("committed", 1)
+    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2, 30]
+    assert "late arrival" in shard.consensus.quarantined_files(shard.shard_id)[str(tmp_path / "landing" / "p0" / "5.jsonl")]
+    # Not reported again.
+    write_segment(str(tmp_path / "landing" / "p0" / "40.jsonl"), [rec(40)])
+    assert w.step().quarantined_files == 0
+
+
+def test_unreadable_segment_fails_or_is_quarantined(spark, consensus, blob, tmp_path):
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD})
+    (tmp_path / "landing" / "p0" / "10.jsonl").mkdir()  # a directory where a segment should be
+    with pytest.raises(BadInputError) as info:
+        Writer(shard, "w", spark_factory=lambda: spark).step()
+    assert info.value.details["records"][0]["file"] == str(tmp_path / "landing" / "p0" / "10.jsonl")
+    assert "directory" in info.value.details["records"][0]["reason"]
+    assert shard.state().upper == 0
+
+    result = Writer(shard, "w2", spark_factory=lambda: spark, on_bad_record="quarantine").step()
+    assert (result.outcome, result.quarantined_files) == ("committed", 1)
+    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2, 3]
+    # The offset range still covers it: the frontier moved past, it is never read later.
+    assert shard.bound_offsets(1) == {"p0": 11}
+
+
+def test_bound_segment_removed_before_its_batch_commits(spark, consensus, blob, tmp_path):
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD})
+    shard.mint_binding(0, minted_by="m")
+    os.unlink(tmp_path / "landing" / "p0" / "0.jsonl")
+    with pytest.raises(BadInputError, match="bound to batch 0 are missing"):
+        Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine").step()
+    assert shard.state().upper == 0
+
+
+# -- Parquet segments -------------------------------------------------------------------------
+
+
+def write_parquet(path, table):
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(table, path)
+
+
+def test_parquet_segments_upsert_and_schema_mismatch_names_file_and_field(spark, consensus, blob, tmp_path):
+    import pyarrow as pa
+
+    landing = tmp_path / "landing"
+    good = pa.table({"id": [1, 2, 2], "name": ["a", "b", "b2"], "amount": [1.0, 2.0, 3.0],
+                     "updated_at": [1, 1, 2], "deleted": [False, False, False]})
+    write_parquet(str(landing / "p0" / "0.parquet"), good)
+    shard = make_shard(consensus, blob, tmp_path, source_format="parquet")
+    result = Writer(shard, "w", spark_factory=lambda: spark).step()
+    assert (result.rows_in, result.rows_out) == (3, 2)
+    assert {k[0]: v["name"] for k, v in rows(shard, spark).items()} == {1: "a", 2: "b2"}
+
+    wrong = pa.table({"id": [3], "amount": ["not a number"]})
+    write_parquet(str(landing / "p0" / "10.parquet"), wrong)
+    with pytest.raises(BadInputError) as info:
+        Writer(shard, "w", spark_factory=lambda: spark).step()
+    record = info.value.details["records"][0]
+    assert record["file"] == str(landing / "p0" / "10.parquet")
+    assert record["reason"] == "field 'amount': expected double, got string"
+    assert shard.binding(1) is None
+
+    (landing / "p0" / "20.parquet").write_bytes(b"not parquet at all")
+    result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine").step()
+    assert (result.outcome, result.quarantined_files) == ("committed", 2)
+    reasons = shard.consensus.quarantined_files(shard.shard_id)
+    assert reasons[str(landing / "p0" / "20.parquet")] == "not a Parquet file (bad magic bytes)"
+    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2]
