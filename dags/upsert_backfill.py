@@ -26,6 +26,10 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True},
     params={
         "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id"),
+        "spark_mode": Param(
+            "in_process", enum=["in_process", "submit"],
+            description="in_process: Spark in the worker; submit: spark-submit on the Spark connection",
+        ),
         "batch_size": Param(
             256, type="integer", minimum=1, maximum=100_000,
             description="source segment files per batch this backfill binds",
@@ -39,6 +43,7 @@ with DAG(
     MicroBatchUpsertOperator(
         task_id="backfill",
         shard="{{ params.shard }}",
+        spark_mode="{{ params.spark_mode }}",
         max_batches="{{ params.max_batches }}",
         max_files_per_batch="{{ params.batch_size }}",
         execution_timeout=timedelta(hours=6),

@@ -25,7 +25,13 @@ with DAG(
     # One scheduled run at a time; overlap with a backfill or a retry is still safe.
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True},
-    params={"shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id")},
+    params={
+        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id"),
+        "spark_mode": Param(
+            "in_process", enum=["in_process", "submit"],
+            description="in_process: Spark in the worker; submit: spark-submit on the Spark connection",
+        ),
+    },
     render_template_as_native_obj=True,
     tags=["upsert", "example"],
     doc_md=__doc__,
@@ -33,6 +39,7 @@ with DAG(
     MicroBatchUpsertOperator(
         task_id="upsert",
         shard="{{ params.shard }}",
+        spark_mode="{{ params.spark_mode }}",
         until_caught_up=True,
         execution_timeout=timedelta(minutes=30),
     )

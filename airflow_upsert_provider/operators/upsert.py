@@ -112,7 +112,7 @@ class MicroBatchUpsertOperator(BaseOperator):
     :param max_files_per_batch: source files per batch for bindings this task mints
         (templated); default the shard's. A backfill passes a large value.
     :param on_bad_record: ``fail`` (default) or ``quarantine`` (templated).
-    :param spark_mode: ``in_process`` (Spark in the worker process, on the Spark
+    :param spark_mode: (templated) ``in_process`` (Spark in the worker process, on the Spark
         connection's master, ``local[*]`` by default) or ``submit`` (the packaged job through
         the Spark provider's ``SparkSubmitHook`` on the Spark connection, client deploy mode).
     :param spark_conf: Spark settings (templated), for either mode.
@@ -126,6 +126,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         "until_caught_up",
         "max_files_per_batch",
         "on_bad_record",
+        "spark_mode",
         "spark_conf",
     )
     template_fields_renderers = {"spark_conf": "json"}
@@ -146,8 +147,6 @@ class MicroBatchUpsertOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if spark_mode not in SPARK_MODES:
-            raise ValueError(f"spark_mode must be one of {SPARK_MODES}, got {spark_mode!r}")
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id
         self.max_batches = max_batches
@@ -173,6 +172,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         max_files = _as_int(self.max_files_per_batch, "max_files_per_batch")
         if self.on_bad_record not in BAD_RECORD_MODES:
             raise AirflowFailException(f"on_bad_record must be one of {BAD_RECORD_MODES}, got {self.on_bad_record!r}")
+        if self.spark_mode not in SPARK_MODES:
+            raise AirflowFailException(f"spark_mode must be one of {SPARK_MODES}, got {self.spark_mode!r}")
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:

@@ -1,0 +1,150 @@
+"""An Airflow home shared by the Airflow tests: migrated and reserialized once per session.
+
+Every DAG run is a real `airflow dags test` (or `dag.test()`) in a subprocess against this
+home; the upsert connection comes from AIRFLOW_CONN_* environment variables, so each test
+points the same example DAGs at its own shard store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+VENV_BIN = os.path.dirname(sys.executable)
+SAMPLE_SCHEMA = "id BIGINT, name STRING, amount DOUBLE, updated_at BIGINT, deleted BOOLEAN"
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_dag.py")
+
+
+@dataclass
+class AirflowHome:
+    path: str
+    base_env: dict[str, str]
+
+    def env(self, consensus_url: str, blob_root: str, *, password: str | None = None,
+            spark_master: str = "local[1]", spark_port: int | None = None, **extra: str) -> dict[str, str]:
+        """Environment of an Airflow process whose `upsert_default` points at this store."""
+        upsert: dict[str, Any] = {
+            "conn_type": "upsert",
+            "extra": {"consensus_url": consensus_url, "blob_root": blob_root},
+        }
+        if password:
+            upsert["password"] = password
+        spark: dict[str, Any] = {"conn_type": "spark", "host": spark_master}
+        if spark_port:
+            spark["port"] = spark_port
+        env = dict(self.base_env)
+        env["AIRFLOW_CONN_UPSERT_DEFAULT"] = json.dumps(upsert)
+        env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(spark)
+        env.update(extra)
+        return env
+
+    def clone(self, directory: str) -> "AirflowHome":
+        """A second home with a copy of the migrated metadata database, for a concurrent
+        Airflow process (SQLite metadata does not take two writers well)."""
+        os.makedirs(directory, exist_ok=True)
+        for name in ("airflow.db", "airflow.cfg"):
+            if os.path.exists(os.path.join(self.path, name)):
+                shutil.copy(os.path.join(self.path, name), os.path.join(directory, name))
+        return AirflowHome(directory, dict(self.base_env, AIRFLOW_HOME=directory))
+
+    def dags_test_cmd(self, dag_id: str, conf: dict | None = None) -> list[str]:
+        cmd = [os.path.join(VENV_BIN, "airflow"), "dags", "test", dag_id]
+        if conf:
+            cmd += ["--conf", json.dumps(conf)]
+        return cmd
+
+    def run(self, cmd: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=env, cwd=self.path, text=True, capture_output=True, timeout=timeout)
+
+    def dags_test(self, dag_id: str, env: dict[str, str], conf: dict | None = None,
+                  timeout: float = 600) -> subprocess.CompletedProcess:
+        return self.run(self.dags_test_cmd(dag_id, conf), env, timeout)
+
+    def query(self, sql: str, *args: Any) -> list[tuple]:
+        with sqlite3.connect(os.path.join(self.path, "airflow.db")) as conn:
+            return list(conn.execute(sql, args))
+
+    def latest_run(self, dag_id: str) -> str:
+        rows = self.query("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", dag_id)
+        assert rows, f"no run of {dag_id}"
+        return rows[0][0]
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
+        rows = self.query(
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = 'return_value'",
+            dag_id, run_id, task_id,
+        )
+        assert rows, f"no XCom from {dag_id}/{run_id}/{task_id}"
+        value = rows[0][0]
+        return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> tuple[str, int]:
+        rows = self.query(
+            "SELECT state, try_number FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = ?",
+            dag_id, run_id, task_id,
+        )
+        assert rows, f"no task instance {dag_id}/{run_id}/{task_id}"
+        return rows[0]
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory) -> AirflowHome:
+    path = str(tmp_path_factory.mktemp("airflow-home"))
+    env = dict(os.environ)
+    env.update(
+        AIRFLOW_HOME=path,
+        AIRFLOW__CORE__DAGS_FOLDER=os.path.join(REPO_ROOT, "dags"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS="False",
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PATH=VENV_BIN + os.pathsep + env.get("PATH", ""),
+        PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    for var in ("AIRFLOW_CONN_UPSERT_DEFAULT", "AIRFLOW_CONN_SPARK_DEFAULT"):
+        env.pop(var, None)
+    home = AirflowHome(path, env)
+    for step in (["db", "migrate"], ["dags", "reserialize"]):
+        proc = home.run([os.path.join(VENV_BIN, "airflow"), *step], env)
+        assert proc.returncode == 0, f"airflow {' '.join(step)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return home
+
+
+def init_shard(consensus_url: str, blob_root: str, landing: str, *, shard: str = "orders",
+               max_files_per_batch: int = 3) -> None:
+    """Create the sample shard with `upsertctl init` (the way an operator of the pipeline would)."""
+    proc = subprocess.run(
+        [os.path.join(VENV_BIN, "upsertctl"), "--consensus", consensus_url, "--blob-root", blob_root,
+         "--master", "local[1]", "init", shard, "--source", f"dir:{landing}", "--key", "id",
+         "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA,
+         "--max-files-per-batch", str(max_files_per_batch)],
+        env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"), text=True, capture_output=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def read_table(consensus_url: str, blob_root: str, shard: str, spark) -> dict:
+    from airflow_upsert_provider.engine.blob import open_blob
+    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.shard import Shard
+    from tests.oracle import table_from_rows
+
+    consensus = open_consensus(consensus_url)
+    try:
+        return table_from_rows(Shard.open(consensus, open_blob(blob_root), shard).read(spark).collect())
+    finally:
+        consensus.dispose()
+
+
+def failure_text(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"

@@ -1,0 +1,89 @@
+"""The provider as Airflow sees it: discovery, the connection form, the example DAGs' parse."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.airflow.conftest import failure_text
+from tests.conftest import REPO_ROOT
+
+PROBE = r"""
+import json
+from airflow.providers_manager import ProvidersManager
+
+pm = ProvidersManager()
+info = pm.providers["airflow-upsert-provider"]
+hook = pm.hooks["upsert"]
+widgets = {
+    name: {"field": w.field_name, "schema": w.field["schema"], "sensitive": w.is_sensitive,
+           "package": w.package_name}
+    for name, w in pm.connection_form_widgets.items() if name.startswith("extra__upsert__")
+}
+print(json.dumps({
+    "version": info.version,
+    "package": info.data["package-name"],
+    "hook_class": hook.hook_class_name,
+    "hook_name": hook.hook_name,
+    "connection_id_attr": hook.connection_id_attribute_name,
+    "widgets": widgets,
+    "behaviour": pm.field_behaviours.get("upsert"),
+}))
+"""
+
+PARSE = r"""
+import json, os, sys
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder=sys.argv[1])
+print(json.dumps({
+    "dags": sorted(bag.dag_ids),
+    "errors": {k: str(v) for k, v in bag.import_errors.items()},
+    "warnings": {k: [str(w) for w in v] for k, v in bag.captured_warnings.items()},
+}))
+"""
+
+
+def _python(airflow_home, code: str, *args: str) -> dict:
+    proc = airflow_home.run([sys.executable, "-c", code, *args], airflow_home.base_env)
+    assert proc.returncode == 0, failure_text(proc)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_providers_manager_discovers_the_provider_and_its_connection_form(airflow_home):
+    found = _python(airflow_home, PROBE)
+    assert found["package"] == "airflow-upsert-provider"
+    assert found["version"] == "0.1.0"
+    assert found["hook_class"] == "airflow_upsert_provider.hooks.upsert.UpsertShardHook"
+    assert found["connection_id_attr"] == "upsert_conn_id"
+    fields = {w["field"]: w for w in found["widgets"].values()}
+    assert set(fields) == {
+        "consensus_url", "blob_root", "spark_conn_id", "default_buckets", "default_max_files_per_batch",
+    }
+    assert fields["spark_conn_id"]["schema"]["default"] == "spark_default"
+    assert fields["default_buckets"]["schema"]["type"] == ["integer", "null"]
+    assert {w["package"] for w in fields.values()} == {"airflow-upsert-provider"}
+    behaviour = found["behaviour"]
+    assert {"host", "port", "login", "schema"} <= set(behaviour["hidden_fields"])
+    # The PostgreSQL password lives in the masked password field, relabelled.
+    assert "password" not in behaviour["hidden_fields"]
+    assert behaviour["relabeling"]["password"].startswith("Consensus password")
+
+
+def test_airflow_providers_list_shows_it(airflow_home):
+    proc = airflow_home.run([os.path.join(os.path.dirname(sys.executable), "airflow"), "providers", "list",
+                             "-o", "json"], airflow_home.base_env)
+    assert proc.returncode == 0, failure_text(proc)
+    listed = json.loads(proc.stdout[proc.stdout.index("["):])
+    mine = [p for p in listed if p["package_name"] == "airflow-upsert-provider"]
+    assert mine and mine[0]["version"] == "0.1.0"
+
+
+def test_example_dags_parse_without_errors_or_warnings(airflow_home):
+    parsed = _python(airflow_home, PARSE, os.path.join(REPO_ROOT, "dags"))
+    assert parsed["errors"] == {}
+    assert parsed["warnings"] == {}
+    assert {"upsert_microbatch", "upsert_backfill"} <= set(parsed["dags"])
