@@ -1,0 +1,522 @@
+"""Checkpoints: immutable recovery points of a shard, listed in a catalog.
+
+A checkpoint copies no data. It is a manifest naming every file the shard state at its upper
+needs (size and SHA-256 of each), with the state, the compacted run, the batches, the
+bindings and the quarantined files, so that consensus can be rebuilt from it. On disk, below
+``<blob>/<shard>/checkpoints/``::
+
+    CATALOG.json        {"format": 1, "shard": ..., "checkpoints": [entry, ...]}
+    <id>/MANIFEST.json  {"format": 1, "checkpoint": ..., "state": ..., "files": [...], ...}
+    <id>/COMMIT         {"checkpoint": ..., "manifest_sha256": ...}
+
+Every one of them is written atomically and durably (``LocalBlob.write_atomic``), in the
+order manifest, commit marker, catalog: a catalog entry never points at anything missing.
+The catalog is written (empty) before the first checkpoint directory exists, so a missing
+catalog beside committed checkpoint directories is corruption, never "no checkpoints"; a
+checkpoint directory without a commit marker is a checkpoint being written (or abandoned).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.consensus import (
+    BatchRecord,
+    Binding,
+    CompactionRecord,
+    Consensus,
+    ShardRecord,
+    ShardSnapshot,
+)
+from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
+
+FORMAT = 1
+CATALOG_NAME = "CATALOG.json"
+MANIFEST_NAME = "MANIFEST.json"
+COMMIT_NAME = "COMMIT"
+# A checkpoint whose snapshot was overtaken by a compaction is written again (see create).
+MAX_ATTEMPTS = 5
+
+
+class CheckpointCorrupt(IntegrityError):
+    """A catalog, manifest, commit marker or listed file is missing, unreadable or does not
+    match what was recorded. ``details["records"]`` names every offending file."""
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One committed checkpoint as the catalog lists it."""
+
+    id: str
+    upper: int
+    since: int
+    created_at: float
+    files: int
+    bytes: int
+    manifest_sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CheckpointEntry":
+        return cls(
+            id=str(data["id"]),
+            upper=int(data["upper"]),
+            since=int(data["since"]),
+            created_at=float(data["created_at"]),
+            files=int(data["files"]),
+            bytes=int(data["bytes"]),
+            manifest_sha256=str(data["manifest_sha256"]),
+        )
+
+
+def checkpoints_root(blob: LocalBlob, shard_id: str) -> str:
+    return blob.path(shard_id, "checkpoints")
+
+
+def checkpoint_dirs(blob: LocalBlob, shard_id: str) -> list[str]:
+    """Names of the checkpoint directories of a shard, committed or not."""
+    root = checkpoints_root(blob, shard_id)
+    return [n for n in blob.listdir(root) if not n.startswith(".") and blob.is_dir(os.path.join(root, n))]
+
+
+def is_committed(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> bool:
+    return blob.exists(os.path.join(checkpoints_root(blob, shard_id), checkpoint_id, COMMIT_NAME))
+
+
+class Catalog:
+    """The committed checkpoints of one shard. The in-memory list always equals the file:
+    it changes only after the file was written, and a failed write is undone on disk."""
+
+    def __init__(self, blob: LocalBlob, shard_id: str, entries: list[CheckpointEntry], exists: bool) -> None:
+        self.blob = blob
+        self.shard_id = shard_id
+        self.entries = entries
+        self.exists = exists
+
+    @property
+    def path(self) -> str:
+        return os.path.join(checkpoints_root(self.blob, self.shard_id), CATALOG_NAME)
+
+    @classmethod
+    def load(cls, blob: LocalBlob, shard_id: str) -> "Catalog":
+        """Read the catalog. Refuses (CheckpointCorrupt) an empty, truncated or corrupt one,
+        and a missing one while committed checkpoint directories exist."""
+        catalog = cls(blob, shard_id, [], exists=False)
+        path = catalog.path
+        try:
+            data = blob.read_bytes(path)
+        except FileNotFoundError:
+            committed = [n for n in checkpoint_dirs(blob, shard_id) if is_committed(blob, shard_id, n)]
+            if committed:
+                raise CheckpointCorrupt(
+                    f"checkpoint catalog {path} is missing while {len(committed)} committed checkpoint "
+                    f"director{'y' if len(committed) == 1 else 'ies'} exist (first: {committed[0]}): refusing "
+                    "to treat it as empty; restore the catalog file before running checkpoint or GC commands",
+                    shard=shard_id,
+                    file=path,
+                    records=[{"file": os.path.join(os.path.dirname(path), n), "reason": "committed, not in a catalog"}
+                             for n in committed[:MAX_REPORTED]],
+                ) from None
+            # No catalog and nothing committed: no checkpoint yet (or the first one is being
+            # written, which writes the catalog before its directory).
+            return catalog
+        except OSError as exc:
+            raise CheckpointCorrupt(
+                f"checkpoint catalog {path} is unreadable: {exc.strerror}", shard=shard_id, file=path
+            ) from None
+        catalog.entries = _parse_catalog(data, path, shard_id)
+        catalog.exists = True
+        return catalog
+
+    def get(self, checkpoint_id: str) -> CheckpointEntry:
+        for entry in self.entries:
+            if entry.id == checkpoint_id:
+                return entry
+        raise ConfigurationError(
+            f"shard {self.shard_id!r} has no checkpoint {checkpoint_id!r} in its catalog "
+            f"(checkpoints: {', '.join(e.id for e in self.entries) or 'none'})",
+            shard=self.shard_id,
+            checkpoint=checkpoint_id,
+        )
+
+    def latest(self) -> CheckpointEntry | None:
+        return max(self.entries, key=lambda e: (e.upper, e.created_at), default=None)
+
+    def ensure(self) -> None:
+        """Write an empty catalog if there is none (before the first checkpoint directory)."""
+        if not self.exists:
+            self._write([])
+
+    def add(self, entry: CheckpointEntry) -> None:
+        self._write(self.entries + [entry])
+
+    def remove(self, ids: set[str]) -> None:
+        self._write([e for e in self.entries if e.id not in ids])
+
+    def _encode(self, entries: list[CheckpointEntry]) -> bytes:
+        doc = {"format": FORMAT, "shard": self.shard_id, "checkpoints": [e.to_dict() for e in entries]}
+        return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+    def _write(self, entries: list[CheckpointEntry]) -> None:
+        old = self._encode(self.entries) if self.exists else None
+        try:
+            self.blob.write_atomic(self.path, self._encode(entries))
+        except BaseException:
+            self._undo(old)
+            raise
+        self.entries = list(entries)
+        self.exists = True
+
+    def _undo(self, old: bytes | None) -> None:
+        """After a failed write, put the old catalog back on disk if the new one got there
+        (the rename may have happened before the failure); memory keeps the old list. If
+        even that fails, memory follows whatever the disk holds."""
+        try:
+            current = self.blob.read_bytes(self.path)
+        except FileNotFoundError:
+            current = None
+        except OSError:
+            current = b""
+        if current == old:
+            return
+        try:
+            if old is None:
+                self.blob.delete_file(self.path)
+            else:
+                self.blob.write_atomic(self.path, old)
+        except Exception:
+            try:
+                reloaded = Catalog.load(self.blob, self.shard_id)
+            except Exception:
+                return
+            self.entries, self.exists = reloaded.entries, reloaded.exists
+
+
+def _parse_catalog(data: bytes, path: str, shard_id: str) -> list[CheckpointEntry]:
+    if not data.strip():
+        raise CheckpointCorrupt(
+            f"checkpoint catalog {path} is empty ({len(data)} bytes): refusing to treat it as no checkpoints",
+            shard=shard_id,
+            file=path,
+        )
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise CheckpointCorrupt(
+            f"checkpoint catalog {path} is truncated or corrupt ({len(data)} bytes): {exc}",
+            shard=shard_id,
+            file=path,
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("checkpoints"), list):
+        raise CheckpointCorrupt(
+            f"checkpoint catalog {path} is not a format-{FORMAT} catalog", shard=shard_id, file=path
+        )
+    try:
+        return [CheckpointEntry.from_dict(e) for e in doc["checkpoints"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointCorrupt(
+            f"checkpoint catalog {path} has a malformed entry: {exc!r}", shard=shard_id, file=path
+        ) from None
+
+
+# -- manifests --------------------------------------------------------------------------------
+
+
+def manifest_files(blob: LocalBlob, snapshot: ShardSnapshot) -> list[dict[str, Any]]:
+    """Every file the state of ``snapshot`` at its upper needs, with size and SHA-256. The
+    checksum recorded when the run was written is reused; only runs written before
+    checksums were recorded are read here."""
+    files = []
+    for run in snapshot.live_runs():
+        for f in run["files"]:
+            digest = f.get("sha256") or blob.checksum(blob.path(f["path"]))
+            files.append({"path": f["path"], "bytes": f["bytes"], "sha256": digest})
+    return files
+
+
+def build_manifest(checkpoint_id: str, snapshot: ShardSnapshot, files: list[dict[str, Any]], created_at: float) -> dict[str, Any]:
+    record = snapshot.record
+    return {
+        "format": FORMAT,
+        "checkpoint": checkpoint_id,
+        "shard": record.shard_id,
+        "created_at": created_at,
+        "state": {"upper": record.upper, "since": record.since, "seqno": record.seqno, "config": record.config},
+        "compaction": None if snapshot.compaction is None else asdict(snapshot.compaction),
+        "batches": [asdict(b) for b in snapshot.batches if b.ts < record.upper],
+        "bindings": [
+            {"ts": b.ts, "ranges": b.ranges, "quarantined": b.quarantined, "minted_by": b.minted_by}
+            for b in snapshot.bindings
+            if b.ts < record.upper
+        ],
+        "quarantined": snapshot.quarantined,
+        "files": files,
+    }
+
+
+def snapshot_from_manifest(manifest: dict[str, Any], shard_id: str) -> ShardSnapshot:
+    """The consensus state a manifest records, as shard ``shard_id``."""
+    state = manifest["state"]
+    ShardConfig.from_json(state["config"])  # a config that does not parse must fail here
+    compaction = manifest["compaction"]
+    return ShardSnapshot(
+        record=ShardRecord(
+            shard_id=shard_id,
+            upper=int(state["upper"]),
+            since=int(state["since"]),
+            seqno=int(state["seqno"]),
+            config=state["config"],
+            created_at=time.time(),
+        ),
+        compaction=None if compaction is None else CompactionRecord(**compaction),
+        batches=[BatchRecord(**b) for b in manifest["batches"]],
+        bindings=[Binding(**b) for b in manifest["bindings"]],
+        quarantined=list(manifest["quarantined"]),
+    )
+
+
+def read_manifest(blob: LocalBlob, shard_id: str, checkpoint_id: str, expected_sha256: str | None = None) -> dict[str, Any]:
+    """The parsed manifest of a checkpoint, checked against its commit marker (and the
+    catalog's checksum when given). Raises CheckpointCorrupt naming the file."""
+    directory = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id)
+    manifest_path = os.path.join(directory, MANIFEST_NAME)
+    commit_path = os.path.join(directory, COMMIT_NAME)
+
+    def corrupt(path: str, reason: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(
+            f"checkpoint {checkpoint_id} of shard {shard_id!r}: {path}: {reason}",
+            shard=shard_id,
+            checkpoint=checkpoint_id,
+            file=path,
+            records=[{"file": path, "reason": reason}],
+        )
+
+    try:
+        data = blob.read_bytes(manifest_path)
+    except FileNotFoundError:
+        raise corrupt(manifest_path, "missing") from None
+    except OSError as exc:
+        raise corrupt(manifest_path, f"unreadable: {exc.strerror}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if expected_sha256 is not None:
+        try:
+            marker = json.loads(blob.read_bytes(commit_path))
+        except FileNotFoundError:
+            raise corrupt(commit_path, "missing (the checkpoint never committed)") from None
+        except (OSError, ValueError) as exc:
+            raise corrupt(commit_path, f"unreadable or corrupt: {exc}") from None
+        recorded = {expected_sha256, marker.get("manifest_sha256") if isinstance(marker, dict) else None}
+        if recorded != {digest}:
+            raise corrupt(manifest_path, f"checksum {digest[:12]}… does not match the recorded {expected_sha256[:12]}…")
+    try:
+        manifest = json.loads(data)
+        if manifest.get("format") != FORMAT or manifest.get("checkpoint") != checkpoint_id:
+            raise ValueError(f"not the format-{FORMAT} manifest of {checkpoint_id}")
+        for f in manifest["files"]:
+            f["path"], f["bytes"], f["sha256"]  # noqa: B018 - shape check
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise corrupt(manifest_path, f"truncated or corrupt: {exc}") from None
+    return manifest
+
+
+# -- create, verify, restore, retention --------------------------------------------------------
+
+
+def create_checkpoint(
+    shard: Shard,
+    *,
+    keep_last: int | None = None,
+    keep_within: float | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> CheckpointEntry:
+    """Checkpoint the shard's state at its current upper and add it to the catalog.
+
+    :param keep_last: after adding, keep only the last N checkpoints (see ``apply_retention``).
+    :param keep_within: after adding, keep only checkpoints newer than this many seconds.
+    :param on_step: called with ``"snapshot"``, ``"manifest"``, ``"commit"`` and ``"catalog"``
+        after each step (tests force races and crashes there).
+    """
+    blob, shard_id = shard.blob, shard.shard_id
+    step = on_step or (lambda _name: None)
+    check_retention(keep_last, keep_within)
+    catalog = Catalog.load(blob, shard_id)
+    catalog.ensure()
+    for _attempt in range(MAX_ATTEMPTS):
+        snapshot = shard.consensus.snapshot(shard_id)
+        step("snapshot")
+        created_at = time.time()
+        checkpoint_id = f"{snapshot.record.upper:012d}-{uuid.uuid4().hex[:8]}"
+        directory = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id)
+        files = manifest_files(blob, snapshot)
+        data = json.dumps(build_manifest(checkpoint_id, snapshot, files, created_at), indent=1, sort_keys=True).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        blob.write_atomic(os.path.join(directory, MANIFEST_NAME), data)
+        step("manifest")
+        # The files of the snapshot stay live until since moves (batches >= since are
+        # immutable), and GC reads state before manifests: if since did not move between
+        # the snapshot and the manifest being on disk, no GC can have deleted a listed file.
+        if shard.consensus.get_shard(shard_id).since != snapshot.record.since:
+            blob.delete_tree(directory)
+            continue
+        marker = {"checkpoint": checkpoint_id, "manifest_sha256": digest}
+        blob.write_atomic(os.path.join(directory, COMMIT_NAME), json.dumps(marker, sort_keys=True).encode())
+        step("commit")
+        entry = CheckpointEntry(
+            id=checkpoint_id,
+            upper=snapshot.record.upper,
+            since=snapshot.record.since,
+            created_at=created_at,
+            files=len(files),
+            bytes=sum(f["bytes"] for f in files),
+            manifest_sha256=digest,
+        )
+        try:
+            catalog.add(entry)
+        except BaseException:
+            if all(e.id != checkpoint_id for e in catalog.entries):
+                _delete_quietly(blob, directory)
+            raise
+        step("catalog")
+        if keep_last is not None or keep_within is not None:
+            apply_retention(catalog, keep_last=keep_last, keep_within=keep_within)
+        return entry
+    raise UpsertError(
+        f"checkpoint of shard {shard_id!r} was overtaken by a compaction {MAX_ATTEMPTS} times in a row",
+        shard=shard_id,
+    )
+
+
+def list_checkpoints(blob: LocalBlob, shard_id: str) -> list[CheckpointEntry]:
+    return list(Catalog.load(blob, shard_id).entries)
+
+
+def verify_checkpoint(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> dict[str, Any]:
+    """Check every file a checkpoint lists: present, same size, same SHA-256, parses as
+    Parquet. Returns the manifest; raises CheckpointCorrupt naming every bad file."""
+    entry = Catalog.load(blob, shard_id).get(checkpoint_id)
+    manifest = read_manifest(blob, shard_id, checkpoint_id, entry.manifest_sha256)
+    problems = [
+        {"file": blob.path(f["path"]), "reason": reason}
+        for f in manifest["files"]
+        if (reason := _file_problem(blob, f)) is not None
+    ]
+    if problems:
+        first = problems[0]
+        raise CheckpointCorrupt(
+            f"checkpoint {checkpoint_id} of shard {shard_id!r}: {len(problems)} of {len(manifest['files'])} "
+            f"file(s) bad; first: {first['file']}: {first['reason']}",
+            shard=shard_id,
+            checkpoint=checkpoint_id,
+            file=first["file"],
+            records=problems[:MAX_REPORTED],
+            count=len(problems),
+        )
+    return manifest
+
+
+def _file_problem(blob: LocalBlob, listed: dict[str, Any]) -> str | None:
+    import pyarrow.parquet as pq
+
+    path = blob.path(listed["path"])
+    try:
+        size = blob.size(path)
+        if size != listed["bytes"]:
+            return f"size {size} bytes, the manifest says {listed['bytes']}"
+        digest = blob.checksum(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    if digest != listed["sha256"]:
+        return f"checksum mismatch: sha256 {digest[:12]}…, the manifest says {listed['sha256'][:12]}…"
+    try:
+        pq.read_metadata(path)
+    except Exception as exc:  # pyarrow raises several types for a bad footer
+        return f"not a readable Parquet file: {exc}"
+    return None
+
+
+def restore_checkpoint(
+    consensus: Consensus,
+    blob: LocalBlob,
+    shard_id: str,
+    checkpoint_id: str,
+    *,
+    target_shard_id: str | None = None,
+) -> ShardRecord:
+    """Rebuild a shard's consensus state from a checkpoint, after verifying every file.
+
+    The target (default: the checkpoint's own shard id, into an empty consensus) must not
+    exist: a restore never moves an existing upper backwards. The restored shard reads the
+    checkpoint's files where they are (no copy)."""
+    from airflow_upsert_provider.engine.config import validate_shard_id
+
+    target = validate_shard_id(target_shard_id or shard_id)
+    manifest = verify_checkpoint(blob, shard_id, checkpoint_id)
+    try:
+        snapshot = snapshot_from_manifest(manifest, target)
+    except (KeyError, TypeError, ValueError) as exc:
+        path = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id, MANIFEST_NAME)
+        raise CheckpointCorrupt(
+            f"checkpoint {checkpoint_id} of shard {shard_id!r}: {path}: state does not parse: {exc!r}",
+            shard=shard_id,
+            checkpoint=checkpoint_id,
+            file=path,
+        ) from None
+    return consensus.restore_shard(target, snapshot)
+
+
+def check_retention(keep_last: int | None, keep_within: float | None) -> None:
+    if keep_last is not None and keep_last < 1:
+        raise ConfigurationError("keep-last must be >= 1 (a shard always keeps one checkpoint)", field="keep_last")
+    if keep_within is not None and keep_within <= 0:
+        raise ConfigurationError("keep-within must be a positive number of seconds", field="keep_within")
+
+
+def apply_retention(
+    catalog: Catalog,
+    *,
+    keep_last: int | None = None,
+    keep_within: float | None = None,
+    now: float | None = None,
+) -> list[CheckpointEntry]:
+    """Drop from the catalog every checkpoint that is neither among the last ``keep_last``
+    nor newer than ``keep_within`` seconds (a checkpoint either rule keeps is kept), never
+    the newest one. The catalog is written first; the directories are then deleted, and
+    whatever a failure leaves behind is no longer listed, so GC removes it."""
+    check_retention(keep_last, keep_within)
+    if keep_last is None and keep_within is None:
+        return []
+    now = time.time() if now is None else now
+    ordered = sorted(catalog.entries, key=lambda e: (e.upper, e.created_at))
+    keep = {e.id for e in ordered[-keep_last:]} if keep_last else set()
+    if keep_within is not None:
+        keep |= {e.id for e in ordered if now - e.created_at <= keep_within}
+    if ordered:
+        keep.add(ordered[-1].id)
+    removed = [e for e in ordered if e.id not in keep]
+    if not removed:
+        return []
+    catalog.remove({e.id for e in removed})
+    for entry in removed:
+        _delete_quietly(catalog.blob, os.path.join(checkpoints_root(catalog.blob, catalog.shard_id), entry.id))
+    return removed
+
+
+def _delete_quietly(blob: LocalBlob, directory: str) -> None:
+    """Delete an unlisted checkpoint directory; what a failure leaves is GC's to remove."""
+    try:
+        blob.delete_tree(directory)
+    except OSError:
+        pass

@@ -1,0 +1,234 @@
+"""Garbage collection of a shard's blob files.
+
+GC deletes a run directory (``<shard>/runs/<group>/<name>``, the unit a writer or a
+compaction writes) only if
+
+- no live state references it: the compacted run and the batches from since on, of every
+  shard in the consensus (a shard restored under a new id reads another shard's files);
+- no retained checkpoint references it: every manifest listed in every catalog in the blob,
+  and every manifest of a checkpoint still being written (younger than the grace period);
+- no in-flight writer can still commit it: its newest file is older than the grace period
+  (a writer's staged batch, a compaction's output before its swap).
+
+Order matters: GC lists the files first, then reads consensus, then the checkpoints. A
+checkpoint re-reads since after its manifest is on disk (see ``checkpoint.create_checkpoint``),
+so a file a checkpoint lists is either live in the state GC read or in a manifest GC read.
+
+Every catalog and manifest is read before the first deletion; any one that cannot be read
+(a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
+manifest) aborts GC with an error naming it, and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from airflow_upsert_provider.engine.blob import BlobFile, LocalBlob
+from airflow_upsert_provider.engine.checkpoint import (
+    Catalog,
+    checkpoint_dirs,
+    checkpoints_root,
+    is_committed,
+    read_manifest,
+)
+from airflow_upsert_provider.engine.consensus import Consensus
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+# Long enough for a writer to stage a batch and commit it; a staged batch older than this
+# whose commit never landed is garbage.
+DEFAULT_GRACE_SECONDS = 6 * 3600
+MAX_LISTED = 1000
+
+
+@dataclass
+class GcItem:
+    """One thing GC deletes: a run directory, an abandoned checkpoint directory or a stray
+    temporary file."""
+
+    path: str
+    kind: str
+    files: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "files": self.files, "bytes": self.bytes}
+
+
+@dataclass
+class GcReport:
+    shard: str
+    dry_run: bool
+    grace_seconds: float
+    items: list[GcItem] = field(default_factory=list)
+    files_scanned: int = 0
+    kept_referenced: int = 0
+    kept_in_grace: int = 0
+    checkpoints_read: int = 0
+    plan_seconds: float = 0.0
+    delete_seconds: float = 0.0
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def files(self) -> int:
+        return sum(i.files for i in self.items)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "dry_run": self.dry_run,
+            "grace_seconds": self.grace_seconds,
+            "deleted" if not self.dry_run else "would_delete": {"items": len(self.items), "files": self.files, "bytes": self.bytes},
+            "items": [i.to_dict() for i in self.items[:MAX_LISTED]],
+            "files_scanned": self.files_scanned,
+            "kept_referenced": self.kept_referenced,
+            "kept_in_grace": self.kept_in_grace,
+            "checkpoints_read": self.checkpoints_read,
+            "plan_seconds": round(self.plan_seconds, 3),
+            "delete_seconds": round(self.delete_seconds, 3),
+        }
+
+
+def run_dir_of(blob: LocalBlob, path: str) -> str:
+    """The run directory (``<shard>/runs/<group>/<name>``, relative) a file belongs to."""
+    parts = os.path.relpath(path, blob.root).split(os.sep) if os.path.isabs(path) else path.split("/")
+    return "/".join(parts[:4])
+
+
+def collect_garbage(
+    consensus: Consensus,
+    blob: LocalBlob,
+    shard_id: str,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    dry_run: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    now: float | None = None,
+) -> GcReport:
+    """Plan, then (unless ``dry_run``) delete the garbage of shard ``shard_id``.
+
+    :param grace_seconds: files younger than this are kept whatever references them.
+    :param on_step: called with ``"listed"``, ``"state"``, ``"checkpoints"`` and
+        ``"deleting"`` (tests force races there).
+    """
+    if grace_seconds < 0:
+        raise ConfigurationError("the grace period cannot be negative", field="grace")
+    consensus.get_shard(shard_id)  # an unknown shard is a usage error, not "nothing to do"
+    step = on_step or (lambda _name: None)
+    started = time.monotonic()
+    report = GcReport(shard=shard_id, dry_run=dry_run, grace_seconds=grace_seconds)
+    cutoff = (time.time() if now is None else now) - grace_seconds
+
+    # 1. What exists now. Anything written after this listing is not a candidate.
+    runs_root = blob.path(shard_id, "runs")
+    run_dirs: dict[str, list[BlobFile]] = {}
+    for f in blob.walk_files(runs_root):
+        run_dirs.setdefault(run_dir_of(blob, f.path), []).append(f)
+        report.files_scanned += 1
+    ckpt_root = checkpoints_root(blob, shard_id)
+    ckpt_entries = {name: list(blob.walk_files(os.path.join(ckpt_root, name))) for name in checkpoint_dirs(blob, shard_id)}
+    stray = [f for f in blob.walk_files(ckpt_root) if os.path.basename(f.path).startswith(".tmp-")]
+    step("listed")
+
+    # 2. Live state of every shard, read before any manifest (see the module docstring).
+    referenced: set[str] = set()
+    for record in consensus.list_shards():
+        for run in consensus.snapshot(record.shard_id).live_runs():
+            referenced.add(run["path"])
+            referenced.update(run_dir_of(blob, f["path"]) for f in run["files"])
+    step("state")
+
+    # 3. Every retained checkpoint of every shard in the blob, and every checkpoint still
+    # being written. Any unreadable catalog or manifest raises here, before any deletion.
+    ours_listed: set[str] = set()
+    for owner in _shards_with_checkpoints(blob, shard_id):
+        catalog = Catalog.load(blob, owner)
+        listed = {e.id for e in catalog.entries}
+        if owner == shard_id:
+            ours_listed = listed
+        for entry in catalog.entries:
+            manifest = read_manifest(blob, owner, entry.id, entry.manifest_sha256)
+            referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
+            report.checkpoints_read += 1
+        for name in checkpoint_dirs(blob, owner):
+            if name in listed or not _young(blob.walk_files(os.path.join(checkpoints_root(blob, owner), name)), cutoff):
+                continue
+            # A checkpoint being written: its manifest, once on disk, pins its files.
+            manifest_path = os.path.join(checkpoints_root(blob, owner), name, "MANIFEST.json")
+            if blob.exists(manifest_path):
+                manifest = read_manifest(blob, owner, name)
+                referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
+                report.checkpoints_read += 1
+    step("checkpoints")
+
+    # 4. Decide.
+    for run_dir, files in sorted(run_dirs.items()):
+        if run_dir in referenced:
+            report.kept_referenced += len(files)
+        elif _young(files, cutoff):
+            report.kept_in_grace += len(files)
+        else:
+            report.items.append(GcItem(run_dir, "run", len(files), sum(f.size for f in files)))
+    doomed: set[str] = set()
+    for name, files in sorted(ckpt_entries.items()):
+        if name in ours_listed:
+            continue
+        if _young(files, cutoff):
+            report.kept_in_grace += len(files)
+            continue
+        doomed.add(name)
+        kind = "abandoned_checkpoint" if not is_committed(blob, shard_id, name) else "unlisted_checkpoint"
+        report.items.append(GcItem(os.path.relpath(os.path.join(ckpt_root, name), blob.root), kind, len(files), sum(f.size for f in files)))
+    for f in stray:
+        # A temporary file a crash left behind an atomic write (the catalog's, a manifest's).
+        owner_dir = os.path.relpath(f.path, ckpt_root).split(os.sep)[0]
+        if f.mtime < cutoff and owner_dir not in doomed:
+            report.items.append(GcItem(os.path.relpath(f.path, blob.root), "temporary_file", 1, f.size))
+    report.plan_seconds = time.monotonic() - started
+    if dry_run:
+        return report
+
+    # 5. Delete.
+    step("deleting")
+    deleting = time.monotonic()
+    for item in report.items:
+        path = blob.path(item.path)
+        if item.kind == "temporary_file":
+            blob.delete_file(path)
+        else:
+            blob.delete_tree(path)
+    _remove_empty_groups(blob, runs_root)
+    report.delete_seconds = time.monotonic() - deleting
+    return report
+
+
+def _young(files, cutoff: float) -> bool:
+    return any(f.mtime >= cutoff for f in files)
+
+
+def _shards_with_checkpoints(blob: LocalBlob, shard_id: str) -> list[str]:
+    """Every shard directory in the blob that has a checkpoints directory (this one first,
+    and always, so that its own catalog is checked even when it has none)."""
+    others = [
+        name for name in blob.listdir(blob.root)
+        if name != shard_id and blob.is_dir(checkpoints_root(blob, name))
+    ]
+    return [shard_id] + others
+
+
+def _remove_empty_groups(blob: LocalBlob, runs_root: str) -> None:
+    """Remove ``ts=…``/``since=…`` directories left empty (a writer may be creating a run in
+    one right now: then rmdir fails, which is fine)."""
+    for name in blob.listdir(runs_root):
+        path = os.path.join(runs_root, name)
+        if blob.is_dir(path) and not blob.listdir(path):
+            try:
+                blob.rmdir(path)
+            except OSError:
+                pass
+

@@ -1,0 +1,279 @@
+"""Checkpoints: catalog durability and refusals, verify and restore, retention."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.checkpoint import (
+    CATALOG_NAME,
+    COMMIT_NAME,
+    MANIFEST_NAME,
+    Catalog,
+    CheckpointCorrupt,
+    apply_retention,
+    checkpoint_dirs,
+    checkpoints_root,
+    create_checkpoint,
+    list_checkpoints,
+    restore_checkpoint,
+    verify_checkpoint,
+)
+from airflow_upsert_provider.engine.compaction import compact
+from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound
+from airflow_upsert_provider.engine.gc import collect_garbage
+from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.writer import Writer
+from tests.maintenance.support import age_files, oracle, reads_at_every_ts, table, tree, written_shard
+
+
+class FailingBlob(LocalBlob):
+    """Fails one primitive operation on the catalog file once, when armed."""
+
+    def __init__(self, root: str, operation: str) -> None:
+        super().__init__(root)
+        self.operation = operation
+        self.armed = False
+
+    def _maybe_fail(self, operation: str, path: str) -> None:
+        if self.armed and operation == self.operation and (CATALOG_NAME in path or operation == "fsync_dir"):
+            self.armed = False
+            raise OSError(28, f"injected {operation} failure")
+
+    def write_file(self, path, data, *, sync):
+        self._maybe_fail("write_file", os.path.join(os.path.dirname(path), CATALOG_NAME) if ".tmp-" in path else path)
+        super().write_file(path, data, sync=sync)
+
+    def rename(self, src, dst):
+        self._maybe_fail("rename", dst)
+        super().rename(src, dst)
+
+    def fsync_dir(self, directory):
+        super().fsync_dir(directory)
+        self._maybe_fail("fsync_dir", directory)  # after the rename landed
+
+
+def on_shard_with(blob, shard) -> Shard:
+    return Shard(shard.consensus, blob, shard.shard_id, shard.config)
+
+
+@pytest.mark.parametrize("operation", ["write_file", "rename", "fsync_dir"])
+def test_catalog_write_failure_leaves_the_checkpoint_absent_from_memory_and_disk(
+    spark, consensus, blob, tmp_path, operation
+):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    first = create_checkpoint(shard)
+    failing = FailingBlob(blob.root, operation)
+
+    def arm(step: str) -> None:
+        if step == "commit":  # manifest and marker are on disk; the catalog write is next
+            failing.armed = True
+
+    with pytest.raises(OSError, match="injected"):
+        create_checkpoint(on_shard_with(failing, shard), on_step=arm)
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [first.id]
+    assert checkpoint_dirs(blob, shard.shard_id) == [first.id]
+    assert not [n for n in os.listdir(checkpoints_root(blob, shard.shard_id)) if n.startswith(".tmp-")]
+
+    # The in-memory list of a catalog whose write fails is rolled back, and equals the disk.
+    catalog = Catalog.load(failing, shard.shard_id)
+    second = create_checkpoint(shard)
+    catalog_on_disk = Catalog.load(blob, shard.shard_id).entries
+    catalog = Catalog.load(failing, shard.shard_id)
+    failing.armed = True
+    with pytest.raises(OSError, match="injected"):
+        catalog.remove({first.id})
+    assert catalog.entries == catalog_on_disk == Catalog.load(blob, shard.shard_id).entries
+    assert [e.id for e in catalog.entries] == [first.id, second.id]
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: b"\x00\xff not json at all", "truncated or corrupt"),
+        (lambda data: data[: len(data) // 2], "truncated or corrupt"),
+        (lambda data: b"", "is empty"),
+        (lambda data: b"  \n", "is empty"),
+    ],
+    ids=["corrupt", "truncated", "empty", "blank"],
+)
+def test_corrupt_truncated_or_empty_catalog_is_refused_and_nothing_deleted(
+    spark, consensus, blob, tmp_path, damage, message
+):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    create_checkpoint(shard)
+    compact(spark, shard)  # the batches' runs are now pinned only by the checkpoint
+    create_checkpoint(shard)
+    catalog_path = os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME)
+    with open(catalog_path, "rb") as handle:
+        original = handle.read()
+    with open(catalog_path, "wb") as handle:
+        handle.write(damage(original))
+    age_files(blob.root)
+    before = tree(blob.root)
+
+    for attempt in (
+        lambda: list_checkpoints(blob, shard.shard_id),
+        lambda: collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0),
+        lambda: create_checkpoint(shard),
+    ):
+        with pytest.raises(CheckpointCorrupt, match=message) as caught:
+            attempt()
+        assert catalog_path in str(caught.value)
+    assert tree(blob.root) == before
+
+
+def test_missing_catalog_with_checkpoint_directories_is_refused(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    create_checkpoint(shard)
+    compact(spark, shard)
+    os.unlink(os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME))
+    age_files(blob.root)
+    before = tree(blob.root)
+    for attempt in (
+        lambda: list_checkpoints(blob, shard.shard_id),
+        lambda: collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0),
+        lambda: create_checkpoint(shard),
+    ):
+        with pytest.raises(CheckpointCorrupt, match="is missing while 1 committed checkpoint directory exist"):
+            attempt()
+    assert tree(blob.root) == before
+
+
+def test_missing_catalog_without_checkpoints_is_an_empty_list(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
+    assert list_checkpoints(blob, shard.shard_id) == []
+    assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0).items == []
+
+
+def test_first_checkpoint_window_is_not_mistaken_for_corruption(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    seen = {}
+
+    def during(step: str) -> None:
+        # Directory created, not yet in the catalog: listing and GC proceed normally.
+        seen[step] = list_checkpoints(blob, shard.shard_id)
+        collect_garbage(consensus, blob, shard.shard_id)
+
+    entry = create_checkpoint(shard, on_step=during)
+    assert seen == {"snapshot": [], "manifest": [], "commit": [], "catalog": [entry]}
+    verify_checkpoint(blob, shard.shard_id, entry.id)
+
+    # A first checkpoint interrupted before its catalog existed (directory and manifest, no
+    # commit marker, no catalog) is an unfinished checkpoint, not a lost catalog.
+    other = written_shard(spark, consensus, blob, tmp_path / "other", batches=1, shard_id="other")
+    directory = os.path.join(checkpoints_root(blob, other.shard_id), "000000000001-unfinished")
+    os.makedirs(directory)
+    with open(os.path.join(directory, MANIFEST_NAME), "w") as handle:
+        handle.write("{}")
+    assert list_checkpoints(blob, other.shard_id) == []
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage_same_size", "manifest"])
+def test_verify_and_restore_name_the_bad_file(spark, consensus, blob, tmp_path, damage):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    entry = create_checkpoint(shard)
+    verify_checkpoint(blob, shard.shard_id, entry.id)
+    manifest_path = os.path.join(checkpoints_root(blob, shard.shard_id), entry.id, MANIFEST_NAME)
+    with open(manifest_path) as handle:
+        victim = blob.path(json.load(handle)["files"][1]["path"])
+    if damage == "deleted":
+        os.unlink(victim)
+        reason = "missing"
+    elif damage == "garbage_same_size":
+        size = os.path.getsize(victim)
+        with open(victim, "r+b") as handle:
+            handle.write(os.urandom(size))
+        assert os.path.getsize(victim) == size
+        reason = "checksum mismatch"
+    else:
+        victim = manifest_path
+        with open(manifest_path, "r+b") as handle:
+            handle.seek(10)
+            handle.write(b"#garbage#")
+        reason = "checksum"
+
+    for attempt in (
+        lambda: verify_checkpoint(blob, shard.shard_id, entry.id),
+        lambda: restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="orders-restored"),
+    ):
+        with pytest.raises(CheckpointCorrupt) as caught:
+            attempt()
+        assert victim in str(caught.value) and reason in str(caught.value)
+        assert caught.value.details["records"][0]["file"] == victim
+        assert caught.value.exit_code == 4
+    with pytest.raises(ShardNotFound):
+        consensus.get_shard("orders-restored")
+
+
+def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard, since=2)
+    entry = create_checkpoint(shard)
+    assert (entry.upper, entry.since) == (4, 2)
+    expected = reads_at_every_ts(shard, spark, start=2)
+    # The manifest reuses the checksums recorded when the runs were written.
+    manifest = verify_checkpoint(blob, shard.shard_id, entry.id)
+    assert manifest["files"] and all(f["sha256"] == blob.checksum(blob.path(f["path"])) for f in manifest["files"])
+    # The original moves on, compacts and collects its garbage.
+    Writer(shard, "later", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    compact(spark, shard)
+    age_files(blob.root)
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+
+    record = restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="orders-restored")
+    assert (record.upper, record.since) == (4, 2)
+    restored = Shard.open(consensus, blob, "orders-restored")
+    assert reads_at_every_ts(restored, spark, start=2) == expected
+    assert list(consensus.bindings("orders-restored")) == [b for b in consensus.bindings(shard.shard_id) if b.ts < 4]
+    with pytest.raises(ConfigurationError, match="compacted below since 2"):
+        restored.read(spark, as_of=1)
+    # Recovery order: the restored shard resumes from its bound offsets and converges.
+    Writer(restored, "resumed", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    assert table(restored, spark) == oracle(restored) == table(shard, spark)
+
+    # Never over an existing shard (its upper would move backwards).
+    upper = shard.state().upper
+    with pytest.raises(ShardExists, match=f"with upper {upper}"):
+        restore_checkpoint(consensus, blob, shard.shard_id, entry.id)
+    assert shard.state().upper == upper
+
+    # Into an empty consensus, under the same id.
+    empty = open_consensus(f"sqlite:///{tmp_path / 'empty.db'}")
+    try:
+        restore_checkpoint(empty, blob, shard.shard_id, entry.id)
+        assert reads_at_every_ts(Shard.open(empty, blob, shard.shard_id), spark, start=2) == expected
+    finally:
+        empty.dispose()
+
+
+def test_retention_keeps_the_last_n_or_the_recent_and_never_none(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
+    ids = [create_checkpoint(shard).id for _ in range(3)]
+    fourth = create_checkpoint(shard, keep_last=2)
+    ids.append(fourth.id)
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == ids[2:]
+    assert checkpoint_dirs(blob, shard.shard_id) == sorted(ids[2:])
+
+    catalog = Catalog.load(blob, shard.shard_id)
+    newest = catalog.entries[-1]
+    removed = apply_retention(catalog, keep_within=1, now=newest.created_at + 3600)
+    assert [e.id for e in removed] == [ids[2]]
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [newest.id]
+    with pytest.raises(ConfigurationError, match="keep-last must be >= 1"):
+        create_checkpoint(shard, keep_last=0)
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [newest.id]
+
+
+def test_commit_marker_checked_against_the_catalog(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
+    entry = create_checkpoint(shard)
+    marker = os.path.join(checkpoints_root(blob, shard.shard_id), entry.id, COMMIT_NAME)
+    os.unlink(marker)
+    with pytest.raises(CheckpointCorrupt, match="never committed") as caught:
+        verify_checkpoint(blob, shard.shard_id, entry.id)
+    assert marker in str(caught.value)

@@ -1,0 +1,181 @@
+"""Garbage collection: what it deletes, what it never deletes, and races with checkpoint
+commits, compactions and writers at every step either side exposes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from airflow_upsert_provider.engine.checkpoint import (
+    MANIFEST_NAME,
+    Catalog,
+    CheckpointCorrupt,
+    apply_retention,
+    checkpoints_root,
+    create_checkpoint,
+    list_checkpoints,
+    restore_checkpoint,
+    verify_checkpoint,
+)
+from airflow_upsert_provider.engine.compaction import compact
+from airflow_upsert_provider.engine.gc import collect_garbage
+from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.writer import Writer
+from tests.maintenance.support import age_files, files_of, oracle, table, tree, written_shard
+
+GRACE = 600
+
+
+def lost_run(shard, ts: int) -> str:
+    """A run directory of a writer whose append lost (a copy of a committed one)."""
+    source = shard.blob.path(shard.batches()[ts].run["path"])
+    target = os.path.join(os.path.dirname(source), "lost-writer-0123456789ab")
+    shutil.copytree(source, target)
+    return target
+
+
+def stage_uncommitted(shard, spark):
+    """A writer that staged batch ``upper`` and has not committed it yet."""
+    writer = Writer(shard, "in-flight", spark_factory=lambda: spark)
+    upper = shard.state().upper
+    shard.mint_binding(upper, minted_by="in-flight")
+    return writer, writer.stage(upper)
+
+
+def test_gc_deletes_only_what_nothing_references(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    batch_runs = [b.run for b in shard.batches()]
+    old = create_checkpoint(shard)  # pins the four batch runs
+    compact(spark, shard)
+    lost = lost_run(shard, 1)
+    age_files(blob.root)
+    writer, staged = stage_uncommitted(shard, spark)  # young: the grace period protects it
+    expected_lost = os.path.relpath(lost, blob.root)
+
+    before = tree(blob.root)
+    plan = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE, dry_run=True)
+    assert [(i.path, i.kind) for i in plan.items] == [(expected_lost, "run")]
+    assert plan.bytes == sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(lost) for f in fs) > 0
+    assert tree(blob.root) == before  # a dry run deletes nothing
+
+    new = create_checkpoint(shard)
+    apply_retention(Catalog.load(blob, shard.shard_id), keep_last=1)
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [new.id]
+    age_files(checkpoints_root(blob, shard.shard_id))
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    deleted = {i.path for i in report.items}
+    assert deleted == {expected_lost} | {r["path"] for r in batch_runs}
+    assert not os.path.exists(lost) and not any(os.path.exists(p) for p in files_of(blob, batch_runs))
+    assert os.path.isdir(checkpoints_root(blob, shard.shard_id) + "/" + new.id)
+    assert not os.path.exists(checkpoints_root(blob, shard.shard_id) + "/" + old.id)
+    verify_checkpoint(blob, shard.shard_id, new.id)
+    assert all(os.path.exists(p) for p in files_of(blob, [staged.run]))
+
+    # The in-flight writer commits after GC: its batch is readable.
+    assert writer.append(staged) == "committed"
+    assert table(shard, spark) == oracle(shard)
+
+
+def test_gc_aborts_before_any_deletion_on_a_corrupt_retained_manifest(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    create_checkpoint(shard)  # A
+    Writer(shard, "w", spark_factory=lambda: spark).run(max_batches=1, with_lag=False)
+    b = create_checkpoint(shard)  # B
+    c = create_checkpoint(shard)  # C: every file of B is also in C
+    compact(spark, shard)
+    create_checkpoint(shard)  # D
+    lost_run(shard, 0)
+    root = checkpoints_root(blob, shard.shard_id)
+    manifest_of = lambda e: json.load(open(os.path.join(root, e.id, MANIFEST_NAME)))  # noqa: E731
+    c_files = files_of(blob, [manifest_of(c)])
+    assert files_of(blob, [manifest_of(b)]) <= c_files
+    c_manifest = os.path.join(root, c.id, MANIFEST_NAME)
+    with open(c_manifest, "r+b") as handle:
+        handle.truncate(os.path.getsize(c_manifest) // 2)
+    age_files(blob.root)
+    before = tree(blob.root)
+
+    with pytest.raises(CheckpointCorrupt) as caught:
+        collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert c_manifest in str(caught.value)
+    assert tree(blob.root) == before
+    assert all(os.path.exists(p) for p in c_files)
+
+
+CHECKPOINT_STEPS = ["snapshot", "manifest", "commit", "catalog"]
+GC_STEPS = ["listed", "state", "checkpoints", "deleting"]
+
+
+def race_setup(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    age_files(blob.root)
+    writer, staged = stage_uncommitted(shard, spark)
+    return shard, writer, staged
+
+
+def race_outcome(spark, consensus, blob, shard, writer, staged, entry, expected_at_entry):
+    """After the race: nothing referenced is gone, the checkpoint restores, the writer's
+    commit is readable."""
+    if shard.state().upper == staged.ts:
+        assert writer.append(staged) == "committed"
+    age_files(blob.root)
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    verify_checkpoint(blob, shard.shard_id, entry.id)
+    restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="restored")
+    assert table(Shard.open(consensus, blob, "restored"), spark) == expected_at_entry[entry.upper]
+    assert table(shard, spark) == oracle(shard)
+
+
+@pytest.mark.parametrize("at", CHECKPOINT_STEPS)
+def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_path, at):
+    """At each step of a checkpoint commit a compaction moves since, GC runs to completion,
+    and the writer commits its staged batch."""
+    from airflow_upsert_provider.engine.blob import open_blob
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
+    shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
+    expected = {3: table(shard, spark), 4: None}
+
+    def interleave(step: str) -> None:
+        if step != at or expected.get("done"):
+            return
+        expected["done"] = True
+        compact(spark, shard)
+        age_files(os.path.join(blob.root, shard.shard_id, "runs", "since=000000000003"))
+        collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+        assert writer.append(staged) == "committed"
+        expected[4] = table(shard, spark)
+
+    entry = create_checkpoint(shard, on_step=interleave)
+    race_outcome(spark, consensus, blob, shard, writer, staged, entry, expected)
+    consensus.dispose()
+
+
+@pytest.mark.parametrize("at", GC_STEPS)
+def test_checkpoint_compaction_and_commit_inside_every_gc_step(spark, sqlite_url, tmp_path, at):
+    """At each step of GC a checkpoint commits, a compaction moves since and the writer commits."""
+    from airflow_upsert_provider.engine.blob import open_blob
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
+    shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
+    expected = {3: table(shard, spark)}
+    made = []
+
+    def interleave(step: str) -> None:
+        if step != at:
+            return
+        made.append(create_checkpoint(shard))
+        compact(spark, shard)
+        age_files(os.path.join(blob.root, shard.shard_id, "runs", "since=000000000003"))
+        assert writer.append(staged) == "committed"
+
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE, on_step=interleave)
+    assert len(made) == 1
+    verify_checkpoint(blob, shard.shard_id, made[0].id)
+    race_outcome(spark, consensus, blob, shard, writer, staged, made[0], expected)
+    consensus.dispose()
