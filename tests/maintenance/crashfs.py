@@ -81,6 +81,11 @@ class CrashingBlob(LocalBlob):
             raise Crash(f"crash before op {len(self.ops)}: {kind} {path}")
         self.ops.append((kind, path))
 
+    def crash_now(self) -> None:
+        """Crash after the last operation (a power loss right after a call returned)."""
+        self.crashed = True
+        self._materialize()
+
     def _materialize(self) -> None:
         """Make the real tree equal the durable view."""
         for name in os.listdir(self.root):
