@@ -61,7 +61,7 @@ def stage_batch(
     on_bad_record: str,
 ) -> StagedOutput:
     """Write the runs of batch ``binding.ts`` under ``run_dir``; nothing is committed here."""
-    from pyspark import StorageLevel
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     config = shard.config
@@ -81,60 +81,68 @@ def stage_batch(
         records = _jsonl_records(spark, config, segments)
     else:
         records = _parquet_records(spark, shard, segments)
-    records = records.persist(StorageLevel.MEMORY_AND_DISK)
-    read_started = time.monotonic()
-    try:
-        totals = records.agg(F.count(F.lit(1)).alias("n"), F.count("_reason").alias("bad")).first()
-        rows_in, rejected = int(totals["n"]), int(totals["bad"])
-        write_started = time.monotonic()
-        rejects = None
-        if rejected:
-            bad = records.where(F.col("_reason").isNotNull())
-            if on_bad_record == "fail":
-                sample = (
-                    bad.select("_file", "_line", "_reason")
-                    .orderBy("_partition", "_offset", "_line")
-                    .limit(MAX_REPORTED)
-                    .collect()
-                )
-                listed = [{"file": _local_path(r["_file"]), "line": r["_line"], "reason": r["_reason"]} for r in sample]
-                first = listed[0]
-                raise BadInputError(
-                    f"{rejected} bad record(s) in batch {binding.ts}; first: {first['file']} "
-                    f"line {first['line']}: {first['reason']} (nothing was committed; fix the "
-                    "data or run with --on-bad-record quarantine)",
-                    records=listed,
-                    count=rejected,
-                    ts=binding.ts,
-                )
-            (
-                bad.select(
-                    F.regexp_replace("_file", "^file:(//)?", "").alias("file"),
-                    F.col("_line").alias("line"),
-                    F.col("_reason").alias("reason"),
-                    F.col("_raw").alias("record"),
-                )
-                .coalesce(1)
-                .write.mode("errorifexists")
-                .json(rejects_dir)
+    # One pass on the happy path: the records are validated, reduced and written by a single
+    # Spark job, and the totals are observed on the way instead of counted by a pre-pass.
+    totals = Observation(f"batch-{binding.ts}")
+    observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
+    job_started = time.monotonic()
+    latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, binding.ts)
+    write_bucketed(latest, config, run_dir, partitioned=True)
+    metrics = totals.get
+    rows_in, rejected = int(metrics["rows_in"]), int(metrics["rejected"])
+    job_seconds = time.monotonic() - job_started
+    rejects = None
+    if rejected:
+        bad = records.where(F.col("_reason").isNotNull())
+        if on_bad_record == "fail":
+            # Never appended, so the outcome is known: these files can go at once.
+            shard.blob.delete_tree(run_dir)
+            sample = (
+                bad.select("_file", "_line", "_reason")
+                .orderBy("_partition", "_offset", "_line")
+                .limit(MAX_REPORTED)
+                .collect()
             )
-            rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
-        latest = _latest_per_key(records.where(F.col("_reason").isNull()), config, binding.ts)
-        write_bucketed(latest, config, run_dir)
-    finally:
-        records.unpersist()
+            listed = [{"file": _local_path(r["_file"]), "line": r["_line"], "reason": r["_reason"]} for r in sample]
+            first = listed[0]
+            raise BadInputError(
+                f"{rejected} bad record(s) in batch {binding.ts}; first: {first['file']} "
+                f"line {first['line']}: {first['reason']} (nothing was committed; fix the "
+                "data or run with --on-bad-record quarantine)",
+                records=listed,
+                count=rejected,
+                ts=binding.ts,
+            )
+        (
+            bad.select(
+                F.regexp_replace("_file", "^file:(//)?", "").alias("file"),
+                F.col("_line").alias("line"),
+                F.col("_reason").alias("reason"),
+                F.col("_raw").alias("record"),
+            )
+            .coalesce(1)
+            .write.mode("errorifexists")
+            .json(rejects_dir)
+        )
+        rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
+    describe_started = time.monotonic()
     run = describe_run(shard, run_dir)
     rows_out = run["rows"]
-    timings = {"read": write_started - read_started, "write": time.monotonic() - write_started}
+    # Reading, validating, reducing and writing are one fused Spark job: they cannot be
+    # timed apart. "describe" is listing the written files and checksumming them.
+    timings = {"spark_job": job_seconds, "describe": time.monotonic() - describe_started}
     return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
 
 
-def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str) -> None:
+def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, partitioned: bool = False) -> None:
     """Write ``rows`` (run columns plus ``_bucket``) under ``run_dir``: one Parquet file per
-    bucket, sorted by key. Batches and compaction write runs the same way."""
+    bucket, sorted by key. Batches and compaction write runs the same way. ``partitioned``
+    says the rows are already hash-partitioned by ``_bucket`` (see :func:`_latest_per_key`),
+    so they are not shuffled again."""
+    if not partitioned:
+        rows = rows.repartition(config.buckets, "_bucket")
     (
-        rows.repartition(config.buckets, "_bucket")
-        .sortWithinPartitions("_bucket", *config.keys)
+        rows.sortWithinPartitions("_bucket", *config.keys)
         .write.mode("errorifexists")
         .partitionBy("_bucket")
         .parquet(run_dir)
@@ -298,7 +306,10 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
     rank = [F.col("_partition"), F.col("_offset"), F.col("_line")]
     if config.order_by:
         rank.insert(0, F.col(f"`{config.order_by}`"))
-    latest = good.groupBy(*keys).agg(
+    # Shuffle once, by bucket: a hash partitioning on _bucket already clusters every key, so
+    # the per-key aggregate and the one-file-per-bucket write need no further exchange.
+    by_bucket = good.withColumn("_bucket", bucket_column(config)).repartition(config.buckets, "_bucket")
+    latest = by_bucket.groupBy("_bucket", *keys).agg(
         F.max_by(F.struct(*[F.col(f"`{v}`") for v in values], deleted.alias("_deleted")), F.struct(*rank)).alias("_w")
     )
     return latest.select(
@@ -306,7 +317,7 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
         *[F.col(f"_w.`{v}`").alias(v) for v in values],
         F.col("_w._deleted").alias("_deleted"),
         F.lit(ts).cast("long").alias("_ts"),
-        bucket_column(config).alias("_bucket"),
+        "_bucket",
     )
 
 

@@ -1,0 +1,141 @@
+"""Writers as separate OS processes: racing on one shard, crashing, killed mid-batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from airflow_upsert_provider.engine.blob import open_blob
+from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.sample_data import SampleSpec
+from tests.conftest import cli_env
+from tests.helpers import make_shard
+from tests.oracle import oracle_table, table_from_rows
+from tests.pgserver import wait_for
+
+pytestmark = pytest.mark.slow
+
+RUNNER = os.path.join(os.path.dirname(__file__), "racing_writer.py")
+
+
+def start_writer(env, shard_id, writer_id, **extra):
+    return subprocess.Popen(
+        [sys.executable, RUNNER, "run-batch", shard_id, "--until-caught-up", "--json", "--writer-id", writer_id],
+        env={**env, **extra},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def committed_dirs(shard):
+    return {shard.blob.path(b.run["path"]) for b in shard.batches()}
+
+
+def staged_dirs(shard):
+    runs = shard.blob.path(shard.shard_id, "runs")
+    if not os.path.isdir(runs):
+        return set()
+    return {os.path.join(runs, ts, d) for ts in os.listdir(runs) for d in os.listdir(os.path.join(runs, ts))}
+
+
+def assert_valid_and_equal_to_oracle(shard, spark, expected_upper):
+    state = shard.state()
+    assert state.upper == expected_upper
+    assert [b.ts for b in shard.batches()] == list(range(expected_upper))  # each ts once
+    assert shard.binding(expected_upper) is None and shard.binding(expected_upper - 1) is not None
+    for ts in range(1, expected_upper):  # contiguous bindings
+        prev, cur = shard.binding(ts - 1), shard.binding(ts)
+        for partition, rng in cur.ranges.items():
+            assert rng["from"] == prev.ranges.get(partition, {"to": 0})["to"]
+    assert table_from_rows(shard.read(spark).collect()) == oracle_table(shard.source.root)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_four_racing_writer_processes_converge(store, spark, tmp_path, request):
+    url = f"sqlite:///{tmp_path / 'consensus.db'}" if store == "sqlite" else request.getfixturevalue("pg_url")
+    consensus, blob = open_consensus(url), open_blob(str(tmp_path / "blob"))
+    spec = SampleSpec(records=6400, keys=1500, partitions=2, segments_per_partition=16, seed=11)
+    shard = make_shard(consensus, blob, tmp_path, spec=spec, max_files_per_batch=1)
+    env = cli_env(url, blob.root)
+    procs = [
+        start_writer(env, shard.shard_id, f"racer-{n}", RACE_SEED=str(n), RACE_MAX_DELAY="0.3")
+        for n in range(4)
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out))
+
+    assert_valid_and_equal_to_oracle(shard, spark, 32)
+    # No writer ended with its progress below the upper.
+    assert [r["upper"] for r in reports] == [32] * 4
+    # Every ts committed exactly once, by the writer the shard records.
+    committed = [(b["ts"], r["writer_id"]) for r in reports for b in r["batches"] if b["outcome"] == "committed"]
+    assert sorted(committed) == sorted((b.ts, b.writer_id) for b in shard.batches())
+    assert sum(1 for r in reports for b in r["batches"] if b["outcome"] == "already_persisted") > 0
+    # Losers deleted their provably-lost files; what is left is exactly what is referenced.
+    assert staged_dirs(shard) == committed_dirs(shard)
+
+
+@pytest.fixture
+def fault_shard(tmp_path, pg_url):
+    consensus, blob = open_consensus(pg_url), open_blob(str(tmp_path / "blob"))
+    spec = SampleSpec(records=2000, keys=500, partitions=2, segments_per_partition=3, seed=13)
+    shard = make_shard(consensus, blob, tmp_path, spec=spec, max_files_per_batch=2)
+    return shard, cli_env(pg_url, blob.root)
+
+
+def finish_with_healthy_writer(shard, env):
+    proc = start_writer(env, shard.shard_id, "healthy")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out)
+
+
+def test_crash_after_staging_before_compare_and_set(spark, fault_shard):
+    shard, env = fault_shard
+    crashed = start_writer(env, shard.shard_id, "crasher", FAULT="exit_before_cas")
+    crashed.communicate(timeout=600)
+    assert crashed.returncode == 9
+    assert shard.state().upper == 0
+    orphans = staged_dirs(shard)
+    assert len(orphans) == 1 and any(f.endswith(".parquet") for d in orphans for _, _, fs in os.walk(d) for f in fs)
+
+    report = finish_with_healthy_writer(shard, env)
+    assert [b["outcome"] for b in report["batches"]] == ["committed"] * 3 + ["nothing_to_do"]
+    assert_valid_and_equal_to_oracle(shard, spark, 3)
+    assert orphans <= staged_dirs(shard) and not orphans & committed_dirs(shard)
+
+
+@pytest.mark.parametrize("moment", ["mid_write", "after_stage"])
+def test_writer_killed_with_sigkill(moment, spark, fault_shard):
+    shard, env = fault_shard
+    extra = {"FAULT": "hang_after_stage"} if moment == "after_stage" else {}
+    victim = start_writer(env, shard.shard_id, "victim", **extra)
+    runs = shard.blob.path(shard.shard_id, "runs")
+    if moment == "mid_write":
+        # Spark creates the staging directory as it starts writing the run.
+        assert wait_for(lambda: bool(staged_dirs(shard)), timeout=300, interval=0.02)
+    else:
+        line = victim.stderr.readline()
+        while line and not line.startswith("STAGED"):
+            line = victim.stderr.readline()
+        assert line.startswith("STAGED")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    assert shard.state().upper == 0 and os.path.isdir(runs)
+    killed = staged_dirs(shard)
+
+    finish_with_healthy_writer(shard, env)
+    assert_valid_and_equal_to_oracle(shard, spark, 3)
+    assert not killed & committed_dirs(shard)  # the killed try's files are not referenced
