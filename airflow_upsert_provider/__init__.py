@@ -39,7 +39,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": INTEGRATION_NAME,
-                "python-modules": ["airflow_upsert_provider.operators.upsert"],
+                "python-modules": [
+                    "airflow_upsert_provider.operators.upsert",
+                    "airflow_upsert_provider.operators.maintenance",
+                ],
             }
         ],
         "connection-types": [

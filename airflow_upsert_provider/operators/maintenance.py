@@ -1,0 +1,228 @@
+"""Maintenance operators: compaction, checkpoint commit, garbage collection and restore.
+
+Thin: each parses its parameters, calls the engine through ``UpsertShardHook`` and returns
+the engine's report (pushed to XCom as ``return_value``). Engine errors are mapped by
+``to_airflow_error``: bad input, integrity violations (a corrupt catalog, a checkpoint whose
+files do not verify) and configuration errors fail without retry; an unreachable consensus
+is retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_upsert_provider.engine.errors import UpsertError
+from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.operators.upsert import _as_bool, _as_int, to_airflow_error
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def _as_seconds(value: Any, name: str) -> float | None:
+    if value in (None, "", "None"):
+        return None
+    if hasattr(value, "total_seconds"):
+        value = value.total_seconds()
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise AirflowFailException(f"{name} must be a number of seconds, got {value!r}") from None
+    if seconds < 0:
+        raise AirflowFailException(f"{name} cannot be negative, got {seconds}")
+    return seconds
+
+
+class _ShardMaintenanceOperator(BaseOperator):
+    """Builds the hook, runs :meth:`run` and maps engine errors; subclasses hold the call."""
+
+    template_fields: Sequence[str] = ("shard",)
+    ui_color = "#e8e2f4"
+
+    def __init__(self, *, shard: str, upsert_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard = shard
+        self.upsert_conn_id = upsert_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
+        try:
+            result = self.run(hook)
+        except UpsertError as exc:
+            raise to_airflow_error(exc) from None
+        finally:
+            hook.close()
+        self.log.info("%s of shard %s: %s", self.task_type, self.shard, result)
+        return result
+
+    def run(self, hook: UpsertShardHook) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class CompactShardOperator(_ShardMaintenanceOperator):
+    """Merge the shard's runs below a new since into one run per bucket and advance since.
+    Safe beside running writers. Returns the compaction report (``outcome``, ``since_before``,
+    ``since``, ``runs_merged``, ``rows``, ``files``, ``bytes``, ``attempts``, ``seconds``).
+
+    :param shard: the shard id (templated).
+    :param since: the new since (templated); default the shard's upper. Reads as of a ts
+        below it fail afterwards.
+    :param upsert_conn_id: the `upsert` connection.
+    :param spark_conf: Spark settings for the in-process session (templated).
+    """
+
+    template_fields: Sequence[str] = ("shard", "since", "spark_conf")
+    template_fields_renderers = {"spark_conf": "json"}
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        since: int | str | None = None,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        spark_conf: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
+        self.since = since
+        self.spark_conf = spark_conf or {}
+
+    def run(self, hook: UpsertShardHook) -> dict[str, Any]:
+        from pyspark.sql import SparkSession
+
+        from airflow_upsert_provider.engine.compaction import compact
+
+        since = _as_int(self.since, "since")
+        shard = hook.open_shard(self.shard)
+        owned = SparkSession.getActiveSession() is None
+        spark = hook.get_spark(app_name=f"compact-{self.shard}", conf=self.spark_conf)
+        try:
+            return compact(spark, shard, since=since).to_dict()
+        finally:
+            if owned:
+                spark.stop()
+
+
+class CheckpointCommitOperator(_ShardMaintenanceOperator):
+    """Checkpoint the shard at its upper (a manifest of its files, no data copy), add it to
+    the catalog, then apply retention. Returns the catalog entry (``id``, ``upper``,
+    ``since``, ``files``, ``bytes``, ``created_at``, ``manifest_sha256``).
+
+    :param shard: the shard id (templated).
+    :param keep_last: keep only the last N checkpoints (templated); default keep all.
+    :param keep_within: keep only checkpoints newer than this, in seconds or a timedelta
+        (templated); with ``keep_last`` a checkpoint either rule keeps is kept, and the
+        newest is always kept.
+    :param upsert_conn_id: the `upsert` connection.
+    """
+
+    template_fields: Sequence[str] = ("shard", "keep_last", "keep_within")
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        keep_last: int | str | None = None,
+        keep_within: Any = None,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
+        self.keep_last = keep_last
+        self.keep_within = keep_within
+
+    def run(self, hook: UpsertShardHook) -> dict[str, Any]:
+        from airflow_upsert_provider.engine.checkpoint import create_checkpoint
+
+        keep_last = _as_int(self.keep_last, "keep_last")
+        keep_within = _as_seconds(self.keep_within, "keep_within")
+        entry = create_checkpoint(hook.open_shard(self.shard), keep_last=keep_last, keep_within=keep_within)
+        return entry.to_dict()
+
+
+class GarbageCollectOperator(_ShardMaintenanceOperator):
+    """Delete the shard's files that no live state, no retained checkpoint and no in-flight
+    writer reference. Aborts before any deletion on unreadable checkpoint metadata. Returns
+    the GC report (what was, or would be, deleted and its bytes).
+
+    :param shard: the shard id (templated).
+    :param grace_seconds: files younger than this are kept (templated; seconds or a
+        timedelta); it must exceed the longest a writer takes from staging to commit.
+    :param dry_run: only report what would be deleted (templated).
+    :param upsert_conn_id: the `upsert` connection.
+    """
+
+    template_fields: Sequence[str] = ("shard", "grace_seconds", "dry_run")
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        grace_seconds: Any = None,
+        dry_run: bool | str = False,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
+        self.grace_seconds = grace_seconds
+        self.dry_run = dry_run
+
+    def run(self, hook: UpsertShardHook) -> dict[str, Any]:
+        from airflow_upsert_provider.engine.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+
+        grace = _as_seconds(self.grace_seconds, "grace_seconds")
+        report = collect_garbage(
+            hook.get_consensus(),
+            hook.get_blob(),
+            self.shard,
+            grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
+            dry_run=_as_bool(self.dry_run),
+        )
+        return report.to_dict()
+
+
+class RestoreCheckpointOperator(_ShardMaintenanceOperator):
+    """Rebuild a shard's consensus state from a checkpoint, after verifying every file it
+    lists (present, size, checksum, parses). Never over an existing shard: restore into an
+    empty consensus, or under a new shard id. Returns ``shard``, ``checkpoint``, ``upper``
+    and ``since`` of the restored shard.
+
+    :param shard: the shard whose catalog holds the checkpoint (templated).
+    :param checkpoint_id: the checkpoint (templated); default the latest in the catalog.
+    :param target_shard: restore under this shard id (templated); default ``shard``.
+    :param upsert_conn_id: the `upsert` connection.
+    """
+
+    template_fields: Sequence[str] = ("shard", "checkpoint_id", "target_shard")
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        checkpoint_id: str | None = None,
+        target_shard: str | None = None,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
+        self.checkpoint_id = checkpoint_id
+        self.target_shard = target_shard
+
+    def run(self, hook: UpsertShardHook) -> dict[str, Any]:
+        from airflow_upsert_provider.engine.checkpoint import Catalog, restore_checkpoint
+
+        blob = hook.get_blob()
+        checkpoint_id = self.checkpoint_id or None
+        if checkpoint_id is None:
+            latest = Catalog.load(blob, self.shard).latest()
+            if latest is None:
+                raise AirflowFailException(f"shard {self.shard!r} has no checkpoint to restore")
+            checkpoint_id = latest.id
+        record = restore_checkpoint(
+            hook.get_consensus(), blob, self.shard, checkpoint_id, target_shard_id=self.target_shard or None
+        )
+        return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since}

@@ -1,0 +1,60 @@
+"""Shard maintenance, daily: compact, then checkpoint, then collect garbage, in that order.
+
+Compaction advances since to the upper (reads as of an older ts fail afterwards) and leaves
+the replaced runs behind; the checkpoint then records the compacted state and retention
+drops old checkpoints; only then does GC delete what neither the live state nor a retained
+checkpoint nor an in-flight writer (grace period) references. Every step is safe beside
+running writers (`upsert_microbatch`, `upsert_backfill`). A corrupt or missing checkpoint
+catalog fails the checkpoint and GC tasks without retry, and nothing is deleted.
+
+Runs on the `upsert_default` connection (embedded defaults when it is not defined).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+
+from airflow_upsert_provider.operators.maintenance import (
+    CheckpointCommitOperator,
+    CompactShardOperator,
+    GarbageCollectOperator,
+)
+
+SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+with DAG(
+    dag_id="upsert_maintenance",
+    description="Compact, checkpoint and garbage-collect an upsert shard",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    params={
+        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id"),
+        "keep_last": Param(7, type="integer", minimum=1, description="checkpoints to keep"),
+        "grace_seconds": Param(
+            6 * 3600, type="number", minimum=0,
+            description="GC keeps files younger than this (longer than any writer's stage-to-commit)",
+        ),
+        "dry_run": Param(False, type="boolean", description="GC only reports what it would delete"),
+    },
+    render_template_as_native_obj=True,
+    tags=["upsert", "example", "maintenance"],
+    doc_md=__doc__,
+) as dag:
+    compact = CompactShardOperator(
+        task_id="compact", shard="{{ params.shard }}", execution_timeout=timedelta(hours=2)
+    )
+    checkpoint = CheckpointCommitOperator(
+        task_id="checkpoint", shard="{{ params.shard }}", keep_last="{{ params.keep_last }}"
+    )
+    gc = GarbageCollectOperator(
+        task_id="gc",
+        shard="{{ params.shard }}",
+        grace_seconds="{{ params.grace_seconds }}",
+        dry_run="{{ params.dry_run }}",
+    )
+    compact >> checkpoint >> gc

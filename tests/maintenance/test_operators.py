@@ -1,0 +1,98 @@
+"""The maintenance operators in process (their engine calls and error mapping), and the
+example DAG end to end with `airflow dags test`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_upsert_provider.engine.checkpoint import CATALOG_NAME, checkpoints_root, list_checkpoints
+from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.operators.maintenance import (
+    CheckpointCommitOperator,
+    CompactShardOperator,
+    GarbageCollectOperator,
+    RestoreCheckpointOperator,
+)
+from tests.airflow.conftest import airflow_home, failure_text  # noqa: F401 - the session fixture
+from tests.maintenance.support import age_files, oracle, table, tree, written_shard
+
+
+@pytest.fixture
+def store(spark, sqlite_url, blob, tmp_path, monkeypatch):
+    consensus = open_consensus(sqlite_url)
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_UPSERT_DEFAULT",
+        json.dumps({"conn_type": "upsert", "extra": {"consensus_url": sqlite_url, "blob_root": blob.root}}),
+    )
+    yield consensus, shard
+    consensus.dispose()
+
+
+def test_operators_call_the_engine_and_return_its_report(spark, store, blob):
+    consensus, shard = store
+    expected = table(shard, spark)
+    compacted = CompactShardOperator(task_id="compact", shard="orders", since="3").execute({})
+    assert (compacted["outcome"], compacted["since"], compacted["runs_merged"]) == ("compacted", 3, 3)
+    first = CheckpointCommitOperator(task_id="checkpoint", shard="orders").execute({})
+    second = CheckpointCommitOperator(task_id="checkpoint", shard="orders", keep_last="1").execute({})
+    assert [e.id for e in list_checkpoints(blob, "orders")] == [second["id"]] != [first["id"]]
+    age_files(blob.root)
+    planned = GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=60, dry_run="true").execute({})
+    assert planned["would_delete"]["items"] == 3
+    done = GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=60).execute({})
+    assert done["deleted"] == planned["would_delete"]
+    restored = RestoreCheckpointOperator(task_id="restore", shard="orders", target_shard="copy").execute({})
+    assert restored == {"shard": "copy", "checkpoint": second["id"], "upper": 4, "since": 3}
+    assert table(Shard.open(consensus, blob, "copy"), spark) == expected == oracle(shard)
+
+
+def test_engine_errors_fail_without_retry(spark, store, blob):
+    consensus, shard = store
+    CheckpointCommitOperator(task_id="checkpoint", shard="orders").execute({})
+    catalog = os.path.join(checkpoints_root(blob, "orders"), CATALOG_NAME)
+    open(catalog, "wb").close()
+    age_files(blob.root)
+    before = tree(blob.root)
+    with pytest.raises(AirflowFailException, match=f"integrity violation: checkpoint catalog {catalog} is empty"):
+        GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=0).execute({})
+    with pytest.raises(AirflowFailException, match="is empty"):
+        RestoreCheckpointOperator(task_id="restore", shard="orders", target_shard="copy").execute({})
+    assert tree(blob.root) == before
+    with pytest.raises(AirflowFailException, match="configuration error: unknown shard 'nope'"):
+        CompactShardOperator(task_id="compact", shard="nope").execute({})
+    with pytest.raises(AirflowFailException, match="keep_last must be >= 1"):
+        CheckpointCommitOperator(task_id="checkpoint", shard="orders", keep_last=0).execute({})
+    with pytest.raises(AirflowFailException, match="grace_seconds cannot be negative"):
+        GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=-1).execute({})
+
+
+@pytest.mark.slow
+def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, spark, sqlite_url, blob, tmp_path):  # noqa: F811
+    consensus = open_consensus(sqlite_url)
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=None)
+    upper = shard.state().upper
+    expected = table(shard, spark)
+    batch_dirs = [blob.path(b.run["path"]) for b in shard.batches()]
+    age_files(blob.root)
+    env = airflow_home.env(sqlite_url, blob.root)
+    proc = airflow_home.dags_test("upsert_maintenance", env, conf={"shard": "orders", "grace_seconds": 0})
+    assert proc.returncode == 0, failure_text(proc)
+    run_id = airflow_home.latest_run("upsert_maintenance")
+    for task in ("compact", "checkpoint", "gc"):
+        assert airflow_home.task_instance("upsert_maintenance", run_id, task) == ("success", 1)
+    compacted = airflow_home.xcom("upsert_maintenance", run_id, "compact")
+    assert (compacted["since"], compacted["runs_merged"]) == (upper, upper)
+    checkpoint = airflow_home.xcom("upsert_maintenance", run_id, "checkpoint")
+    assert (checkpoint["upper"], checkpoint["since"]) == (upper, upper)
+    collected = airflow_home.xcom("upsert_maintenance", run_id, "gc")
+    # GC ran after the checkpoint: it deleted exactly the replaced batch runs.
+    assert {blob.path(i["path"]) for i in collected["items"]} == set(batch_dirs)
+    assert not any(os.path.exists(d) for d in batch_dirs)
+    assert table(shard, spark) == expected == oracle(shard)
+    consensus.dispose()
