@@ -120,9 +120,9 @@ class Catalog:
             committed = [n for n in checkpoint_dirs(blob, shard_id) if is_committed(blob, shard_id, n)]
             if committed:
                 raise CheckpointCorrupt(
-                    f"checkpoint catalog {path} is missing while {len(committed)} committed checkpoint "
-                    f"director{'y' if len(committed) == 1 else 'ies'} exist (first: {committed[0]}): refusing "
-                    "to treat it as empty; restore the catalog file before running checkpoint or GC commands",
+                    f"checkpoint catalog {path} is missing but committed checkpoint directories exist "
+                    f"({len(committed)}, first: {committed[0]}): refusing to treat it as empty; restore the "
+                    "catalog file before running checkpoint or GC commands",
                     shard=shard_id,
                     file=path,
                     records=[{"file": os.path.join(os.path.dirname(path), n), "reason": "committed, not in a catalog"}

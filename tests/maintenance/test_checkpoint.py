@@ -91,6 +91,18 @@ def test_catalog_write_failure_leaves_the_checkpoint_absent_from_memory_and_disk
     assert [e.id for e in catalog.entries] == [first.id, second.id]
 
 
+def refused_everywhere(consensus, blob, shard, message: str, catalog_path: str) -> None:
+    """Listing, GC and a new checkpoint all refuse, naming the catalog file."""
+    for attempt in (
+        lambda: list_checkpoints(blob, shard.shard_id),
+        lambda: collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0),
+        lambda: create_checkpoint(shard),
+    ):
+        with pytest.raises(CheckpointCorrupt, match=message) as caught:
+            attempt()
+        assert catalog_path in str(caught.value)
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -116,14 +128,7 @@ def test_corrupt_truncated_or_empty_catalog_is_refused_and_nothing_deleted(
     age_files(blob.root)
     before = tree(blob.root)
 
-    for attempt in (
-        lambda: list_checkpoints(blob, shard.shard_id),
-        lambda: collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0),
-        lambda: create_checkpoint(shard),
-    ):
-        with pytest.raises(CheckpointCorrupt, match=message) as caught:
-            attempt()
-        assert catalog_path in str(caught.value)
+    refused_everywhere(consensus, blob, shard, message, catalog_path)
     assert tree(blob.root) == before
 
 
@@ -134,13 +139,8 @@ def test_missing_catalog_with_checkpoint_directories_is_refused(spark, consensus
     os.unlink(os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME))
     age_files(blob.root)
     before = tree(blob.root)
-    for attempt in (
-        lambda: list_checkpoints(blob, shard.shard_id),
-        lambda: collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0),
-        lambda: create_checkpoint(shard),
-    ):
-        with pytest.raises(CheckpointCorrupt, match="is missing while 1 committed checkpoint directory exist"):
-            attempt()
+    catalog_path = os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME)
+    refused_everywhere(consensus, blob, shard, r"is missing but committed checkpoint directories exist \(1,", catalog_path)
     assert tree(blob.root) == before
 
 
