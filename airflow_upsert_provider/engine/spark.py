@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 # Sane defaults for micro-batches on a small machine; a connection or --conf overrides them.
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
@@ -46,6 +47,9 @@ def get_spark(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
+    if "spark.driver.extraJavaOptions" not in (conf or {}):
+        # Only takes effect when this call launches the driver JVM (the usual case).
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
