@@ -1,9 +1,11 @@
-"""`make demo`: the main job end to end on the embedded defaults.
+"""`make demo`: the Airflow experience end to end on the embedded defaults.
 
-Local Spark, SQLite consensus, local files, generated sample data: writes 200k change records
-over 50k keys (with deletes) into 4 partitions, catches a shard up with `upsertctl run-batch`,
-prints its status and a few rows, then starts a second writer on the same shard and shows it
-converge (its batches report `already_persisted`).
+Sets up a temporary Airflow home (.demo/airflow), the `upsert_default` and `spark_default`
+connections, sample change data (200k records over 50k keys, with deletes, in 4 partitions)
+and the shard; runs the example DAG `upsert_microbatch` with `airflow dags test`; prints the
+shard's status, a few rows and where to look. Then more changes land and two writers run on
+the same shard at once: both converge (one commits each batch, the other reports
+`already_persisted`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,45 +32,97 @@ from airflow_upsert_provider.sample_data import (  # noqa: E402
 )
 
 WORK = os.path.join(REPO, ".demo")
+AIRFLOW_HOME = os.path.join(WORK, "airflow")
 LANDING = os.path.join(WORK, "landing")
+CONSENSUS_URL = f"sqlite:///{WORK}/upsert/consensus.db"
+BLOB_ROOT = os.path.join(WORK, "upsert", "blob")
 SHARD = "orders"
+BIN = os.path.dirname(sys.executable)
+
+ENV = dict(
+    os.environ,
+    AIRFLOW_HOME=AIRFLOW_HOME,
+    AIRFLOW__CORE__DAGS_FOLDER=os.path.join(REPO, "dags"),
+    AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS="False",
+    UPSERT_CONSENSUS_URL=CONSENSUS_URL,
+    UPSERT_BLOB_ROOT=BLOB_ROOT,
+    SPARK_LOCAL_IP="127.0.0.1",
+    PYSPARK_PYTHON=sys.executable,
+    PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
+)
+for inherited in ("AIRFLOW_CONN_UPSERT_DEFAULT", "AIRFLOW_CONN_SPARK_DEFAULT"):
+    ENV.pop(inherited, None)
 
 
-def upsertctl(*args: str, capture: bool = False) -> str:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "upsertctl"), *args]
-    print(f"\n$ upsertctl {' '.join(args)}", flush=True)
-    env = dict(
-        os.environ,
-        UPSERT_CONSENSUS_URL=f"sqlite:///{WORK}/consensus.db",
-        UPSERT_BLOB_ROOT=f"{WORK}/blob",
-        SPARK_LOCAL_IP="127.0.0.1",
+def run(*args: str, capture: bool = False, quiet: bool = False) -> str:
+    """Run a command of the venv, echoing it; exit the demo if it fails."""
+    print(f"\n$ {' '.join(args)}", flush=True)
+    proc = subprocess.run(
+        [os.path.join(BIN, args[0]), *args[1:]], env=ENV, cwd=WORK, text=True,
+        stdout=subprocess.PIPE if capture or quiet else None,
+        stderr=subprocess.STDOUT if quiet else None,
     )
-    proc = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE if capture else None)
     if proc.returncode != 0:
-        sys.exit(f"upsertctl {args[0]} failed with exit code {proc.returncode}")
+        if quiet:
+            print(proc.stdout[-4000:])
+        sys.exit(f"{args[0]} {args[1]} failed with exit code {proc.returncode}")
     return proc.stdout or ""
+
+
+def airflow_setup() -> None:
+    print(f"Airflow home: {AIRFLOW_HOME}")
+    run("airflow", "db", "migrate", quiet=True)
+    run("airflow", "connections", "add", "upsert_default", "--conn-type", "upsert",
+        "--conn-extra", json.dumps({"consensus_url": CONSENSUS_URL, "blob_root": BLOB_ROOT,
+                                    "spark_conn_id": "spark_default"}), quiet=True)
+    run("airflow", "connections", "add", "spark_default", "--conn-type", "spark", "--conn-host", "local[*]",
+        quiet=True)
+    run("airflow", "dags", "reserialize", quiet=True)
+
+
+def task_report(dag_id: str, task_id: str) -> tuple[str, dict]:
+    """The latest run's task state and the XCom it returned, from Airflow's metadata DB."""
+    with sqlite3.connect(os.path.join(AIRFLOW_HOME, "airflow.db")) as db:
+        run_id, = db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+                             (dag_id,)).fetchone()
+        state, = db.execute("SELECT state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = ?",
+                            (dag_id, run_id, task_id)).fetchone()
+        value, = db.execute("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? "
+                            "AND key = 'return_value'", (dag_id, run_id, task_id)).fetchone()
+    return run_id, {"state": state, **json.loads(value)}
 
 
 def main() -> None:
     started = time.monotonic()
     shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    airflow_setup()
+
     spec = SampleSpec(records=200_000, keys=50_000, partitions=4, segments_per_partition=8)
-    print(f"Generating {spec.records:,} change records over {spec.keys:,} keys "
+    print(f"\nGenerating {spec.records:,} change records over {spec.keys:,} keys "
           f"({spec.partitions} partitions x {spec.segments_per_partition} segments) in {LANDING}")
     generate(LANDING, spec)
+    run("upsertctl", "--master", "local[2]", "init", SHARD, "--source", f"dir:{LANDING}",
+        "--key", SAMPLE_KEYS[0], "--order-by", SAMPLE_ORDER_BY, "--delete-marker", SAMPLE_DELETE_MARKER,
+        "--schema", SAMPLE_SCHEMA_DDL, "--max-files-per-batch", "8", quiet=True)
 
-    upsertctl(
-        "init", SHARD, "--source", f"dir:{LANDING}", "--key", SAMPLE_KEYS[0],
-        "--order-by", SAMPLE_ORDER_BY, "--delete-marker", SAMPLE_DELETE_MARKER,
-        "--schema", SAMPLE_SCHEMA_DDL, "--max-files-per-batch", "8",
-    )
-    upsertctl("run-batch", SHARD, "--until-caught-up", "--writer-id", "demo-writer-1")
-    status = json.loads(upsertctl("status", SHARD, "--json", capture=True))
-    print(json.dumps(status, indent=2))
-    rows = upsertctl("read", SHARD, capture=True).splitlines()
-    print("first rows of the table:")
+    print("\nThe scheduled example DAG, one run end to end (Spark local[*], SQLite consensus):")
+    run("airflow", "dags", "test", "upsert_microbatch", quiet=True)
+    run_id, report = task_report("upsert_microbatch", "upsert")
+    print(f"  run {run_id}: task `upsert` {report['state']}, writer {report['writer_id']}")
+    for batch in report["batches"]:
+        timings = ", ".join(f"{k} {v:.2f}s" for k, v in batch.get("timings", {}).items())
+        print(f"  batch ts={batch['ts']} {batch['outcome']}: rows in {batch['rows_in']:,}, out "
+              f"{batch['rows_out']:,}, rejected {batch['rejected']}, lag {sum(batch['lag_offsets'].values())}"
+              f"{' (' + timings + ')' if timings else ''}")
+    status = json.loads(run("upsertctl", "--master", "local[2]", "status", SHARD, "--json", capture=True))
+    print(f"  shard {SHARD}: upper {status['upper']}, {status['rows']:,} rows, "
+          f"lag {sum(status['source']['lag_offsets'].values())} offsets")
+    rows = run("upsertctl", "--master", "local[2]", "read", SHARD, capture=True).splitlines()
+    print("  first rows of the table:")
     for line in rows[:5]:
-        print("  " + line)
+        print("    " + line)
 
     print("\nMore changes land; two writers now run on the same shard at once. Every batch is")
     print("bound once, both compute it, one compare-and-append wins; the other reports")
@@ -76,12 +131,9 @@ def main() -> None:
                                  first_seq=1000, seed=7))
     procs = [
         subprocess.Popen(
-            [os.path.join(os.path.dirname(sys.executable), "upsertctl"), "run-batch", SHARD,
+            [os.path.join(BIN, "upsertctl"), "--master", "local[1]", "run-batch", SHARD,
              "--until-caught-up", "--json", "--writer-id", f"demo-writer-{n}"],
-            env=dict(os.environ, UPSERT_CONSENSUS_URL=f"sqlite:///{WORK}/consensus.db",
-                     UPSERT_BLOB_ROOT=f"{WORK}/blob", SPARK_LOCAL_IP="127.0.0.1",
-                     UPSERT_SPARK_MASTER="local[1]"),
-            text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
         for n in (2, 3)
     ]
@@ -89,14 +141,21 @@ def main() -> None:
         out, _ = proc.communicate()
         if proc.returncode != 0:
             sys.exit(f"a concurrent writer failed with exit code {proc.returncode}")
-        report = json.loads(out)
-        outcomes = ", ".join(f"ts={b['ts']} {b['outcome']}" for b in report["batches"])
-        print(f"  {report['writer_id']}: {outcomes}")
-    status = json.loads(upsertctl("status", SHARD, "--json", "--no-rows", capture=True))
+        writer = json.loads(out)
+        outcomes = ", ".join(f"ts={b['ts']} {b['outcome']}" for b in writer["batches"])
+        print(f"  {writer['writer_id']}: {outcomes}")
+    status = json.loads(run("upsertctl", "status", SHARD, "--json", "--no-rows", capture=True))
     print(f"  upper {status['upper']}, lag {sum(status['source']['lag_offsets'].values())} offsets")
-    print(f"\nDone in {time.monotonic() - started:.0f}s. Look around:")
-    print(f"  UPSERT_CONSENSUS_URL=sqlite:///{WORK}/consensus.db UPSERT_BLOB_ROOT={WORK}/blob \\")
-    print(f"    .venv/bin/upsertctl status {SHARD}")
+
+    print(f"\nDone in {time.monotonic() - started:.0f}s. Where to look:")
+    print(f"  export AIRFLOW_HOME={AIRFLOW_HOME} AIRFLOW__CORE__DAGS_FOLDER={ENV['AIRFLOW__CORE__DAGS_FOLDER']} \\")
+    print("         AIRFLOW__CORE__LOAD_EXAMPLES=False SPARK_LOCAL_IP=127.0.0.1 \\")
+    print(f"         UPSERT_CONSENSUS_URL={CONSENSUS_URL} UPSERT_BLOB_ROOT={BLOB_ROOT}")
+    print(f"  .venv/bin/upsertctl status {SHARD}          # frontier, lag, rows")
+    print(f"  .venv/bin/upsertctl read {SHARD} | head     # the table")
+    print("  .venv/bin/airflow tasks states-for-dag-run upsert_microbatch " + run_id)
+    print("  .venv/bin/airflow dags test upsert_backfill --conf '{\"batch_size\": 64}'")
+    print("  .venv/bin/airflow standalone                 # the UI, with both example DAGs")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from tests.conftest import REPO_ROOT
 
 VENV_BIN = os.path.dirname(sys.executable)
 SAMPLE_SCHEMA = "id BIGINT, name STRING, amount DOUBLE, updated_at BIGINT, deleted BOOLEAN"
-RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_dag.py")
 
 
 @dataclass
@@ -52,10 +51,8 @@ class AirflowHome:
         """A second home with a copy of the migrated metadata database, for a concurrent
         Airflow process (SQLite metadata does not take two writers well)."""
         os.makedirs(directory, exist_ok=True)
-        for name in ("airflow.db", "airflow.cfg"):
-            if os.path.exists(os.path.join(self.path, name)):
-                shutil.copy(os.path.join(self.path, name), os.path.join(directory, name))
-        return AirflowHome(directory, dict(self.base_env, AIRFLOW_HOME=directory))
+        shutil.copy(os.path.join(self.path, "airflow.db"), os.path.join(directory, "airflow.db"))
+        return AirflowHome(directory, home_env(self.base_env, directory))
 
     def dags_test_cmd(self, dag_id: str, conf: dict | None = None) -> list[str]:
         cmd = [os.path.join(VENV_BIN, "airflow"), "dags", "test", dag_id]
@@ -97,12 +94,16 @@ class AirflowHome:
         return rows[0]
 
 
+def home_env(env: dict[str, str], path: str) -> dict[str, str]:
+    # The metadata DB is named explicitly: airflow.cfg would pin the first home's path.
+    return dict(env, AIRFLOW_HOME=path, AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{path}/airflow.db")
+
+
 @pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory) -> AirflowHome:
     path = str(tmp_path_factory.mktemp("airflow-home"))
-    env = dict(os.environ)
+    env = home_env(dict(os.environ), path)
     env.update(
-        AIRFLOW_HOME=path,
         AIRFLOW__CORE__DAGS_FOLDER=os.path.join(REPO_ROOT, "dags"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS="False",
