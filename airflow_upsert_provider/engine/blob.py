@@ -155,14 +155,14 @@ class LocalBlob:
             if entry.is_dir(follow_symlinks=False):
                 yield from self.walk_files(entry.path)
             else:
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted meanwhile (a writer dropping a lost batch)
+                    continue
                 yield BlobFile(entry.path, st.st_size, st.st_mtime)
 
     def size(self, path: str) -> int:
         return os.path.getsize(path)
-
-    def mtime(self, path: str) -> float:
-        return os.path.getmtime(path)
 
     def delete_tree(self, path: str) -> None:
         """Delete ``path`` and everything below it, then make the removal durable."""

@@ -95,9 +95,10 @@ class GcReport:
 
 
 def run_dir_of(blob: LocalBlob, path: str) -> str:
-    """The run directory (``<shard>/runs/<group>/<name>``, relative) a file belongs to."""
-    parts = os.path.relpath(path, blob.root).split(os.sep) if os.path.isabs(path) else path.split("/")
-    return "/".join(parts[:4])
+    """The run directory (``<shard>/runs/<group>/<name>``, relative to the blob root, as a
+    run's ``path`` is recorded) that a file, absolute or relative, belongs to."""
+    relative = os.path.relpath(path, blob.root) if os.path.isabs(path) else path
+    return os.sep.join(relative.split(os.sep)[:4])
 
 
 def collect_garbage(
