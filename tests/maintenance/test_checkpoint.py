@@ -28,7 +28,7 @@ from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExist
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
-from tests.maintenance.support import age_files, oracle, reads_at_every_ts, table, tree, written_shard
+from tests.maintenance.support import age_files, files_of, oracle, reads_at_every_ts, table, tree, written_shard
 
 
 class FailingBlob(LocalBlob):
@@ -235,6 +235,7 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
     # Recovery order: the restored shard resumes from its bound offsets and converges.
     Writer(restored, "resumed", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
     assert table(restored, spark) == oracle(restored) == table(shard, spark)
+    assert table(restored, spark) == table(shard, spark) == oracle(restored)
 
     # Never over an existing shard (its upper would move backwards).
     upper = shard.state().upper
@@ -249,6 +250,18 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
         assert reads_at_every_ts(Shard.open(empty, blob, shard.shard_id), spark, start=2) == expected
     finally:
         empty.dispose()
+
+    # The restored shard reads files in the original's directory: once no checkpoint pins
+    # them, its live state alone keeps the original's GC from deleting them.
+    create_checkpoint(shard, keep_last=1)
+    age_files(blob.root)
+    borrowed = {
+        p for p in files_of(blob, consensus.snapshot("orders-restored").live_runs())
+        if p.startswith(blob.path(shard.shard_id) + os.sep)
+    }
+    assert borrowed and not borrowed & files_of(blob, consensus.snapshot(shard.shard_id).live_runs())
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert all(os.path.exists(p) for p in borrowed)
 
 
 def test_retention_keeps_the_last_n_or_the_recent_and_never_none(spark, consensus, blob, tmp_path):
