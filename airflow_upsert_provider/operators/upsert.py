@@ -305,15 +305,21 @@ class MicroBatchUpsertOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Stop the Spark work this task started: the spark-submit process (and its driver),
-        or the jobs of the in-process session."""
+        or the jobs of the in-process session (the running action then fails and the task
+        stops its session on the way out)."""
         if self._submit_hook is not None:
+            self.log.info("on_kill: stopping spark-submit")
             self._submit_hook.on_kill()
         if self._spark is not None:
-            session = self._spark[0]
-            try:
-                session.sparkContext.cancelAllJobs()
-            finally:
-                self._stop_spark()
+            import threading
+
+            context = self._spark[0].sparkContext
+            self.log.info("on_kill: cancelling the Spark jobs of this task")
+            # Called from a signal handler while the task thread may be inside a Py4J call:
+            # cancel through another thread, which gets its own gateway connection.
+            canceller = threading.Thread(target=context.cancelAllJobs, name="upsert-on-kill", daemon=True)
+            canceller.start()
+            canceller.join(timeout=30)
 
 
 _ERRORS_BY_EXIT_CODE = {2: ConfigurationError, 3: BadInputError, 4: IntegrityError, 5: CommitOutcomeUnknown}

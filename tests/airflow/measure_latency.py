@@ -27,6 +27,7 @@ from tests.conftest import REPO_ROOT
 
 
 def make_home(path: str) -> AirflowHome:
+    os.makedirs(path, exist_ok=True)
     env = home_env(dict(os.environ), path)
     env.update(
         AIRFLOW__CORE__DAGS_FOLDER=os.path.join(REPO_ROOT, "dags"),
