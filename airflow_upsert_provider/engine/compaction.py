@@ -110,7 +110,8 @@ def compact(
         survivors = merged.where(~F.col("_deleted") & (F.col("_ts") < target))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
-        run = describe_run(shard, run_dir)
+        # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
+        run = {**describe_run(shard, run_dir), "replaces": [r["path"] for r in runs]}
         if on_step is not None:
             on_step("written")
         try:

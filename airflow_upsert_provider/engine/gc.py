@@ -8,7 +8,9 @@ compaction writes) only if
 - no retained checkpoint references it: every manifest listed in every catalog in the blob,
   and every manifest of a checkpoint still being written (younger than the grace period);
 - no in-flight writer can still commit it: its newest file is older than the grace period
-  (a writer's staged batch, a compaction's output before its swap).
+  (a writer's staged batch, a compaction's output before its swap);
+- no read can still be reading it: no compaction replaced it less than the grace period ago
+  (a read planned before the swap reads the runs it listed then).
 
 Order matters: GC lists the files first, then reads consensus, then the checkpoints. A
 checkpoint re-reads since after its manifest is on disk (see ``checkpoint.create_checkpoint``),
@@ -138,10 +140,16 @@ def collect_garbage(
 
     # 2. Live state of every shard, read before any manifest (see the module docstring).
     referenced: set[str] = set()
+    # Runs a compaction replaced less than the grace period ago: a read planned before the
+    # swap may still be reading them.
+    recently_replaced: set[str] = set()
     for record in consensus.list_shards():
-        for run in consensus.snapshot(record.shard_id).live_runs():
+        snapshot = consensus.snapshot(record.shard_id)
+        for run in snapshot.live_runs():
             referenced.add(run["path"])
             referenced.update(run_dir_of(blob, f["path"]) for f in run["files"])
+        if snapshot.compaction is not None and snapshot.compaction.compacted_at >= cutoff:
+            recently_replaced.update(snapshot.compaction.run.get("replaces", []))
     step("state")
 
     # 3. Every retained checkpoint of every shard in the blob, and every checkpoint still
@@ -171,7 +179,7 @@ def collect_garbage(
     for run_dir, files in sorted(run_dirs.items()):
         if run_dir in referenced:
             report.kept_referenced += len(files)
-        elif _young(files, cutoff):
+        elif _young(files, cutoff) or run_dir in recently_replaced:
             report.kept_in_grace += len(files)
         else:
             report.items.append(GcItem(run_dir, "run", len(files), sum(f.size for f in files)))

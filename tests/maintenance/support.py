@@ -60,5 +60,20 @@ def age_files(root: str, seconds: float = 3 * 3600) -> None:
             os.utime(os.path.join(dirpath, name), (past, past))
 
 
+def age_compaction(consensus, shard_id: str, seconds: float = 3 * 3600) -> None:
+    """Make the shard's last compaction look ``seconds`` old: GC keeps the runs it replaced
+    for the grace period after it."""
+    import sqlalchemy as sa
+
+    from airflow_upsert_provider.engine.consensus import compactions_table
+
+    with consensus.engine.begin() as conn:
+        conn.execute(
+            sa.update(compactions_table)
+            .where(compactions_table.c.shard_id == shard_id)
+            .values(compacted_at=compactions_table.c.compacted_at - seconds)
+        )
+
+
 def files_of(blob, runs) -> set[str]:
     return {blob.path(f["path"]) for run in runs for f in run["files"]}

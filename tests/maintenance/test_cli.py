@@ -11,7 +11,7 @@ from airflow_upsert_provider.cli import main
 from airflow_upsert_provider.engine.checkpoint import CATALOG_NAME, checkpoints_root
 from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.shard import Shard
-from tests.maintenance.support import age_files, oracle, table, tree, written_shard
+from tests.maintenance.support import age_compaction, age_files, oracle, table, tree, written_shard
 
 
 @pytest.fixture
@@ -44,6 +44,7 @@ def test_maintenance_commands_end_to_end(spark, sqlite_url, blob, tmp_path, cli)
     assert code == 0 and out["verified"] == [{"id": checkpoint_id, "files": out["verified"][0]["files"], "ok": True}]
 
     age_files(blob.root)
+    age_compaction(consensus, "orders")
     code, out = cli("gc", "orders", "--dry-run", "--grace", "60", "--json")
     assert code == 0 and out["dry_run"] and out["would_delete"]["items"] == 3
     assert out["would_delete"]["bytes"] == sum(i["bytes"] for i in out["items"]) > 0

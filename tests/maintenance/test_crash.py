@@ -21,7 +21,7 @@ from airflow_upsert_provider.engine.compaction import compact
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
 from tests.maintenance.crashfs import Crash, CrashingBlob
-from tests.maintenance.support import age_files, table, written_shard
+from tests.maintenance.support import age_compaction, age_files, table, written_shard
 
 # A guard: a crash point loop that never completes is a bug in the test or the code.
 MAX_POINTS = 400
@@ -91,6 +91,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
     shard = written_shard(spark, consensus, base, tmp_path, batches=3)
     create_checkpoint(shard)
     compact(spark, shard)
+    age_compaction(consensus, shard.shard_id)
     kept = create_checkpoint(shard).id
     # Garbage of every kind: runs only the dropped checkpoint pinned, its directory left by
     # a retention that crashed before deleting it, and a temporary file of a crashed write.

@@ -24,7 +24,8 @@ from airflow_upsert_provider.engine.compaction import compact
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
-from tests.maintenance.support import age_files, files_of, oracle, table, tree, written_shard
+from tests.maintenance.support import age_compaction, age_files, files_of, oracle, table, tree, written_shard
+from tests.oracle import table_from_rows
 
 GRACE = 600
 
@@ -65,6 +66,7 @@ def test_gc_deletes_only_what_nothing_references(spark, consensus, blob, tmp_pat
     apply_retention(Catalog.load(blob, shard.shard_id), keep_last=1)
     assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [new.id]
     age_files(checkpoints_root(blob, shard.shard_id))
+    age_compaction(consensus, shard.shard_id)
     report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
     deleted = {i.path for i in report.items}
     assert deleted == {expected_lost} | {r["path"] for r in batch_runs}
@@ -103,6 +105,25 @@ def test_gc_aborts_before_any_deletion_on_a_corrupt_retained_manifest(spark, con
     assert c_manifest in str(caught.value)
     assert tree(blob.root) == before
     assert all(os.path.exists(p) for p in c_files)
+
+
+def test_a_read_planned_before_a_compaction_survives_gc(spark, consensus, blob, tmp_path):
+    """GC keeps the runs a compaction replaced for its grace period after the swap."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    expected = table(shard, spark)
+    planned = shard.read(spark)  # lists the three batch runs
+    replaced = {b.run["path"] for b in shard.batches()}
+    compact(spark, shard)
+    age_files(blob.root)
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    in_replaced = sum(len(files) for p in replaced for _, _, files in os.walk(blob.path(p)))
+    assert report.items == [] and report.kept_in_grace == in_replaced > 0
+    assert table_from_rows(planned.collect()) == expected
+
+    age_compaction(consensus, shard.shard_id)
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    assert {i.path for i in report.items} == replaced
+    assert table(shard, spark) == expected
 
 
 CHECKPOINT_STEPS = ["snapshot", "manifest", "commit", "catalog"]
@@ -146,6 +167,7 @@ def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_p
         expected["done"] = True
         compact(spark, shard)
         age_files(os.path.join(blob.root, shard.shard_id, "runs", "since=000000000003"))
+        age_compaction(consensus, shard.shard_id)
         collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
         assert writer.append(staged) == "committed"
         expected[4] = table(shard, spark)
@@ -172,6 +194,7 @@ def test_checkpoint_compaction_and_commit_inside_every_gc_step(spark, sqlite_url
         made.append(create_checkpoint(shard))
         compact(spark, shard)
         age_files(os.path.join(blob.root, shard.shard_id, "runs", "since=000000000003"))
+        age_compaction(consensus, shard.shard_id)
         assert writer.append(staged) == "committed"
 
     collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE, on_step=interleave)

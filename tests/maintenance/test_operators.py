@@ -19,7 +19,7 @@ from airflow_upsert_provider.operators.maintenance import (
     RestoreCheckpointOperator,
 )
 from tests.airflow.conftest import airflow_home, failure_text  # noqa: F401 - the session fixture
-from tests.maintenance.support import age_files, oracle, table, tree, written_shard
+from tests.maintenance.support import age_compaction, age_files, oracle, table, tree, written_shard
 
 
 @pytest.fixture
@@ -43,6 +43,7 @@ def test_operators_call_the_engine_and_return_its_report(spark, store, blob):
     second = CheckpointCommitOperator(task_id="checkpoint", shard="orders", keep_last="1").execute({})
     assert [e.id for e in list_checkpoints(blob, "orders")] == [second["id"]] != [first["id"]]
     age_files(blob.root)
+    age_compaction(consensus, "orders")
     planned = GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=60, dry_run="true").execute({})
     assert planned["would_delete"]["items"] == 3
     done = GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=60).execute({})
