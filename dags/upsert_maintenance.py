@@ -3,8 +3,9 @@
 Compaction advances since to the upper (reads as of an older ts fail afterwards) and leaves
 the replaced runs behind; the checkpoint then records the compacted state and retention
 drops old checkpoints; only then does GC delete what neither the live state nor a retained
-checkpoint nor an in-flight writer (grace period) references. Every step is safe beside
-running writers (`upsert_microbatch`, `upsert_backfill`). A corrupt or missing checkpoint
+checkpoint nor an in-flight writer or read references (the runs today's compaction replaced
+stay for the grace period, for reads planned before it, and go on a later run). Every step is
+safe beside running writers (`upsert_microbatch`, `upsert_backfill`). A corrupt or missing checkpoint
 catalog fails the checkpoint and GC tasks without retry, and nothing is deleted.
 
 Runs on the `upsert_default` connection (embedded defaults when it is not defined).
