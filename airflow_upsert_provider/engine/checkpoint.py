@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from airflow_upsert_provider.engine.blob import LocalBlob
-from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.consensus import (
     BatchRecord,
     Binding,
@@ -460,8 +460,6 @@ def restore_checkpoint(
     The target (default: the checkpoint's own shard id, into an empty consensus) must not
     exist: a restore never moves an existing upper backwards. The restored shard reads the
     checkpoint's files where they are (no copy)."""
-    from airflow_upsert_provider.engine.config import validate_shard_id
-
     target = validate_shard_id(target_shard_id or shard_id)
     manifest = verify_checkpoint(blob, shard_id, checkpoint_id)
     try:
