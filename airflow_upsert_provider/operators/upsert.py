@@ -158,6 +158,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         self.submit_options = submit_options or {}
         self._spark = None
         self._submit_hook = None
+        self._killed = False
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -215,6 +216,8 @@ class MicroBatchUpsertOperator(BaseOperator):
 
         def spark_factory():
             # A writer that only skips persisted batches never starts Spark.
+            if self._killed:
+                raise AirflowException("the task is being stopped: no Spark session is started")
             if self._spark is None:
                 from pyspark.sql import SparkSession
 
@@ -305,8 +308,8 @@ class MicroBatchUpsertOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Stop the Spark work this task started: the spark-submit process (and its driver),
-        or the jobs of the in-process session (the running action then fails and the task
-        stops its session on the way out)."""
+        or the in-process SparkContext (its running job fails, no later one starts)."""
+        self._killed = True
         if self._submit_hook is not None:
             self.log.info("on_kill: stopping spark-submit")
             self._submit_hook.on_kill()
@@ -314,12 +317,19 @@ class MicroBatchUpsertOperator(BaseOperator):
             import threading
 
             context = self._spark[0].sparkContext
-            self.log.info("on_kill: cancelling the Spark jobs of this task")
+            self.log.info("on_kill: stopping the Spark jobs of this task")
+
+            def stop() -> None:
+                context.cancelAllJobs()
+                # Cancelling alone misses a job submitted a moment later (a write's job
+                # follows its shuffle's); a stopped context runs none.
+                context.stop()
+
             # Called from a signal handler while the task thread may be inside a Py4J call:
-            # cancel through another thread, which gets its own gateway connection.
-            canceller = threading.Thread(target=context.cancelAllJobs, name="upsert-on-kill", daemon=True)
-            canceller.start()
-            canceller.join(timeout=30)
+            # stop through another thread, which gets its own gateway connection.
+            stopper = threading.Thread(target=stop, name="upsert-on-kill", daemon=True)
+            stopper.start()
+            stopper.join(timeout=60)
 
 
 _ERRORS_BY_EXIT_CODE = {2: ConfigurationError, 3: BadInputError, 4: IntegrityError, 5: CommitOutcomeUnknown}

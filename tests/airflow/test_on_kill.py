@@ -39,8 +39,8 @@ def test_sigterm_cancels_the_in_process_spark_job_and_the_retry_completes(airflo
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-6000:]
-    assert "on_kill: cancelling the Spark jobs of this task" in output
-    assert "up_for_retry" in output
+    assert "on_kill: stopping the Spark jobs of this task" in output
+    assert "new_state=up_for_retry" in output, output[-8000:]
 
     run_id = home.latest_run("upsert_microbatch")
     assert home.task_instance("upsert_microbatch", run_id, "upsert") == ("success", 2)
