@@ -1,0 +1,80 @@
+"""UpsertShardHook reads the connection the way the docs say (run in a subprocess so that the
+Airflow configuration of the test home applies)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from airflow_upsert_provider.sample_data import SampleSpec, generate
+from tests.airflow.conftest import failure_text
+
+
+def _last_json(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+PROBE = r"""
+import json, sys
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL
+
+landing = sys.argv[1]
+hook = UpsertShardHook()
+shard = hook.create_shard("created", source=f"dir:{landing}", keys=["id"], schema_ddl=SAMPLE_SCHEMA_DDL,
+                          order_by="updated_at", delete_marker="deleted")
+try:
+    UpsertShardHook("no_such_connection").settings
+    undefined = None
+except ConfigurationError as exc:
+    undefined = exc.message
+print(json.dumps({
+    "buckets": shard.config.buckets,
+    "max_files": shard.config.max_files_per_batch,
+    "upper": hook.open_shard("created").state().upper,
+    "master": hook.spark_master(),
+    "redacted": hook.settings.redacted_consensus_url,
+    "has_password": ":s3cret-pw@" in hook.settings.consensus_url,
+    "undefined": undefined,
+}))
+"""
+
+EMBEDDED = r"""
+import json
+from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+hook = UpsertShardHook()
+print(json.dumps({"consensus": hook.settings.consensus_url, "blob": hook.settings.blob_root,
+                  "master": hook.spark_master()}))
+"""
+
+
+def test_hook_builds_engine_objects_from_the_connection(airflow_home, tmp_path, pg_url):
+    landing = str(tmp_path / "landing")
+    generate(landing, SampleSpec(records=50, keys=10, partitions=1, segments_per_partition=1))
+    # The password travels in the connection's password field, not in the URL.
+    user_url = pg_url.replace(":s3cret-pw@", "@")
+    env = airflow_home.env(user_url, str(tmp_path / "blob"), password="s3cret-pw",
+                           spark_master="local[1]")
+    upsert = json.loads(env["AIRFLOW_CONN_UPSERT_DEFAULT"])
+    upsert["extra"].update(default_buckets=3, default_max_files_per_batch=5)
+    env["AIRFLOW_CONN_UPSERT_DEFAULT"] = json.dumps(upsert)
+    proc = airflow_home.run([sys.executable, "-c", PROBE, landing], env)
+    assert proc.returncode == 0, failure_text(proc)
+    found = _last_json(proc.stdout)
+    assert (found["buckets"], found["max_files"], found["upper"]) == (3, 5, 0)
+    assert found["master"] == "local[1]"
+    assert found["has_password"] and "s3cret-pw" not in found["redacted"] and "***" in found["redacted"]
+    assert "s3cret-pw" not in proc.stdout + proc.stderr
+    assert found["undefined"].startswith("Airflow connection 'no_such_connection' is not defined")
+
+    # A standalone master given as host and port, the way the Spark provider reads it.
+    env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077})
+    env.pop("AIRFLOW_CONN_UPSERT_DEFAULT")
+    proc = airflow_home.run([sys.executable, "-c", EMBEDDED], env)
+    assert proc.returncode == 0, failure_text(proc)
+    embedded = _last_json(proc.stdout)
+    assert embedded == {
+        "consensus": f"sqlite:///{airflow_home.path}/upsert/consensus.db",
+        "blob": f"{airflow_home.path}/upsert/blob",
+        "master": "spark://10.0.0.5:7077",
+    }
