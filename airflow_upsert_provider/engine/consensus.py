@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.engine.url import make_url
+from sqlalchemy.engine.url import URL, make_url
 
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
@@ -676,19 +676,32 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def parse_url(url: str) -> URL:
+    """A consensus URL, parsed; a clear error (that does not echo the URL, which may hold a
+    password) when it cannot be."""
+    try:
+        return make_url(normalize_url(url))
+    except Exception:
+        raise ConfigurationError(
+            "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
+            field="consensus",
+        ) from None
+
+
+def with_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` set, for stores that keep the password apart from the URL."""
+    if not password:
+        return url
+    return parse_url(url).set(password=password).render_as_string(hide_password=False)
+
+
 def open_consensus(url: str, *, create: bool = True) -> Consensus:
     """Open (and by default create the tables of) the consensus store at ``url``.
 
     ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``.
     """
     url = normalize_url(url)
-    try:
-        parsed = make_url(url)
-    except Exception:
-        raise ConfigurationError(
-            "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
-            field="consensus",
-        ) from None
+    parsed = parse_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         path = parsed.database

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_upsert_provider.engine.consensus import with_password
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -55,22 +56,6 @@ class UpsertSettings:
         from airflow_upsert_provider.engine.consensus import redact_url
 
         return redact_url(self.consensus_url)
-
-
-def with_password(url: str, password: str | None) -> str:
-    """``url`` with ``password`` set (the connection keeps it in its masked password field)."""
-    if not password:
-        return url
-    from sqlalchemy.engine.url import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:
-        raise ConfigurationError(
-            "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
-            field="consensus",
-        ) from None
-    return parsed.set(password=password).render_as_string(hide_password=False)
 
 
 def _optional_int(extra: Mapping[str, Any], name: str) -> int | None:

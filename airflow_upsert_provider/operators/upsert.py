@@ -23,13 +23,13 @@ from airflow_upsert_provider.engine.errors import (
     IntegrityError,
     UpsertError,
 )
+from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 SPARK_MODES = ("in_process", "submit")
-BAD_RECORD_MODES = ("fail", "quarantine")
 
 
 def writer_id_for(dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> str:
