@@ -12,6 +12,7 @@ import json
 import os
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,6 @@ def stage_batch(
     on_bad_record: str,
 ) -> StagedOutput:
     """Write the runs of batch ``binding.ts`` under ``run_dir``; nothing is committed here."""
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     config = shard.config
@@ -77,19 +77,19 @@ def stage_batch(
     if not segments:
         return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
 
+    job_started = time.monotonic()
     if config.source_format == "jsonl":
-        records = _jsonl_records(spark, config, segments)
+        # Spark's JSON reader only tells a clean batch from one that holds something bad; a
+        # bad batch is redone with exact line numbers and reasons (see _jsonl_records_fast).
+        rows_in, rejected = _write_run(_jsonl_records_fast(spark, config, segments), config, binding.ts, run_dir)
+        if rejected:
+            # Only the exact records decide what is bad, so every writer agrees.
+            shard.blob.delete_tree(run_dir)
+            records = _jsonl_records(spark, config, segments)
+            rows_in, rejected = _write_run(records, config, binding.ts, run_dir)
     else:
         records = _parquet_records(spark, shard, segments)
-    # One pass on the happy path: the records are validated, reduced and written by a single
-    # Spark job, and the totals are observed on the way instead of counted by a pre-pass.
-    totals = Observation(f"batch-{binding.ts}")
-    observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
-    job_started = time.monotonic()
-    latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, binding.ts)
-    write_bucketed(latest, config, run_dir, partitioned=True)
-    metrics = totals.get
-    rows_in, rejected = int(metrics["rows_in"]), int(metrics["rejected"])
+        rows_in, rejected = _write_run(records, config, binding.ts, run_dir)
     job_seconds = time.monotonic() - job_started
     rejects = None
     if rejected:
@@ -132,6 +132,24 @@ def stage_batch(
     # timed apart. "describe" is listing the written files and checksumming them.
     timings = {"spark_job": job_seconds, "describe": time.monotonic() - describe_started}
     return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
+
+
+def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str) -> tuple[int, int]:
+    """Reduce ``records`` to the latest per key and write them as the run of batch ``ts``;
+    return (records read, records rejected).
+
+    One Spark job: the records are validated, reduced and written in a single pass, and the
+    totals are observed on the way instead of counted by a pre-pass.
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    totals = Observation(f"batch-{ts}-{uuid.uuid4().hex[:8]}")
+    observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
+    latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts)
+    write_bucketed(latest, config, run_dir, partitioned=True)
+    metrics = totals.get
+    return int(metrics["rows_in"]), int(metrics["rejected"])
 
 
 def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, partitioned: bool = False) -> None:
@@ -206,6 +224,40 @@ def merge_runs(spark: "SparkSession", config: ShardConfig, blob, runs: list[dict
 
 
 # -- record parsing ---------------------------------------------------------------------------
+
+
+def _jsonl_records_fast(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> "DataFrame":
+    """Records of clean JSON lines, read by Spark's JSON reader (about three times faster than
+    parsing lines as expressions). ``_reason`` only marks a record as bad (malformed, a value of
+    the wrong type, a missing or null key); :func:`_jsonl_records` says exactly why.
+
+    ``_line`` is a position, not a line number: ``monotonically_increasing_id`` grows with the
+    line within a file however files are split or packed into tasks, and ties within a key are
+    only ever broken between lines of one file (after partition and offset), so every writer
+    orders records exactly as by line number.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = user_schema(config)
+    read_schema = StructType([*schema.fields, StructField("_corrupt", StringType())])
+    bad = " OR ".join(["_corrupt IS NOT NULL", *[f"{_sql_name(k)} IS NULL" for k in config.keys]])
+    # The path's last two components are <partition>/<seq>.jsonl, both validated when bound;
+    # substring_index avoids a regular expression per record.
+    return (
+        spark.read.schema(read_schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt")
+        .json([s.path for s in segments])
+        .selectExpr(
+            "_metadata.file_path AS _file",
+            "substring_index(substring_index(_metadata.file_path, '/', -2), '/', 1) AS _partition",
+            "CAST(substring_index(substring_index(_metadata.file_path, '/', -1), '.', 1) AS BIGINT) AS _offset",
+            "monotonically_increasing_id() AS _line",
+            *[_sql_name(f.name) for f in schema.fields],
+            f"CASE WHEN {bad} THEN 'bad record' END AS _reason",
+        )
+    )
 
 
 def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> "DataFrame":
