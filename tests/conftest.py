@@ -3,6 +3,7 @@ consensus stores of both kinds."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -10,6 +11,8 @@ import uuid
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# py4j logs from __del__ at interpreter exit, after pytest has closed the streams it captured.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
