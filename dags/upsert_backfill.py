@@ -12,9 +12,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
+from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
-
-SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 with DAG(
     dag_id="upsert_backfill",
@@ -25,7 +24,7 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True},
     params={
-        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id"),
+        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN.pattern, description="shard id"),
         "spark_mode": Param(
             "in_process", enum=["in_process", "submit"],
             description="in_process: Spark in the worker; submit: spark-submit on the Spark connection",

@@ -17,13 +17,12 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
+from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.maintenance import (
     CheckpointCommitOperator,
     CompactShardOperator,
     GarbageCollectOperator,
 )
-
-SHARD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 with DAG(
     dag_id="upsert_maintenance",
@@ -34,7 +33,7 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     params={
-        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN, description="shard id"),
+        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN.pattern, description="shard id"),
         "keep_last": Param(7, type="integer", minimum=1, description="checkpoints to keep"),
         "grace_seconds": Param(
             6 * 3600, type="number", minimum=0,
