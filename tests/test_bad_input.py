@@ -222,3 +222,13 @@ def test_parquet_segments_upsert_and_schema_mismatch_names_file_and_field(spark,
     reasons = shard.consensus.quarantined_files(shard.shard_id)
     assert reasons[str(landing / "p0" / "20.parquet")] == "not a Parquet file (bad magic bytes)"
     assert sorted(k[0] for k in rows(shard, spark)) == [1, 2]
+
+
+def test_user_columns_may_not_use_engine_column_names(tmp_path):
+    from airflow_upsert_provider.engine.config import ShardConfig
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("id", LongType()), StructField("_corrupt", StringType())]).json()
+    with pytest.raises(ConfigurationError, match=r"\['_corrupt'\] are reserved"):
+        ShardConfig(source=f"dir:{tmp_path}", keys=("id",), schema=schema)

@@ -13,8 +13,11 @@ SHARD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SOURCE_FORMATS = ("jsonl", "parquet")
 DEFAULT_BUCKETS = 8
 DEFAULT_MAX_FILES_PER_BATCH = 64
-# Columns the engine adds to runs; user columns may not use these names.
-INTERNAL_COLUMNS = ("_ts", "_deleted", "_bucket", "_partition", "_offset", "_line")
+# Columns the engine adds to runs or uses while staging; user columns may not use these names.
+INTERNAL_COLUMNS = (
+    "_ts", "_deleted", "_bucket", "_partition", "_offset", "_line", "_file", "_raw", "_reason",
+    "_corrupt", "_pos", "_r", "_m", "_w",
+)
 
 
 def validate_shard_id(shard_id: str) -> str:
