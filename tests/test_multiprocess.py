@@ -7,13 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from airflow_upsert_provider.engine.blob import open_blob
 from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.conftest import cli_env
 from tests.helpers import make_shard

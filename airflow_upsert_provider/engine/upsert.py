@@ -236,14 +236,11 @@ def _jsonl_records_fast(spark: "SparkSession", config: ShardConfig, segments: li
     only ever broken between lines of one file (after partition and offset), so every writer
     orders records exactly as by line number.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     schema = user_schema(config)
     read_schema = StructType([*schema.fields, StructField("_corrupt", StringType())])
     bad = " OR ".join(["_corrupt IS NOT NULL", *[f"{_sql_name(k)} IS NULL" for k in config.keys]])
-    # The path's last two components are <partition>/<seq>.jsonl, both validated when bound;
-    # substring_index avoids a regular expression per record.
     return (
         spark.read.schema(read_schema)
         .option("mode", "PERMISSIVE")
@@ -251,8 +248,7 @@ def _jsonl_records_fast(spark: "SparkSession", config: ShardConfig, segments: li
         .json([s.path for s in segments])
         .selectExpr(
             "_metadata.file_path AS _file",
-            "substring_index(substring_index(_metadata.file_path, '/', -2), '/', 1) AS _partition",
-            "CAST(substring_index(substring_index(_metadata.file_path, '/', -1), '.', 1) AS BIGINT) AS _offset",
+            *[f"{expr} AS {name}" for name, expr in _segment_columns("_metadata.file_path").items()],
             "monotonically_increasing_id() AS _line",
             *[_sql_name(f.name) for f in schema.fields],
             f"CASE WHEN {bad} THEN 'bad record' END AS _reason",
@@ -265,12 +261,11 @@ def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Se
     from pyspark.sql import functions as F
 
     schema = user_schema(config)
-    # Partition and offset are taken from the path once per file, before the file is split
-    # into lines: per line, the two regular expressions cost more than parsing the JSON.
+    # Partition and offset are taken from the path once per file, before it is split into lines.
     files = (
         spark.read.text([s.path for s in segments], wholetext=True)
         .select(F.col("_metadata.file_path").alias("_file"), "value")
-        .withColumns(_segment_columns("_file", ".jsonl"))
+        .withColumns({name: F.expr(expr) for name, expr in _segment_columns("_file").items()})
     )
     lines = files.select(
         "_file", "_partition", "_offset", F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_raw")
@@ -291,11 +286,11 @@ def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Se
         reasons.append(f"CASE WHEN NOT map_contains_key(_m, {_sql_string(key)}) THEN {_sql_string(f'missing key column {key!r}')} END")
         # A JSON null; a value of the wrong type is reported by the field checks below.
         reasons.append(f"CASE WHEN _m[{_sql_string(key)}] IS NULL THEN {_sql_string(f'null key column {key!r}')} END")
-    for field in schema.fields:
-        raw = f"_m[{_sql_string(field.name)}]"
-        expected = _sql_string(f"field {field.name!r}: expected {field.dataType.simpleString()}, got ")
+    for spec in schema.fields:
+        raw = f"_m[{_sql_string(spec.name)}]"
+        expected = _sql_string(f"field {spec.name!r}: expected {spec.dataType.simpleString()}, got ")
         reasons.append(
-            f"CASE WHEN {raw} IS NOT NULL AND _r.{_sql_name(field.name)} IS NULL "
+            f"CASE WHEN {raw} IS NOT NULL AND _r.{_sql_name(spec.name)} IS NULL "
             f"THEN concat({expected}, substring({raw}, 1, {QUOTE_CHARS})) END"
         )
     return parsed.selectExpr(
@@ -332,7 +327,7 @@ def _parquet_records(spark: "SparkSession", shard: Shard, segments: list[Segment
         (F.col("_metadata.row_index") + 1).alias("_line"),
         F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in schema.fields])).alias("_raw"),
         *[F.col(f"`{f.name}`") for f in schema.fields],
-    ).withColumns(_segment_columns("_file", ".parquet"))
+    ).withColumns({name: F.expr(expr) for name, expr in _segment_columns("_file").items()})
     reasons = [F.when(F.col(f"`{k}`").isNull(), F.lit(f"null key column '{k}'")) for k in config.keys]
     return df.select(
         "_file", "_partition", "_offset", "_line", "_raw",
@@ -341,14 +336,13 @@ def _parquet_records(spark: "SparkSession", shard: Shard, segments: list[Segment
     )
 
 
-def _segment_columns(file_column: str, extension: str) -> dict[str, "Column"]:
-    """Partition and offset of a segment, from its path ``.../<partition>/<seq><ext>``."""
-    from pyspark.sql import functions as F
-
-    pattern = r"/([^/]+)/([0-9]+)" + re.escape(extension) + "$"
+def _segment_columns(file_column: str) -> dict[str, str]:
+    """Partition and offset of a segment as SQL expressions over its path
+    ``.../<partition>/<seq>.<ext>`` (both validated when the batch was bound). substring_index
+    is used because a regular expression per record costs more than parsing the record."""
     return {
-        "_partition": F.regexp_extract(file_column, pattern, 1),
-        "_offset": F.regexp_extract(file_column, pattern, 2).cast("long"),
+        "_partition": f"substring_index(substring_index({file_column}, '/', -2), '/', 1)",
+        "_offset": f"CAST(substring_index(substring_index({file_column}, '/', -1), '.', 1) AS BIGINT)",
     }
 
 

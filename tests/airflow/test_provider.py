@@ -6,7 +6,6 @@ import json
 import os
 import sys
 
-import pytest
 
 from tests.airflow.conftest import failure_text
 from tests.conftest import REPO_ROOT
