@@ -32,7 +32,7 @@ from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.consensus import BatchRecord, Binding, open_consensus  # noqa: E402
 from airflow_upsert_provider.engine.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.spark import get_spark  # noqa: E402
-from airflow_upsert_provider.engine.upsert import describe_run, user_schema, write_bucketed  # noqa: E402
+from airflow_upsert_provider.engine.runs import describe_run, user_schema, write_bucketed  # noqa: E402
 from airflow_upsert_provider.engine.writer import StagedBatch, Writer  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
 from tests.helpers import sample_config  # noqa: E402
@@ -76,7 +76,7 @@ def build_base_table(spark, shard: Shard, rows: int, naive_dir: str) -> None:
     Parquet directory for the naive baseline."""
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.upsert import bucket_column
+    from airflow_upsert_provider.engine.runs import bucket_column
 
     base = spark.range(rows).select(
         F.col("id"),
@@ -88,7 +88,7 @@ def build_base_table(spark, shard: Shard, rows: int, naive_dir: str) -> None:
     run_dir = shard.run_dir(0, "bench-base", "0")
     write_bucketed(run_rows, shard.config, run_dir)
     shard.consensus.mint_binding(shard.shard_id, Binding(0, {}), "bench")
-    record = BatchRecord(0, "bench-base", "base", describe_run(shard, run_dir), {})
+    record = BatchRecord(0, "bench-base", "base", describe_run(shard.blob, run_dir), {})
     assert shard.compare_and_append(0, 1, record).outcome.value == "committed"
     base.write.parquet(naive_dir)
 

@@ -26,6 +26,7 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusUnavailable,
     UpsertError,
 )
+from airflow_upsert_provider.engine.runs import bucket_column, describe_run, merge_runs, write_bucketed
 from airflow_upsert_provider.engine.shard import Shard
 
 if TYPE_CHECKING:
@@ -81,8 +82,6 @@ def compact(
     """
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.upsert import bucket_column, describe_run, merge_runs, write_bucketed
-
     started = time.monotonic()
     consensus, blob = shard.consensus, shard.blob
     for attempt in range(1, max_attempts + 1):
@@ -111,7 +110,7 @@ def compact(
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
-        run = {**describe_run(shard, run_dir), "replaces": [r["path"] for r in runs]}
+        run = {**describe_run(blob, run_dir), "replaces": [r["path"] for r in runs]}
         if on_step is not None:
             on_step("written")
         try:

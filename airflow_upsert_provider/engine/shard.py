@@ -23,6 +23,7 @@ from airflow_upsert_provider.engine.consensus import (
     ShardRecord,
 )
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
+from airflow_upsert_provider.engine.runs import read_runs
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
 
 if TYPE_CHECKING:
@@ -275,8 +276,6 @@ class Shard:
     def read(self, spark: "SparkSession", as_of: int | None = None) -> "DataFrame":
         """The table as of ``as_of`` (default: the upper): latest record per key, tombstones
         removed, user columns only."""
-        from airflow_upsert_provider.engine.upsert import read_runs
-
         state = self.state()
         as_of = state.upper if as_of is None else as_of
         if as_of > state.upper:

@@ -1,4 +1,4 @@
-"""One upsert batch on Spark, and the merge-on-read of the table.
+"""One upsert batch on Spark.
 
 A batch reads exactly the segment files its binding lists, validates every record, keeps the
 latest record per key by (order column, partition, offset, line), hashes keys into buckets and
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
+from airflow_upsert_provider.engine.runs import bucket_column, describe_run, table_columns, user_schema, write_bucketed
 from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql import DataFrame, SparkSession
 
 # How much of a bad value an error message quotes.
 QUOTE_CHARS = 80
@@ -39,17 +39,6 @@ class StagedOutput:
     rejected: int
     # Seconds spent reading and validating the segments, and writing the runs.
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def user_schema(config: ShardConfig) -> "StructType":
-    from pyspark.sql.types import StructType
-
-    return StructType.fromJson(json.loads(config.schema))
-
-
-def table_columns(config: ShardConfig) -> list[str]:
-    """The columns a read returns: the schema without the delete marker."""
-    return [c for c in config.column_names() if c != config.delete_marker]
 
 
 def stage_batch(
@@ -126,7 +115,7 @@ def stage_batch(
         )
         rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
     describe_started = time.monotonic()
-    run = describe_run(shard, run_dir)
+    run = describe_run(shard.blob, run_dir)
     rows_out = run["rows"]
     # Reading, validating, reducing and writing are one fused Spark job: they cannot be
     # timed apart. "describe" is listing the written files and checksumming them.
@@ -150,77 +139,6 @@ def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str)
     write_bucketed(latest, config, run_dir, partitioned=True)
     metrics = totals.get
     return int(metrics["rows_in"]), int(metrics["rejected"])
-
-
-def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, partitioned: bool = False) -> None:
-    """Write ``rows`` (run columns plus ``_bucket``) under ``run_dir``: one Parquet file per
-    bucket, sorted by key. Batches and compaction write runs the same way. ``partitioned``
-    says the rows are already hash-partitioned by ``_bucket`` (see :func:`_latest_per_key`),
-    so they are not shuffled again."""
-    if not partitioned:
-        rows = rows.repartition(config.buckets, "_bucket")
-    (
-        rows.sortWithinPartitions("_bucket", *config.keys)
-        .write.mode("errorifexists")
-        .partitionBy("_bucket")
-        .parquet(run_dir)
-    )
-
-
-def bucket_column(config: ShardConfig) -> "Column":
-    """The hash bucket of a row's key: the same function for batches and compaction."""
-    from pyspark.sql import functions as F
-
-    return F.pmod(F.xxhash64(*config.keys), F.lit(config.buckets))
-
-
-def describe_run(shard: Shard, run_dir: str) -> dict[str, Any]:
-    """A written run as consensus records it: its path, files and row count."""
-    files = run_files(shard, run_dir)
-    rows = _parquet_rows([shard.blob.path(f["path"]) for f in files])
-    return {"path": _relative(shard, run_dir), "files": files, "rows": rows}
-
-
-def run_files(shard: Shard, run_dir: str) -> list[dict[str, Any]]:
-    """The Parquet files of a staged run, relative to the blob root, with their sizes and
-    SHA-256. The checksum is taken here, while the files are fresh in the page cache, so
-    that a checkpoint lists it without reading the table again."""
-    return [
-        {"path": _relative(shard, f.path), "bytes": f.size, "sha256": shard.blob.checksum(f.path)}
-        for f in shard.blob.walk_files(run_dir)
-        if f.path.endswith(".parquet") and not os.path.basename(f.path).startswith((".", "_"))
-    ]
-
-
-def read_runs(spark: "SparkSession", config: ShardConfig, blob, runs: list[dict[str, Any]]) -> "DataFrame":
-    """Merge runs: per key the record of the highest ts wins; tombstones removed."""
-    from pyspark.sql import functions as F
-
-    keys = list(config.keys)
-    values = [c for c in table_columns(config) if c not in keys]
-    return merge_runs(spark, config, blob, runs).where(~F.col("_deleted")).select(*keys, *values)
-
-
-def merge_runs(spark: "SparkSession", config: ShardConfig, blob, runs: list[dict[str, Any]]) -> "DataFrame":
-    """Merge runs keeping the run columns: per key the row of the highest ``_ts``, with its
-    ``_deleted`` and ``_ts`` (tombstones kept; compaction writes this, reads filter it)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
-
-    schema = user_schema(config)
-    columns = table_columns(config)
-    paths = [blob.path(f["path"]) for run in runs for f in run["files"]]
-    run_schema = StructType(
-        [schema[c] for c in columns] + [StructField("_deleted", BooleanType()), StructField("_ts", LongType())]
-    )
-    if not paths:
-        return spark.createDataFrame([], run_schema)
-    df = spark.read.schema(run_schema).option("recursiveFileLookup", "true").parquet(*paths)
-    keys = list(config.keys)
-    values = [c for c in columns if c not in keys]
-    winner = F.max_by(F.struct(*values, "_deleted", "_ts"), F.col("_ts")).alias("_w")
-    merged = df.groupBy(*keys).agg(winner)
-    return merged.select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values + ["_deleted", "_ts"]])
 
 
 # -- record parsing ---------------------------------------------------------------------------
@@ -373,12 +291,6 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
         F.lit(ts).cast("long").alias("_ts"),
         "_bucket",
     )
-
-
-def _parquet_rows(paths: list[str]) -> int:
-    import pyarrow.parquet as pq
-
-    return sum(pq.read_metadata(p).num_rows for p in paths)
 
 
 def _relative(shard: Shard, path: str) -> str:

@@ -1,0 +1,117 @@
+"""The run format: how a shard's data is laid out in blob and merged on read.
+
+A run is what one batch (or one compaction) writes: one Parquet file per hash bucket, sorted
+by key, holding the table columns (the user schema without the delete marker) and the run
+columns ``_deleted`` and ``_ts``. Reads merge runs per key, the highest ``_ts`` winning.
+
+Everything here takes a shard's config and its blob, never a Shard, so the batch writer
+(``upsert``), the shard's reads and compaction share it without importing each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.config import ShardConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+def user_schema(config: ShardConfig) -> "StructType":
+    """The schema every record is validated against, as a Spark type."""
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(config.schema))
+
+
+def table_columns(config: ShardConfig) -> list[str]:
+    """The columns a read returns: the schema without the delete marker."""
+    return [c for c in config.column_names() if c != config.delete_marker]
+
+
+def run_schema(config: ShardConfig) -> "StructType":
+    """The columns of every run file: table columns, then ``_deleted`` and ``_ts``."""
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    schema = user_schema(config)
+    return StructType(
+        [schema[c] for c in table_columns(config)]
+        + [StructField("_deleted", BooleanType()), StructField("_ts", LongType())]
+    )
+
+
+def bucket_column(config: ShardConfig) -> "Column":
+    """The hash bucket of a row's key: the same function for batches and compaction."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.xxhash64(*config.keys), F.lit(config.buckets))
+
+
+def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, partitioned: bool = False) -> None:
+    """Write ``rows`` (run columns plus ``_bucket``) under ``run_dir``: one Parquet file per
+    bucket, sorted by key. Batches and compaction write runs the same way. ``partitioned``
+    says the rows are already hash-partitioned by ``_bucket``, so they are not shuffled again."""
+    if not partitioned:
+        rows = rows.repartition(config.buckets, "_bucket")
+    (
+        rows.sortWithinPartitions("_bucket", *config.keys)
+        .write.mode("errorifexists")
+        .partitionBy("_bucket")
+        .parquet(run_dir)
+    )
+
+
+def describe_run(blob: LocalBlob, run_dir: str) -> dict[str, Any]:
+    """A written run as consensus records it: its path, files and row count."""
+    files = run_files(blob, run_dir)
+    rows = parquet_rows([blob.path(f["path"]) for f in files])
+    return {"path": os.path.relpath(run_dir, blob.root), "files": files, "rows": rows}
+
+
+def run_files(blob: LocalBlob, run_dir: str) -> list[dict[str, Any]]:
+    """The Parquet files of a written run, relative to the blob root, with their sizes and
+    SHA-256. The checksum is taken here, while the files are fresh in the page cache, so
+    that a checkpoint lists it without reading the table again."""
+    return [
+        {"path": os.path.relpath(f.path, blob.root), "bytes": f.size, "sha256": blob.checksum(f.path)}
+        for f in blob.walk_files(run_dir)
+        if f.path.endswith(".parquet") and not os.path.basename(f.path).startswith((".", "_"))
+    ]
+
+
+def parquet_rows(paths: list[str]) -> int:
+    """Rows in the Parquet files at ``paths``, from their footers."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(p).num_rows for p in paths)
+
+
+def read_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs: list[dict[str, Any]]) -> "DataFrame":
+    """Merge runs: per key the record of the highest ts wins; tombstones removed."""
+    from pyspark.sql import functions as F
+
+    keys = list(config.keys)
+    values = [c for c in table_columns(config) if c not in keys]
+    return merge_runs(spark, config, blob, runs).where(~F.col("_deleted")).select(*keys, *values)
+
+
+def merge_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs: list[dict[str, Any]]) -> "DataFrame":
+    """Merge runs keeping the run columns: per key the row of the highest ``_ts``, with its
+    ``_deleted`` and ``_ts`` (tombstones kept; compaction writes this, reads filter it)."""
+    from pyspark.sql import functions as F
+
+    schema = run_schema(config)
+    paths = [blob.path(f["path"]) for run in runs for f in run["files"]]
+    if not paths:
+        return spark.createDataFrame([], schema)
+    df = spark.read.schema(schema).option("recursiveFileLookup", "true").parquet(*paths)
+    keys = list(config.keys)
+    values = [c for c in table_columns(config) if c not in keys]
+    winner = F.max_by(F.struct(*values, "_deleted", "_ts"), F.col("_ts")).alias("_w")
+    merged = df.groupBy(*keys).agg(winner)
+    return merged.select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values + ["_deleted", "_ts"]])
