@@ -17,24 +17,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.upsert import _as_bool, _as_int, to_airflow_error
+from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
+from airflow_upsert_provider.operators.upsert import to_airflow_error
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-
-def _as_seconds(value: Any, name: str) -> float | None:
-    if value in (None, "", "None"):
-        return None
-    if hasattr(value, "total_seconds"):
-        value = value.total_seconds()
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise AirflowFailException(f"{name} must be a number of seconds, got {value!r}") from None
-    if seconds < 0:
-        raise AirflowFailException(f"{name} cannot be negative, got {seconds}")
-    return seconds
 
 
 class _ShardMaintenanceOperator(BaseOperator):
@@ -96,7 +83,7 @@ class CompactShardOperator(_ShardMaintenanceOperator):
 
         from airflow_upsert_provider.engine.compaction import compact
 
-        since = _as_int(self.since, "since")
+        since = parse_int(self.since, "since")
         shard = hook.open_shard(self.shard)
         owned = SparkSession.getActiveSession() is None
         spark = hook.get_spark(app_name=f"compact-{self.shard}", conf=self.spark_conf)
@@ -138,8 +125,8 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.checkpoint import create_checkpoint
 
-        keep_last = _as_int(self.keep_last, "keep_last")
-        keep_within = _as_seconds(self.keep_within, "keep_within")
+        keep_last = parse_int(self.keep_last, "keep_last")
+        keep_within = parse_seconds(self.keep_within, "keep_within")
         entry = create_checkpoint(hook.open_shard(self.shard), keep_last=keep_last, keep_within=keep_within)
         return entry.to_dict()
 
@@ -174,13 +161,15 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.gc import DEFAULT_GRACE_SECONDS, collect_garbage
 
-        grace = _as_seconds(self.grace_seconds, "grace_seconds")
+        grace = parse_seconds(self.grace_seconds, "grace_seconds")
+        # Parsed before any engine call: a typo must not turn a dry run into deletions.
+        dry_run = parse_bool(self.dry_run, "dry_run")
         report = collect_garbage(
             hook.get_consensus(),
             hook.get_blob(),
             self.shard,
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
-            dry_run=_as_bool(self.dry_run),
+            dry_run=dry_run,
         )
         return report.to_dict()
 

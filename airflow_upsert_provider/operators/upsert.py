@@ -10,6 +10,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -25,9 +26,12 @@ from airflow_upsert_provider.engine.errors import (
 )
 from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_int
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_upsert_provider.engine.shard import Shard
 
 SPARK_MODES = ("in_process", "submit")
 
@@ -61,24 +65,6 @@ def to_airflow_error(exc: UpsertError) -> AirflowException:
     return AirflowFailException(message)
 
 
-def _as_int(value: Any, name: str) -> int | None:
-    if value in (None, "", "None"):
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise AirflowFailException(f"{name} must be an integer, got {value!r}") from None
-    if number < 1:
-        raise AirflowFailException(f"{name} must be >= 1, got {number}")
-    return number
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
 def package_zip(directory: str) -> str:
     """A zip of the ``airflow_upsert_provider`` package for ``--py-files``: what a cluster's
     executors need to import the engine."""
@@ -94,6 +80,17 @@ def package_zip(directory: str) -> str:
                     full = os.path.join(root, name)
                     archive.write(full, os.path.relpath(full, os.path.dirname(package_dir)))
     return path
+
+
+@dataclass(frozen=True)
+class _RunPlan:
+    """The parsed arguments of one task's run."""
+
+    writer_id: str
+    max_batches: int | None
+    until_caught_up: bool
+    max_files_per_batch: int | None
+    on_bad_record: str
 
 
 class MicroBatchUpsertOperator(BaseOperator):
@@ -166,15 +163,13 @@ class MicroBatchUpsertOperator(BaseOperator):
         started = time.monotonic()
         ti = context["ti"]
         writer_id = writer_id_for(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
-        max_batches = _as_int(self.max_batches, "max_batches")
-        until_caught_up = _as_bool(self.until_caught_up)
+        until_caught_up = parse_bool(self.until_caught_up, "until_caught_up")
+        max_batches = parse_int(self.max_batches, "max_batches")
         if not until_caught_up and max_batches is None:
             max_batches = 1
-        max_files = _as_int(self.max_files_per_batch, "max_files_per_batch")
-        if self.on_bad_record not in BAD_RECORD_MODES:
-            raise AirflowFailException(f"on_bad_record must be one of {BAD_RECORD_MODES}, got {self.on_bad_record!r}")
-        if self.spark_mode not in SPARK_MODES:
-            raise AirflowFailException(f"spark_mode must be one of {SPARK_MODES}, got {self.spark_mode!r}")
+        max_files = parse_int(self.max_files_per_batch, "max_files_per_batch")
+        on_bad_record = parse_choice(self.on_bad_record, "on_bad_record", BAD_RECORD_MODES)
+        spark_mode = parse_choice(self.spark_mode, "spark_mode", SPARK_MODES)
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
@@ -183,18 +178,19 @@ class MicroBatchUpsertOperator(BaseOperator):
             self.log.info(
                 "shard %s: upper %s; writer %s; consensus %s; blob %s; spark %s",
                 self.shard, shard.state().upper, writer_id, hook.settings.redacted_consensus_url,
-                hook.settings.blob_root, self.spark_mode,
+                hook.settings.blob_root, spark_mode,
             )
-            if self.spark_mode == "submit":
-                report = self._run_submit(hook, writer_id, max_batches, until_caught_up, max_files)
+            plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record)
+            if spark_mode == "submit":
+                report = self._run_submit(hook, plan)
             else:
-                report = self._run_in_process(hook, shard, writer_id, max_batches, until_caught_up, max_files)
+                report = self._run_in_process(hook, shard, plan)
         except UpsertError as exc:
             raise to_airflow_error(exc) from None
         finally:
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)
-        report.update(shard=self.shard, writer_id=writer_id, spark_mode=self.spark_mode)
+        report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
         self.log.info(
             "shard %s: upper %s, %s committed, %s converged, %s step(s) in %.2fs",
             self.shard, report["upper"], report["committed"], report["converged"],
@@ -209,7 +205,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             sum(batch.get("lag_offsets", {}).values()), batch["seconds"], batch.get("timings", {}),
         )
 
-    def _run_in_process(self, hook, shard, writer_id, max_batches, until_caught_up, max_files) -> dict[str, Any]:
+    def _run_in_process(self, hook: UpsertShardHook, shard: Shard, plan: _RunPlan) -> dict[str, Any]:
         from airflow_upsert_provider.engine.writer import Writer
 
         spark_seconds: list[float] = []
@@ -229,13 +225,13 @@ class MicroBatchUpsertOperator(BaseOperator):
             return self._spark[0]
 
         writer = Writer(
-            shard, writer_id, spark_factory=spark_factory,
-            on_bad_record=self.on_bad_record, max_files_per_batch=max_files,
+            shard, plan.writer_id, spark_factory=spark_factory,
+            on_bad_record=plan.on_bad_record, max_files_per_batch=plan.max_files_per_batch,
         )
         try:
             run = writer.run(
-                max_batches=None if until_caught_up else max_batches,
-                until_caught_up=until_caught_up,
+                max_batches=None if plan.until_caught_up else plan.max_batches,
+                until_caught_up=plan.until_caught_up,
                 on_result=lambda result: self._log_batch(result.to_dict()),
             )
         finally:
@@ -249,7 +245,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             if owned:
                 session.stop()
 
-    def _run_submit(self, hook, writer_id, max_batches, until_caught_up, max_files) -> dict[str, Any]:
+    def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan) -> dict[str, Any]:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         from airflow_upsert_provider.engine import spark_job
@@ -260,12 +256,12 @@ class MicroBatchUpsertOperator(BaseOperator):
         try:
             result_file = os.path.join(workdir, "result.json")
             args = [
-                "--shard", self.shard, "--writer-id", writer_id, "--blob-root", blob.root,
-                "--result-file", result_file, "--on-bad-record", self.on_bad_record,
+                "--shard", self.shard, "--writer-id", plan.writer_id, "--blob-root", blob.root,
+                "--result-file", result_file, "--on-bad-record", plan.on_bad_record,
             ]
-            args += ["--until-caught-up"] if until_caught_up else ["--max-batches", str(max_batches)]
-            if max_files:
-                args += ["--max-files-per-batch", str(max_files)]
+            args += ["--until-caught-up"] if plan.until_caught_up else ["--max-batches", str(plan.max_batches)]
+            if plan.max_files_per_batch:
+                args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
             conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
             conf.update(self.spark_conf)
             options = {"name": f"upsert-{self.shard}", **self.submit_options}

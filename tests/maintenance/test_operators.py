@@ -73,6 +73,33 @@ def test_engine_errors_fail_without_retry(spark, store, blob):
         GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds=-1).execute({})
 
 
+@pytest.mark.parametrize("dry_run", ["treu", "", "None", "2"])
+def test_gc_with_a_mistyped_dry_run_deletes_nothing(spark, store, blob, dry_run):
+    consensus, shard = store
+    CompactShardOperator(task_id="compact", shard="orders").execute({})
+    age_files(blob.root)
+    age_compaction(consensus, "orders")
+    before = tree(blob.root)
+    with pytest.raises(AirflowFailException) as raised:
+        GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds="60", dry_run=dry_run).execute({})
+    assert str(raised.value) == f"dry_run must be true or false, got {dry_run!r}"
+    assert tree(blob.root) == before
+    # The same call spelled right would have deleted the replaced runs: the typo mattered.
+    planned = GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds="60", dry_run="True").execute({})
+    assert planned["would_delete"]["items"] > 0 and tree(blob.root) == before
+
+
+def test_maintenance_arguments_are_parsed_strictly(store):
+    with pytest.raises(AirflowFailException, match=r"^grace_seconds must be a number of seconds, got '6h'$"):
+        GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds="6h").execute({})
+    with pytest.raises(AirflowFailException, match=r"^keep_last must be an integer, got '7 days'$"):
+        CheckpointCommitOperator(task_id="checkpoint", shard="orders", keep_last="7 days").execute({})
+    with pytest.raises(AirflowFailException, match=r"^keep_within must be a number of seconds, got 'a week'$"):
+        CheckpointCommitOperator(task_id="checkpoint", shard="orders", keep_within="a week").execute({})
+    with pytest.raises(AirflowFailException, match=r"^since must be an integer, got 'latest'$"):
+        CompactShardOperator(task_id="compact", shard="orders", since="latest").execute({})
+
+
 @pytest.mark.slow
 def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, spark, sqlite_url, blob, tmp_path):  # noqa: F811
     consensus = open_consensus(sqlite_url)
