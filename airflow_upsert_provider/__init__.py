@@ -55,12 +55,8 @@ def get_provider_info() -> dict[str, Any]:
                     # password is kept apart, in the masked password field.
                     "hidden-fields": ["host", "port", "schema", "login", "extra"],
                     "relabeling": {"password": "Consensus password (PostgreSQL)"},
-                    "placeholders": {
-                        "consensus_url": "sqlite:////var/lib/upsert/consensus.db or "
-                        "postgresql://upsert@db.example.com:5432/upsert",
-                        "blob_root": "/shared/upsert/blob",
-                        "spark_conn_id": "spark_default",
-                    },
+                    # Airflow 3.3 renders no placeholder for an extra field: each one's examples
+                    # live in its schema (the form offers them as suggestions).
                 },
                 "conn-fields": {
                     "consensus_url": {
@@ -68,19 +64,25 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "sqlite:///PATH (one machine) or postgresql://USER@HOST:PORT/DB "
                         "(shared); put the password in the password field, not in the URL. "
                         "Default: sqlite:///$AIRFLOW_HOME/upsert/consensus.db",
-                        "schema": {"type": ["string", "null"]},
+                        "schema": {
+                            "type": ["string", "null"],
+                            "examples": [
+                                "sqlite:////var/lib/upsert/consensus.db",
+                                "postgresql://upsert@db.example.com:5432/upsert",
+                            ],
+                        },
                     },
                     "blob_root": {
                         "label": "Blob root",
                         "description": "Directory of runs and checkpoints that every Spark executor "
                         "reaches. Default: $AIRFLOW_HOME/upsert/blob",
-                        "schema": {"type": ["string", "null"]},
+                        "schema": {"type": ["string", "null"], "examples": ["/shared/upsert/blob"]},
                     },
                     "spark_conn_id": {
                         "label": "Spark connection id",
                         "description": "Spark connection giving the master; local[*] when it does "
                         "not exist.",
-                        "schema": {"type": ["string", "null"], "default": "spark_default"},
+                        "schema": {"type": ["string", "null"], "default": "spark_default", "examples": ["spark_default"]},
                     },
                     "default_buckets": {
                         "label": "Buckets of new shards",

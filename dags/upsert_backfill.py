@@ -24,16 +24,29 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True},
     params={
-        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN.pattern, description="shard id"),
+        "shard": Param(
+            "orders", type="string", pattern=SHARD_ID_PATTERN.pattern, title="Shard",
+            description="Id of the shard to backfill (created beforehand with `upsertctl init`): letters, "
+            "digits, '_', '.' and '-', starting with a letter or digit, at most 128 characters.",
+        ),
         "spark_mode": Param(
-            "in_process", enum=["in_process", "submit"],
-            description="in_process: Spark in the worker; submit: spark-submit on the Spark connection",
+            "in_process", type="string", enum=["in_process", "submit"], title="Spark mode",
+            description="Where Spark runs. in_process: a Spark session inside the worker's task "
+            "process, on the master of the upsert connection's Spark connection (local[*] when it "
+            "is not defined). submit: the packaged job through spark-submit on that Spark "
+            "connection (standalone, YARN or Kubernetes), driver beside the task.",
         ),
         "batch_size": Param(
-            256, type="integer", minimum=1, maximum=100_000,
-            description="source segment files per batch this backfill binds",
+            256, type="integer", minimum=1, maximum=100_000, title="Files per batch",
+            description="How many source segment files each batch this backfill binds covers "
+            "(1 to 100,000). Larger than the shard's own setting, so the backlog goes in fewer, "
+            "bigger Spark jobs. Batches already bound by another writer keep their size.",
         ),
-        "max_batches": Param(1000, type="integer", minimum=1, maximum=1_000_000, description="batches at most"),
+        "max_batches": Param(
+            1000, type="integer", minimum=1, maximum=1_000_000, title="Batches at most",
+            description="The backfill stops after this many batches (1 to 1,000,000), or earlier "
+            "when the source is caught up; the schedule takes over from there.",
+        ),
     },
     render_template_as_native_obj=True,
     tags=["upsert", "example"],

@@ -33,13 +33,27 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     params={
-        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN.pattern, description="shard id"),
-        "keep_last": Param(7, type="integer", minimum=1, description="checkpoints to keep"),
-        "grace_seconds": Param(
-            6 * 3600, type="number", minimum=0,
-            description="GC keeps files younger than this (longer than any writer's stage-to-commit)",
+        "shard": Param(
+            "orders", type="string", pattern=SHARD_ID_PATTERN.pattern, title="Shard",
+            description="Id of the shard to maintain (created beforehand with `upsertctl init`): letters, "
+            "digits, '_', '.' and '-', starting with a letter or digit, at most 128 characters.",
         ),
-        "dry_run": Param(False, type="boolean", description="GC only reports what it would delete"),
+        "keep_last": Param(
+            7, type="integer", minimum=1, title="Checkpoints to keep",
+            description="Retention after the new checkpoint: keep the newest N checkpoints (at "
+            "least 1); older ones leave the catalog and their files become collectable.",
+        ),
+        "grace_seconds": Param(
+            6 * 3600, type="number", minimum=0, title="GC grace period (seconds)",
+            description="Garbage collection keeps every unreferenced file younger than this many "
+            "seconds (0 or more). Make it longer than any writer takes from staging a batch to "
+            "committing it, and than any read runs. Default 6 hours.",
+        ),
+        "dry_run": Param(
+            False, type="boolean", title="Dry run",
+            description="When true, garbage collection only reports what it would delete and "
+            "deletes nothing; compaction and the checkpoint still run.",
+        ),
     },
     render_template_as_native_obj=True,
     tags=["upsert", "example", "maintenance"],

@@ -25,10 +25,17 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True},
     params={
-        "shard": Param("orders", type="string", pattern=SHARD_ID_PATTERN.pattern, description="shard id"),
+        "shard": Param(
+            "orders", type="string", pattern=SHARD_ID_PATTERN.pattern, title="Shard",
+            description="Id of the shard to catch up (created beforehand with `upsertctl init`): letters, "
+            "digits, '_', '.' and '-', starting with a letter or digit, at most 128 characters.",
+        ),
         "spark_mode": Param(
-            "in_process", enum=["in_process", "submit"],
-            description="in_process: Spark in the worker; submit: spark-submit on the Spark connection",
+            "in_process", type="string", enum=["in_process", "submit"], title="Spark mode",
+            description="Where Spark runs. in_process: a Spark session inside the worker's task "
+            "process, on the master of the upsert connection's Spark connection (local[*] when it "
+            "is not defined). submit: the packaged job through spark-submit on that Spark "
+            "connection (standalone, YARN or Kubernetes), driver beside the task.",
         ),
     },
     render_template_as_native_obj=True,

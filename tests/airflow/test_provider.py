@@ -64,12 +64,19 @@ def test_providers_manager_discovers_the_provider_and_its_connection_form(airflo
     }
     assert fields["spark_conn_id"]["schema"]["default"] == "spark_default"
     assert fields["default_buckets"]["schema"]["type"] == ["integer", "null"]
+    # Airflow 3.3 shows an extra field's schema examples, not ui-field-behaviour placeholders.
+    assert fields["consensus_url"]["schema"]["examples"] == [
+        "sqlite:////var/lib/upsert/consensus.db", "postgresql://upsert@db.example.com:5432/upsert",
+    ]
+    assert fields["blob_root"]["schema"]["examples"] == ["/shared/upsert/blob"]
+    assert all(w["schema"].get("examples") for w in fields.values() if "string" in w["schema"]["type"])
     assert {w["package"] for w in fields.values()} == {"airflow-upsert-provider"}
     behaviour = found["behaviour"]
     assert {"host", "port", "login", "schema"} <= set(behaviour["hidden_fields"])
     # The PostgreSQL password lives in the masked password field, relabelled.
     assert "password" not in behaviour["hidden_fields"]
     assert behaviour["relabeling"]["password"].startswith("Consensus password")
+    assert not any(name.startswith("extra__") for name in behaviour["placeholders"])
 
 
 def test_airflow_providers_list_shows_it(airflow_home):
@@ -86,3 +93,56 @@ def test_example_dags_parse_without_errors_or_warnings(airflow_home):
     assert parsed["errors"] == {}
     assert parsed["warnings"] == {}
     assert {"upsert_microbatch", "upsert_backfill"} <= set(parsed["dags"])
+
+
+PARAMS = r"""
+import copy, json, sys
+from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk.exceptions import ParamValidationError
+
+bag = DagBag(dag_folder=sys.argv[1])
+bad = json.loads(sys.argv[2])
+out = {}
+for dag_id, dag in bag.dags.items():
+    params = {}
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        refused = []
+        for value in bad.get(name, []):
+            try:
+                copy.deepcopy(param).resolve(value=value)
+            except ParamValidationError:
+                refused.append(value)
+        params[name] = {"schema": param.schema, "description": param.description, "refused": refused}
+    out[dag_id] = params
+print(json.dumps(out))
+"""
+
+# Values a user may type in the trigger form that must be refused there, not in the task.
+BAD_VALUES = {
+    "shard": ["", "a b", "../orders", "x" * 129],
+    "spark_mode": ["sumbit", "In_process", ""],
+    "batch_size": [0, -1, 100_001, "8"],
+    "max_batches": [0, 1_000_001, 2.5],
+    "keep_last": [0, -3, "7"],
+    "grace_seconds": [-1, "6h"],
+    "dry_run": ["treu", "false", 0, None],
+}
+
+
+def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuses_bad_input(airflow_home):
+    found = _python(airflow_home, PARAMS, os.path.join(REPO_ROOT, "dags"), json.dumps(BAD_VALUES))
+    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance"} <= set(found)
+    seen = set()
+    for dag_id, params in found.items():
+        for name, param in params.items():
+            schema = param["schema"]
+            where = f"{dag_id}.{name}"
+            assert schema.get("title") and schema["title"] != name, where
+            # A full sentence, not a two-word label.
+            assert len(param["description"] or "") >= 60 and param["description"].endswith("."), where
+            assert schema.get("type"), where
+            assert schema["type"] != "integer" or "minimum" in schema, where
+            assert sorted(map(repr, param["refused"])) == sorted(map(repr, BAD_VALUES.get(name, []))), where
+            seen.add(name)
+    assert seen == set(BAD_VALUES)
