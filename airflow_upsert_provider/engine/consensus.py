@@ -22,8 +22,10 @@ from sqlalchemy.engine.url import URL, make_url
 
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
+    ConsensusOutcomeUnknown,
     ConsensusUnavailable,
     IntegrityError,
+    UpsertError,
     ShardExists,
     ShardNotFound,
 )
@@ -124,9 +126,6 @@ class Binding:
     def to_offsets(self) -> dict[str, int]:
         return {p: r["to"] for p, r in self.ranges.items()}
 
-    def file_count(self) -> int:
-        return sum(len(r["files"]) for r in self.ranges.values())
-
     def to_json(self) -> str:
         return json.dumps({"ranges": self.ranges, "quarantined": self.quarantined}, sort_keys=True)
 
@@ -180,17 +179,18 @@ class ShardSnapshot:
         return runs + [b.run for b in self.batches if b.ts >= base]
 
 
-def _is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
+# Drivers a bare ``postgresql://`` or ``postgres://`` (the libpq spelling) URL means.
+_DEFAULT_DRIVERS = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
 
 
 def normalize_url(url: str) -> str:
-    """Accept ``postgresql://`` and ``postgres://`` as the psycopg 3 driver."""
-    if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://") :]
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return url
+    """Accept ``postgresql://`` and ``postgres://`` as the psycopg 3 driver. Raises
+    :class:`ConfigurationError` (without echoing the URL) when it cannot be parsed."""
+    parsed = parse_url(url)
+    driver = _DEFAULT_DRIVERS.get(parsed.drivername)
+    if driver is not None:
+        parsed = parsed.set(drivername=driver)
+    return parsed.render_as_string(hide_password=False)
 
 
 def redact_url(url: str) -> str:
@@ -212,10 +212,70 @@ class Consensus:
     # -- plumbing -------------------------------------------------------------------------
 
     def _run(self, fn):
-        """Run ``fn(conn)`` in one transaction; map connection errors to a clear error."""
+        """Run ``fn(conn)`` in one transaction; map store failures to honest errors.
+
+        A failure before the commit (connecting, or any statement: the store rolls an
+        unfinished transaction back) changed nothing: :class:`ConsensusUnavailable` (exit 2,
+        retryable). A failure of the commit of a transaction that wrote may or may not have
+        landed: :class:`ConsensusOutcomeUnknown` (exit 5, retryable).
+        """
+        committing = wrote = False
         try:
-            with self.engine.begin() as conn:
-                return fn(conn)
+            with self.engine.connect() as conn:
+                conn.info[_WROTE] = False
+                with conn.begin():
+                    result = fn(conn)
+                    # Without the write tracker (see open_consensus), assume it wrote.
+                    wrote = conn.info[_WROTE] or not _tracks_writes(self.engine)
+                    committing = True
+                return result
+        except sa.exc.DBAPIError as exc:
+            if committing and wrote:
+                raise ConsensusOutcomeUnknown(
+                    f"consensus store {redact_url(self.url)} failed while committing, so the "
+                    f"change may or may not have landed: {_short(exc, self.url)}; running the "
+                    "same step again is safe",
+                    consensus=redact_url(self.url),
+                ) from None
+            raise self.store_error(exc, "failed") from None
+
+    def store_error(self, exc: sa.exc.DBAPIError, doing: str) -> UpsertError:
+        """The determinate error a driver error that left the store unchanged stands for:
+        the store is not a database or is damaged, the URL is wrong, or it is unreachable."""
+        where = redact_url(self.url)
+        text = _short(exc, self.url)
+        if self.dialect == "sqlite" and _sqlite_error_name(exc) == "SQLITE_NOTADB":
+            return ConfigurationError(
+                f"consensus store {where} is not a SQLite database ({text}): check --consensus / "
+                "UPSERT_CONSENSUS_URL; if it is the right file its header is damaged: restore the "
+                "shards from a checkpoint into a new store",
+                field="consensus",
+                consensus=where,
+            )
+        if self.dialect == "sqlite" and _sqlite_error_name(exc) == "SQLITE_CORRUPT":
+            return IntegrityError(
+                f"consensus store {where} is damaged ({text}): restore the shards from a "
+                "checkpoint into a new store",
+                consensus=where,
+            )
+        if isinstance(exc, (sa.exc.ProgrammingError, sa.exc.InterfaceError)) and not exc.connection_invalidated:
+            # libpq refuses a bad connection string (e.g. an unknown query option) this way.
+            return ConfigurationError(
+                f"consensus URL {where} is not usable: {text}", field="consensus", consensus=where
+            )
+        return ConsensusUnavailable(f"consensus store {where} {doing}: {text}", consensus=where)
+
+    def _run_snapshot(self, fn):
+        """Run the reads of ``fn(conn)`` in one transaction that sees one snapshot of the
+        store. PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a
+        compaction swap between two SELECTs could mix its row with older batches: REPEATABLE
+        READ there. SQLite transactions are serializable already."""
+        try:
+            with self.engine.connect() as conn:
+                if self.dialect == "postgresql":
+                    conn.execution_options(isolation_level="REPEATABLE READ")
+                with conn.begin():
+                    return fn(conn)
         except sa.exc.OperationalError as exc:
             raise ConsensusUnavailable(
                 f"consensus store {redact_url(self.url)} failed: {_short(exc)}",
@@ -225,11 +285,8 @@ class Consensus:
     def create_schema(self) -> None:
         try:
             metadata.create_all(self.engine)
-        except sa.exc.OperationalError as exc:
-            raise ConsensusUnavailable(
-                f"cannot reach consensus store {redact_url(self.url)}: {_short(exc)}",
-                consensus=redact_url(self.url),
-            ) from None
+        except sa.exc.DBAPIError as exc:
+            raise self.store_error(exc, "cannot be reached") from None
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -294,17 +351,6 @@ class Consensus:
                 sa.select(bindings_table).where(
                     bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts
                 )
-            ).first()
-        )
-        return None if row is None else _binding_from_row(row)
-
-    def latest_binding(self, shard_id: str) -> Binding | None:
-        row = self._run(
-            lambda conn: conn.execute(
-                sa.select(bindings_table)
-                .where(bindings_table.c.shard_id == shard_id)
-                .order_by(bindings_table.c.ts.desc())
-                .limit(1)
             ).first()
         )
         return None if row is None else _binding_from_row(row)
@@ -653,9 +699,38 @@ def _compaction_from_row(row) -> CompactionRecord:
     return CompactionRecord(since=row.since, run=json.loads(row.run), compacted_at=row.compacted_at)
 
 
-def _short(exc: BaseException) -> str:
+def _short(exc: BaseException, url: str | None = None) -> str:
+    """The first line of a driver error, with the password of ``url`` masked should the
+    driver have echoed it."""
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    line = text[0] if text else type(exc).__name__
+    password = _password_of(url) if url else None
+    return line.replace(password, "***") if password else line
+
+
+def _password_of(url: str) -> str | None:
+    try:
+        return make_url(url).password or None
+    except Exception:
+        return None
+
+
+def _sqlite_error_name(exc: sa.exc.DBAPIError) -> str | None:
+    return getattr(exc.orig, "sqlite_errorname", None)
+
+
+# Set on a connection when a statement of its transaction inserted, updated or deleted: a
+# commit that fails after that may have landed, one of a read-only transaction never matters.
+_WROTE = "upsert_wrote"
+
+
+def _note_write(conn, cursor, statement, parameters, context, executemany) -> None:
+    if context is not None and (context.isinsert or context.isupdate or context.isdelete):
+        conn.info[_WROTE] = True
+
+
+def _tracks_writes(engine: Engine) -> bool:
+    return event.contains(engine, "after_cursor_execute", _note_write)
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -680,7 +755,7 @@ def parse_url(url: str) -> URL:
     """A consensus URL, parsed; a clear error (that does not echo the URL, which may hold a
     password) when it cannot be."""
     try:
-        return make_url(normalize_url(url))
+        return make_url(url)
     except Exception:
         raise ConfigurationError(
             "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
@@ -692,7 +767,7 @@ def with_password(url: str, password: str | None) -> str:
     """``url`` with ``password`` set, for stores that keep the password apart from the URL."""
     if not password:
         return url
-    return parse_url(url).set(password=password).render_as_string(hide_password=False)
+    return make_url(normalize_url(url)).set(password=password).render_as_string(hide_password=False)
 
 
 def open_consensus(url: str, *, create: bool = True) -> Consensus:
@@ -701,7 +776,7 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
     ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``.
     """
     url = normalize_url(url)
-    parsed = parse_url(url)
+    parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         path = parsed.database
@@ -710,8 +785,19 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
                 "the SQLite consensus must be a file (sqlite:///PATH) so that writers share it",
                 field="consensus",
             )
+        if os.path.isdir(path):
+            raise ConfigurationError(
+                f"the SQLite consensus {path} is a directory: name a file in it", field="consensus"
+            )
         directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            # e.g. a path below a file (sqlite:////etc/passwd/x.db) or a read-only parent.
+            raise ConfigurationError(
+                f"cannot create the directory {directory} of the SQLite consensus: {exc.strerror}",
+                field="consensus",
+            ) from None
         engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
         _configure_sqlite(engine)
     elif backend == "postgresql":
@@ -727,6 +813,7 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
             f"unsupported consensus backend {backend!r}: use sqlite or postgresql",
             field="consensus",
         )
+    event.listen(engine, "after_cursor_execute", _note_write)
     consensus = Consensus(engine, url)
     if create:
         consensus.create_schema()

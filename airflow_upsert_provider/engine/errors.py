@@ -1,4 +1,15 @@
-"""Errors of the engine, each with the exit code `upsertctl` documents for it."""
+"""Errors of the engine, each with the exit code `upsertctl` documents for it (docs/errors.md).
+
+Two questions decide how a caller reacts to an error:
+
+- **Did anything happen?** A *determinate* error means nothing was changed (exit 2, 3, 4);
+  an *indeterminate* one (:class:`OutcomeUnknown`, exit 5) means a write may or may not have
+  landed.
+- **Is a retry safe and may it help?** ``retryable`` says so. It is true for an unknown
+  outcome (the retry recognises its own idempotency token) and for a store that could not be
+  reached (nothing was changed, the store may come back); false where only a human can fix
+  the cause (bad usage, bad data, a violated invariant, a full disk).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +17,11 @@ from typing import Any
 
 
 class UpsertError(Exception):
-    """Base class. ``exit_code`` is what `upsertctl` exits with."""
+    """Base class. ``exit_code`` is what `upsertctl` exits with; ``retryable`` whether
+    running the same step again is safe and may succeed."""
 
     exit_code = 1
+    retryable: bool = False
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -16,11 +29,12 @@ class UpsertError(Exception):
         self.details = details
 
     def to_dict(self) -> dict[str, Any]:
-        return {"error": type(self).__name__, "message": self.message, **self.details}
+        return {"error": type(self).__name__, "message": self.message, "retryable": self.retryable, **self.details}
 
 
 class ConfigurationError(UpsertError):
-    """Bad usage or configuration: unknown shard, unreachable store, bad option (exit 2)."""
+    """Bad usage or configuration: unknown shard, bad option, unusable blob root or consensus
+    URL. Nothing was changed (exit 2)."""
 
     exit_code = 2
 
@@ -33,8 +47,20 @@ class ShardExists(ConfigurationError):
     pass
 
 
-class ConsensusUnavailable(ConfigurationError):
-    """The consensus store cannot be reached; nothing was changed."""
+class ConsensusUnavailable(UpsertError):
+    """The consensus store could not be reached, or failed before anything was committed:
+    nothing was changed (exit 2). Retryable: the store may come back."""
+
+    exit_code = 2
+    retryable = True
+
+
+class BlobWriteFailed(UpsertError):
+    """Writing data files to the blob root failed for a reason of the filesystem (no space
+    left, read-only, quota). Nothing was committed and the files of the attempt were removed
+    (exit 2). Not retryable: someone has to free space or fix the mount first."""
+
+    exit_code = 2
 
 
 class BadInputError(UpsertError):
@@ -52,8 +78,30 @@ class IntegrityError(UpsertError):
     exit_code = 4
 
 
-class CommitOutcomeUnknown(UpsertError):
-    """The commit may or may not have landed (connection lost). Staged files are kept;
-    retrying with the same token reports ``already_committed`` if it did land (exit 5)."""
+class OutcomeUnknown(UpsertError):
+    """A write may or may not have landed (the connection was lost while it committed or
+    while its outcome was being read back). Exit 5; a retry is safe."""
 
     exit_code = 5
+    retryable = True
+
+
+class CommitOutcomeUnknown(OutcomeUnknown):
+    """The commit of a batch may or may not have landed. Staged files are kept; retrying
+    with the same token reports ``already_committed`` if it did land (exit 5)."""
+
+
+class ConsensusOutcomeUnknown(OutcomeUnknown, ConsensusUnavailable):
+    """The consensus store failed while a transaction that writes was committing: it may
+    or may not have landed (exit 5). Every write in consensus is idempotent or
+    compare-and-set, so running the step again is safe. Also a :class:`ConsensusUnavailable`
+    (the store failed), so code that resolves a store failure itself still catches it."""
+
+
+class CommitRefused(UpsertError):
+    """A commit was refused inside its transaction by a commit hook (e.g. GC claimed a run
+    it names): nothing was committed (exit 2). ``details["reason"]`` says why. Retryable:
+    the writer restages under a new path, a compaction writes a new output."""
+
+    exit_code = 2
+    retryable = True

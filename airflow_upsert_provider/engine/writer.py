@@ -16,9 +16,15 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
+import tenacity
 
 from airflow_upsert_provider.engine.consensus import AppendOutcome, BatchRecord
-from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown, ConfigurationError, IntegrityError
+from airflow_upsert_provider.engine.errors import (
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    ConsensusUnavailable,
+    IntegrityError,
+)
 from airflow_upsert_provider.engine.shard import Disposition, Shard, check_bad_record_mode, classify
 
 if TYPE_CHECKING:
@@ -31,9 +37,11 @@ ALREADY_COMMITTED = "already_committed"
 ALREADY_PERSISTED = "already_persisted"
 NOTHING_TO_DO = "nothing_to_do"
 
-# Retries of an append whose outcome is unknown, with the same token.
+# Retries of an append whose outcome is unknown, with the same token: exponential backoff
+# from the delay, each wait capped.
 APPEND_RETRIES = 3
 APPEND_RETRY_DELAY_SECONDS = 0.5
+APPEND_RETRY_MAX_DELAY_SECONDS = 5.0
 
 
 @dataclass
@@ -196,26 +204,31 @@ class Writer:
                 "quarantined_files": staged.quarantined_files,
             },
         )
-        last_error: Exception | None = None
-        for attempt in range(APPEND_RETRIES + 1):
-            if attempt:
-                time.sleep(APPEND_RETRY_DELAY_SECONDS * attempt)
-                log.warning("retrying append of ts %s with the same token (attempt %s)", staged.ts, attempt + 1)
-            try:
-                result = self.shard.compare_and_append(staged.ts, staged.ts + 1, record)
-            except (sa.exc.DBAPIError, OSError) as exc:
-                # The commit may have landed; the same token tells on the next attempt.
-                last_error = exc
-                continue
-            return self._settle(staged, result.outcome, result.upper)
-        raise CommitOutcomeUnknown(
-            f"commit of batch {staged.ts} of shard {self.shard.shard_id!r} has an unknown outcome "
-            f"after {APPEND_RETRIES + 1} attempts ({type(last_error).__name__}); its files are kept "
-            "and a retry is safe",
-            shard=self.shard.shard_id,
-            ts=staged.ts,
-            token=staged.token,
+        # Every store failure while committing or while reading the outcome back leaves the
+        # outcome unknown (the commit may have landed before the connection dropped): retry
+        # with the same token, which the store recognises as ours if it did land.
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type((sa.exc.DBAPIError, OSError, ConsensusUnavailable)),
+            stop=tenacity.stop_after_attempt(APPEND_RETRIES + 1),
+            wait=tenacity.wait_exponential(multiplier=APPEND_RETRY_DELAY_SECONDS, max=APPEND_RETRY_MAX_DELAY_SECONDS),
+            before_sleep=lambda state: log.warning(
+                "append of ts %s failed (%s); retrying with the same token (attempt %s)",
+                staged.ts, type(state.outcome.exception()).__name__, state.attempt_number + 1,
+            ),
+            reraise=True,
         )
+        try:
+            result = retrying(self.shard.compare_and_append, staged.ts, staged.ts + 1, record)
+        except (sa.exc.DBAPIError, OSError, ConsensusUnavailable) as exc:
+            reason = exc.message if isinstance(exc, ConsensusUnavailable) else type(exc).__name__
+            raise CommitOutcomeUnknown(
+                f"commit of batch {staged.ts} of shard {self.shard.shard_id!r} has an unknown outcome "
+                f"after {APPEND_RETRIES + 1} attempts ({reason}); its files are kept and a retry is safe",
+                shard=self.shard.shard_id,
+                ts=staged.ts,
+                token=staged.token,
+            ) from None
+        return self._settle(staged, result.outcome, result.upper)
 
     def _settle(self, staged: StagedBatch, outcome: AppendOutcome, upper: int) -> str:
         if outcome is AppendOutcome.UPPER_BEHIND:
