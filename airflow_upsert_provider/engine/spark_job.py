@@ -2,8 +2,10 @@
 
 It runs :meth:`Writer.run` inside the spark-submit driver and writes a JSON result (the run
 report, or the error with its exit code) to ``--result-file``, then exits with the engine's
-exit code. The consensus URL comes from the environment (``UPSERT_CONSENSUS_URL``) so that a
-password never appears on a command line. No Airflow imports: the engine runs here alone.
+exit code. The consensus URL (which may hold a password) is read from the file named by
+``--consensus-url-file`` (the submitting task writes it readable only by its user and removes
+it afterwards), or else from the environment (``UPSERT_CONSENSUS_URL``), so that a password
+never appears on a command line. No Airflow imports: the engine runs here alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--writer-id", required=True)
     parser.add_argument("--blob-root", required=True)
     parser.add_argument("--result-file", required=True, help="where the JSON result is written")
+    parser.add_argument(
+        "--consensus-url-file", default=None,
+        help=f"file holding the consensus URL (default: the {CONSENSUS_URL_ENV} environment variable)",
+    )
     parser.add_argument("--max-batches", type=int, default=1)
     parser.add_argument("--until-caught-up", action="store_true")
     parser.add_argument("--max-files-per-batch", type=int, default=None)
@@ -50,17 +56,37 @@ def _session_from_submit():
     return spark
 
 
+def consensus_url(path: str | None) -> str:
+    """The consensus URL from ``path``, or from the environment when no path is given."""
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+
+    if path is None:
+        url = os.environ.get(CONSENSUS_URL_ENV, "")
+        if not url:
+            raise ConfigurationError(
+                f"no --consensus-url-file and {CONSENSUS_URL_ENV} is not set in the driver's environment",
+                field="consensus",
+            )
+        return url
+    try:
+        with open(path, encoding="utf-8") as handle:
+            url = handle.read().strip()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read the consensus URL file {path}: {exc.strerror}", field="consensus"
+        ) from None
+    if not url:
+        raise ConfigurationError(f"the consensus URL file {path} is empty", field="consensus")
+    return url
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.blob import open_blob
     from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.errors import ConfigurationError
     from airflow_upsert_provider.engine.shard import Shard
     from airflow_upsert_provider.engine.writer import Writer
 
-    url = os.environ.get(CONSENSUS_URL_ENV)
-    if not url:
-        raise ConfigurationError(f"{CONSENSUS_URL_ENV} is not set in the driver's environment", field="consensus")
-    consensus = open_consensus(url)
+    consensus = open_consensus(consensus_url(args.consensus_url_file))
     blob = open_blob(args.blob_root)
     blob.check_root()
     shard = Shard.open(consensus, blob, args.shard)

@@ -31,6 +31,8 @@ from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
     from airflow_upsert_provider.engine.shard import Shard
 
 SPARK_MODES = ("in_process", "submit")
@@ -63,6 +65,16 @@ def to_airflow_error(exc: UpsertError) -> AirflowException:
     if isinstance(exc, ConfigurationError):
         return AirflowFailException(f"configuration error: {message}")
     return AirflowFailException(message)
+
+
+def write_private_file(directory: str, name: str, text: str) -> str:
+    """Write ``text`` to a new file readable and writable only by this user (mode 0600 from
+    its creation, never wider); return its path."""
+    path = os.path.join(directory, name)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
 
 
 def package_zip(directory: str) -> str:
@@ -246,39 +258,15 @@ class MicroBatchUpsertOperator(BaseOperator):
                 session.stop()
 
     def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan) -> dict[str, Any]:
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
         from airflow_upsert_provider.engine import spark_job
 
         # Settle the blob root here: a missing root is a configuration error, not a job failure.
         blob = hook.get_blob()
+        # Private to the worker's user (mkdtemp: mode 0700); removed with everything in it.
         workdir = tempfile.mkdtemp(prefix="upsert-submit-")
         try:
             result_file = os.path.join(workdir, "result.json")
-            args = [
-                "--shard", self.shard, "--writer-id", plan.writer_id, "--blob-root", blob.root,
-                "--result-file", result_file, "--on-bad-record", plan.on_bad_record,
-            ]
-            args += ["--until-caught-up"] if plan.until_caught_up else ["--max-batches", str(plan.max_batches)]
-            if plan.max_files_per_batch:
-                args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
-            conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
-            conf.update(self.spark_conf)
-            options = {"name": f"upsert-{self.shard}", **self.submit_options}
-            self._submit_hook = SparkSubmitHook(
-                conf=conf,
-                conn_id=hook.settings.spark_conn_id,
-                py_files=package_zip(workdir),
-                application_args=args,
-                # The consensus URL (with its password) travels in the driver's environment,
-                # never on the command line that is logged and visible in `ps`.
-                env_vars={
-                    spark_job.CONSENSUS_URL_ENV: hook.settings.consensus_url,
-                    "PYSPARK_PYTHON": sys.executable,
-                    "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-                },
-                **options,
-            )
+            self._submit_hook = self._build_submit_hook(hook, plan, blob.root, workdir, result_file)
             submit_started = time.monotonic()
             failure: AirflowException | None = None
             try:
@@ -301,6 +289,57 @@ class MicroBatchUpsertOperator(BaseOperator):
         result.pop("ok", None)
         result["submit_seconds"] = round(submit_seconds, 3)
         return result
+
+    def _build_submit_hook(
+        self, hook: UpsertShardHook, plan: _RunPlan, blob_root: str, workdir: str, result_file: str
+    ) -> SparkSubmitHook:
+        """The SparkSubmitHook of one submit-mode run, its files in ``workdir``.
+
+        The consensus URL (it may hold the password) goes in a file readable only by this
+        user, whose path is the job's argument: neither the command line (logged, and visible
+        to every user in ``ps``) nor ``env_vars``, which the Spark provider turns into
+        ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments on
+        YARN and Kubernetes masters. The driver runs in client deploy mode, beside this task,
+        so it reads the file where it was written.
+        """
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        options = {"name": f"upsert-{self.shard}", **self.submit_options}
+        deploy_mode = options.pop("deploy_mode", None) or "client"
+        if deploy_mode != "client":
+            raise AirflowFailException(
+                f"submit_options deploy_mode must be 'client', got {deploy_mode!r}: the driver runs "
+                "beside the task, where it reads the consensus credentials file"
+            )
+        for reserved in ("conf", "conn_id", "py_files", "application_args", "env_vars"):
+            if reserved in options:
+                raise AirflowFailException(
+                    f"submit_options cannot set {reserved!r}: the operator sets it (use spark_conf for Spark settings)"
+                )
+        url_file = write_private_file(workdir, "consensus-url", hook.settings.consensus_url)
+        args = [
+            "--shard", self.shard, "--writer-id", plan.writer_id, "--blob-root", blob_root,
+            "--result-file", result_file, "--on-bad-record", plan.on_bad_record,
+            "--consensus-url-file", url_file,
+        ]
+        args += ["--until-caught-up"] if plan.until_caught_up else ["--max-batches", str(plan.max_batches)]
+        if plan.max_files_per_batch:
+            args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
+        conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+        conf.update(self.spark_conf)
+        return SparkSubmitHook(
+            conf=conf,
+            conn_id=hook.settings.spark_conn_id,
+            py_files=package_zip(workdir),
+            application_args=args,
+            # Nothing secret here: on YARN and Kubernetes these become --conf arguments.
+            env_vars={
+                "PYSPARK_PYTHON": sys.executable,
+                "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+            },
+            deploy_mode=deploy_mode,
+            **options,
+        )
 
     def on_kill(self) -> None:
         """Stop the Spark work this task started: the spark-submit process (and its driver),
