@@ -21,7 +21,8 @@ INTERNAL_COLUMNS = (
 
 
 def validate_shard_id(shard_id: str) -> str:
-    if not SHARD_ID_PATTERN.match(shard_id or ""):
+    # fullmatch: with match, "$" also matches before a final newline ("abc\n" passed).
+    if not isinstance(shard_id, str) or not SHARD_ID_PATTERN.fullmatch(shard_id):
         raise ConfigurationError(
             f"invalid shard id {shard_id!r}: use letters, digits, '_', '.', '-' (max 128), "
             "starting with a letter or digit",

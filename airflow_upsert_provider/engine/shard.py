@@ -22,9 +22,12 @@ from airflow_upsert_provider.engine.consensus import (
     Consensus,
     ShardRecord,
 )
-from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.runs import read_runs
+from airflow_upsert_provider.engine.binding_planner import plan_binding, remember_settled, survey_source
+from airflow_upsert_provider.engine.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
+from airflow_upsert_provider.engine.sources.planning import range_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -162,105 +165,24 @@ class Shard:
         if ts > 0 and previous is None:
             # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0.
             raise ConfigurationError(f"cannot bind ts {ts}: binding {ts - 1} is missing", shard=self.shard_id)
-        planned = self._plan_binding(ts, previous, check_bad_record_mode(on_bad_record), max_files)
-        if planned is None:
-            return None
-        return self.consensus.mint_binding(self.shard_id, planned, minted_by)
+        mode = check_bad_record_mode(on_bad_record)
+        index = self._source_index()
+        survey = survey_source(self.source, index, previous)
+        planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED)
+        minted = None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
+        remember_settled(index, survey, minted)
+        return minted
 
-    def _plan_binding(
-        self, ts: int, previous: Binding | None, on_bad_record: str, max_files: int | None = None
-    ) -> Binding | None:
-        source = self.source
-        prev_ranges = previous.ranges if previous else {}
-        known_quarantined = self.consensus.quarantined_files(self.shard_id)
-        problems: list[dict[str, str]] = []
-        candidates: list[Segment] = []
-        starts: dict[str, tuple[int, int]] = {}
-
-        for partition in source.partitions():
-            segments, bad_files = source.scan(partition)
-            problems += [
-                {"file": b.path, "reason": b.reason} for b in bad_files if b.path not in known_quarantined
-            ]
-            prev = prev_ranges.get(partition, {"to": 0, "count": 0})
-            start, count = prev["to"], prev["count"]
-            below = [s for s in segments if s.seq < start]
-            if len(below) > count:
-                # A segment appeared with an offset already bound: it would never be read.
-                bound = self._bound_seqs(partition)
-                for seg in below:
-                    if seg.seq not in bound and seg.path not in known_quarantined:
-                        problems.append(
-                            {
-                                "file": seg.path,
-                                "reason": f"late arrival: offset {seg.seq} is below the bound offset "
-                                f"{start} of partition {partition!r}",
-                            }
-                        )
-            starts[partition] = (start, count)
-            candidates += [s for s in segments if s.seq >= start]
-        # Partitions that vanished keep their frontier.
-        for partition, prev in prev_ranges.items():
-            starts.setdefault(partition, (prev["to"], prev["count"]))
-
-        candidates.sort(key=lambda s: (s.seq, s.partition))
-        taken = candidates[: max_files or self.config.max_files_per_batch]
-        readable: list[Segment] = []
-        for seg in taken:
-            reason = source.unreadable_reason(seg, self.config.schema_fields(), self.config.keys)
-            if reason is None:
-                readable.append(seg)
-            else:
-                problems.append({"file": seg.path, "reason": reason})
-
-        if problems and on_bad_record == "fail":
-            raise BadInputError(
-                f"{len(problems)} bad source file(s) in {source.root}; first: "
-                f"{problems[0]['file']}: {problems[0]['reason']} "
-                "(fix or remove them, or run with --on-bad-record quarantine)",
-                records=problems[:MAX_REPORTED],
-                count=len(problems),
-            )
-        if not taken and not problems:
-            return None
-
-        ranges: dict[str, dict[str, Any]] = {}
-        late_per_partition: dict[str, int] = {}
-        for p in problems:
-            if p["reason"].startswith("late arrival"):
-                part = os.path.basename(os.path.dirname(p["file"]))
-                late_per_partition[part] = late_per_partition.get(part, 0) + 1
-        for partition, (start, count) in sorted(starts.items()):
-            mine = [s for s in taken if s.partition == partition]
-            ranges[partition] = {
-                "from": start,
-                "to": mine[-1].seq + 1 if mine else start,
-                "files": [s.seq for s in readable if s.partition == partition],
-                # Segments below "to" ever bound or set aside: detects late arrivals cheaply.
-                "count": count + len(mine) + late_per_partition.get(partition, 0),
-            }
-        return Binding(ts=ts, ranges=ranges, quarantined=problems)
-
-    def _bound_seqs(self, partition: str) -> set[int]:
-        seqs: set[int] = set()
-        for binding in self.consensus.bindings(self.shard_id):
-            seqs.update(binding.ranges.get(partition, {}).get("files", []))
-        quarantined = self.consensus.quarantined_files(self.shard_id)
-        prefix = os.path.join(self.source.root, partition) + os.sep
-        for path in quarantined:
-            if path.startswith(prefix):
-                stem = os.path.basename(path).split(".", 1)[0]
-                if stem.isdigit():
-                    seqs.add(int(stem))
-        return seqs
+    def _source_index(self) -> SourceIndex:
+        return SourceIndex(self.consensus, self.shard_id, self.source.root, self.source.extension)
 
     def segment_paths(self, binding: Binding) -> list[Segment]:
-        """The segment files batch ``binding.ts`` reads, in (partition, offset) order."""
+        """The segment files batch ``binding.ts`` reads, in (partition, offset) order, by
+        the names the binding recorded."""
         segments = []
         for partition, rng in sorted(binding.ranges.items()):
-            for seq in rng["files"]:
-                path = os.path.join(self.source.root, partition, f"{seq}{self.source.extension}")
-                segments.append(Segment(seq, partition, path))
+            for seq, name in range_files(rng, self.source.extension):
+                segments.append(Segment(seq, partition, os.path.join(self.source.root, partition, name)))
         return segments
 
     # -- appends ----------------------------------------------------------------------------
@@ -309,12 +231,15 @@ class Shard:
         """Frontier and source lag; ``rows`` only when a Spark session is given."""
         state = self.state()
         bound = self.bound_offsets(state.upper)
+        # The same survey a batch plans from, read-only: new names only are parsed. The high
+        # watermark is one past the highest offset bound or waiting to be bound.
+        previous = self.binding(state.upper - 1) if state.upper > 0 else None
+        survey = survey_source(self.source, self._source_index(), previous)
         marks: dict[str, int] = {}
         pending = 0
-        for partition in self.source.partitions():
-            segments, _ = self.source.scan(partition)
-            marks[partition] = segments[-1].seq + 1 if segments else 0
-            pending += sum(1 for s in segments if s.seq >= bound.get(partition, 0))
+        for part in survey.partitions:
+            marks[part.partition] = max([part.frontier] + [c.seq + 1 for c in part.candidates])
+            pending += len(part.candidates)
         rows = self.read(spark).count() if spark is not None else None
         return ShardStatus(
             shard=self.shard_id,

@@ -1,9 +1,11 @@
-"""DirectorySource: ``<root>/<partition>/<seq>.<jsonl|parquet>``.
+"""DirectorySource: ``<root>/<partition>/<offset>.<jsonl|parquet>``.
 
-A segment's offset is its integer ``seq``; offsets strictly increase within a partition.
-Files appear atomically (renamed into place); hidden and temporary files (``.x``, ``_x``,
-``*.tmp``, ``*.inprogress``) are ignored. Everything else that is not a well-formed segment is
-reported, never skipped silently.
+A segment's offset is the integer its name spells, in ASCII digits, zero padding allowed
+(``00000000000000000042.jsonl`` is offset 42), within 0..2**63-1; offsets strictly increase
+within a partition and two files with one offset are bad input. Files appear atomically
+(renamed into place); hidden and temporary files (``.x``, ``_x``, ``*.tmp``, ``*.inprogress``,
+``*.crc``) are ignored. Everything else that is not a well-formed segment is reported, never
+skipped silently. docs/source.md describes the layout, retention and late arrivals.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
-PARTITION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
-SEGMENT_PATTERN = re.compile(r"^(0|[1-9][0-9]*)\.(jsonl|parquet)$")
+# fullmatch everywhere: ``$`` in re.match also matches before a final newline.
+PARTITION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]*")
+SEGMENT_PATTERN = re.compile(r"([0-9]+)\.(jsonl|parquet)")
 EXTENSIONS = {"jsonl": ".jsonl", "parquet": ".parquet"}
+# Offsets are stored and read as signed 64-bit integers (Spark BIGINT).
+MAX_OFFSET = 2**63 - 1
 
 
 @dataclass(frozen=True, order=True)
@@ -25,6 +30,10 @@ class Segment:
     seq: int
     partition: str
     path: str
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,45 @@ class BadFile:
 
 def is_ignored(name: str) -> bool:
     return name.startswith((".", "_")) or name.endswith((".tmp", ".inprogress", ".crc"))
+
+
+def segment_offset(name: str, source_format: str) -> tuple[int | None, str | None]:
+    """(offset, None) for a well-formed segment name, else (None, why it is not one)."""
+    extension = EXTENSIONS[source_format]
+    match = SEGMENT_PATTERN.fullmatch(name)
+    if match is None:
+        stem, dot, _ = name.rpartition(".")
+        if dot and stem.isascii() and stem.isdigit():
+            return None, f"segment name {name!r} is not <offset>{extension}"
+        return None, f"segment name {name!r} is not a non-negative integer offset"
+    if "." + match.group(2) != extension:
+        return None, f"segment {name!r} is not {source_format} (expected *{extension})"
+    offset = int(match.group(1))
+    if offset > MAX_OFFSET:
+        return None, f"segment name {name!r}: offset beyond the largest offset {MAX_OFFSET} (2**63-1)"
+    return offset, None
+
+
+def split_duplicate_offsets(segments: Iterable[Segment]) -> tuple[list[Segment], list[BadFile]]:
+    """Segments whose offset no other segment of their partition shares, and a bad file
+    for each one that shares it: every file of a clash is set aside, since none of them is
+    more the segment at that offset than the others."""
+    by_offset: dict[tuple[str, int], list[Segment]] = {}
+    for segment in segments:
+        by_offset.setdefault((segment.partition, segment.seq), []).append(segment)
+    unique: list[Segment] = []
+    bad: list[BadFile] = []
+    for (partition, offset), clash in by_offset.items():
+        if len(clash) == 1:
+            unique.append(clash[0])
+            continue
+        names = ", ".join(sorted(s.name for s in clash))
+        bad += [
+            BadFile(s.path, f"{len(clash)} segments with offset {offset} in partition {partition!r}: {names}")
+            for s in sorted(clash, key=lambda s: s.name)
+        ]
+    unique.sort()
+    return unique, bad
 
 
 class DirectorySource:
@@ -59,7 +107,7 @@ class DirectorySource:
         for name in sorted(os.listdir(self.root)):
             if is_ignored(name) or not os.path.isdir(os.path.join(self.root, name)):
                 continue
-            if not PARTITION_PATTERN.match(name):
+            if not PARTITION_PATTERN.fullmatch(name):
                 raise ConfigurationError(
                     f"source partition directory {os.path.join(self.root, name)!r} has an "
                     "unusable name: use letters, digits, '_', '.', '=', '-'",
@@ -68,30 +116,31 @@ class DirectorySource:
             names.append(name)
         return names
 
+    def partition_dir(self, partition: str) -> str:
+        return os.path.join(self.root, partition)
+
+    def list_names(self, partition: str) -> list[str]:
+        """Every entry of the partition's directory, unparsed (the one pass over it a batch
+        needs)."""
+        return os.listdir(self.partition_dir(partition))
+
     def scan(self, partition: str) -> tuple[list[Segment], list[BadFile]]:
-        """The partition's segments in offset order, and the files that are not segments."""
-        directory = os.path.join(self.root, partition)
+        """The partition's segments in offset order, and the files that are not segments.
+        Parses every name: for a look at a whole partition, not for planning a batch."""
+        directory = self.partition_dir(partition)
         segments: list[Segment] = []
         bad: list[BadFile] = []
-        for name in os.listdir(directory):
+        for name in self.list_names(partition):
             if is_ignored(name):
                 continue
             path = os.path.join(directory, name)
-            match = SEGMENT_PATTERN.match(name)
-            if match is None:
-                stem = name.rsplit(".", 1)[0]
-                reason = (
-                    f"segment name {name!r} is not a non-negative integer offset"
-                    if not stem.isdigit() or name == stem
-                    else f"segment name {name!r} is not <offset>{self.extension}"
-                )
-                bad.append(BadFile(path, reason))
-            elif "." + match.group(2) != self.extension:
-                bad.append(BadFile(path, f"segment {name!r} is not {self.source_format} (expected *{self.extension})"))
+            offset, reason = segment_offset(name, self.source_format)
+            if offset is None:
+                bad.append(BadFile(path, reason or ""))
             else:
-                segments.append(Segment(int(match.group(1)), partition, path))
-        segments.sort()
-        return segments, bad
+                segments.append(Segment(offset, partition, path))
+        segments, clashes = split_duplicate_offsets(segments)
+        return segments, bad + clashes
 
     def unreadable_reason(self, segment: Segment, schema_fields: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
         """Why a segment cannot be read against the shard schema, or None. Checked when a
@@ -106,40 +155,9 @@ class DirectorySource:
         if self.source_format == "parquet":
             if head != b"PAR1":
                 return "not a Parquet file (bad magic bytes)"
+            from airflow_upsert_provider.engine.sources.parquet_types import parquet_schema_problem
+
             return parquet_schema_problem(segment.path, schema_fields, keys)
         return None
 
-    def describe(self) -> dict[str, Any]:
-        return {"type": "directory", "root": self.root, "format": self.source_format}
 
-
-# Spark type name (as in the schema JSON) -> Arrow type names a Parquet segment may carry.
-_ARROW_COMPATIBLE = {
-    "long": ("int",), "integer": ("int",), "short": ("int",), "byte": ("int",),
-    "double": ("double", "float", "halffloat"), "float": ("float", "halffloat"),
-    "string": ("string", "large_string"), "boolean": ("bool",),
-    "date": ("date",), "timestamp": ("timestamp",), "binary": ("binary", "large_binary"),
-}
-
-
-def parquet_schema_problem(path: str, schema_fields: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
-    """A whole-file mismatch between a Parquet segment and the shard schema, or None.
-    A file's schema is immutable, so every writer reaches the same verdict."""
-    import pyarrow.parquet as pq
-
-    try:
-        arrow_schema = pq.read_schema(path)
-    except Exception as exc:  # pyarrow raises several types for a corrupt footer
-        return f"unreadable Parquet footer: {exc}"
-    fields = {f.name: f for f in arrow_schema}
-    for spec in schema_fields:
-        name, spark_type = spec["name"], spec["type"]
-        if name not in fields:
-            if name in keys:
-                return f"missing key column '{name}'"
-            continue
-        arrow_type = str(fields[name].type)
-        compatible = _ARROW_COMPATIBLE.get(spark_type) if isinstance(spark_type, str) else None
-        if compatible and not arrow_type.startswith(compatible):
-            return f"field '{name}': expected {spark_type}, got {arrow_type}"
-    return None

@@ -1,0 +1,139 @@
+"""Planning binding(ts) of a directory source: which segments batch ts reads, which files
+are bad input. The shell around the pure decisions of ``sources.planning``: it lists each
+partition once, reads what consensus knows (``source_index``), and looks up only new names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.consensus import Binding
+from airflow_upsert_provider.engine.errors import BadInputError
+from airflow_upsert_provider.engine.source_index import SourceIndex
+from airflow_upsert_provider.engine.sources import DirectorySource, Segment
+from airflow_upsert_provider.engine.sources.planning import late_arrival_reason, range_to, sort_out_new_names
+
+
+@dataclass
+class PartitionSurvey:
+    partition: str
+    frontier: int
+    present: set[str]
+    # Names settled through the previous binding, as loaded (to tell whether to save).
+    settled: set[str]
+    # New names this survey settled: ignored, already quarantined, bound segments put back.
+    newly_settled: set[str] = field(default_factory=set)
+    candidates: list[Segment] = field(default_factory=list)
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class SourceSurvey:
+    previous: Binding | None
+    partitions: list[PartitionSurvey]
+    # Partitions of the previous binding whose directory is gone keep their frontier.
+    vanished: dict[str, int]
+
+    @property
+    def problems(self) -> list[dict[str, str]]:
+        return [p for s in self.partitions for p in s.problems]
+
+    @property
+    def candidates(self) -> list[Segment]:
+        return sorted((c for s in self.partitions for c in s.candidates), key=lambda s: (s.seq, s.partition))
+
+
+def survey_source(source: DirectorySource, index: SourceIndex, previous: Binding | None) -> SourceSurvey:
+    """Every partition's new segments and bad files, beyond binding ``previous``."""
+    prev_ranges = previous.ranges if previous else {}
+    surveys: list[PartitionSurvey] = []
+    for partition in source.partitions():
+        directory = source.partition_dir(partition)
+        present = set(source.list_names(partition))
+        settled = index.settled(partition, previous)
+        frontier = range_to(prev_ranges.get(partition))
+        survey = PartitionSurvey(partition, frontier, present, settled)
+        new = sort_out_new_names(partition, directory, present, settled, frontier, source.source_format)
+        survey.newly_settled.update(new.ignored)
+        survey.candidates = new.candidates
+        quarantined = index.quarantined_among([b.path for b in new.bad] + [s.path for s in new.below])
+        for bad in new.bad:
+            if bad.path in quarantined:
+                survey.newly_settled.add(os.path.basename(bad.path))
+            else:
+                survey.problems.append({"file": bad.path, "reason": bad.reason})
+        for segment in sorted(new.below):
+            if segment.path in quarantined:
+                survey.newly_settled.add(segment.name)
+                continue
+            assert previous is not None  # a frontier above 0 comes from a binding
+            covering = index.covering_range(partition, segment.seq, previous)
+            reason = late_arrival_reason(segment, frontier, covering, source.extension)
+            if reason is None:
+                survey.newly_settled.add(segment.name)  # a bound segment put back
+            else:
+                survey.problems.append({"file": segment.path, "reason": reason})
+        surveys.append(survey)
+    listed = {s.partition for s in surveys}
+    vanished = {p: range_to(r) for p, r in prev_ranges.items() if p not in listed}
+    return SourceSurvey(previous, surveys, vanished)
+
+
+def plan_binding(
+    ts: int,
+    survey: SourceSurvey,
+    source: DirectorySource,
+    config: ShardConfig,
+    on_bad_record: str,
+    max_files: int | None,
+    max_reported: int,
+) -> Binding | None:
+    """binding(ts) from a survey: the lowest offsets first, at most ``max_files`` segments;
+    unreadable ones among them and every bad file are problems (raised in fail mode, set
+    aside in quarantine mode). None when there is nothing to bind."""
+    problems = survey.problems
+    taken = survey.candidates[: max_files or config.max_files_per_batch]
+    readable: list[Segment] = []
+    for segment in taken:
+        reason = source.unreadable_reason(segment, config.schema_fields(), config.keys)
+        if reason is None:
+            readable.append(segment)
+        else:
+            problems.append({"file": segment.path, "reason": reason})
+    if problems and on_bad_record == "fail":
+        raise BadInputError(
+            f"{len(problems)} bad source file(s) in {source.root}; first: "
+            f"{problems[0]['file']}: {problems[0]['reason']} "
+            "(fix or remove them, or run with --on-bad-record quarantine)",
+            records=problems[:max_reported],
+            count=len(problems),
+        )
+    if not taken and not problems:
+        return None
+    starts = {s.partition: s.frontier for s in survey.partitions} | survey.vanished
+    ranges: dict[str, dict[str, Any]] = {}
+    for partition, start in sorted(starts.items()):
+        mine = [s for s in taken if s.partition == partition]
+        ranges[partition] = {
+            "from": start,
+            # Unreadable segments set aside are covered too: the frontier moves past them.
+            "to": mine[-1].seq + 1 if mine else start,
+            # Names are recorded: a padded name is not rebuilt from its offset.
+            "files": [[s.seq, s.name] for s in readable if s.partition == partition],
+        }
+    return Binding(ts=ts, ranges=ranges, quarantined=problems)
+
+
+def remember_settled(index: SourceIndex, survey: SourceSurvey, minted: Binding | None) -> None:
+    """Save each partition's settled names still present, through ``minted`` (or the
+    previous binding when nothing was minted). Skipped when nothing changed."""
+    through = minted or survey.previous
+    for partition in survey.partitions:
+        names = (partition.settled & partition.present) | partition.newly_settled
+        if minted is not None:
+            names |= index.settled_by(partition.partition, minted) & partition.present
+        if minted is not None or names != partition.settled:
+            index.save(partition.partition, through, names)
