@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from airflow_upsert_provider.engine.errors import (
     CommitOutcomeUnknown,
+    CommitRefused,
     ConfigurationError,
     ConsensusUnavailable,
     UpsertError,
@@ -115,6 +116,10 @@ def compact(
             on_step("written")
         try:
             swapped = consensus.compare_and_set_since(shard.shard_id, state.since, target, run)
+        except CommitRefused:
+            # GC claimed this output (the swap came later than its grace period): it is GC's
+            # to delete now; write a new one.
+            continue
         except ConsensusUnavailable:
             current = consensus.get_compaction(shard.shard_id)
             if current is None or current.run["path"] != run["path"]:

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import URL, make_url
 
 from airflow_upsert_provider.engine.errors import (
+    CommitRefused,
     ConfigurationError,
     ConsensusOutcomeUnknown,
     ConsensusUnavailable,
@@ -91,6 +92,40 @@ compactions_table = sa.Table(
     sa.Column("run", sa.Text, nullable=False),
     sa.Column("compacted_at", sa.Float, nullable=False),
 )
+
+
+@dataclass(frozen=True)
+class CommitAttempt:
+    """What a commit is about to make live, as commit hooks see it."""
+
+    shard_id: str
+    # "append": a batch at ``ts``; "compaction": a compacted run below since ``ts``.
+    kind: str
+    ts: int
+    # The run descriptions ({"path", "files": [{"path", ...}], ...}) the commit names.
+    runs: tuple[dict[str, Any], ...]
+    writer_id: str = ""
+
+
+# Hooks run inside the commit transaction of every append and swap, after its compare-and-set
+# matched: each returns None or a reason to refuse (the transaction rolls back and
+# CommitRefused is raised), and may write rows of its own in the same transaction. Modules
+# that own such rules append theirs at import (see the end of this module).
+CommitHook = Callable[[Any, CommitAttempt], "str | None"]
+commit_hooks: list[CommitHook] = []
+
+
+def _run_commit_hooks(conn, attempt: CommitAttempt) -> None:
+    for hook in commit_hooks:
+        reason = hook(conn, attempt)
+        if reason is not None:
+            what = f"batch {attempt.ts}" if attempt.kind == "append" else f"compaction to since {attempt.ts}"
+            raise CommitRefused(
+                f"commit of {what} of shard {attempt.shard_id!r} refused: {reason}",
+                shard=attempt.shard_id,
+                ts=attempt.ts,
+                reason=reason,
+            )
 
 
 class AppendOutcome(str, enum.Enum):
@@ -437,7 +472,8 @@ class Consensus:
         """Commit ``batch`` at ts == expected_upper iff the authoritative upper is
         expected_upper at commit time (invariant 3).
 
-        One transaction: a conditional UPDATE checked by rowcount, then the batch row. Any
+        One transaction: a conditional UPDATE checked by rowcount, the commit hooks (which may
+        refuse: CommitRefused, nothing committed), then the batch row. Any
         driver error while it runs is re-raised as-is: the caller cannot know whether the
         commit landed and must treat the outcome as unknown.
         """
@@ -456,6 +492,8 @@ class Consensus:
                 .values(upper=new_upper, seqno=shards_table.c.seqno + 1)
             ).rowcount
             if updated == 1:
+                runs = (batch.run,) + ((batch.stats["rejects"],) if batch.stats.get("rejects") else ())
+                _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id))
                 conn.execute(
                     sa.insert(batches_table).values(
                         shard_id=shard_id,
@@ -538,7 +576,8 @@ class Consensus:
     ) -> bool:
         """Advance since from ``expected_since`` to ``new_since`` and install ``run`` as the
         compacted run, iff the authoritative since is still ``expected_since`` and the upper
-        has reached ``new_since``. One transaction; True if it committed."""
+        has reached ``new_since``. One transaction; True if it committed. The commit hooks
+        run in it and may refuse (CommitRefused, nothing committed)."""
         if new_since <= expected_since:
             raise IntegrityError(
                 f"since of shard {shard_id!r} only advances: {expected_since} -> {new_since}",
@@ -557,6 +596,7 @@ class Consensus:
             ).rowcount
             if updated != 1:
                 return False
+            _run_commit_hooks(conn, CommitAttempt(shard_id, "compaction", new_since, (run,)))
             conn.execute(sa.delete(compactions_table).where(compactions_table.c.shard_id == shard_id))
             conn.execute(
                 sa.insert(compactions_table).values(
@@ -818,3 +858,10 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
     if create:
         consensus.create_schema()
     return consensus
+
+
+# Tables declared on ``metadata`` by other modules (GC claims, the checkpoint catalog lock),
+# and the commit hooks they register:
+# imported here so that every store creates and enforces them.
+from airflow_upsert_provider.engine import catalog_lock as _catalog_lock  # noqa: E402,F401
+from airflow_upsert_provider.engine import gc_claims as _gc_claims  # noqa: E402,F401

@@ -10,7 +10,13 @@ compaction writes) only if
 - no in-flight writer can still commit it: its newest file is older than the grace period
   (a writer's staged batch, a compaction's output before its swap);
 - no read can still be reading it: no compaction replaced it less than the grace period ago
-  (a read planned before the swap reads the runs it listed then).
+  (a read planned before the swap reads the runs it listed then), whichever compaction did
+  (``gc_claims.recently_replaced``).
+
+Before deleting, GC claims the run directories in consensus (``gc_claims.claim_for_deletion``,
+one transaction that also leaves out anything committed since GC planned); a commit naming a
+claimed directory is refused inside its own transaction, so a writer paused past the grace
+period restages instead of committing files that are gone (invariant 16).
 
 Order matters: GC lists the files first, then reads consensus, then the checkpoints. A
 checkpoint re-reads since after its manifest is on disk (see ``checkpoint.create_checkpoint``),
@@ -18,7 +24,9 @@ so a file a checkpoint lists is either live in the state GC read or in a manifes
 
 Every catalog and manifest is read before the first deletion; any one that cannot be read
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
-manifest) aborts GC with an error naming it, and nothing is deleted.
+manifest) aborts GC with an error naming it, and nothing is deleted. A manifest that cannot be
+read because retention removed its checkpoint meanwhile is not corruption: the catalog is read
+again, and a checkpoint no longer listed pins nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any, Callable
 from airflow_upsert_provider.engine.blob import BlobFile, LocalBlob
 from airflow_upsert_provider.engine.checkpoint import (
     Catalog,
+    CheckpointCorrupt,
     checkpoint_dirs,
     checkpoints_root,
     is_committed,
@@ -38,6 +47,7 @@ from airflow_upsert_provider.engine.checkpoint import (
 )
 from airflow_upsert_provider.engine.consensus import Consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.gc_claims import claim_for_deletion, recently_replaced
 
 # Long enough for a writer to stage a batch and commit it; a staged batch older than this
 # whose commit never landed is garbage.
@@ -116,8 +126,8 @@ def collect_garbage(
     """Plan, then (unless ``dry_run``) delete the garbage of shard ``shard_id``.
 
     :param grace_seconds: files younger than this are kept whatever references them.
-    :param on_step: called with ``"listed"``, ``"state"``, ``"checkpoints"`` and
-        ``"deleting"`` (tests force races there).
+    :param on_step: called with ``"listed"``, ``"state"``, ``"checkpoints"``, ``"claimed"``
+        and ``"deleting"`` (tests force races there).
     """
     if grace_seconds < 0:
         raise ConfigurationError("the grace period cannot be negative", field="grace")
@@ -142,14 +152,17 @@ def collect_garbage(
     referenced: set[str] = set()
     # Runs a compaction replaced less than the grace period ago: a read planned before the
     # swap may still be reading them.
-    recently_replaced: set[str] = set()
+    replaced_in_grace = recently_replaced(consensus, shard_id, cutoff)
+    planned_upper = 0
     for record in consensus.list_shards():
         snapshot = consensus.snapshot(record.shard_id)
+        if record.shard_id == shard_id:
+            planned_upper = snapshot.record.upper
         for run in snapshot.live_runs():
             referenced.add(run["path"])
             referenced.update(run_dir_of(blob, f["path"]) for f in run["files"])
         if snapshot.compaction is not None and snapshot.compaction.compacted_at >= cutoff:
-            recently_replaced.update(snapshot.compaction.run.get("replaces", []))
+            replaced_in_grace.update(snapshot.compaction.run.get("replaces", []))
     step("state")
 
     # 3. Every retained checkpoint of every shard in the blob, and every checkpoint still
@@ -161,16 +174,22 @@ def collect_garbage(
         if owner == shard_id:
             ours_listed = listed
         for entry in catalog.entries:
-            manifest = read_manifest(blob, owner, entry.id, entry.manifest_sha256)
-            referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
-            report.checkpoints_read += 1
+            manifest = _read_listed_manifest(blob, owner, entry)
+            if manifest is not None:
+                referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
+                report.checkpoints_read += 1
         for name in checkpoint_dirs(blob, owner):
             if name in listed or not _young(blob.walk_files(os.path.join(checkpoints_root(blob, owner), name)), cutoff):
                 continue
             # A checkpoint being written: its manifest, once on disk, pins its files.
             manifest_path = os.path.join(checkpoints_root(blob, owner), name, "MANIFEST.json")
             if blob.exists(manifest_path):
-                manifest = read_manifest(blob, owner, name)
+                try:
+                    manifest = read_manifest(blob, owner, name)
+                except CheckpointCorrupt:
+                    if blob.exists(manifest_path):
+                        raise
+                    continue  # its writer gave up (a compaction overtook it) and deleted it
                 referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
                 report.checkpoints_read += 1
     step("checkpoints")
@@ -179,7 +198,7 @@ def collect_garbage(
     for run_dir, files in sorted(run_dirs.items()):
         if run_dir in referenced:
             report.kept_referenced += len(files)
-        elif _young(files, cutoff) or run_dir in recently_replaced:
+        elif _young(files, cutoff) or run_dir in replaced_in_grace:
             report.kept_in_grace += len(files)
         else:
             report.items.append(GcItem(run_dir, "run", len(files), sum(f.size for f in files)))
@@ -202,7 +221,15 @@ def collect_garbage(
     if dry_run:
         return report
 
-    # 5. Delete.
+    # 5. Claim the run directories in consensus (invariant 16), then delete. A directory a
+    # commit named since the plan was read is left out and kept.
+    runs = [i for i in report.items if i.kind == "run"]
+    claimed = set(claim_for_deletion(consensus, shard_id, [i.path for i in runs], planned_upper))
+    for item in runs:
+        if item.path not in claimed:
+            report.items.remove(item)
+            report.kept_referenced += item.files
+    step("claimed")
     step("deleting")
     deleting = time.monotonic()
     for item in report.items:
@@ -214,6 +241,17 @@ def collect_garbage(
     _remove_empty_groups(blob, runs_root)
     report.delete_seconds = time.monotonic() - deleting
     return report
+
+
+def _read_listed_manifest(blob: LocalBlob, owner: str, entry) -> dict[str, Any] | None:
+    """The manifest of a checkpoint the catalog listed, or None if retention removed the
+    checkpoint since the catalog was read (a harmless race, not corruption)."""
+    try:
+        return read_manifest(blob, owner, entry.id, entry.manifest_sha256)
+    except CheckpointCorrupt:
+        if any(e.id == entry.id for e in Catalog.load(blob, owner).entries):
+            raise
+        return None
 
 
 def _young(files, cutoff: float) -> bool:

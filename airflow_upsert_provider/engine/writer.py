@@ -21,6 +21,7 @@ import tenacity
 from airflow_upsert_provider.engine.consensus import AppendOutcome, BatchRecord
 from airflow_upsert_provider.engine.errors import (
     CommitOutcomeUnknown,
+    CommitRefused,
     ConfigurationError,
     ConsensusUnavailable,
     IntegrityError,
@@ -36,6 +37,10 @@ COMMITTED = "committed"
 ALREADY_COMMITTED = "already_committed"
 ALREADY_PERSISTED = "already_persisted"
 NOTHING_TO_DO = "nothing_to_do"
+
+# Restages of a batch whose commit was refused because GC claimed its staged files (the
+# writer paused past GC's grace period, again and again).
+MAX_RESTAGES = 3
 
 # Retries of an append whose outcome is unknown, with the same token: exponential backoff
 # from the delay, each wait capped.
@@ -265,7 +270,18 @@ class Writer:
                 return BatchResult(upper, NOTHING_TO_DO, upper=upper, seconds=time.monotonic() - started)
             staged = self.stage(upper)
         commit_started = time.monotonic()
-        outcome = self.append(staged)
+        for restage in range(MAX_RESTAGES + 1):
+            try:
+                outcome = self.append(staged)
+                break
+            except CommitRefused as refused:
+                # GC claimed our staged files (we paused past its grace period): they are
+                # GC's to delete now. Nothing was committed; stage again under a new path.
+                self.held.pop(staged.ts, None)
+                if restage == MAX_RESTAGES:
+                    raise
+                log.warning("%s; restaging batch %s", refused.message, staged.ts)
+                staged = self.stage(staged.ts)
         commit_seconds = time.monotonic() - commit_started
         if outcome == "held":
             raise IntegrityError(

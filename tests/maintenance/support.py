@@ -61,17 +61,24 @@ def age_files(root: str, seconds: float = 3 * 3600) -> None:
 
 
 def age_compaction(consensus, shard_id: str, seconds: float = 3 * 3600) -> None:
-    """Make the shard's last compaction look ``seconds`` old: GC keeps the runs it replaced
-    for the grace period after it."""
+    """Make the shard's compactions look ``seconds`` old: GC keeps the runs each replaced for
+    the grace period after it."""
     import sqlalchemy as sa
 
     from airflow_upsert_provider.engine.consensus import compactions_table
+
+    from airflow_upsert_provider.engine.gc_claims import replaced_runs_table
 
     with consensus.engine.begin() as conn:
         conn.execute(
             sa.update(compactions_table)
             .where(compactions_table.c.shard_id == shard_id)
             .values(compacted_at=compactions_table.c.compacted_at - seconds)
+        )
+        conn.execute(
+            sa.update(replaced_runs_table)
+            .where(replaced_runs_table.c.shard_id == shard_id)
+            .values(replaced_at=replaced_runs_table.c.replaced_at - seconds)
         )
 
 

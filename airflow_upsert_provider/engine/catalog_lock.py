@@ -1,0 +1,55 @@
+"""The checkpoint catalog's lock: one row per shard in consensus.
+
+The catalog file on blob stays the one authoritative catalog (``checkpoint restore`` works
+from the blob alone, into an empty consensus). Every change to it is a read-modify-write done
+while holding this row, in one consensus transaction: the change re-reads the file under the
+lock, so two overlapping ``checkpoint create`` runs, or retention during a create, serialize
+and none loses the other's entry. The store releases the lock when its holder dies (the
+transaction aborts), so a crashed writer never wedges the catalog.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import sqlalchemy as sa
+
+from airflow_upsert_provider.engine.consensus import Consensus, metadata, redact_url
+from airflow_upsert_provider.engine.errors import ConsensusUnavailable
+
+catalog_locks_table = sa.Table(
+    "upsert_catalog_locks",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    # Catalog changes made under the lock: what a reader of the table can compare.
+    sa.Column("version", sa.BigInteger, nullable=False),
+    sa.Column("changed_at", sa.Float, nullable=False),
+)
+
+
+@contextmanager
+def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[None]:
+    """Hold the catalog lock of ``shard_id`` for the body (one consensus transaction: the
+    lock row of PostgreSQL, the write lock of SQLite). An exception in the body releases it
+    without counting a change."""
+    try:
+        with consensus.engine.begin() as conn:
+            consensus._insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=time.time())
+            locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
+            if consensus.dialect == "postgresql":
+                locked = locked.with_for_update()
+            conn.execute(locked).scalar_one()
+            yield
+            conn.execute(
+                sa.update(catalog_locks_table)
+                .where(catalog_locks_table.c.shard_id == shard_id)
+                .values(version=catalog_locks_table.c.version + 1, changed_at=time.time())
+            )
+    except sa.exc.OperationalError as exc:
+        raise ConsensusUnavailable(
+            f"consensus store {redact_url(consensus.url)} failed while holding the checkpoint catalog lock "
+            f"of shard {shard_id!r}: {str(getattr(exc, 'orig', exc)).strip().splitlines()[0]}",
+            shard=shard_id,
+        ) from None

@@ -1,0 +1,208 @@
+"""GC claims: the run directories GC is about to delete, recorded in consensus first.
+
+GC claims the directories it will delete in one transaction that also re-reads what committed
+since it planned, and only then deletes them. Every commit (a batch's append, a compaction's
+swap) refuses, inside its own transaction, a run GC has claimed (``refuse_claimed``, a commit
+hook). A writer paused between staging and appending for longer than the grace period is
+therefore refused instead of committing files that are gone, and restages under a new path.
+
+Claim lifetime. A claim on ``<shard>/runs/ts=T/…`` (or ``rejects/ts=T/…``) matters while the
+shard's upper is <= T, one on ``<shard>/runs/since=S/…`` while its since is < S: after that no
+append of ts T and no swap to since S can commit (upper and since only advance), so the claim
+is dropped by the next GC, and never made in the first place for such a path. A claim whose path
+does not parse is kept for ever. A GC that crashes between claiming and deleting leaves claimed
+files on disk: no commit can name them, and the next GC plans them again and deletes them.
+
+Runs a compaction replaced are recorded here too (``upsert_replaced_runs``), in the swap's
+transaction: GC keeps every run replaced less than its grace period ago, whichever compaction
+replaced it (the compactions table holds only the latest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from airflow_upsert_provider.engine.consensus import (
+    CommitAttempt,
+    Consensus,
+    batches_table,
+    commit_hooks,
+    compactions_table,
+    metadata,
+    shards_table,
+)
+
+gc_claims_table = sa.Table(
+    "upsert_gc_claims",
+    metadata,
+    # Blob-relative run directory, as a run's ``path`` is recorded.
+    sa.Column("path", sa.String(1024), primary_key=True),
+    sa.Column("shard_id", sa.String(128), nullable=False, index=True),
+    sa.Column("claimed_at", sa.Float, nullable=False),
+)
+
+replaced_runs_table = sa.Table(
+    "upsert_replaced_runs",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("path", sa.String(1024), primary_key=True),
+    sa.Column("replaced_at", sa.Float, nullable=False),
+)
+
+# Rows per IN (...) list: far below every store's parameter limit.
+CHUNK = 500
+
+
+def run_dir_of_relative(path: str) -> str:
+    """The run directory (``<shard>/<runs|rejects>/<group>/<name>``) a blob-relative path is in."""
+    return os.sep.join(path.split(os.sep)[:4])
+
+
+def directories_of(runs: Iterable[dict[str, Any] | None]) -> set[str]:
+    """Every run directory the run descriptions name: their paths and their files' directories."""
+    dirs: set[str] = set()
+    for run in runs:
+        if not run:
+            continue
+        dirs.add(run_dir_of_relative(run["path"]))
+        dirs.update(run_dir_of_relative(f["path"]) for f in run.get("files", ()))
+    return dirs
+
+
+def claim_needed(path: str, upper: int, since: int) -> bool:
+    """Whether a commit could still name ``path``: a batch's run at ts >= upper, a compaction
+    output to a since above the current one, or anything whose group does not parse."""
+    parts = path.split(os.sep)
+    group = parts[2] if len(parts) >= 3 else ""
+    kind, _, number = group.partition("=")
+    if not number.isdigit():
+        return True
+    if kind == "ts":
+        return int(number) >= upper
+    if kind == "since":
+        return int(number) > since
+    return True
+
+
+def refuse_claimed(conn: sa.Connection, attempt: CommitAttempt) -> str | None:
+    """Commit hook: refuse a commit naming a claimed directory; record what a swap replaces."""
+    dirs = sorted(directories_of(attempt.runs))
+    claimed: list[str] = []
+    for start in range(0, len(dirs), CHUNK):
+        claimed += conn.execute(
+            sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(dirs[start : start + CHUNK]))
+        ).scalars().all()
+    if claimed:
+        return f"GC claimed {sorted(claimed)[0]} for deletion" + (
+            f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
+        )
+    if attempt.kind == "compaction":
+        replaced = sorted({p for run in attempt.runs for p in run.get("replaces", ())})
+        now = time.time()
+        for start in range(0, len(replaced), CHUNK):
+            chunk = replaced[start : start + CHUNK]
+            conn.execute(
+                sa.delete(replaced_runs_table).where(
+                    replaced_runs_table.c.shard_id == attempt.shard_id, replaced_runs_table.c.path.in_(chunk)
+                )
+            )
+            conn.execute(
+                sa.insert(replaced_runs_table),
+                [{"shard_id": attempt.shard_id, "path": p, "replaced_at": now} for p in chunk],
+            )
+    return None
+
+
+commit_hooks.append(refuse_claimed)
+
+
+def recently_replaced(consensus: Consensus, shard_id: str, cutoff: float) -> set[str]:
+    """Runs of ``shard_id`` some compaction replaced at or after ``cutoff``."""
+    return set(
+        consensus._run(
+            lambda conn: conn.execute(
+                sa.select(replaced_runs_table.c.path).where(
+                    replaced_runs_table.c.shard_id == shard_id, replaced_runs_table.c.replaced_at >= cutoff
+                )
+            ).scalars().all()
+        )
+    )
+
+
+def claim_for_deletion(consensus: Consensus, shard_id: str, candidates: list[str], planned_upper: int) -> list[str]:
+    """Claim the run directories GC planned to delete and return those it may now delete.
+
+    One transaction, serialized with every append and swap of the shard (all write the shard
+    row): a candidate that a batch or compaction committed since GC planned at
+    ``planned_upper`` is left out. Expired claims of the shard are dropped in the same go."""
+
+    def txn(conn) -> list[str]:
+        # A write to the shard row (changing nothing) orders this transaction with every
+        # append and swap, which update the same row: whichever commits second sees the
+        # other (and under snapshot isolation gets a serialization failure, not a stale read).
+        conn.execute(
+            sa.update(shards_table).where(shards_table.c.shard_id == shard_id).values(seqno=shards_table.c.seqno)
+        )
+        row = conn.execute(
+            sa.select(shards_table.c.upper, shards_table.c.since).where(shards_table.c.shard_id == shard_id)
+        ).first()
+        if row is None:
+            return []
+        committed_since_plan = [
+            r.run for r in conn.execute(
+                sa.select(batches_table.c.run).where(
+                    batches_table.c.shard_id == shard_id, batches_table.c.ts >= planned_upper
+                )
+            )
+        ]
+        compaction = conn.execute(
+            sa.select(compactions_table.c.run).where(compactions_table.c.shard_id == shard_id)
+        ).scalar_one_or_none()
+        live = directories_of(json.loads(r) for r in committed_since_plan + ([compaction] if compaction else []))
+        doomed = [p for p in candidates if p not in live]
+        needed = sorted(p for p in doomed if claim_needed(p, row.upper, row.since))
+        now = time.time()
+        for start in range(0, len(needed), CHUNK):
+            chunk = needed[start : start + CHUNK]
+            existing = set(
+                conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(chunk))).scalars()
+            )
+            fresh = [{"path": p, "shard_id": shard_id, "claimed_at": now} for p in chunk if p not in existing]
+            if fresh:
+                conn.execute(sa.insert(gc_claims_table), fresh)
+        expired = [
+            p for p in conn.execute(
+                sa.select(gc_claims_table.c.path).where(gc_claims_table.c.shard_id == shard_id)
+            ).scalars()
+            if not claim_needed(p, row.upper, row.since)
+        ]
+        for start in range(0, len(expired), CHUNK):
+            conn.execute(sa.delete(gc_claims_table).where(gc_claims_table.c.path.in_(expired[start : start + CHUNK])))
+        for start in range(0, len(doomed), CHUNK):
+            conn.execute(
+                sa.delete(replaced_runs_table).where(
+                    replaced_runs_table.c.shard_id == shard_id,
+                    replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]),
+                )
+            )
+        return doomed
+
+    return consensus._run(txn)
+
+
+def claims(consensus: Consensus, shard_id: str) -> list[str]:
+    """The directories of ``shard_id`` GC has claimed (for tests and reports)."""
+    return list(
+        consensus._run(
+            lambda conn: conn.execute(
+                sa.select(gc_claims_table.c.path)
+                .where(gc_claims_table.c.shard_id == shard_id)
+                .order_by(gc_claims_table.c.path)
+            ).scalars().all()
+        )
+    )
