@@ -15,7 +15,7 @@ import sys
 import uuid
 from typing import Any, Sequence
 
-from airflow_upsert_provider.engine.errors import UpsertError
+from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 
 DEFAULT_CONSENSUS_URL = "sqlite:///./.upsert/consensus.db"
 DEFAULT_BLOB_ROOT = "./.upsert/blob"
@@ -119,6 +119,18 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser) -> None
     gc.add_argument("--json", action="store_true")
 
 
+def blob_access(args: argparse.Namespace) -> str:
+    """How a command uses the blob root: ``create`` it (init), ``write`` below it, or only
+    ``read`` (a missing root is then left to the command: an unknown shard says so)."""
+    if args.command == "init":
+        return "create"
+    if args.command in ("run-batch", "compact") or (args.command == "gc" and not args.dry_run):
+        return "write"
+    if args.command == "checkpoint" and args.checkpoint_command == "create":
+        return "write"
+    return "read"
+
+
 class Context:
     """Engine objects built from the global options, Spark only on demand."""
 
@@ -128,8 +140,16 @@ class Context:
 
         url = getattr(args, "consensus", None) or os.environ.get("UPSERT_CONSENSUS_URL") or DEFAULT_CONSENSUS_URL
         root = getattr(args, "blob_root", None) or os.environ.get("UPSERT_BLOB_ROOT") or DEFAULT_BLOB_ROOT
-        self.consensus = open_consensus(url)
         self.blob = open_blob(root)
+        # Checked up front, with a message naming the root, before any Spark job writes there.
+        access = blob_access(args)
+        if access == "create":
+            self.blob.ensure_root()
+        if access in ("create", "write"):
+            self.blob.check_root()
+        elif os.path.exists(self.blob.root):
+            self.blob.check_root(writable=False)
+        self.consensus = open_consensus(url)
         self.master = getattr(args, "master", None)
         self._spark = None
 
@@ -169,8 +189,11 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         order_by=args.order_by,
         delete_marker=args.delete_marker,
         source_format=args.source_format,
-        buckets=args.buckets or DEFAULT_BUCKETS,
-        max_files_per_batch=args.max_files_per_batch or DEFAULT_MAX_FILES_PER_BATCH,
+        # `is None`, not `or`: an explicit 0 is refused by ShardConfig, never replaced.
+        buckets=DEFAULT_BUCKETS if args.buckets is None else args.buckets,
+        max_files_per_batch=(
+            DEFAULT_MAX_FILES_PER_BATCH if args.max_files_per_batch is None else args.max_files_per_batch
+        ),
     )
     shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config)
     return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0}
@@ -223,9 +246,9 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.upsert import table_columns
 
     shard = ctx.shard(args.shard)
+    handle = _open_output(args.out) if args.out else sys.stdout
     frame = shard.read(ctx.spark(), as_of=args.as_of).orderBy(*shard.config.keys)
     columns = table_columns(shard.config)
-    handle = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout
     try:
         if args.output_format == "csv":
             writer = csv.writer(handle)
@@ -239,6 +262,14 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         if args.out:
             handle.close()
     return {}
+
+
+def _open_output(path: str):
+    # Opened before Spark starts, so that a bad path fails at once and clearly.
+    try:
+        return open(path, "w", newline="", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write --out {path}: {exc.strerror}", field="out") from None
 
 
 def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -334,12 +365,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("upsertctl: interrupted", file=sys.stderr)
         return 130
-    if result:
-        if as_json:
-            print(json.dumps(result, default=str))
-        else:
-            _print_human(result)
+    except BrokenPipeError:
+        return _reader_went_away()
+    except Exception as exc:
+        if os.environ.get("UPSERT_DEBUG"):
+            raise
+        print(f"upsertctl: unexpected error: {type(exc).__name__}: {_first_line(exc)} "
+              "(a bug or an unmapped failure: set UPSERT_DEBUG=1 for the traceback and report it; "
+              "see docs/errors.md)", file=sys.stderr)
+        return 1
+    try:
+        if result:
+            if as_json:
+                print(json.dumps(result, default=str))
+            else:
+                _print_human(result)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_went_away()
     return 0
+
+
+# Exit status of a process that wrote to a pipe whose reader closed it (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+def _reader_went_away() -> int:
+    """The reader of stdout closed it (`upsertctl read s | head -2`): stop quietly, as Unix
+    tools do. Point stdout at /dev/null so that the interpreter's final flush fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:300]
 
 
 def _print_human(result: dict[str, Any]) -> None:

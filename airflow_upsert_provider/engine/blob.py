@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -43,6 +44,9 @@ class LocalBlob:
         return f"LocalBlob({self.root!r})"
 
     def ensure_root(self) -> None:
+        """Create the root if it is missing; a clear error if it cannot be a directory."""
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ConfigurationError(f"blob root {self.root} is not a directory", field="blob_root")
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
@@ -50,12 +54,27 @@ class LocalBlob:
                 f"cannot create blob root {self.root}: {exc.strerror}", field="blob_root"
             ) from None
 
-    def check_root(self) -> None:
-        """Raise a clear error unless the root exists and is a writable directory."""
+    def check_root(self, *, writable: bool = True) -> None:
+        """Raise a clear error unless the root is an existing directory and, with
+        ``writable``, one this process can create files in. Writability is probed with a
+        real file: permission bits say nothing of a read-only mount, nor of root."""
+        if not os.path.exists(self.root):
+            raise ConfigurationError(
+                f"blob root {self.root} does not exist (check --blob-root / UPSERT_BLOB_ROOT)",
+                field="blob_root",
+            )
         if not os.path.isdir(self.root):
-            raise ConfigurationError(f"blob root {self.root} does not exist", field="blob_root")
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            raise ConfigurationError(f"blob root {self.root} is not writable", field="blob_root")
+            raise ConfigurationError(f"blob root {self.root} is not a directory", field="blob_root")
+        if not writable:
+            return
+        try:
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=".probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"blob root {self.root} is not writable: {exc.strerror}", field="blob_root"
+            ) from None
 
     def path(self, *parts: str) -> str:
         """The absolute path (a string Spark accepts) of ``parts`` below the root."""

@@ -69,11 +69,27 @@ class ShardConfig:
         if self.max_files_per_batch < 1:
             raise ConfigurationError("max files per batch must be >= 1", field="max_files_per_batch")
         columns = self.column_names()
+        # Spark resolves column names case-insensitively: `id` and `ID` are one column to it.
+        seen: set[str] = set()
+        duplicates = [c for c in columns if c.lower() in seen or seen.add(c.lower())]
+        if duplicates:
+            raise ConfigurationError(
+                f"duplicate column(s) in the schema: {', '.join(map(repr, duplicates))} "
+                "(names are compared case-insensitively)",
+                field="schema",
+            )
         for name in (*self.keys, self.order_by, self.delete_marker):
             if name is not None and name not in columns:
                 raise ConfigurationError(
                     f"column {name!r} is not in the schema (columns: {', '.join(columns)})",
                     field="schema",
+                )
+        if self.delete_marker is not None:
+            marker_type = next(f["type"] for f in self.schema_fields() if f["name"] == self.delete_marker)
+            if marker_type != "boolean":
+                raise ConfigurationError(
+                    f"delete marker {self.delete_marker!r} must be a BOOLEAN column, not {marker_type}",
+                    field="delete_marker",
                 )
         clash = sorted(set(columns) & set(INTERNAL_COLUMNS))
         if clash:

@@ -9,6 +9,7 @@ staged files.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 import uuid
@@ -20,6 +21,7 @@ import tenacity
 
 from airflow_upsert_provider.engine.consensus import AppendOutcome, BatchRecord
 from airflow_upsert_provider.engine.errors import (
+    BlobWriteFailed,
     CommitOutcomeUnknown,
     CommitRefused,
     ConfigurationError,
@@ -41,6 +43,32 @@ NOTHING_TO_DO = "nothing_to_do"
 # Restages of a batch whose commit was refused because GC claimed its staged files (the
 # writer paused past GC's grace period, again and again).
 MAX_RESTAGES = 3
+
+# Filesystem failures of a blob write that no retry fixes by itself, as the OS (and, through
+# Hadoop, the JVM) words them.
+BLOB_WRITE_FAILURES = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EROFS: "Read-only file system",
+}
+
+
+def blob_write_failure(exc: BaseException) -> str | None:
+    """The filesystem reason (e.g. "No space left on device") behind a failed staging write,
+    found in the Python exception chain or in the text of a Spark (JVM) error; else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in BLOB_WRITE_FAILURES:
+            return BLOB_WRITE_FAILURES[current.errno]
+        text = str(current)
+        for reason in BLOB_WRITE_FAILURES.values():
+            if reason in text:
+                return reason
+        current = current.__cause__ or current.__context__
+    return None
+
 
 # Retries of an append whose outcome is unknown, with the same token: exponential backoff
 # from the delay, each wait capped.
@@ -171,14 +199,33 @@ class Writer:
             raise ConfigurationError(f"batch {ts} of shard {self.shard.shard_id!r} is not bound yet")
         started = time.monotonic()
         nonce = uuid.uuid4().hex
-        output = stage_batch(
-            self._spark_factory(),
-            self.shard,
-            binding,
-            run_dir=self.shard.run_dir(ts, self.writer_id, nonce[:12]),
-            rejects_dir=self.shard.rejects_dir(ts, self.writer_id, nonce[:12]),
-            on_bad_record=self.on_bad_record,
-        )
+        run_dir = self.shard.run_dir(ts, self.writer_id, nonce[:12])
+        rejects_dir = self.shard.rejects_dir(ts, self.writer_id, nonce[:12])
+        try:
+            output = stage_batch(
+                self._spark_factory(),
+                self.shard,
+                binding,
+                run_dir=run_dir,
+                rejects_dir=rejects_dir,
+                on_bad_record=self.on_bad_record,
+            )
+        except Exception as exc:
+            cause = blob_write_failure(exc)
+            if cause is None:
+                raise
+            # Nothing names this attempt's files yet (no append was tried): remove them, so
+            # that a full disk is not left fuller by a half-written batch.
+            for directory in (run_dir, rejects_dir):
+                self.shard.blob.delete_tree(directory)
+            raise BlobWriteFailed(
+                f"writing batch {ts} of shard {self.shard.shard_id!r} under blob root "
+                f"{self.shard.blob.root} failed: {cause}; nothing was committed and the files of "
+                "this attempt were removed: free space or fix the mount, then run again",
+                shard=self.shard.shard_id,
+                ts=ts,
+                cause=cause,
+            ) from None
         staged = StagedBatch(
             ts=ts,
             token=nonce,

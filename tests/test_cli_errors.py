@@ -1,0 +1,241 @@
+"""Every bad input or environment fault of `upsertctl` gets a documented exit code and a clear
+message, never a traceback (issue 7 items 8 and 12, sweep rows I6-I17, F2, F3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from airflow_upsert_provider import cli
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+from tests.conftest import cli_env
+from tests.helpers import sample_config
+
+SPEC = SampleSpec(records=200, keys=40, partitions=1, segments_per_partition=2, seed=7)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", f"sqlite:///{tmp_path / 'c.db'}")
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    landing = tmp_path / "landing"
+    generate(str(landing), SPEC)
+    return landing
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_clean_error(code, err, expected_code, *fragments):
+    assert code == expected_code, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+# -- ShardConfig: refused at init, not at the first run (I15, I16) ---------------------------
+
+def test_delete_marker_must_be_a_boolean_column(tmp_path):
+    with pytest.raises(ConfigurationError, match="delete marker 'name' must be a BOOLEAN column, not string"):
+        sample_config(str(tmp_path), delete_marker="name")
+
+
+def test_duplicate_schema_columns_are_refused(tmp_path):
+    schema = json.dumps({"type": "struct", "fields": [
+        {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "ID", "type": "long", "nullable": True, "metadata": {}},
+    ]})
+    with pytest.raises(ConfigurationError, match=r"duplicate column\(s\) in the schema: 'ID'"):
+        ShardConfig(source=f"dir:{tmp_path}", keys=("id",), schema=schema)
+
+
+def test_init_refuses_a_string_delete_marker_and_duplicate_columns(spark, env, capsys):
+    code, _, err = run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id",
+                       "--schema", SAMPLE_SCHEMA_DDL, "--delete-marker", "name")
+    assert_clean_error(code, err, 2, "delete marker 'name' must be a BOOLEAN column")
+    code, _, err = run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id",
+                       "--schema", "id BIGINT, id BIGINT, name STRING")
+    assert_clean_error(code, err, 2, "duplicate column(s) in the schema: 'id'")
+    assert run(capsys, "status", "s", "--no-rows")[0] == 2  # nothing was created
+
+
+# -- no silent defaults (I17) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("option, field", [("--buckets", "buckets"), ("--max-files-per-batch", "max files per batch")])
+def test_zero_is_refused_not_replaced_by_the_default(spark, env, capsys, option, field):
+    code, _, err = run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id",
+                       "--schema", SAMPLE_SCHEMA_DDL, option, "0")
+    assert_clean_error(code, err, 2, field)
+    assert run(capsys, "status", "s", "--no-rows")[0] == 2
+
+
+# -- the blob root: checked up front (I6, I7) and a full disk (F2) -----------------------------
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real tmpfs of a chosen size (root and a working `mount` needed, else the test is
+    skipped): ENOSPC and read-only roots for real, not simulated."""
+    mounted = []
+
+    def mount(size: str, name: str = "blob"):
+        path = tmp_path / name
+        path.mkdir()
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount(path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
+
+
+def test_read_only_blob_root_is_a_clear_error_before_spark_writes(spark, env, capsys, tmpfs, monkeypatch):
+    root = tmpfs("4m")
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(root))
+    assert run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL)[0] == 0
+    remount(root, "ro")
+    code, _, err = run(capsys, "run-batch", "s")
+    assert_clean_error(code, err, 2, f"blob root {root} is not writable: Read-only file system")
+    code, _, err = run(capsys, "init", "t", "--source", f"dir:{env}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL)
+    assert_clean_error(code, err, 2, "is not writable")
+    # Reading needs no write access.
+    assert run(capsys, "status", "s", "--no-rows", "--json")[0] == 0
+
+
+def test_blob_root_that_is_a_file_is_a_clear_error(spark, env, capsys, tmp_path, monkeypatch):
+    assert run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL)[0] == 0
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(a_file))
+    for argv in (["init", "t", "--source", f"dir:{env}", "--key", "id"], ["run-batch", "s"], ["read", "s"],
+                 ["status", "s"], ["gc", "s"], ["compact", "s"]):
+        code, _, err = run(capsys, *argv)
+        assert_clean_error(code, err, 2, f"blob root {a_file} is not a directory")
+
+
+def test_full_blob_root_fails_clearly_commits_nothing_and_a_rerun_succeeds(spark, tmp_path, capsys, tmpfs, monkeypatch):
+    root = tmpfs("256k")
+    landing = tmp_path / "landing"
+    # Incompressible values: the Parquet run of this batch cannot fit in 256 KiB.
+    big = SampleSpec(records=20000, keys=20000, partitions=1, segments_per_partition=1, seed=1)
+    generate(str(landing), big)
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", f"sqlite:///{tmp_path / 'c.db'}")
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(root))
+    assert run(capsys, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL)[0] == 0
+    code, out, err = run(capsys, "run-batch", "s", "--json")
+    assert_clean_error(code, err, 2, "No space left on device", "nothing was committed")
+    error = json.loads(out)
+    assert error["error"] == "BlobWriteFailed" and error["retryable"] is False and error["ts"] == 0
+    assert json.loads(run(capsys, "status", "s", "--no-rows", "--json")[1])["upper"] == 0
+    staged = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
+    assert staged == [], staged  # the attempt's files are gone
+    remount(root, "size=64m")
+    code, out, err = run(capsys, "run-batch", "s", "--json")
+    assert code == 0, err
+    assert json.loads(out)["upper"] == 1
+
+
+# -- the consensus URL and store (I9, I10, I11, F3) -----------------------------------------------
+
+def test_sqlite_path_below_a_file_is_a_clear_error(capsys, tmp_path):
+    code, _, err = run(capsys, "--consensus", "sqlite:////etc/passwd/x.db", "status", "s", "--no-rows")
+    assert_clean_error(code, err, 2, "cannot create the directory /etc/passwd of the SQLite consensus: ")
+
+
+def test_text_file_as_sqlite_store_is_a_clear_error(capsys, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("these are my notes, not a database\n" * 200)
+    code, out, err = run(capsys, "--consensus", f"sqlite:///{text}", "status", "s", "--no-rows", "--json")
+    assert_clean_error(code, err, 2, f"consensus store sqlite:///{text} is not a SQLite database")
+    assert json.loads(out)["error"] == "ConfigurationError"
+    assert text.read_text().startswith("these are my notes")  # untouched
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage_header"])
+def test_damaged_sqlite_store_is_a_clear_error(capsys, tmp_path, damage):
+    db = tmp_path / "c.db"
+    url = f"sqlite:///{db}"
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    store = open_consensus(url)
+    for i in range(200):
+        store.create_shard(f"s{i}", "{}" * 50)
+    store.dispose()
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(f"{db}{suffix}"):
+            os.unlink(f"{db}{suffix}")
+    size = os.path.getsize(db)
+    with open(db, "r+b") as handle:
+        if damage == "truncated":
+            handle.truncate(size // 2)
+        else:
+            handle.write(b"\x00garbage" * 16)
+    code, _, err = run(capsys, "--consensus", url, "status", "s7", "--no-rows")
+    assert code in (2, 4), err
+    assert "Traceback" not in err and f"consensus store {url}" in err
+    assert "restore the shards from a checkpoint" in err
+
+
+def test_postgres_url_with_an_unknown_option_is_a_clear_error(capsys):
+    url = "postgresql://u:hunter2secret@127.0.0.1:1/db?foo=bar"
+    code, _, err = run(capsys, "--consensus", url, "status", "s", "--no-rows")
+    assert_clean_error(code, err, 2, 'invalid connection option "foo"')
+    assert "hunter2secret" not in err
+
+
+# -- output (I13, I14) ------------------------------------------------------------------------------
+
+def test_read_to_an_unwritable_path_is_a_clear_error(spark, env, capsys):
+    assert run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL)[0] == 0
+    code, _, err = run(capsys, "read", "s", "--out", "/nonexistent/x")
+    assert_clean_error(code, err, 2, "cannot write --out /nonexistent/x: No such file or directory")
+
+
+def test_read_into_a_closed_pipe_exits_quietly(spark, env, capsys, tmp_path):
+    # More rows than a pipe buffer holds, so that the writer is still writing when it closes.
+    generate(str(env), SampleSpec(records=8000, keys=8000, partitions=1, segments_per_partition=1, seed=2))
+    assert run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL)[0] == 0
+    assert run(capsys, "run-batch", "s")[0] == 0
+    environment = cli_env(os.environ["UPSERT_CONSENSUS_URL"], os.environ["UPSERT_BLOB_ROOT"])
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "airflow_upsert_provider.cli", "read", "s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+    )
+    first = [reader.stdout.readline() for _ in range(2)]
+    reader.stdout.close()  # what `| head -2` does
+    err = reader.stderr.read().decode()
+    code = reader.wait(timeout=120)
+    assert all(json.loads(line)["id"] is not None for line in first)
+    assert code == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception" not in err, err
+
+
+def test_unexpected_error_is_one_line_with_exit_1(env, capsys, monkeypatch):
+    def boom(ctx, args):
+        raise RuntimeError("something nobody planned for\nsecond line")
+
+    monkeypatch.setitem(cli.COMMANDS, "status", boom)
+    code, _, err = run(capsys, "status", "s")
+    assert_clean_error(code, err, 1, "unexpected error: RuntimeError: something nobody planned for", "UPSERT_DEBUG=1")
+    assert "second line" not in err
+    monkeypatch.setenv("UPSERT_DEBUG", "1")
+    with pytest.raises(RuntimeError):
+        cli.main(["status", "s"])
