@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.catalog_lock import catalog_lock
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.consensus import (
     BatchRecord,
@@ -96,23 +97,37 @@ def is_committed(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> bool:
 
 class Catalog:
     """The committed checkpoints of one shard. The in-memory list always equals the file:
-    it changes only after the file was written, and a failed write is undone on disk."""
+    it changes only after the file was written, and a failed write is undone on disk.
 
-    def __init__(self, blob: LocalBlob, shard_id: str, entries: list[CheckpointEntry], exists: bool) -> None:
+    The file is the authoritative catalog. A change (``ensure``, ``add``, ``remove``,
+    ``update``) is a compare-and-set: it holds the shard's catalog lock in consensus
+    (``catalog_lock``), re-reads the file under it and applies itself to what it finds, so
+    overlapping changes serialize and none is lost. Reading needs no consensus; changing does."""
+
+    def __init__(
+        self,
+        blob: LocalBlob,
+        shard_id: str,
+        entries: list[CheckpointEntry],
+        exists: bool,
+        consensus: Consensus | None = None,
+    ) -> None:
         self.blob = blob
         self.shard_id = shard_id
         self.entries = entries
         self.exists = exists
+        self.consensus = consensus
 
     @property
     def path(self) -> str:
         return os.path.join(checkpoints_root(self.blob, self.shard_id), CATALOG_NAME)
 
     @classmethod
-    def load(cls, blob: LocalBlob, shard_id: str) -> "Catalog":
+    def load(cls, blob: LocalBlob, shard_id: str, consensus: Consensus | None = None) -> "Catalog":
         """Read the catalog. Refuses (CheckpointCorrupt) an empty, truncated or corrupt one,
-        and a missing one while committed checkpoint directories exist."""
-        catalog = cls(blob, shard_id, [], exists=False)
+        and a missing one while committed checkpoint directories exist. ``consensus`` (whose
+        catalog lock every change holds) is needed to change it."""
+        catalog = cls(blob, shard_id, [], exists=False, consensus=consensus)
         path = catalog.path
         try:
             data = blob.read_bytes(path)
@@ -155,14 +170,30 @@ class Catalog:
 
     def ensure(self) -> None:
         """Write an empty catalog if there is none (before the first checkpoint directory)."""
-        if not self.exists:
-            self._write([])
+        self.update(lambda entries: entries)
 
     def add(self, entry: CheckpointEntry) -> None:
-        self._write(self.entries + [entry])
+        self.update(lambda entries: entries + [entry])
 
     def remove(self, ids: set[str]) -> None:
-        self._write([e for e in self.entries if e.id not in ids])
+        self.update(lambda entries: [e for e in entries if e.id not in ids])
+
+    def update(self, change: Callable[[list[CheckpointEntry]], list[CheckpointEntry]]) -> list[CheckpointEntry]:
+        """Apply ``change`` to the catalog as it is on disk now, under the catalog lock, and
+        write the result (also when there was no catalog yet). Returns the new list."""
+        if self.consensus is None:
+            raise ConfigurationError(
+                f"changing the checkpoint catalog of shard {self.shard_id!r} needs the consensus store "
+                "(its catalog lock): load it with Catalog.load(blob, shard_id, consensus)",
+                shard=self.shard_id,
+            )
+        with catalog_lock(self.consensus, self.shard_id):
+            current = Catalog.load(self.blob, self.shard_id)
+            self.entries, self.exists = current.entries, current.exists
+            entries = change(list(current.entries))
+            if entries != current.entries or not current.exists:
+                self._write(entries)
+        return list(self.entries)
 
     def _encode(self, entries: list[CheckpointEntry]) -> bytes:
         doc = {"format": FORMAT, "shard": self.shard_id, "checkpoints": [e.to_dict() for e in entries]}
@@ -233,15 +264,40 @@ def _parse_catalog(data: bytes, path: str, shard_id: str) -> list[CheckpointEntr
 # -- manifests --------------------------------------------------------------------------------
 
 
+class CommittedFileBad(IntegrityError):
+    """A file the shard's committed state names is missing or has another size than recorded:
+    no checkpoint is written over it. ``details["records"]`` names every such file."""
+
+
 def manifest_files(blob: LocalBlob, snapshot: ShardSnapshot) -> list[dict[str, Any]]:
     """Every file the state of ``snapshot`` at its upper needs, with size and SHA-256. The
-    checksum recorded when the run was written is reused; only runs written before
-    checksums were recorded are read here."""
-    files = []
+    checksum recorded when the run was written is reused (only runs written before checksums
+    were recorded are read here); every file is checked present with its recorded size, so
+    that a checkpoint never lists a file it could not restore (CommittedFileBad)."""
+    files, problems = [], []
     for run in snapshot.live_runs():
         for f in run["files"]:
-            digest = f.get("sha256") or blob.checksum(blob.path(f["path"]))
+            path = blob.path(f["path"])
+            try:
+                size = blob.size(path)
+                if size != f["bytes"]:
+                    problems.append({"file": path, "reason": f"size {size} bytes, the shard's state says {f['bytes']}"})
+                    continue
+                digest = f.get("sha256") or blob.checksum(path)
+            except FileNotFoundError:
+                problems.append({"file": path, "reason": "missing"})
+                continue
             files.append({"path": f["path"], "bytes": f["bytes"], "sha256": digest})
+    if problems:
+        shard_id = snapshot.record.shard_id
+        raise CommittedFileBad(
+            f"cannot checkpoint shard {shard_id!r} at upper {snapshot.record.upper}: {len(problems)} committed "
+            f"file(s) bad; first: {problems[0]['file']}: {problems[0]['reason']} (restore an earlier checkpoint)",
+            shard=shard_id,
+            file=problems[0]["file"],
+            records=problems[:MAX_REPORTED],
+            count=len(problems),
+        )
     return files
 
 
@@ -350,7 +406,7 @@ def create_checkpoint(
     blob, shard_id = shard.blob, shard.shard_id
     step = on_step or (lambda _name: None)
     check_retention(keep_last, keep_within)
-    catalog = Catalog.load(blob, shard_id)
+    catalog = Catalog.load(blob, shard_id, shard.consensus)
     catalog.ensure()
     for _attempt in range(MAX_ATTEMPTS):
         snapshot = shard.consensus.snapshot(shard_id)
@@ -358,7 +414,13 @@ def create_checkpoint(
         created_at = time.time()
         checkpoint_id = f"{snapshot.record.upper:012d}-{uuid.uuid4().hex[:8]}"
         directory = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id)
-        files = manifest_files(blob, snapshot)
+        try:
+            files = manifest_files(blob, snapshot)
+        except CommittedFileBad:
+            # A compaction and a GC since the snapshot remove files legitimately: read again.
+            if shard.consensus.get_shard(shard_id).since != snapshot.record.since:
+                continue
+            raise
         data = json.dumps(build_manifest(checkpoint_id, snapshot, files, created_at), indent=1, sort_keys=True).encode()
         digest = hashlib.sha256(data).hexdigest()
         blob.write_atomic(os.path.join(directory, MANIFEST_NAME), data)
@@ -497,16 +559,20 @@ def apply_retention(
     if keep_last is None and keep_within is None:
         return []
     now = time.time() if now is None else now
-    ordered = sorted(catalog.entries, key=lambda e: (e.upper, e.created_at))
-    keep = {e.id for e in ordered[-keep_last:]} if keep_last else set()
-    if keep_within is not None:
-        keep |= {e.id for e in ordered if now - e.created_at <= keep_within}
-    if ordered:
-        keep.add(ordered[-1].id)
-    removed = [e for e in ordered if e.id not in keep]
-    if not removed:
-        return []
-    catalog.remove({e.id for e in removed})
+    removed: list[CheckpointEntry] = []
+
+    def drop(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
+        # Decided on the catalog as it is under the lock, not as it was loaded.
+        ordered = sorted(entries, key=lambda e: (e.upper, e.created_at))
+        keep = {e.id for e in ordered[-keep_last:]} if keep_last else set()
+        if keep_within is not None:
+            keep |= {e.id for e in ordered if now - e.created_at <= keep_within}
+        if ordered:
+            keep.add(ordered[-1].id)
+        removed[:] = [e for e in ordered if e.id not in keep]
+        return [e for e in entries if e.id in keep]
+
+    catalog.update(drop)
     for entry in removed:
         _delete_quietly(catalog.blob, os.path.join(checkpoints_root(catalog.blob, catalog.shard_id), entry.id))
     return removed

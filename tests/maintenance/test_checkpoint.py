@@ -80,10 +80,10 @@ def test_catalog_write_failure_leaves_the_checkpoint_absent_from_memory_and_disk
     assert not [n for n in os.listdir(checkpoints_root(blob, shard.shard_id)) if n.startswith(".tmp-")]
 
     # The in-memory list of a catalog whose write fails is rolled back, and equals the disk.
-    catalog = Catalog.load(failing, shard.shard_id)
+    catalog = Catalog.load(failing, shard.shard_id, consensus)
     second = create_checkpoint(shard)
     catalog_on_disk = Catalog.load(blob, shard.shard_id).entries
-    catalog = Catalog.load(failing, shard.shard_id)
+    catalog = Catalog.load(failing, shard.shard_id, consensus)
     failing.armed = True
     with pytest.raises(OSError, match="injected"):
         catalog.remove({first.id})
@@ -272,7 +272,7 @@ def test_retention_keeps_the_last_n_or_the_recent_and_never_none(spark, consensu
     assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == ids[2:]
     assert checkpoint_dirs(blob, shard.shard_id) == sorted(ids[2:])
 
-    catalog = Catalog.load(blob, shard.shard_id)
+    catalog = Catalog.load(blob, shard.shard_id, consensus)
     newest = catalog.entries[-1]
     removed = apply_retention(catalog, keep_within=1, now=newest.created_at + 3600)
     assert [e.id for e in removed] == [ids[2]]

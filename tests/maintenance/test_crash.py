@@ -95,7 +95,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
     kept = create_checkpoint(shard).id
     # Garbage of every kind: runs only the dropped checkpoint pinned, its directory left by
     # a retention that crashed before deleting it, and a temporary file of a crashed write.
-    catalog = Catalog.load(base, shard.shard_id)
+    catalog = Catalog.load(base, shard.shard_id, consensus)
     dropped = catalog.entries[0].id
     catalog.remove({dropped})
     with open(os.path.join(checkpoints_root(base, shard.shard_id), ".tmp-crashed"), "wb") as handle:
@@ -137,7 +137,7 @@ def test_retention_crash_at_every_point(spark, sqlite_url, tmp_path):
         copy_blob(base.root, root)
         crashing = CrashingBlob(root, str(tmp_path / f"stash-{point}"), crash_at=point)
         try:
-            apply_retention(Catalog.load(crashing, shard.shard_id), keep_last=1)
+            apply_retention(Catalog.load(crashing, shard.shard_id, consensus), keep_last=1)
             crashing.crash_now()
             done = True
         except Crash:

@@ -63,7 +63,7 @@ def test_gc_deletes_only_what_nothing_references(spark, consensus, blob, tmp_pat
     assert tree(blob.root) == before  # a dry run deletes nothing
 
     new = create_checkpoint(shard)
-    apply_retention(Catalog.load(blob, shard.shard_id), keep_last=1)
+    apply_retention(Catalog.load(blob, shard.shard_id, consensus), keep_last=1)
     assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [new.id]
     age_files(checkpoints_root(blob, shard.shard_id))
     age_compaction(consensus, shard.shard_id)

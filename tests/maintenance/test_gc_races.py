@@ -1,0 +1,130 @@
+"""GC races that used to lose protection or page someone: runs replaced by every compaction
+inside the grace period stay, a checkpoint removed by retention while GC reads it is not
+corruption, and a checkpoint is never written over a missing committed file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.checkpoint import (
+    MANIFEST_NAME,
+    Catalog,
+    CommittedFileBad,
+    apply_retention,
+    checkpoint_dirs,
+    create_checkpoint,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from airflow_upsert_provider.engine.compaction import compact
+from airflow_upsert_provider.engine.errors import IntegrityError
+from airflow_upsert_provider.engine.gc import collect_garbage
+from airflow_upsert_provider.engine.shard import Shard
+from tests.maintenance.support import age_compaction, age_files, table, written_shard
+from tests.oracle import table_from_rows
+
+GRACE = 600
+
+
+def test_runs_replaced_by_every_compaction_inside_the_grace_period_stay(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    first_replaced = {b.run["path"] for b in shard.batches(below=2)}
+    planned = shard.read(spark, as_of=4)  # lists every batch run
+    expected = table(shard, spark)
+    compact(spark, shard, since=2)
+    compact(spark, shard, since=4)  # the compactions table now only holds this one
+    age_files(blob.root)
+
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    deleted = {i.path for i in report.items}
+    assert not deleted & first_replaced, deleted
+    assert all(os.path.isdir(blob.path(p)) for p in first_replaced)
+    assert table(shard, spark) == expected
+    assert table_from_rows(planned.collect()) == expected  # a read planned before both swaps
+
+    age_compaction(consensus, shard.shard_id)
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    deleted = {i.path for i in report.items}
+    assert first_replaced <= deleted and not any(os.path.exists(blob.path(p)) for p in first_replaced)
+    assert table(shard, spark) == expected
+
+
+class RetentionWhileGcReads(LocalBlob):
+    """Runs ``during`` once, just before the manifest of checkpoint ``victim`` is read."""
+
+    def __init__(self, root: str, victim: str, during) -> None:
+        super().__init__(root)
+        self.victim, self.during, self.fired = victim, during, False
+
+    def read_bytes(self, path: str) -> bytes:
+        if not self.fired and path.endswith(os.path.join(self.victim, MANIFEST_NAME)):
+            self.fired = True
+            self.during()
+        return super().read_bytes(path)
+
+
+def test_checkpoint_removed_by_retention_between_catalog_and_manifest_read_is_not_corruption(
+    spark, consensus, blob, tmp_path
+):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    old = create_checkpoint(shard)
+    compact(spark, shard)
+    new = create_checkpoint(shard)
+    age_files(blob.root)
+    age_compaction(consensus, shard.shard_id)
+    racing = RetentionWhileGcReads(
+        blob.root, old.id, lambda: apply_retention(Catalog.load(blob, shard.shard_id, consensus), keep_last=1)
+    )
+
+    report = collect_garbage(consensus, racing, shard.shard_id, grace_seconds=GRACE)
+
+    assert racing.fired
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [new.id]
+    verify_checkpoint(blob, shard.shard_id, new.id)
+    assert report.checkpoints_read == 1
+    assert table(shard, spark) == table(Shard.open(consensus, blob, shard.shard_id), spark)
+
+
+def test_a_listed_checkpoint_whose_manifest_is_gone_is_still_corruption(spark, consensus, blob, tmp_path):
+    """The re-read only forgives a checkpoint that is no longer listed."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
+    entry = create_checkpoint(shard)
+    manifest = os.path.join(blob.root, shard.shard_id, "checkpoints", entry.id, MANIFEST_NAME)
+    os.unlink(manifest)
+    with pytest.raises(IntegrityError, match="missing") as caught:
+        collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert manifest in str(caught.value) and caught.value.exit_code == 4
+
+
+def test_checkpoint_over_a_deleted_committed_file_is_refused_naming_it(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    first = create_checkpoint(shard)
+    lost = blob.path(shard.batches()[1].run["files"][0]["path"])
+    os.unlink(lost)
+
+    with pytest.raises(CommittedFileBad) as caught:
+        create_checkpoint(shard)
+    assert isinstance(caught.value, IntegrityError) and caught.value.exit_code == 4
+    assert lost in str(caught.value) and caught.value.details["records"][0] == {"file": lost, "reason": "missing"}
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [first.id]
+    assert checkpoint_dirs(blob, shard.shard_id) == [first.id]  # no half-written checkpoint left
+
+
+def test_checkpoint_create_cli_exits_4_naming_the_deleted_file(spark, consensus, consensus_url, blob, tmp_path,
+                                                              monkeypatch, capsys):
+    from airflow_upsert_provider.cli import main
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    lost = blob.path(shard.batches()[0].run["files"][0]["path"])
+    os.unlink(lost)
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", consensus_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", blob.root)
+    capsys.readouterr()
+    code = main(["checkpoint", "create", shard.shard_id, "--json"])
+    printed = capsys.readouterr()
+    assert code == 4
+    assert lost in printed.out + printed.err
+    assert list_checkpoints(blob, shard.shard_id) == []
