@@ -152,7 +152,7 @@ def collect_garbage(
     referenced: set[str] = set()
     # Runs a compaction replaced less than the grace period ago: a read planned before the
     # swap may still be reading them.
-    replaced_in_grace = recently_replaced(consensus, shard_id, cutoff)
+    replaced_in_grace = recently_replaced(consensus, cutoff)
     planned_upper = 0
     for record in consensus.list_shards():
         snapshot = consensus.snapshot(record.shard_id)

@@ -121,14 +121,13 @@ def refuse_claimed(conn: sa.Connection, attempt: CommitAttempt) -> str | None:
 commit_hooks.append(refuse_claimed)
 
 
-def recently_replaced(consensus: Consensus, shard_id: str, cutoff: float) -> set[str]:
-    """Runs of ``shard_id`` some compaction replaced at or after ``cutoff``."""
+def recently_replaced(consensus: Consensus, cutoff: float) -> set[str]:
+    """Runs some compaction of any shard replaced at or after ``cutoff`` (a shard restored
+    under a new id compacts runs in the original shard's directory)."""
     return set(
         consensus._run(
             lambda conn: conn.execute(
-                sa.select(replaced_runs_table.c.path).where(
-                    replaced_runs_table.c.shard_id == shard_id, replaced_runs_table.c.replaced_at >= cutoff
-                )
+                sa.select(replaced_runs_table.c.path).where(replaced_runs_table.c.replaced_at >= cutoff)
             ).scalars().all()
         )
     )
@@ -185,10 +184,7 @@ def claim_for_deletion(consensus: Consensus, shard_id: str, candidates: list[str
             conn.execute(sa.delete(gc_claims_table).where(gc_claims_table.c.path.in_(expired[start : start + CHUNK])))
         for start in range(0, len(doomed), CHUNK):
             conn.execute(
-                sa.delete(replaced_runs_table).where(
-                    replaced_runs_table.c.shard_id == shard_id,
-                    replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]),
-                )
+                sa.delete(replaced_runs_table).where(replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]))
             )
         return doomed
 
