@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_upsert_provider.engine import source_index
+from airflow_upsert_provider.engine import binding_planner, source_index
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
@@ -226,9 +226,10 @@ def test_bound_segment_put_back_is_not_late(consensus, blob, tmp_path):
     assert commit_next(shard) is None
 
 
-def test_settled_names_are_an_accelerator_not_the_authority(consensus, blob, tmp_path):
+def test_settled_names_are_an_accelerator_not_the_authority(consensus, blob, tmp_path, monkeypatch):
     """Without its rows, or with rows another shard of the same id left, planning reaches
     the same verdicts from the bindings."""
+    monkeypatch.setattr(binding_planner, "SAVE_EVERY_BINDINGS", 1)
     for offset in range(5):
         land(tmp_path, f"p0/{offset}.jsonl", offset)
     shard = make_shard(consensus, blob, tmp_path, max_files_per_batch=2)
@@ -236,10 +237,11 @@ def test_settled_names_are_an_accelerator_not_the_authority(consensus, blob, tmp
         commit_next(shard)
     land(tmp_path, "p0/10.jsonl", 10)
     table = source_index.settled_names_table
-    consensus._run(lambda conn: conn.execute(table.delete()))
+    assert consensus._run(lambda conn: conn.execute(table.delete()).rowcount) == 1
     assert shard.mint_binding(3, minted_by="t").ranges["p0"]["files"] == [[10, "10.jsonl"]]
     # A forged row claiming a late file is settled is ignored: it matches no binding.
-    consensus._run(lambda conn: conn.execute(table.update().values(binding_digest="0" * 64, names="3.jsonl\n7.jsonl")))
+    forged = table.update().values(binding_digest="0" * 64, names="3.jsonl/7.jsonl")
+    assert consensus._run(lambda conn: conn.execute(forged).rowcount) == 1
     shard.compare_and_append(3, 4, batch(3))
     late = land(tmp_path, "p0/7.jsonl", 7)
     with pytest.raises(BadInputError) as info:

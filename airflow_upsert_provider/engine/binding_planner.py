@@ -22,8 +22,10 @@ class PartitionSurvey:
     partition: str
     frontier: int
     present: set[str]
-    # Names settled through the previous binding, as loaded (to tell whether to save).
+    # Names settled through the previous binding, and how many bindings the stored row
+    # lagged behind it.
     settled: set[str]
+    lag: int = 0
     # New names this survey settled: ignored, already quarantined, bound segments put back.
     newly_settled: set[str] = field(default_factory=set)
     candidates: list[Segment] = field(default_factory=list)
@@ -53,9 +55,9 @@ def survey_source(source: DirectorySource, index: SourceIndex, previous: Binding
     for partition in source.partitions():
         directory = source.partition_dir(partition)
         present = set(source.list_names(partition))
-        settled = index.settled(partition, previous)
+        settled, lag = index.settled(partition, previous)
         frontier = range_to(prev_ranges.get(partition))
-        survey = PartitionSurvey(partition, frontier, present, settled)
+        survey = PartitionSurvey(partition, frontier, present, settled, lag)
         new = sort_out_new_names(partition, directory, present, settled, frontier, source.source_format)
         survey.newly_settled.update(new.ignored)
         survey.candidates = new.candidates
@@ -97,8 +99,9 @@ def plan_binding(
     problems = survey.problems
     taken = survey.candidates[: max_files or config.max_files_per_batch]
     readable: list[Segment] = []
+    schema_fields = config.schema_fields()
     for segment in taken:
-        reason = source.unreadable_reason(segment, config.schema_fields(), config.keys)
+        reason = source.unreadable_reason(segment, schema_fields, config.keys)
         if reason is None:
             readable.append(segment)
         else:
@@ -127,13 +130,23 @@ def plan_binding(
     return Binding(ts=ts, ranges=ranges, quarantined=problems)
 
 
+# The stored row is rewritten (O(files present)) when it lags this many bindings behind;
+# in between, planning catches up from the bindings minted since (O(new files)).
+SAVE_EVERY_BINDINGS = 32
+
+
 def remember_settled(index: SourceIndex, survey: SourceSurvey, minted: Binding | None) -> None:
-    """Save each partition's settled names still present, through ``minted`` (or the
-    previous binding when nothing was minted). Skipped when nothing changed."""
+    """Save a partition's settled names still present, through ``minted`` (or the previous
+    binding when nothing was minted), when the survey settled names no binding records
+    (ignored files, quarantined or bound files found by look-up), when the row lags
+    ``SAVE_EVERY_BINDINGS`` behind, or when it holds more names of deleted files than of
+    present ones. Otherwise the row stays: names it lacks are caught up from bindings."""
     through = minted or survey.previous
     for partition in survey.partitions:
+        lag = partition.lag + (minted is not None)
+        if not partition.newly_settled and lag < SAVE_EVERY_BINDINGS and len(partition.settled) <= 2 * len(partition.present):
+            continue
         names = (partition.settled & partition.present) | partition.newly_settled
         if minted is not None:
             names |= index.settled_by(partition.partition, minted) & partition.present
-        if minted is not None or names != partition.settled:
-            index.save(partition.partition, through, names)
+        index.save(partition.partition, through, names)

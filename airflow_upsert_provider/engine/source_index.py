@@ -3,7 +3,9 @@
 Per (shard, partition), one row: the names in the partition's directory whose verdict is
 settled (bound by a binding, set aside in quarantine, ignored), as of binding ``through_ts``.
 Planning subtracts them from the listing, so only new names are parsed and looked up, and the
-row is read in one query instead of every binding ever minted.
+row is read in one query instead of every binding ever minted. It is rewritten only now and
+then (see ``binding_planner.remember_settled``); in between, the few bindings minted since
+are read to catch up.
 
 The row is an accelerator, never the authority: it only ever holds names some binding (or the
 quarantine table) settled, and a name it lacks is looked up exactly (the binding whose range
@@ -41,7 +43,7 @@ settled_names_table = sa.Table(
     sa.Column("through_ts", sa.BigInteger, nullable=False),
     # Digest of that binding: a row left by an earlier shard of the same id does not match.
     sa.Column("binding_digest", sa.String(64), nullable=False),
-    # Newline-separated file names (a name holding a newline is never a segment nor settled).
+    # File names joined by "/", the one character no file name holds.
     sa.Column("names", sa.Text, nullable=False),
 )
 
@@ -53,11 +55,11 @@ def binding_digest(binding: Binding | None) -> str:
 
 
 def _encode(names: Iterable[str]) -> str:
-    return "\n".join(name for name in names if "\n" not in name)
+    return "/".join(names)
 
 
 def _decode(text: str) -> set[str]:
-    return set(text.split("\n")) if text else set()
+    return set(text.split("/")) if text else set()
 
 
 class SourceIndex:
@@ -76,8 +78,9 @@ class SourceIndex:
 
     # -- the accelerator row ----------------------------------------------------------------
 
-    def settled(self, partition: str, upto: Binding | None) -> set[str]:
-        """Names of ``partition`` settled through binding ``upto`` (None: before any)."""
+    def settled(self, partition: str, upto: Binding | None) -> tuple[set[str], int]:
+        """Names of ``partition`` settled through binding ``upto`` (None: before any), and
+        how many bindings the stored row lagged behind ``upto`` (caught up from them)."""
         upto_ts = -1 if upto is None else upto.ts
         table = settled_names_table
         row = self.consensus._run(
@@ -96,7 +99,7 @@ class SourceIndex:
         if through < upto_ts:
             for binding in self._bindings_between(through + 1, upto_ts):
                 names |= self.settled_by(partition, binding)
-        return names
+        return names, upto_ts - through
 
     def settled_by(self, partition: str, binding: Binding) -> set[str]:
         """Names of ``partition`` that ``binding`` bound or set aside."""

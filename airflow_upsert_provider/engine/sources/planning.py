@@ -48,7 +48,8 @@ def sort_out_new_names(
     difference over the listing, then work per new name only."""
     result = NewNames()
     well_formed: list[Segment] = []
-    for name in set(listing) - settled:
+    present = listing if isinstance(listing, (set, frozenset)) else set(listing)
+    for name in present - settled:
         if is_ignored(name):
             result.ignored.append(name)
             continue
