@@ -1,9 +1,12 @@
-"""The SparkSession the engine runs on, kept on loopback for local masters."""
+"""The SparkSession the engine runs on, kept on loopback for local masters and quiet on stderr."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Mapping
+import threading
+from typing import TYPE_CHECKING, BinaryIO, Mapping
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -19,6 +22,11 @@ DEFAULT_CONF = {
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.driver.memory": "2g",
 }
+# Lines the driver JVM prints on stderr by itself, not through log4j, and that say nothing to
+# a user: Spark's launcher always puts --add-modules=jdk.incubator.vector on the driver's
+# command line, and the JVM then announces the incubator module; no JVM option turns that
+# notice off. Only these exact lines are dropped; everything else the JVM writes passes.
+JVM_NOTICES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
 
 
 def is_local_master(master: str) -> bool:
@@ -34,14 +42,26 @@ def get_spark(
 
     Local sessions bind the driver to 127.0.0.1: Spark otherwise picks a non-loopback
     address when the hostname resolves to loopback.
+
+    When this process already has an active session, it is returned only if it can honour
+    the request; a conflict is a :class:`ConfigurationError`, never silently ignored:
+
+    - ``master``: a different master is refused, except between two local masters (they
+      differ only in the number of threads, and one process holds one SparkContext);
+    - ``conf``: a key whose value differs is set on the active session when Spark allows it
+      at runtime (SQL settings such as ``spark.sql.shuffle.partitions``); a static one
+      (``spark.driver.memory``, ``spark.executor.*``...) is refused, naming the keys.
+
+    A new local session starts its driver JVM with stderr through a filter that drops only
+    :data:`JVM_NOTICES`, so that a CLI run prints nothing but its own lines and real errors.
     """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        _check_active(active, master, conf or {})
         return active
     master = master or os.environ.get("UPSERT_SPARK_MASTER", DEFAULT_MASTER)
-    builder = SparkSession.builder.master(master).appName(app_name)
     settings = dict(DEFAULT_CONF)
     if is_local_master(master) or os.environ.get("SPARK_LOCAL_IP") == "127.0.0.1":
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -51,8 +71,73 @@ def get_spark(
         # Only takes effect when this call launches the driver JVM (the usual case).
         settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}"
     settings.update(conf or {})
+    _launch_driver_jvm(master, app_name, settings)
+    builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("UPSERT_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def _check_active(active: "SparkSession", master: str | None, conf: Mapping[str, str]) -> None:
+    current_master = active.sparkContext.master
+    if master and master != current_master and not (is_local_master(master) and is_local_master(current_master)):
+        raise ConfigurationError(
+            f"a SparkSession on master {current_master!r} is already active in this process; it "
+            f"cannot run on {master!r}: stop it first or run in a new process",
+            field="master",
+        )
+    static = []
+    for key, value in conf.items():
+        if active.conf.get(key, None) == str(value):
+            continue
+        if active.conf.isModifiable(key):
+            active.conf.set(key, str(value))
+        else:
+            static.append(key)
+    if static:
+        # Names only: a value may be a secret (a storage key, a password).
+        raise ConfigurationError(
+            f"the SparkSession already active in this process has other values for "
+            f"{', '.join(sorted(static))}, which Spark fixes when a session starts: stop it "
+            "first or run in a new process",
+            field="spark_conf",
+        )
+
+
+def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) -> None:
+    """Start the driver JVM (the Py4J gateway) as pyspark would, with its stderr through
+    :func:`_forward_stderr`. Nothing to do when this process has a gateway already, or when
+    ``spark-submit`` started this process next to its JVM."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name)
+    for key, value in settings.items():
+        conf.set(key, value)
+    # The reader runs before the JVM starts: a JVM that fails at startup is still heard.
+    read_end, write_end = os.pipe()
+    reader = os.fdopen(read_end, "rb", buffering=0)
+    threading.Thread(target=_forward_stderr, args=(reader,), name="spark-driver-stderr", daemon=True).start()
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_end})
+    finally:
+        os.close(write_end)  # the JVM holds its own copy; EOF comes when it exits
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _forward_stderr(stream: BinaryIO) -> None:
+    """Copy the JVM's stderr to this process's stderr line by line, without the notices."""
+    with stream:
+        for line in iter(stream.readline, b""):
+            if line.rstrip(b"\r\n") in JVM_NOTICES:
+                continue
+            pending = memoryview(line)
+            try:
+                while pending:
+                    pending = pending[os.write(2, pending):]
+            except OSError:  # our stderr is gone: nothing left to tell
+                return

@@ -1,0 +1,78 @@
+"""The engine's SparkSession: a conflicting request is an error, not ignored (issue 7 item 8),
+and a CLI run that starts Spark prints nothing on stderr but its own lines (item 15)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from airflow_upsert_provider.engine import spark as spark_module
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.spark import get_spark
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+from tests.conftest import cli_env
+
+
+def test_active_session_with_another_cluster_master_is_refused(spark):
+    with pytest.raises(ConfigurationError, match=r"already active .* cannot run on 'spark://127.0.0.1:7077'"):
+        get_spark("spark://127.0.0.1:7077")
+
+
+def test_active_local_session_serves_another_local_master(spark):
+    assert get_spark("local[1]") is spark
+    assert get_spark() is spark
+
+
+def test_runtime_sql_conf_is_applied_to_the_active_session(spark):
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        assert get_spark(conf={"spark.sql.shuffle.partitions": "3"}) is spark
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+
+
+def test_static_conf_that_differs_is_refused_naming_the_key_not_the_value(spark):
+    assert get_spark(conf={"spark.driver.memory": spark.conf.get("spark.driver.memory")}) is spark
+    with pytest.raises(ConfigurationError) as info:
+        get_spark(conf={"spark.driver.memory": "7g", "spark.executor.cores": "secret-ish-value"})
+    assert "spark.driver.memory" in info.value.message and "spark.executor.cores" in info.value.message
+    assert "secret-ish-value" not in info.value.message
+
+
+def test_jvm_stderr_filter_drops_only_the_notices(capfd):
+    read_end, write_end = os.pipe()
+    reader = os.fdopen(read_end, "rb", buffering=0)
+    forward = threading.Thread(target=spark_module._forward_stderr, args=(reader,))
+    forward.start()
+    os.write(write_end, b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+                        b"25/11/23 ERROR Executor: a real error\n"
+                        b"WARNING: Using incubator modules: jdk.incubator.vector, and more\n")
+    os.close(write_end)
+    forward.join(timeout=10)
+    err = capfd.readouterr().err
+    assert err == ("25/11/23 ERROR Executor: a real error\n"
+                   "WARNING: Using incubator modules: jdk.incubator.vector, and more\n")
+
+
+def test_cli_runs_that_start_spark_print_only_their_own_lines(tmp_path):
+    landing = tmp_path / "landing"
+    generate(str(landing), SampleSpec(records=100, keys=20, partitions=1, segments_per_partition=1, seed=3))
+    env = cli_env(f"sqlite:///{tmp_path / 'c.db'}", str(tmp_path / "blob"))
+    env.pop("UPSERT_SPARK_LOG_LEVEL", None)
+    upsertctl = [sys.executable, "-m", "airflow_upsert_provider.cli"]
+    init = subprocess.run(upsertctl + ["init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema",
+                                       SAMPLE_SCHEMA_DDL, "--json"], env=env, capture_output=True, text=True)
+    assert init.returncode == 0 and init.stderr == "", init.stderr
+    # Piped (not a terminal): progress goes to stdout, stderr stays empty.
+    batch = subprocess.run(upsertctl + ["run-batch", "s"], env=env, capture_output=True, text=True)
+    assert batch.returncode == 0 and batch.stderr == "", batch.stderr
+    assert "batch ts=0 committed" in batch.stdout
+    # An error is the CLI's own line, still on stderr.
+    missing = subprocess.run(upsertctl + ["read", "s", "--out", "/nonexistent/x"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 2
+    assert missing.stderr == "upsertctl: cannot write --out /nonexistent/x: No such file or directory\n"
