@@ -152,3 +152,49 @@ def test_upper_never_decreases_under_mixed_outcomes(store):
     with store.engine.connect() as conn:
         count = conn.execute(sa.text("SELECT count(*) FROM upsert_batches WHERE shard_id='s'")).scalar()
     assert count == 5
+
+
+# -- URL helpers (make_url, not string slicing) and store faults (issue 7 items 12, 18) -----------
+
+@pytest.mark.parametrize("url, expected", [
+    ("postgresql://u:p@h:5/db", "postgresql+psycopg://u:p@h:5/db"),
+    ("postgres://u:p@h/db?sslmode=require", "postgresql+psycopg://u:p@h/db?sslmode=require"),
+    ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+    ("sqlite:////tmp/c.db", "sqlite:////tmp/c.db"),
+])
+def test_normalize_url_picks_the_psycopg_driver(url, expected):
+    from airflow_upsert_provider.engine.consensus import normalize_url
+
+    assert normalize_url(url) == expected
+
+
+def test_with_password_sets_a_password_with_special_characters():
+    from sqlalchemy.engine import make_url
+
+    from airflow_upsert_provider.engine.consensus import with_password
+
+    url = with_password("postgres://u@h/db", "p@ss:w/rd%")
+    assert make_url(url).password == "p@ss:w/rd%" and make_url(url).drivername == "postgresql+psycopg"
+    assert with_password("sqlite:////tmp/c.db", None) == "sqlite:////tmp/c.db"
+
+
+def test_unparseable_url_is_refused_without_echoing_it():
+    from airflow_upsert_provider.engine.consensus import normalize_url
+
+    with pytest.raises(ConfigurationError) as info:
+        normalize_url("not a url with hunter2")
+    assert "hunter2" not in info.value.message
+
+
+def test_driver_error_text_never_shows_the_password():
+    from airflow_upsert_provider.engine.consensus import _short
+
+    error = sa.exc.OperationalError("SELECT 1", {}, Exception("auth failed for pw hunter2secret"))
+    assert "hunter2secret" not in _short(error, "postgresql://u:hunter2secret@h/db")
+
+
+def test_unreachable_store_is_retryable_and_not_a_configuration_error():
+    with pytest.raises(ConsensusUnavailable) as info:
+        open_consensus("postgresql://upsert:pw@127.0.0.1:1/db")
+    assert info.value.retryable and info.value.exit_code == 2
+    assert not isinstance(info.value, ConfigurationError)
