@@ -2,8 +2,9 @@
 
 Sets up a temporary Airflow home (.demo/airflow), the `upsert_default` and `spark_default`
 connections, sample change data (200k records over 50k keys, with deletes, in 4 partitions)
-and the shard; runs the example DAG `upsert_microbatch` with `airflow dags test`; prints the
-shard's status, a few rows and where to look. Then more changes land and two writers run on
+and the shard; runs the example DAG `upsert_microbatch` with `airflow dags test` and keeps its
+task log in the Airflow home's logs folder, where the UI reads it; prints the shard's status,
+a few rows and where to look. Then more changes land and two writers run on
 the same shard at once: both converge (one commits each batch, the other reports
 `already_persisted`).
 """
@@ -22,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
+from airflow_upsert_provider.engine.config import DEFAULT_BUCKETS  # noqa: E402
 from airflow_upsert_provider.sample_data import (  # noqa: E402
     SAMPLE_DELETE_MARKER,
     SAMPLE_KEYS,
@@ -30,6 +32,7 @@ from airflow_upsert_provider.sample_data import (  # noqa: E402
     SampleSpec,
     generate,
 )
+from task_logs import save_task_logs  # noqa: E402  (beside this script)
 
 WORK = os.path.join(REPO, ".demo")
 AIRFLOW_HOME = os.path.join(WORK, "airflow")
@@ -37,6 +40,18 @@ LANDING = os.path.join(WORK, "landing")
 CONSENSUS_URL = f"sqlite:///{WORK}/upsert/consensus.db"
 BLOB_ROOT = os.path.join(WORK, "upsert", "blob")
 SHARD = "orders"
+# Source files per batch of the demo's shard (and of new shards on its connection).
+MAX_FILES_PER_BATCH = 8
+LOG_FOLDER = os.path.join(AIRFLOW_HOME, "logs")
+# Every field of the `upsert` connection form, so that editing the connection in the UI shows
+# them all filled in.
+UPSERT_CONNECTION_EXTRA = {
+    "consensus_url": CONSENSUS_URL,
+    "blob_root": BLOB_ROOT,
+    "spark_conn_id": "spark_default",
+    "default_buckets": DEFAULT_BUCKETS,
+    "default_max_files_per_batch": MAX_FILES_PER_BATCH,
+}
 BIN = os.path.dirname(sys.executable)
 
 ENV = dict(
@@ -74,8 +89,7 @@ def airflow_setup() -> None:
     print(f"Airflow home: {AIRFLOW_HOME}")
     run("airflow", "db", "migrate", quiet=True)
     run("airflow", "connections", "add", "upsert_default", "--conn-type", "upsert",
-        "--conn-extra", json.dumps({"consensus_url": CONSENSUS_URL, "blob_root": BLOB_ROOT,
-                                    "spark_conn_id": "spark_default"}), quiet=True)
+        "--conn-extra", json.dumps(UPSERT_CONNECTION_EXTRA), quiet=True)
     run("airflow", "connections", "add", "spark_default", "--conn-type", "spark", "--conn-host", "local[*]",
         quiet=True)
     run("airflow", "dags", "reserialize", quiet=True)
@@ -105,11 +119,13 @@ def main() -> None:
     generate(LANDING, spec)
     run("upsertctl", "--master", "local[2]", "init", SHARD, "--source", f"dir:{LANDING}",
         "--key", SAMPLE_KEYS[0], "--order-by", SAMPLE_ORDER_BY, "--delete-marker", SAMPLE_DELETE_MARKER,
-        "--schema", SAMPLE_SCHEMA_DDL, "--max-files-per-batch", "8", quiet=True)
+        "--schema", SAMPLE_SCHEMA_DDL, "--max-files-per-batch", str(MAX_FILES_PER_BATCH), quiet=True)
 
     print("\nThe scheduled example DAG, one run end to end (Spark local[*], SQLite consensus):")
-    run("airflow", "dags", "test", "upsert_microbatch", quiet=True)
+    output = run("airflow", "dags", "test", "upsert_microbatch", quiet=True)
     run_id, report = task_report("upsert_microbatch", "upsert")
+    # `airflow dags test` prints task logs to the console only: keep them where the UI reads them.
+    logs = save_task_logs(output, LOG_FOLDER, "upsert_microbatch", run_id)
     print(f"  run {run_id}: task `upsert` {report['state']}, writer {report['writer_id']}")
     for batch in report["batches"]:
         timings = ", ".join(f"{k} {v:.2f}s" for k, v in batch.get("timings", {}).items())
@@ -151,11 +167,13 @@ def main() -> None:
     print(f"  export AIRFLOW_HOME={AIRFLOW_HOME} AIRFLOW__CORE__DAGS_FOLDER={ENV['AIRFLOW__CORE__DAGS_FOLDER']} \\")
     print("         AIRFLOW__CORE__LOAD_EXAMPLES=False SPARK_LOCAL_IP=127.0.0.1 \\")
     print(f"         UPSERT_CONSENSUS_URL={CONSENSUS_URL} UPSERT_BLOB_ROOT={BLOB_ROOT}")
+    for path in logs:
+        print(f"  task log (also in the UI): {os.path.relpath(path, REPO)}")
     print(f"  .venv/bin/upsertctl status {SHARD}          # frontier, lag, rows")
     print(f"  .venv/bin/upsertctl read {SHARD} | head     # the table")
     print("  .venv/bin/airflow tasks states-for-dag-run upsert_microbatch " + run_id)
     print("  .venv/bin/airflow dags test upsert_backfill --conf '{\"batch_size\": 64}'")
-    print("  .venv/bin/airflow standalone                 # the UI, with both example DAGs")
+    print("  .venv/bin/airflow standalone                 # the UI: the three example DAGs, this run and its log")
 
 
 if __name__ == "__main__":

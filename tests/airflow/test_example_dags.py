@@ -4,11 +4,15 @@ large batch, then the scheduled DAG catches the rest up in the shard's small bat
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.sample_data import SampleSpec, generate
+from demo.task_logs import save_task_logs
 from tests.airflow.conftest import failure_text, init_shard, read_table
+from tests.airflow.test_demo import read_task_log
 from tests.oracle import oracle_table
 
 pytestmark = pytest.mark.slow
@@ -61,5 +65,12 @@ def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path, spark
     assert report["upper"] == 3 and report["committed"] == 2
     assert report["writer_id"] == f"airflow:upsert_microbatch:{run_id}:upsert:try1"
     assert report["batches"][-1]["lag_offsets"] == {"p0": 0, "p1": 0}
+    # The demo keeps the run's task log where the UI reads it; the UI's reader then shows it.
+    written = save_task_logs(proc.stdout + "\n" + proc.stderr, os.path.join(airflow_home.path, "logs"),
+                             "upsert_microbatch", run_id)
+    assert len(written) == 1 and written[0].endswith("task_id=upsert/attempt=1.log")
+    shown = read_task_log(airflow_home, env, "upsert_microbatch", run_id, "upsert")
+    assert any(line.startswith("batch ts=2 committed: rows in") for line in shown), shown[-20:]
+    assert not any("Could not read served logs" in line for line in shown)
     assert [sum(len(r["files"]) for r in b.values()) for b in _bindings(url)] == [8, 3, 1]
     assert read_table(url, blob, "orders", spark) == oracle_table(landing)
