@@ -2,9 +2,9 @@
 
 Thin: each parses its parameters, calls the engine through ``UpsertShardHook`` and returns
 the engine's report (pushed to XCom as ``return_value``). Engine errors are mapped by
-``to_airflow_error``: bad input, integrity violations (a corrupt catalog, a checkpoint whose
-files do not verify) and configuration errors fail without retry; an unreachable consensus
-is retried.
+``to_airflow_error`` on their ``retryable`` flag: bad input, integrity violations (a corrupt
+catalog, a checkpoint whose files do not verify) and configuration errors fail without retry;
+an unreachable consensus or an unknown outcome is retried.
 """
 
 from __future__ import annotations

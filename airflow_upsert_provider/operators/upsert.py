@@ -18,10 +18,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.errors import (
     BadInputError,
-    CommitOutcomeUnknown,
     ConfigurationError,
-    ConsensusUnavailable,
     IntegrityError,
+    OutcomeUnknown,
     UpsertError,
 )
 from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
@@ -46,15 +45,17 @@ def writer_id_for(dag_id: str, run_id: str, task_id: str, map_index: int, try_nu
 
 
 def to_airflow_error(exc: UpsertError) -> AirflowException:
-    """The engine's error as Airflow understands it.
+    """The engine's error as Airflow understands it, decided by ``exc.retryable``.
 
-    Bad data, integrity violations and configuration errors (unknown shard, missing blob
-    root, bad option) fail without retry: a retry cannot fix them. An unknown commit outcome
-    and an unreachable consensus store are retried within the task's ``retries``: the next
-    try recognises its token or finds the store back.
+    Retryable errors (the operation may have happened and running it again is safe, e.g. a
+    commit whose outcome is unknown; or nothing happened and the cause may pass, e.g. an
+    unreachable consensus store) raise ``AirflowException``: Airflow retries within the
+    task's ``retries``, and the next try recognises its token or finds the store back.
+    Determinate failures (bad data, a violated invariant, a configuration error, a full disk)
+    raise ``AirflowFailException``: a retry cannot fix them.
     """
     message = exc.message
-    if isinstance(exc, (CommitOutcomeUnknown, ConsensusUnavailable)):
+    if exc.retryable:
         return AirflowException(f"{message} (retryable)")
     if isinstance(exc, BadInputError):
         records = exc.details.get("records") or []
@@ -367,16 +368,22 @@ class MicroBatchUpsertOperator(BaseOperator):
             stopper.join(timeout=60)
 
 
-_ERRORS_BY_EXIT_CODE = {2: ConfigurationError, 3: BadInputError, 4: IntegrityError, 5: CommitOutcomeUnknown}
+_ERRORS_BY_EXIT_CODE: dict[int, type[UpsertError]] = {
+    2: ConfigurationError, 3: BadInputError, 4: IntegrityError, 5: OutcomeUnknown,
+}
 
 
 def _error_from_result(result: dict[str, Any]) -> AirflowException:
-    """The Airflow error for a failed packaged job, from the exit code it reported."""
-    details = {k: v for k, v in result.items() if k not in ("ok", "exit_code", "error", "message", "driver_seconds")}
+    """The Airflow error for a failed packaged job, from the exit code and the
+    ``retryable`` flag it reported."""
+    details = {
+        k: v for k, v in result.items()
+        if k not in ("ok", "exit_code", "error", "message", "driver_seconds", "retryable")
+    }
     message = f"{result.get('error')}: {result.get('message')}"
-    if result.get("error") == "ConsensusUnavailable":
-        return to_airflow_error(ConsensusUnavailable(message, **details))
     cls = _ERRORS_BY_EXIT_CODE.get(result.get("exit_code"))
     if cls is None:
         return AirflowException(f"the Spark job failed: {message}")
-    return to_airflow_error(cls(message, **details))
+    error = cls(message, **details)
+    error.retryable = bool(result.get("retryable", cls.retryable))
+    return to_airflow_error(error)
