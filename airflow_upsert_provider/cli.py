@@ -1,7 +1,9 @@
 """`upsertctl`: the engine for humans and scripts.
 
-Exit codes: 0 ok; 2 usage or bad configuration; 3 bad input data (nothing committed);
-4 integrity violation; 5 commit outcome unknown (safe to retry); 1 anything unexpected.
+Exit codes (docs/errors.md): 0 ok; 2 nothing was changed (usage, configuration, an
+unreachable store, a full or read-only blob root); 3 bad input data (nothing committed);
+4 integrity violation; 5 outcome unknown (safe to retry); 1 anything unexpected; 141 the
+reader of stdout went away.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertErro
 DEFAULT_CONSENSUS_URL = "sqlite:///./.upsert/consensus.db"
 DEFAULT_BLOB_ROOT = "./.upsert/blob"
 
-EPILOG = """exit codes: 0 ok; 2 usage or bad configuration; 3 bad input data (nothing committed);
-4 integrity violation; 5 commit outcome unknown (safe to retry)
+EPILOG = """exit codes: 0 ok; 2 nothing was changed (usage, configuration, unreachable store,
+full or read-only blob root); 3 bad input data (nothing committed); 4 integrity violation;
+5 outcome unknown (safe to retry); 1 unexpected (UPSERT_DEBUG=1 shows the traceback);
+see docs/errors.md
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
           --blob-root from UPSERT_BLOB_ROOT, else ./.upsert/blob;
