@@ -169,8 +169,10 @@ def test_text_file_as_sqlite_store_is_a_clear_error(capsys, tmp_path):
     assert text.read_text().startswith("these are my notes")  # untouched
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage_header"])
-def test_damaged_sqlite_store_is_a_clear_error(capsys, tmp_path, damage):
+# A cut-off file is damaged (exit 4: restore); a file whose header is not SQLite's may be the
+# wrong file as well as a damaged one (exit 2: check the URL first).
+@pytest.mark.parametrize("damage, expected_code", [("truncated", 4), ("garbage_header", 2)])
+def test_damaged_sqlite_store_is_a_clear_error(capsys, tmp_path, damage, expected_code):
     db = tmp_path / "c.db"
     url = f"sqlite:///{db}"
     from airflow_upsert_provider.engine.consensus import open_consensus
@@ -189,7 +191,7 @@ def test_damaged_sqlite_store_is_a_clear_error(capsys, tmp_path, damage):
         else:
             handle.write(b"\x00garbage" * 16)
     code, _, err = run(capsys, "--consensus", url, "status", "s7", "--no-rows")
-    assert code in (2, 4), err
+    assert code == expected_code, err
     assert "Traceback" not in err and f"consensus store {url}" in err
     assert "restore the shards from a checkpoint" in err
 
