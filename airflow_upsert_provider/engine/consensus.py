@@ -272,11 +272,12 @@ class Consensus:
                     "same step again is safe",
                     consensus=redact_url(self.url),
                 ) from None
-            raise self.store_error(exc, "failed") from None
+            raise self.store_error(exc, "consensus store {where} failed") from None
 
-    def store_error(self, exc: sa.exc.DBAPIError, doing: str) -> UpsertError:
+    def store_error(self, exc: sa.exc.DBAPIError, unavailable: str) -> UpsertError:
         """The determinate error a driver error that left the store unchanged stands for:
-        the store is not a database or is damaged, the URL is wrong, or it is unreachable."""
+        the store is not a database or is damaged, the URL is wrong, or it is unreachable
+        (``unavailable`` words that case, ``{where}`` standing for the redacted URL)."""
         where = redact_url(self.url)
         text = _short(exc, self.url)
         if self.dialect == "sqlite" and _sqlite_error_name(exc) == "SQLITE_NOTADB":
@@ -298,7 +299,7 @@ class Consensus:
             return ConfigurationError(
                 f"consensus URL {where} is not usable: {text}", field="consensus", consensus=where
             )
-        return ConsensusUnavailable(f"consensus store {where} {doing}: {text}", consensus=where)
+        return ConsensusUnavailable(f"{unavailable.format(where=where)}: {text}", consensus=where)
 
     def _run_snapshot(self, fn):
         """Run the reads of ``fn(conn)`` in one transaction that sees one snapshot of the
@@ -321,7 +322,7 @@ class Consensus:
         try:
             metadata.create_all(self.engine)
         except sa.exc.DBAPIError as exc:
-            raise self.store_error(exc, "cannot be reached") from None
+            raise self.store_error(exc, "cannot reach consensus store {where}") from None
 
     def dispose(self) -> None:
         self.engine.dispose()
