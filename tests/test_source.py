@@ -190,6 +190,18 @@ def test_late_arrival_after_retention_fails_then_is_quarantined_without_spark(co
     assert commit_next(shard) is None  # set aside once, not reported again
 
 
+def test_partition_with_trailing_newline_stops_both_modes_until_renamed(consensus, blob, tmp_path):
+    land(tmp_path, "p0/0.jsonl", 1)
+    shard = make_shard(consensus, blob, tmp_path)
+    land(tmp_path, "p1\n/0.jsonl", 2)
+    for mode in ("fail", "quarantine"):
+        with pytest.raises(ConfigurationError, match="unusable name") as info:
+            commit_next(shard, mode)
+        assert info.value.exit_code == 2 and repr(str(tmp_path / "landing" / "p1\n")) in info.value.message
+    os.rename(tmp_path / "landing" / "p1\n", tmp_path / "landing" / "p1")
+    assert sorted(commit_next(shard).ranges) == ["p0", "p1"]
+
+
 def test_padded_names_are_bound_by_their_real_name(consensus, blob, tmp_path):
     first = land(tmp_path, "p0/00000000000000000000.jsonl", 1)
     second = land(tmp_path, "p0/00000000000000000042.jsonl", 2)
