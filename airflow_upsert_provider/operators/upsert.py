@@ -28,9 +28,8 @@ from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHoo
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_int
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
-
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.sdk import Context
 
     from airflow_upsert_provider.engine.shard import Shard
 
@@ -127,7 +126,9 @@ class MicroBatchUpsertOperator(BaseOperator):
         the Spark provider's ``SparkSubmitHook`` on the Spark connection, client deploy mode).
     :param spark_conf: Spark settings (templated), for either mode.
     :param submit_options: extra keyword arguments for ``SparkSubmitHook`` in ``submit`` mode
-        (e.g. ``executor_cores``, ``executor_memory``, ``total_executor_cores``).
+        (e.g. ``executor_cores``, ``executor_memory``, ``total_executor_cores``). The driver
+        runs in client deploy mode (``deploy_mode`` may only be ``client``); ``conf``,
+        ``conn_id``, ``py_files``, ``application_args`` and ``env_vars`` are the operator's.
     """
 
     template_fields: Sequence[str] = (
