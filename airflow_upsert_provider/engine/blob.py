@@ -12,7 +12,7 @@ import os
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
@@ -97,6 +97,15 @@ class LocalBlob:
     def fsync_dir(self, directory: str) -> None:
         fsync_dir(directory)
 
+    def sync_file(self, path: str) -> None:
+        """Flush the content of a file another writer left unsynced (Spark writes through
+        Hadoop's local filesystem, which never fsyncs) to stable storage."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def mkdir(self, path: str) -> None:
         os.mkdir(path)
 
@@ -139,17 +148,30 @@ class LocalBlob:
             raise
         self.fsync_dir(directory)
 
+    def sync_written(self, paths: Iterable[str]) -> None:
+        """Make files that another writer created below the root durable, names included:
+        fsync each file, then every directory from the files' up to the root (a new name
+        survives a crash only once its directory is synced, and so on up the new
+        directories). Data files must be durable before the commit that names them."""
+        directories: set[str] = set()
+        for path in paths:
+            self.sync_file(path)
+            directory = os.path.dirname(path)
+            while directory not in directories and (directory + os.sep).startswith(self.root + os.sep):
+                directories.add(directory)
+                directory = os.path.dirname(directory)
+        # Deepest first: each directory is synced after the entries below it were.
+        for directory in sorted(directories, key=lambda d: (-d.count(os.sep), d)):
+            self.fsync_dir(directory)
+
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as handle:
             return handle.read()
 
     def checksum(self, path: str) -> str:
         """SHA-256 of the file at ``path``, hex."""
-        digest = hashlib.sha256()
         with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
+            return hashlib.file_digest(handle, "sha256").hexdigest()
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

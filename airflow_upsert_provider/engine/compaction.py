@@ -3,8 +3,10 @@
 The output is a run like any other (key, value columns, ``_deleted``, ``_ts``; one sorted
 Parquet file per bucket) holding the latest row of every key below the new since, with its
 own ``_ts`` kept, so that a read as of any ts >= since merges it with the later batches and
-gets exactly what it got before. Tombstones are dropped: the compacted run covers every ts
-below since, so nothing older remains for a tombstone to hide.
+gets exactly what it got before. Without an order column tombstones are dropped: the
+compacted run covers every ts below since, so nothing older remains for a tombstone to hide.
+With one they are kept: a later batch may bring the key with a lower order value, which the
+tombstone must still beat (see ``runs.merge_runs``).
 
 It is swapped in by compare-and-set on ``since`` (one transaction that also installs the run).
 Writers only move ``upper`` and compaction only reads batches below the new since, which are
@@ -27,7 +29,7 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusUnavailable,
     UpsertError,
 )
-from airflow_upsert_provider.engine.runs import bucket_column, describe_run, merge_runs, write_bucketed
+from airflow_upsert_provider.engine.runs import bucket_column, describe_run, merge_runs, order_column, write_bucketed
 from airflow_upsert_provider.engine.shard import Shard
 
 if TYPE_CHECKING:
@@ -86,8 +88,9 @@ def compact(
     started = time.monotonic()
     consensus, blob = shard.consensus, shard.blob
     for attempt in range(1, max_attempts + 1):
-        state = shard.state()
-        target = state.upper if since is None else since
+        # State, compacted run and batches from one snapshot: they agree with each other.
+        view = consensus.live_view(shard.shard_id, since)
+        state, target = view.record, view.as_of
         if target > state.upper:
             raise ConfigurationError(
                 f"cannot compact shard {shard.shard_id!r} to since {target}: its upper is {state.upper}",
@@ -98,16 +101,12 @@ def compact(
                 shard.shard_id, NOTHING_TO_DO, state.since, state.since, state.upper,
                 attempts=attempt, seconds=time.monotonic() - started,
             )
-        base = consensus.get_compaction(shard.shard_id)
-        base_since = base.since if base else 0
-        if base_since != state.since:
-            # The state was read between a swap's two reads; read again.
-            continue
-        runs = ([base.run] if base else []) + [
-            b.run for b in consensus.batches(shard.shard_id, from_ts=base_since, below=target)
-        ]
+        runs = view.runs
         merged = merge_runs(spark, shard.config, blob, runs)
-        survivors = merged.where(~F.col("_deleted") & (F.col("_ts") < target))
+        survivors = merged.where(F.col("_ts") < target)
+        if order_column(shard.config) is None:
+            # Every later batch outranks a compacted row, so a tombstone has nothing left to hide.
+            survivors = survivors.where(~F.col("_deleted"))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.

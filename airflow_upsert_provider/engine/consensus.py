@@ -206,12 +206,35 @@ class ShardSnapshot:
     # [{"file", "reason", "ts"}]: source files set aside, with the batch that set them aside
     quarantined: list[dict[str, Any]]
 
-    def live_runs(self) -> list[dict[str, Any]]:
-        """The runs a read at the upper merges: the compacted run and every batch from
-        the compaction's since on."""
-        base = self.compaction.since if self.compaction else 0
-        runs = [self.compaction.run] if self.compaction else []
-        return runs + [b.run for b in self.batches if b.ts >= base]
+    def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
+        """The runs a read as of ``as_of`` (default: the upper) merges."""
+        return live_runs(self.compaction, self.batches, self.record.upper if as_of is None else as_of)
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """What a read as of ``as_of`` needs, read in one transaction: the shard's state, its
+    compacted run and the batches from the compaction's since up to ``as_of``."""
+
+    record: ShardRecord
+    compaction: CompactionRecord | None
+    batches: list[BatchRecord]
+    as_of: int
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return live_runs(self.compaction, self.batches, self.as_of)
+
+
+def live_runs(
+    compaction: CompactionRecord | None, batches: list[BatchRecord], as_of: int
+) -> list[dict[str, Any]]:
+    """The runs a read as of ``as_of`` merges: the compacted run (every ts below its since)
+    and the committed batches from its since up to ``as_of``. The one rule that reads,
+    compaction, checkpoints and GC share; the caller checks since <= as_of <= upper."""
+    base = compaction.since if compaction else 0
+    runs = [compaction.run] if compaction else []
+    return runs + [b.run for b in batches if base <= b.ts < as_of]
 
 
 # Drivers a bare ``postgresql://`` or ``postgres://`` (the libpq spelling) URL means.
@@ -312,11 +335,9 @@ class Consensus:
                     conn.execution_options(isolation_level="REPEATABLE READ")
                 with conn.begin():
                     return fn(conn)
-        except sa.exc.OperationalError as exc:
-            raise ConsensusUnavailable(
-                f"consensus store {redact_url(self.url)} failed: {_short(exc)}",
-                consensus=redact_url(self.url),
-            ) from None
+        except sa.exc.DBAPIError as exc:
+            # Only reads: a failure changed nothing, whenever it came.
+            raise self.store_error(exc, "consensus store {where} failed") from None
 
     def create_schema(self) -> None:
         try:
@@ -611,6 +632,33 @@ class Consensus:
 
         return self._run(txn)
 
+    def live_view(self, shard_id: str, as_of: int | None = None) -> LiveView:
+        """State, compacted run and the batches a read as of ``as_of`` (default: the upper)
+        merges, read under one snapshot so that the compaction row and the batches agree."""
+
+        def txn(conn):
+            row = conn.execute(sa.select(shards_table).where(shards_table.c.shard_id == shard_id)).first()
+            if row is None:
+                raise ShardNotFound(f"unknown shard {shard_id!r}", shard=shard_id)
+            record = ShardRecord(**row._mapping)
+            read_as_of = record.upper if as_of is None else as_of
+            compaction = conn.execute(
+                sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
+            ).first()
+            compaction = None if compaction is None else _compaction_from_row(compaction)
+            batches = conn.execute(
+                sa.select(batches_table)
+                .where(
+                    batches_table.c.shard_id == shard_id,
+                    batches_table.c.ts >= (compaction.since if compaction else 0),
+                    batches_table.c.ts < read_as_of,
+                )
+                .order_by(batches_table.c.ts)
+            ).all()
+            return LiveView(record, compaction, [_batch_from_row(b) for b in batches], read_as_of)
+
+        return self._run_snapshot(txn)
+
     def snapshot(self, shard_id: str) -> ShardSnapshot:
         """State, compacted run, batches, bindings and quarantined files of one shard, read
         in one transaction so that they agree with each other."""
@@ -643,7 +691,7 @@ class Consensus:
                 quarantined=[{"file": q.file, "reason": q.reason, "ts": q.ts} for q in quarantined],
             )
 
-        return self._run(txn)
+        return self._run_snapshot(txn)
 
     def restore_shard(self, shard_id: str, snapshot: ShardSnapshot) -> ShardRecord:
         """Write ``snapshot`` as shard ``shard_id`` in one transaction. Refused if the shard

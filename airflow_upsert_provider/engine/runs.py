@@ -2,7 +2,11 @@
 
 A run is what one batch (or one compaction) writes: one Parquet file per hash bucket, sorted
 by key, holding the table columns (the user schema without the delete marker) and the run
-columns ``_deleted`` and ``_ts``. Reads merge runs per key, the highest ``_ts`` winning.
+columns ``_deleted`` and ``_ts``. Reads merge runs per key: the row with the highest order
+value wins, then the highest ``_ts`` (see :func:`merge_runs`).
+
+Every file of a run is fsynced, with its directories, while it is described (checksummed),
+before any commit can name it (invariant 17).
 
 Everything here takes a shard's config and its blob, never a Shard, so the batch writer
 (``upsert``), the shard's reads and compaction share it without importing each other.
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.blob import LocalBlob
 from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.errors import IntegrityError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -45,6 +50,16 @@ def run_schema(config: ShardConfig) -> "StructType":
     )
 
 
+def order_column(config: ShardConfig) -> str | None:
+    """The run column holding a row's order value, None without an order column. The order
+    column is a table column, so every run row carries its value already, tombstones too
+    (a delete record keeps its own values); only an order column that is also the delete
+    marker is stored as ``_deleted``."""
+    if config.order_by is None:
+        return None
+    return "_deleted" if config.order_by == config.delete_marker else config.order_by
+
+
 def bucket_column(config: ShardConfig) -> "Column":
     """The hash bucket of a row's key: the same function for batches and compaction."""
     from pyspark.sql import functions as F
@@ -67,7 +82,8 @@ def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, part
 
 
 def describe_run(blob: LocalBlob, run_dir: str) -> dict[str, Any]:
-    """A written run as consensus records it: its path, files and row count."""
+    """A written run as consensus records it: its path, files and row count. Its files are
+    durable when this returns."""
     files = run_files(blob, run_dir)
     rows = parquet_rows([blob.path(f["path"]) for f in files])
     return {"path": os.path.relpath(run_dir, blob.root), "files": files, "rows": rows}
@@ -75,13 +91,25 @@ def describe_run(blob: LocalBlob, run_dir: str) -> dict[str, Any]:
 
 def run_files(blob: LocalBlob, run_dir: str) -> list[dict[str, Any]]:
     """The Parquet files of a written run, relative to the blob root, with their sizes and
-    SHA-256. The checksum is taken here, while the files are fresh in the page cache, so
-    that a checkpoint lists it without reading the table again."""
-    return [
-        {"path": os.path.relpath(f.path, blob.root), "bytes": f.size, "sha256": blob.checksum(f.path)}
-        for f in blob.walk_files(run_dir)
+    SHA-256, fsynced with their directories. The checksum is taken here, while the files
+    are fresh in the page cache, so that a checkpoint lists it without reading the table
+    again; the fsync follows the read that brought them there."""
+    files = [
+        f for f in blob.walk_files(run_dir)
         if f.path.endswith(".parquet") and not os.path.basename(f.path).startswith((".", "_"))
     ]
+    listed = [{"path": os.path.relpath(f.path, blob.root), "bytes": f.size, "sha256": blob.checksum(f.path)} for f in files]
+    blob.sync_written(f.path for f in files)
+    return listed
+
+
+def sync_data_files(blob: LocalBlob, directory: str) -> None:
+    """Make the data files Spark wrote below ``directory`` (e.g. a batch's rejects) durable
+    before a commit names it; Spark's hidden and marker files (``.crc``, ``_SUCCESS``) are
+    not data."""
+    blob.sync_written(
+        f.path for f in blob.walk_files(directory) if not os.path.basename(f.path).startswith((".", "_"))
+    )
 
 
 def parquet_rows(paths: list[str]) -> int:
@@ -92,7 +120,7 @@ def parquet_rows(paths: list[str]) -> int:
 
 
 def read_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs: list[dict[str, Any]]) -> "DataFrame":
-    """Merge runs: per key the record of the highest ts wins; tombstones removed."""
+    """Merge runs (see :func:`merge_runs`); tombstones removed, user columns only."""
     from pyspark.sql import functions as F
 
     keys = list(config.keys)
@@ -101,17 +129,47 @@ def read_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs:
 
 
 def merge_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs: list[dict[str, Any]]) -> "DataFrame":
-    """Merge runs keeping the run columns: per key the row of the highest ``_ts``, with its
-    ``_deleted`` and ``_ts`` (tombstones kept; compaction writes this, reads filter it)."""
+    """Merge runs keeping the run columns: per key the winning row, with its ``_deleted``
+    and ``_ts`` (tombstones kept; compaction writes this, reads filter it).
+
+    The winner has the highest order value, then the highest ``_ts``: the order column wins
+    across batches as it does within one, so the table does not depend on where batches
+    were cut. A null order value ranks below every value, as within a batch. Tombstones
+    take part in the same comparison. Without an order column the highest ``_ts`` wins.
+
+    A listed file that is missing is an :class:`IntegrityError` naming it, raised before
+    Spark reads anything.
+    """
     from pyspark.sql import functions as F
 
     schema = run_schema(config)
     paths = [blob.path(f["path"]) for run in runs for f in run["files"]]
+    check_present(blob, paths)
     if not paths:
         return spark.createDataFrame([], schema)
     df = spark.read.schema(schema).option("recursiveFileLookup", "true").parquet(*paths)
     keys = list(config.keys)
     values = [c for c in table_columns(config) if c not in keys]
-    winner = F.max_by(F.struct(*values, "_deleted", "_ts"), F.col("_ts")).alias("_w")
+    order = order_column(config)
+    rank = F.struct(F.col(f"`{order}`"), F.col("_ts")) if order else F.col("_ts")
+    winner = F.max_by(F.struct(*values, "_deleted", "_ts"), rank).alias("_w")
     merged = df.groupBy(*keys).agg(winner)
     return merged.select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values + ["_deleted", "_ts"]])
+
+
+# How many missing files an error lists.
+MAX_LISTED_MISSING = 20
+
+
+def check_present(blob: LocalBlob, paths: list[str]) -> None:
+    """Raise :class:`IntegrityError` naming the first missing file (one stat per file), so
+    that a committed run whose file was deleted fails as corruption, not inside Spark."""
+    missing = [p for p in paths if not blob.exists(p)]
+    if missing:
+        raise IntegrityError(
+            f"{len(missing)} file(s) of the shard's committed runs are missing; first: {missing[0]} "
+            "(restore the shard from a checkpoint: `upsertctl checkpoint restore`)",
+            file=missing[0],
+            records=[{"file": p, "reason": "missing"} for p in missing[:MAX_LISTED_MISSING]],
+            count=len(missing),
+        )

@@ -198,34 +198,24 @@ class Shard:
     def read(self, spark: "SparkSession", as_of: int | None = None) -> "DataFrame":
         """The table as of ``as_of`` (default: the upper): latest record per key, tombstones
         removed, user columns only."""
-        state = self.state()
-        as_of = state.upper if as_of is None else as_of
-        if as_of > state.upper:
-            raise ConfigurationError(
-                f"cannot read shard {self.shard_id!r} as of {as_of}: its upper is {state.upper}",
-                shard=self.shard_id,
-            )
-        if as_of < state.since:
-            raise ConfigurationError(
-                f"cannot read shard {self.shard_id!r} as of {as_of}: compacted below since {state.since}",
-                shard=self.shard_id,
-            )
-        return read_runs(spark, self.config, self.blob, self.runs_as_of(as_of))
+        return read_runs(spark, self.config, self.blob, self.live_runs(as_of))
 
-    def runs_as_of(self, as_of: int) -> list[dict[str, Any]]:
-        """The runs a read as of ``as_of`` merges: the compacted run (every ts below its
-        since) and the batches from its since up to ``as_of``."""
-        compaction = self.consensus.get_compaction(self.shard_id)
-        if compaction is None:
-            return [b.run for b in self.batches(below=as_of)]
-        if as_of < compaction.since:
-            # since advanced while this read started.
+    def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
+        """The runs a read as of ``as_of`` (default: the upper) merges, decided on one
+        snapshot of consensus; refused outside since <= as_of <= upper."""
+        view = self.consensus.live_view(self.shard_id, as_of)
+        if view.as_of > view.record.upper:
             raise ConfigurationError(
-                f"cannot read shard {self.shard_id!r} as of {as_of}: compacted below since {compaction.since}",
+                f"cannot read shard {self.shard_id!r} as of {view.as_of}: its upper is {view.record.upper}",
                 shard=self.shard_id,
             )
-        later = self.consensus.batches(self.shard_id, from_ts=compaction.since, below=as_of)
-        return [compaction.run] + [b.run for b in later]
+        if view.as_of < view.record.since:
+            raise ConfigurationError(
+                f"cannot read shard {self.shard_id!r} as of {view.as_of}: compacted below since "
+                f"{view.record.since}",
+                shard=self.shard_id,
+            )
+        return view.runs
 
     def status(self, spark: "SparkSession | None" = None) -> ShardStatus:
         """Frontier and source lag; ``rows`` only when a Spark session is given."""

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
-from airflow_upsert_provider.engine.runs import bucket_column, describe_run, table_columns, user_schema, write_bucketed
+from airflow_upsert_provider.engine.runs import (
+    bucket_column,
+    describe_run,
+    sync_data_files,
+    table_columns,
+    user_schema,
+    write_bucketed,
+)
 from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
@@ -113,6 +120,7 @@ def stage_batch(
             .write.mode("errorifexists")
             .json(rejects_dir)
         )
+        sync_data_files(shard.blob, rejects_dir)
         rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
     describe_started = time.monotonic()
     run = describe_run(shard.blob, run_dir)

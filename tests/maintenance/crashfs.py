@@ -72,6 +72,14 @@ class CrashingBlob(LocalBlob):
     def _parent(self, path: str) -> tuple[Node, str]:
         return self._lookup(os.path.dirname(path)), os.path.basename(path)
 
+    def _known(self, path: str) -> Node | None:
+        """The node of ``path``, None for what another writer (Spark) created outside the
+        model: its operations are recorded, not modelled."""
+        try:
+            return self._lookup(path)
+        except KeyError:
+            return None
+
     def _op(self, kind: str, path: str) -> None:
         if self.crashed:
             raise Crash("already crashed")
@@ -127,8 +135,16 @@ class CrashingBlob(LocalBlob):
     def fsync_dir(self, directory: str) -> None:
         self._op("fsync_dir", directory)
         super().fsync_dir(directory)
-        node = self._lookup(directory)
-        node.durable_entries = dict(node.entries)
+        node = self._known(directory)
+        if node is not None:
+            node.durable_entries = dict(node.entries)
+
+    def sync_file(self, path: str) -> None:
+        self._op("fsync", path)
+        super().sync_file(path)
+        node = self._known(path)
+        if node is not None and node.stash is None:
+            node.durable_data = node.data
 
     def mkdir(self, path: str) -> None:
         self._op("mkdir", path)
@@ -139,11 +155,13 @@ class CrashingBlob(LocalBlob):
     def unlink(self, path: str) -> None:
         self._op("unlink", path)
         super().unlink(path)
-        parent, name = self._parent(path)
-        parent.entries.pop(name, None)
+        parent = self._known(os.path.dirname(path))
+        if parent is not None:
+            parent.entries.pop(os.path.basename(path), None)
 
     def rmdir(self, path: str) -> None:
         self._op("rmdir", path)
         super().rmdir(path)
-        parent, name = self._parent(path)
-        parent.entries.pop(name, None)
+        parent = self._known(os.path.dirname(path))
+        if parent is not None:
+            parent.entries.pop(os.path.basename(path), None)
