@@ -103,9 +103,6 @@ class ShardConfig:
     def column_names(self) -> list[str]:
         return [f["name"] for f in self.schema_fields()]
 
-    def value_columns(self) -> list[str]:
-        return [c for c in self.column_names() if c not in self.keys]
-
     def to_json(self) -> str:
         data = asdict(self)
         data["keys"] = list(self.keys)
