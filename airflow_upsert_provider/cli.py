@@ -17,7 +17,7 @@ import sys
 import uuid
 from typing import Any, Sequence
 
-from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
+from airflow_upsert_provider.engine.errors import BlobWriteFailed, ConfigurationError, UpsertError
 
 DEFAULT_CONSENSUS_URL = "sqlite:///./.upsert/consensus.db"
 DEFAULT_BLOB_ROOT = "./.upsert/blob"
@@ -374,6 +374,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("UPSERT_DEBUG"):
             raise
+        from airflow_upsert_provider.engine.writer import blob_write_failure
+
+        cause = blob_write_failure(exc)
+        if cause is not None:
+            # A data write (a compaction's output, a checkpoint's manifest) hit the disk's
+            # limits; every command writes its files before the commit that names them.
+            print(f"upsertctl: writing under the blob root failed: {cause}; nothing was committed: "
+                  "free space or fix the mount, then run again", file=sys.stderr)
+            return BlobWriteFailed.exit_code
         print(f"upsertctl: unexpected error: {type(exc).__name__}: {_first_line(exc)} "
               "(a bug or an unmapped failure: set UPSERT_DEBUG=1 for the traceback and report it; "
               "see docs/errors.md)", file=sys.stderr)

@@ -241,3 +241,14 @@ def test_unexpected_error_is_one_line_with_exit_1(env, capsys, monkeypatch):
     monkeypatch.setenv("UPSERT_DEBUG", "1")
     with pytest.raises(RuntimeError):
         cli.main(["status", "s"])
+
+
+def test_a_full_disk_in_any_command_is_exit_2_not_unexpected(env, capsys, monkeypatch):
+    def compaction_on_a_full_disk(ctx, args):
+        raise RuntimeError("An error occurred while calling o51.parquet.\n: TASK_WRITE_FAILED ...\n"
+                           "Caused by: java.io.IOException: No space left on device")
+
+    monkeypatch.setitem(cli.COMMANDS, "compact", compaction_on_a_full_disk)
+    monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
+    code, _, err = run(capsys, "compact", "s")
+    assert_clean_error(code, err, 2, "writing under the blob root failed: No space left on device")

@@ -15,6 +15,7 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.spark import get_spark
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
+from tests.test_cli_errors import tmpfs  # noqa: F401 (fixture)
 
 
 def test_active_session_with_another_cluster_master_is_refused(spark):
@@ -76,3 +77,20 @@ def test_cli_runs_that_start_spark_print_only_their_own_lines(tmp_path):
     missing = subprocess.run(upsertctl + ["read", "s", "--out", "/nonexistent/x"], env=env, capture_output=True, text=True)
     assert missing.returncode == 2
     assert missing.stderr == "upsertctl: cannot write --out /nonexistent/x: No such file or directory\n"
+
+
+def test_a_full_disk_is_one_line_on_stderr_not_spark_stack_traces(tmp_path, tmpfs):
+    """Spark's own reports of a failed task (the whole stack, several times) are dropped: the
+    failure reaches the engine as an exception and becomes one clear line."""
+    root = tmpfs("256k")
+    landing = tmp_path / "landing"
+    generate(str(landing), SampleSpec(records=20000, keys=20000, partitions=1, segments_per_partition=1, seed=1))
+    env = cli_env(f"sqlite:///{tmp_path / 'c.db'}", str(root))
+    upsertctl = [sys.executable, "-m", "airflow_upsert_provider.cli"]
+    init = subprocess.run(upsertctl + ["init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema",
+                                       SAMPLE_SCHEMA_DDL], env=env, capture_output=True, text=True)
+    assert init.returncode == 0, init.stderr
+    batch = subprocess.run(upsertctl + ["run-batch", "s"], env=env, capture_output=True, text=True)
+    assert batch.returncode == 2
+    assert batch.stderr.count("\n") == 1 and batch.stderr.startswith("upsertctl: writing batch 0"), batch.stderr
+    assert "No space left on device" in batch.stderr
