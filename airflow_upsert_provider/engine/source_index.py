@@ -71,9 +71,16 @@ class SourceIndex:
         self.source_root = source_root
         self.extension = extension
         if consensus.engine not in _created:
-            # Created on first use: the consensus schema is created before this module may
-            # have been imported.
-            consensus._run(lambda conn: settled_names_table.create(conn, checkfirst=True))
+            # Created on first use too: the consensus schema may have been created before this
+            # module was imported. Two processes may race to create it; one wins.
+            try:
+                with consensus.engine.begin() as conn:
+                    settled_names_table.create(conn, checkfirst=True)
+            except sa.exc.DBAPIError:
+                # A peer created it meanwhile, or the store failed: _run maps the failure.
+                exists = consensus._run(lambda conn: sa.inspect(conn).has_table(settled_names_table.name))
+                if not exists:
+                    consensus._run(lambda conn: settled_names_table.create(conn, checkfirst=True))
             _created.add(consensus.engine)
 
     # -- the accelerator row ----------------------------------------------------------------
