@@ -180,6 +180,29 @@ def test_a_missing_run_file_is_an_integrity_error_naming_it(spark, consensus, bl
     assert shard.state().since == 0
 
 
+def test_upsertctl_exits_4_naming_a_deleted_run_file(spark, tmp_path, monkeypatch, capsys):
+    from airflow_upsert_provider import cli
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    landing = str(tmp_path / "landing")
+    write_segment(landing, "p0", 0, [{"id": i, "v": "a", "ts": 1} for i in range(20)])
+    assert cli.main(["init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts",
+                     "--schema", "id BIGINT, v STRING, ts BIGINT"]) == 0
+    assert cli.main(["run-batch", "s"]) == 0
+    consensus = open_consensus(url)
+    lost = os.path.join(str(tmp_path / "blob"), consensus.get_batch("s", 0).run["files"][0]["path"])
+    consensus.dispose()
+    os.unlink(lost)
+    capsys.readouterr()
+    for command in (["read", "s"], ["status", "s"], ["compact", "s"]):
+        assert cli.main(command) == 4, command
+        out, err = capsys.readouterr()
+        assert lost in out + err and "Traceback" not in out + err, command
+
+
 # -- data fsynced before the commit that names it (issue 7 item 3, invariant 17) ------------
 
 
