@@ -198,3 +198,9 @@ def test_unreachable_store_is_retryable_and_not_a_configuration_error():
         open_consensus("postgresql://upsert:pw@127.0.0.1:1/db")
     assert info.value.retryable and info.value.exit_code == 2
     assert not isinstance(info.value, ConfigurationError)
+
+
+def test_unknown_sqlite_url_option_is_refused_not_ignored(tmp_path):
+    with pytest.raises(ConfigurationError, match="unknown SQLite consensus URL option.s. foo"):
+        open_consensus(f"sqlite:///{tmp_path / 'c.db'}?foo=bar")
+    open_consensus(f"sqlite:///{tmp_path / 'c.db'}?timeout=30").dispose()

@@ -859,6 +859,10 @@ def with_password(url: str, password: str | None) -> str:
     return make_url(normalize_url(url)).set(password=password).render_as_string(hide_password=False)
 
 
+# Query options of a sqlite:/// URL that the SQLite driver uses (it ignores any other).
+SQLITE_URL_OPTIONS = frozenset({"timeout", "check_same_thread", "cached_statements", "detect_types"})
+
+
 def open_consensus(url: str, *, create: bool = True) -> Consensus:
     """Open (and by default create the tables of) the consensus store at ``url``.
 
@@ -872,6 +876,14 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
         if not path or path == ":memory:":
             raise ConfigurationError(
                 "the SQLite consensus must be a file (sqlite:///PATH) so that writers share it",
+                field="consensus",
+            )
+        unknown = sorted(set(parsed.query) - SQLITE_URL_OPTIONS)
+        if unknown:
+            # The SQLite driver would ignore them with a warning: a typo must not pass.
+            raise ConfigurationError(
+                f"unknown SQLite consensus URL option(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(SQLITE_URL_OPTIONS))})",
                 field="consensus",
             )
         if os.path.isdir(path):
