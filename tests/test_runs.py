@@ -117,7 +117,7 @@ def random_source(landing: str, rng: random.Random, *, partitions: int, segments
     for p in range(partitions):
         for seq in range(segments):
             records = []
-            for _ in range(rng.randint(1, 6)):
+            for _ in range(rng.randint(0, 6)):
                 if key_per_partition:
                     key = rng.randrange(keys) * partitions + p
                     order = rng.choice([None, 0, 1, 2, 3])
@@ -159,6 +159,17 @@ def test_every_batching_gives_the_same_table(spark, sqlite_url, tmp_path, key_pe
         compact(spark, shard)
         assert table(spark, shard) == expected, f"max_files_per_batch={max_files}, compacted"
     consensus.dispose()
+
+
+def test_a_batch_of_empty_segments_commits_an_empty_run(spark, consensus, blob, tmp_path):
+    """Empty segment files (a producer that rolled a file without writing) bind and commit."""
+    landing = str(tmp_path / "landing")
+    write_segment(landing, "p0", 0, [])
+    write_segment(landing, "p0", 1, [{"id": 1, "v": "a", "ts": 1}])
+    shard = new_shard(consensus, blob, landing, "s", max_files_per_batch=1)
+    run_all(spark, shard)
+    assert shard.state().upper == 2 and consensus.get_batch("s", 0).run["files"] == []
+    assert table(spark, shard) == {(1,): {"id": 1, "v": "a", "ts": 1}}
 
 
 # -- a committed run file deleted (finding F5) -----------------------------------------------

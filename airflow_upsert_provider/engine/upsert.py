@@ -70,6 +70,9 @@ def stage_batch(
             records=[{"file": p, "reason": "missing"} for p in missing[:MAX_REPORTED]],
             count=len(missing),
         )
+    # An empty segment holds no record, and Spark lists no split for it: a job over empty
+    # files only runs no task and reports no totals.
+    segments = [s for s in segments if os.path.getsize(s.path) > 0]
     if not segments:
         return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
 
