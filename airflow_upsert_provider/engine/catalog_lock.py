@@ -30,10 +30,10 @@ catalog_locks_table = sa.Table(
 
 
 @contextmanager
-def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[None]:
-    """Hold the catalog lock of ``shard_id`` for the body (one consensus transaction: the
-    lock row of PostgreSQL, the write lock of SQLite). An exception in the body releases it
-    without counting a change."""
+def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]:
+    """Hold the catalog lock of ``shard_id`` for the body (one consensus transaction, yielded
+    for checks of its own: the lock row of PostgreSQL, the write lock of SQLite). An exception
+    in the body releases it without counting a change."""
     try:
         with consensus.engine.begin() as conn:
             consensus._insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=time.time())
@@ -41,7 +41,7 @@ def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[None]:
             if consensus.dialect == "postgresql":
                 locked = locked.with_for_update()
             conn.execute(locked).scalar_one()
-            yield
+            yield conn
             conn.execute(
                 sa.update(catalog_locks_table)
                 .where(catalog_locks_table.c.shard_id == shard_id)

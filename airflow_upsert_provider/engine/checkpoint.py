@@ -37,14 +37,16 @@ from airflow_upsert_provider.engine.consensus import (
     ShardRecord,
     ShardSnapshot,
 )
-from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.errors import CommitRefused, ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.gc_claims import refuse_claimed_checkpoints
 from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 
 FORMAT = 1
 CATALOG_NAME = "CATALOG.json"
 MANIFEST_NAME = "MANIFEST.json"
 COMMIT_NAME = "COMMIT"
-# A checkpoint whose snapshot was overtaken by a compaction is written again (see create).
+# A checkpoint whose snapshot was overtaken by a compaction, or whose directory GC collected,
+# is written again (see create).
 MAX_ATTEMPTS = 5
 
 
@@ -187,10 +189,22 @@ class Catalog:
                 "(its catalog lock): load it with Catalog.load(blob, shard_id, consensus)",
                 shard=self.shard_id,
             )
-        with catalog_lock(self.consensus, self.shard_id):
+        with catalog_lock(self.consensus, self.shard_id) as conn:
             current = Catalog.load(self.blob, self.shard_id)
             self.entries, self.exists = current.entries, current.exists
             entries = change(list(current.entries))
+            added = {e.id for e in entries} - {e.id for e in current.entries}
+            if added:
+                # Under the lock GC takes to claim checkpoint directories: a directory GC
+                # claimed (and deletes) is never listed.
+                reason = refuse_claimed_checkpoints(conn, self.shard_id, sorted(added))
+                if reason is not None:
+                    raise CommitRefused(
+                        f"adding checkpoint(s) {', '.join(sorted(added))} to the catalog of shard "
+                        f"{self.shard_id!r} refused: {reason}",
+                        shard=self.shard_id,
+                        reason=reason,
+                    )
             if entries != current.entries or not current.exists:
                 self._write(entries)
         return list(self.entries)
@@ -445,6 +459,10 @@ def create_checkpoint(
         )
         try:
             catalog.add(entry)
+        except CommitRefused:
+            # GC collected this checkpoint's directory (the create paused past its grace
+            # period): the directory is GC's to delete; write the checkpoint again.
+            continue
         except BaseException:
             if all(e.id != checkpoint_id for e in catalog.entries):
                 _delete_quietly(blob, directory)
@@ -454,7 +472,8 @@ def create_checkpoint(
             apply_retention(catalog, keep_last=keep_last, keep_within=keep_within)
         return entry
     raise UpsertError(
-        f"checkpoint of shard {shard_id!r} was overtaken by a compaction {MAX_ATTEMPTS} times in a row",
+        f"checkpoint of shard {shard_id!r} was overtaken by a compaction or collected by GC {MAX_ATTEMPTS} "
+        "times in a row",
         shard=shard_id,
     )
 

@@ -221,11 +221,17 @@ def collect_garbage(
     if dry_run:
         return report
 
-    # 5. Claim the run directories in consensus (invariant 16), then delete. A directory a
-    # commit named since the plan was read is left out and kept.
+    # 5. Claim the run and checkpoint directories in consensus (invariant 16), then delete. A
+    # run a commit named, or a checkpoint the catalog listed, since the plan was read is kept.
     runs = [i for i in report.items if i.kind == "run"]
-    claimed = set(claim_for_deletion(consensus, shard_id, [i.path for i in runs], planned_upper))
-    for item in runs:
+    checkpoints = [i for i in report.items if i.kind.endswith("_checkpoint")]
+    claimed_runs, claimed_checkpoints = claim_for_deletion(
+        consensus, shard_id, [i.path for i in runs], planned_upper,
+        checkpoint_candidates=[i.path for i in checkpoints],
+        listed_now=lambda: {e.id for e in Catalog.load(blob, shard_id).entries},
+    )
+    claimed = set(claimed_runs) | set(claimed_checkpoints)
+    for item in runs + checkpoints:
         if item.path not in claimed:
             report.items.remove(item)
             report.kept_referenced += item.files

@@ -13,6 +13,13 @@ is dropped by the next GC, and never made in the first place for such a path. A 
 does not parse is kept for ever. A GC that crashes between claiming and deleting leaves claimed
 files on disk: no commit can name them, and the next GC plans them again and deletes them.
 
+Checkpoint directories GC deletes (abandoned or unlisted, ``<shard>/checkpoints/<id>``) are
+claimed the same way, under the shard's catalog lock, and a catalog change refuses to list a
+claimed one (``refuse_claimed_checkpoints``): a ``checkpoint create`` paused past the grace
+period between its manifest and its catalog entry writes the checkpoint again. Checkpoint ids
+are unique per attempt and such claims are few (leftovers of crashed or overtaken creates), so
+they are kept.
+
 Runs a compaction replaced are recorded here too (``upsert_replaced_runs``), in the swap's
 transaction: GC keeps every run replaced less than its grace period ago, whichever compaction
 replaced it (the compactions table holds only the latest).
@@ -23,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import sqlalchemy as sa
 
@@ -78,6 +85,8 @@ def claim_needed(path: str, upper: int, since: int) -> bool:
     """Whether a commit could still name ``path``: a batch's run at ts >= upper, a compaction
     output to a since above the current one, or anything whose group does not parse."""
     parts = path.split(os.sep)
+    if len(parts) >= 2 and parts[1] == "checkpoints":
+        return True  # a paused create may still try to list it, however late
     group = parts[2] if len(parts) >= 3 else ""
     kind, _, number = group.partition("=")
     if not number.isdigit():
@@ -133,12 +142,22 @@ def recently_replaced(consensus: Consensus, cutoff: float) -> set[str]:
     )
 
 
-def claim_for_deletion(consensus: Consensus, shard_id: str, candidates: list[str], planned_upper: int) -> list[str]:
-    """Claim the run directories GC planned to delete and return those it may now delete.
+def claim_for_deletion(
+    consensus: Consensus,
+    shard_id: str,
+    candidates: list[str],
+    planned_upper: int,
+    checkpoint_candidates: list[str] = (),
+    listed_now: Callable[[], set[str]] = set,
+) -> tuple[list[str], list[str]]:
+    """Claim the run and checkpoint directories GC planned to delete; return those it may
+    now delete (runs, checkpoint directories).
 
     One transaction, serialized with every append and swap of the shard (all write the shard
-    row): a candidate that a batch or compaction committed since GC planned at
-    ``planned_upper`` is left out. Expired claims of the shard are dropped in the same go."""
+    row) and, when checkpoint directories are claimed, with every catalog change (it holds the
+    catalog lock): a run that a batch or compaction committed since GC planned at
+    ``planned_upper`` is left out, and so is a checkpoint ``listed_now()`` (the catalog read
+    again under the lock) lists. Expired claims of the shard are dropped in the same go."""
 
     def txn(conn) -> list[str]:
         # A write to the shard row (changing nothing) orders this transaction with every
@@ -166,14 +185,7 @@ def claim_for_deletion(consensus: Consensus, shard_id: str, candidates: list[str
         doomed = [p for p in candidates if p not in live]
         needed = sorted(p for p in doomed if claim_needed(p, row.upper, row.since))
         now = time.time()
-        for start in range(0, len(needed), CHUNK):
-            chunk = needed[start : start + CHUNK]
-            existing = set(
-                conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(chunk))).scalars()
-            )
-            fresh = [{"path": p, "shard_id": shard_id, "claimed_at": now} for p in chunk if p not in existing]
-            if fresh:
-                conn.execute(sa.insert(gc_claims_table), fresh)
+        _insert_claims(conn, shard_id, needed, now)
         expired = [
             p for p in conn.execute(
                 sa.select(gc_claims_table.c.path).where(gc_claims_table.c.shard_id == shard_id)
@@ -186,9 +198,37 @@ def claim_for_deletion(consensus: Consensus, shard_id: str, candidates: list[str
             conn.execute(
                 sa.delete(replaced_runs_table).where(replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]))
             )
-        return doomed
+        doomed_checkpoints: list[str] = []
+        if checkpoint_candidates:
+            # Imported here: catalog_lock and this module are both loaded by consensus.
+            from airflow_upsert_provider.engine.catalog_lock import catalog_locks_table
+
+            consensus._insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=now)
+            locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
+            conn.execute(locked.with_for_update() if consensus.dialect == "postgresql" else locked)
+            listed = listed_now()
+            doomed_checkpoints = [p for p in checkpoint_candidates if os.path.basename(p) not in listed]
+            _insert_claims(conn, shard_id, doomed_checkpoints, now)
+        return doomed, doomed_checkpoints
 
     return consensus._run(txn)
+
+
+def _insert_claims(conn, shard_id: str, paths: list[str], now: float) -> None:
+    for start in range(0, len(paths), CHUNK):
+        chunk = paths[start : start + CHUNK]
+        existing = set(conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(chunk))).scalars())
+        fresh = [{"path": p, "shard_id": shard_id, "claimed_at": now} for p in chunk if p not in existing]
+        if fresh:
+            conn.execute(sa.insert(gc_claims_table), fresh)
+
+
+def refuse_claimed_checkpoints(conn, shard_id: str, checkpoint_ids: list[str]) -> str | None:
+    """Run under the catalog lock before listing checkpoints: a reason to refuse if GC
+    claimed the directory of any of them, else None."""
+    paths = [os.path.join(shard_id, "checkpoints", i) for i in checkpoint_ids]
+    claimed = conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(paths))).scalars().all()
+    return f"GC claimed {sorted(claimed)[0]} for deletion" if claimed else None
 
 
 def claims(consensus: Consensus, shard_id: str) -> list[str]:

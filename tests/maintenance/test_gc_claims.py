@@ -7,11 +7,19 @@ import os
 
 import pytest
 
+from airflow_upsert_provider.engine.checkpoint import (
+    checkpoint_dirs,
+    create_checkpoint,
+    list_checkpoints,
+    restore_checkpoint,
+    verify_checkpoint,
+)
 from airflow_upsert_provider.engine.compaction import compact
 from airflow_upsert_provider.engine.consensus import BatchRecord
 from airflow_upsert_provider.engine.errors import CommitRefused
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.gc_claims import claim_for_deletion, claim_needed, claims
+from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
 from tests.helpers import make_shard
 from tests.maintenance.support import oracle, table, written_shard
@@ -109,7 +117,7 @@ def test_a_commit_after_the_claim_transaction_read_it_is_never_claimed(consensus
     run = {"path": path, "files": [{"path": os.path.join(path, "_bucket=0", "p.parquet"), "bytes": 1}], "rows": 1}
     shard.compare_and_append(0, 1, BatchRecord(0, "w", "tok", run, {}))
     other = os.path.join("orders", "runs", "ts=000000000001", "x-def")
-    assert claim_for_deletion(consensus, "orders", [path, other], planned_upper=0) == [other]
+    assert claim_for_deletion(consensus, "orders", [path, other], planned_upper=0) == ([other], [])
     assert claims(consensus, "orders") == [other]
     with pytest.raises(CommitRefused):
         shard.compare_and_append(1, 2, BatchRecord(1, "x", "t2", {"path": other, "files": [], "rows": 0}, {}))
@@ -140,3 +148,27 @@ def test_compaction_paused_past_the_grace_period_writes_a_new_output(spark, cons
     assert result.outcome == "compacted" and result.attempts == 2 and result.run_path != first_output[0]
     committed_files_exist(shard)
     assert table(shard, spark) == expected
+
+
+def test_checkpoint_create_paused_past_the_grace_period_writes_the_checkpoint_again(spark, consensus, blob, tmp_path):
+    """GC (grace 0) collects a checkpoint directory whose create paused between manifest and
+    catalog: the create is refused the catalog entry and writes the checkpoint again."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    expected = table(shard, spark)
+    reports = []
+
+    def pause(step: str) -> None:
+        if step == "manifest" and not reports:
+            reports.append(collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0))
+
+    entry = create_checkpoint(shard, on_step=pause)
+
+    collected = [i.path for i in reports[0].items]
+    assert len(collected) == 1 and collected[0].startswith(os.path.join(shard.shard_id, "checkpoints", ""))
+    assert os.path.basename(collected[0]) != entry.id
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [entry.id]
+    verify_checkpoint(blob, shard.shard_id, entry.id)
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)  # the refused attempt's leftovers
+    assert checkpoint_dirs(blob, shard.shard_id) == [entry.id]
+    restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="restored")
+    assert table(Shard.open(consensus, blob, "restored"), spark) == expected
