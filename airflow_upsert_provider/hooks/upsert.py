@@ -223,8 +223,15 @@ class UpsertShardHook(BaseHook):
     # -- Spark -------------------------------------------------------------------------------
 
     def spark_master(self) -> str:
-        """The master of the Spark connection (as the Spark provider reads it), ``local[*]``
-        when that connection is not defined."""
+        """The master of the Spark connection, ``local[*]`` when that connection is not defined.
+
+        Read by the Spark connection's documented format: the host is ``local[...]``,
+        ``yarn`` or a master URL (``spark://HOST``, ``k8s://https://HOST``), the port is
+        appended to a URL; a connection given as a URI (``spark://HOST:PORT`` in an
+        environment variable) has the scheme as its type. The Spark provider offers no public
+        way to ask it for the master (only ``SparkSubmitHook.submit`` uses it), so ``submit``
+        mode hands the connection id to ``SparkSubmitHook`` and only ``in_process`` reads it here.
+        """
         try:
             conn = self.get_connection(self.settings.spark_conn_id)
         except AirflowNotFoundException:
