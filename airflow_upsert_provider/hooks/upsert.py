@@ -225,25 +225,19 @@ class UpsertShardHook(BaseHook):
     def spark_master(self) -> str:
         """The master of the Spark connection, ``local[*]`` when that connection is not defined.
 
-        Read by the Spark connection's documented format: the host is ``local[...]``,
-        ``yarn`` or a master URL (``spark://HOST``, ``k8s://https://HOST``), the port is
-        appended to a URL; a connection given as a URI (``spark://HOST:PORT`` in an
-        environment variable) has the scheme as its type. The Spark provider offers no public
-        way to ask it for the master (only ``SparkSubmitHook.submit`` uses it), so ``submit``
-        mode hands the connection id to ``SparkSubmitHook`` and only ``in_process`` reads it here.
+        Resolved by the Spark provider's ``SparkSubmitHook`` itself, so a connection means the
+        same master here as in ``submit`` mode (host, port, URI scheme). The provider exposes
+        the resolved connection only as the hook's ``_connection`` mapping;
+        ``tests/airflow/test_hook.py`` pins that contract for the supported provider range.
         """
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
         try:
-            conn = self.get_connection(self.settings.spark_conn_id)
+            self.get_connection(self.settings.spark_conn_id)
         except AirflowNotFoundException:
+            # The Spark provider would fall back to YARN; an embedded default runs locally.
             return DEFAULT_SPARK_MASTER
-        host = (conn.host or "").strip()
-        if conn.conn_type in (None, "", "spark") and host and ("://" in host or not conn.port):
-            master = host
-        elif host:
-            master = f"{conn.conn_type}://{host}"
-        else:
-            return DEFAULT_SPARK_MASTER
-        return f"{master}:{conn.port}" if conn.port else master
+        return SparkSubmitHook(conn_id=self.settings.spark_conn_id)._connection["master"]
 
     def get_spark(self, app_name: str = "airflow-upsert-provider", conf: Mapping[str, str] | None = None) -> SparkSession:
         """A SparkSession in this process on the Spark connection's master (the active one
