@@ -232,3 +232,20 @@ def test_user_columns_may_not_use_engine_column_names(tmp_path):
     schema = StructType([StructField("id", LongType()), StructField("_corrupt", StringType())]).json()
     with pytest.raises(ConfigurationError, match=r"\['_corrupt'\] are reserved"):
         ShardConfig(source=f"dir:{tmp_path}", keys=("id",), schema=schema)
+
+
+@pytest.mark.parametrize("mode", ["fail", "quarantine"])
+def test_batch_whose_every_record_is_bad(mode, spark, consensus, blob, tmp_path):
+    """Nothing good to write must not lose the count of what was rejected (Spark drops the
+    observed totals of an empty write)."""
+    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": ["not json", '{"id": null}']})
+    writer = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record=mode)
+    if mode == "fail":
+        with pytest.raises(BadInputError) as info:
+            writer.step()
+        assert info.value.details["count"] == 2
+        assert shard.state().upper == 0
+        return
+    result = writer.step()
+    assert (result.outcome, result.rows_in, result.rejected, result.rows_out) == ("committed", 2, 2, 0)
+    assert rows(shard, spark) == {}

@@ -27,15 +27,17 @@ from airflow_upsert_provider.engine.runs import (
     user_schema,
     write_bucketed,
 )
+from airflow_upsert_provider.engine.records import (
+    jsonl_fast_path_decides,
+    jsonl_records,
+    jsonl_records_fast,
+    parquet_records,
+)
 from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-# How much of a bad value an error message quotes.
-QUOTE_CHARS = 80
-
 
 @dataclass(frozen=True)
 class StagedOutput:
@@ -78,21 +80,26 @@ def stage_batch(
 
     job_started = time.monotonic()
     if config.source_format == "jsonl":
-        # Spark's JSON reader only tells a clean batch from one that holds something bad; a
-        # bad batch is redone with exact line numbers and reasons (see _jsonl_records_fast).
-        rows_in, rejected = _write_run(_jsonl_records_fast(spark, config, segments), config, binding.ts, run_dir)
-        if rejected:
-            # Only the exact records decide what is bad, so every writer agrees.
-            shard.blob.delete_tree(run_dir)
-            records = _jsonl_records(spark, config, segments)
-            rows_in, rejected = _write_run(records, config, binding.ts, run_dir)
+        # One verdict per record (engine/records.py): Spark's JSON reader stages a batch only
+        # when it reads every line as the exact path does, and only if nothing is bad; any
+        # other batch is staged by the exact path, which alone says why and where.
+        batch = None
+        if jsonl_fast_path_decides(spark, segments):
+            batch = jsonl_records_fast(spark, config, segments, _segment_columns)
+            rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
+            if rejected:
+                shard.blob.delete_tree(run_dir)
+                batch = None
+        if batch is None:
+            batch = jsonl_records(spark, config, segments, _segment_columns)
+            rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
     else:
-        records = _parquet_records(spark, shard, segments)
-        rows_in, rejected = _write_run(records, config, binding.ts, run_dir)
+        batch = parquet_records(spark, config, segments, _segment_columns)
+        rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
     job_seconds = time.monotonic() - job_started
     rejects = None
     if rejected:
-        bad = records.where(F.col("_reason").isNotNull())
+        bad = batch.rejected()
         if on_bad_record == "fail":
             # Never appended, so the outcome is known: these files can go at once.
             shard.blob.delete_tree(run_dir)
@@ -148,121 +155,20 @@ def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str)
     observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
     latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts)
     write_bucketed(latest, config, run_dir, partitioned=True)
-    metrics = totals.get
+    try:
+        metrics = totals.get
+    except Exception:
+        # When every record is rejected, adaptive execution replaces the empty write by an
+        # empty relation and the observation with it (Observation.get then fails an
+        # assertion): count the records instead, a second pass over a batch with no data.
+        # The hash reads every column: Spark's JSON reader parses only the columns a query
+        # uses, and a mistyped value in an unread column would not mark its record.
+        metrics = records.agg(
+            F.count(F.lit(1)).alias("rows_in"),
+            F.count("_reason").alias("rejected"),
+            F.max(F.xxhash64(*[F.col(f"`{c}`") for c in config.column_names()])).alias("_all_columns"),
+        ).first()
     return int(metrics["rows_in"]), int(metrics["rejected"])
-
-
-# -- record parsing ---------------------------------------------------------------------------
-
-
-def _jsonl_records_fast(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> "DataFrame":
-    """Records of clean JSON lines, read by Spark's JSON reader (about three times faster than
-    parsing lines as expressions). ``_reason`` only marks a record as bad (malformed, a value of
-    the wrong type, a missing or null key); :func:`_jsonl_records` says exactly why.
-
-    ``_line`` is a position, not a line number: ``monotonically_increasing_id`` grows with the
-    line within a file however files are split or packed into tasks, and ties within a key are
-    only ever broken between lines of one file (after partition and offset), so every writer
-    orders records exactly as by line number.
-    """
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    schema = user_schema(config)
-    read_schema = StructType([*schema.fields, StructField("_corrupt", StringType())])
-    bad = " OR ".join(["_corrupt IS NOT NULL", *[f"{_sql_name(k)} IS NULL" for k in config.keys]])
-    return (
-        spark.read.schema(read_schema)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", "_corrupt")
-        .json([s.path for s in segments])
-        .selectExpr(
-            "_metadata.file_path AS _file",
-            *[f"{expr} AS {name}" for name, expr in _segment_columns("_metadata.file_path").items()],
-            "monotonically_increasing_id() AS _line",
-            *[_sql_name(f.name) for f in schema.fields],
-            f"CASE WHEN {bad} THEN 'bad record' END AS _reason",
-        )
-    )
-
-
-def _jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> "DataFrame":
-    """One row per non-blank line: position, raw text, typed columns and why it is bad."""
-    from pyspark.sql import functions as F
-
-    schema = user_schema(config)
-    # Partition and offset are taken from the path once per file, before it is split into lines.
-    files = (
-        spark.read.text([s.path for s in segments], wholetext=True)
-        .select(F.col("_metadata.file_path").alias("_file"), "value")
-        .withColumns({name: F.expr(expr) for name, expr in _segment_columns("_file").items()})
-    )
-    lines = files.select(
-        "_file", "_partition", "_offset", F.posexplode(F.split(F.col("value"), "\r?\n")).alias("_pos", "_raw")
-    )
-    parsed = lines.where(F.trim(F.col("_raw")) != "").select(
-        "_file",
-        "_partition",
-        "_offset",
-        (F.col("_pos") + 1).alias("_line"),
-        "_raw",
-        F.from_json("_raw", schema).alias("_r"),
-        F.from_json("_raw", "MAP<STRING,STRING>").alias("_m"),
-    )
-    # The checks are one SQL expression: built column by column they cost a py4j round trip
-    # per call, a noticeable share of a small batch's latency.
-    reasons = ["CASE WHEN _m IS NULL THEN 'malformed JSON: not a JSON object' END"]
-    for key in config.keys:
-        reasons.append(f"CASE WHEN NOT map_contains_key(_m, {_sql_string(key)}) THEN {_sql_string(f'missing key column {key!r}')} END")
-        # A JSON null; a value of the wrong type is reported by the field checks below.
-        reasons.append(f"CASE WHEN _m[{_sql_string(key)}] IS NULL THEN {_sql_string(f'null key column {key!r}')} END")
-    for spec in schema.fields:
-        raw = f"_m[{_sql_string(spec.name)}]"
-        expected = _sql_string(f"field {spec.name!r}: expected {spec.dataType.simpleString()}, got ")
-        reasons.append(
-            f"CASE WHEN {raw} IS NOT NULL AND _r.{_sql_name(spec.name)} IS NULL "
-            f"THEN concat({expected}, substring({raw}, 1, {QUOTE_CHARS})) END"
-        )
-    return parsed.selectExpr(
-        "_file",
-        "_partition",
-        "_offset",
-        "_line",
-        "_raw",
-        *[f"_r.{_sql_name(f.name)} AS {_sql_name(f.name)}" for f in schema.fields],
-        f"coalesce({', '.join(reasons)}) AS _reason",
-    )
-
-
-def _sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _sql_name(name: str) -> str:
-    """A column name quoted for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _parquet_records(spark: "SparkSession", shard: Shard, segments: list[Segment]) -> "DataFrame":
-    """Parquet segments. Their schemas were checked when the batch was bound (a missing key
-    column or an incompatible type is a whole-file problem); here null keys are bad records."""
-    from pyspark.sql import functions as F
-
-    config = shard.config
-    schema = user_schema(config)
-    df = spark.read.schema(schema).parquet(*[s.path for s in segments])
-    df = df.select(
-        F.col("_metadata.file_path").alias("_file"),
-        (F.col("_metadata.row_index") + 1).alias("_line"),
-        F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in schema.fields])).alias("_raw"),
-        *[F.col(f"`{f.name}`") for f in schema.fields],
-    ).withColumns({name: F.expr(expr) for name, expr in _segment_columns("_file").items()})
-    reasons = [F.when(F.col(f"`{k}`").isNull(), F.lit(f"null key column '{k}'")) for k in config.keys]
-    return df.select(
-        "_file", "_partition", "_offset", "_line", "_raw",
-        *[F.col(f"`{f.name}`") for f in schema.fields],
-        F.coalesce(*reasons).alias("_reason"),
-    )
 
 
 def _segment_columns(file_column: str) -> dict[str, str]:

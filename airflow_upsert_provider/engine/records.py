@@ -1,0 +1,315 @@
+"""Segment files parsed into the records of a batch, one verdict per record.
+
+A JSON Lines record is judged by one expression over its own line, whatever the other lines of
+the batch hold: every batch, clean or not, goes through the same parse and the same checks, so
+a record's fate never depends on its neighbours and every writer reaches the same verdict.
+The rules are in docs/input.md; in short, strict JSON (RFC 8259), one object per line.
+
+Lines are read as Spark's text source splits them (a line ends at LF, CRLF or a lone CR) and
+numbered by position; the line numbers a report shows are worked out only when something was
+rejected (see :meth:`BatchRecords.rejected`), so a clean batch pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.runs import user_schema
+from airflow_upsert_provider.engine.sources import Segment
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# How much of a bad value an error message quotes.
+QUOTE_CHARS = 80
+
+# Strict JSON: Spark's JSON parser otherwise accepts NaN/Infinity and single quotes.
+JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "columnNameOfCorruptRecord": "_corrupt",
+    "allowNonNumericNumbers": "false",
+    "allowSingleQuotes": "false",
+    "allowUnquotedFieldNames": "false",
+    "allowComments": "false",
+    "allowNumericLeadingZeros": "false",
+    "allowBackslashEscapingAnyCharacter": "false",
+    "allowUnquotedControlChars": "false",
+}
+
+MALFORMED = "malformed JSON: not a JSON object"
+TRAILING = "malformed JSON: text after the object (one JSON object per line)"
+INVALID_UTF8 = "not valid UTF-8"
+
+# (partition, offset) of a segment as SQL expressions over its path column.
+SegmentColumns = Callable[[str], dict[str, str]]
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_name(name: str) -> str:
+    """A column name quoted for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass(frozen=True)
+class BatchRecords:
+    """The records of a batch: ``records`` has one row per record with ``_file``,
+    ``_partition``, ``_offset``, ``_line`` (a position that orders records within a file),
+    ``_raw``, the typed columns and ``_reason`` (null when the record is accepted)."""
+
+    records: "DataFrame"
+    # Every line of the JSON segments, blank ones included, to number the lines of rejects.
+    lines: "DataFrame | None" = None
+
+    def rejected(self) -> "DataFrame":
+        """The rejected records with ``_file``, ``_partition``, ``_offset``, ``_line`` (the
+        line number in the file, from 1, or the row number in a Parquet file), ``_reason``
+        and ``_raw``. Costs one more pass over the segments; only called when something was
+        rejected."""
+        from pyspark.sql import functions as F
+
+        bad = self.records.where(F.col("_reason").isNotNull())
+        if self.lines is None:
+            return bad.select("_file", "_partition", "_offset", "_line", "_reason", "_raw")
+        return _numbered(self.lines, bad)
+
+
+def jsonl_records(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], segment_columns: SegmentColumns
+) -> BatchRecords:
+    """Every non-blank line of the segments as a record, judged on its own (docs/input.md):
+    the exact path, with a reason for every rejected record."""
+    from pyspark.sql import functions as F
+
+    schema = user_schema(config)
+    checks = _TypedChecks(config)
+    lines = spark.read.text([s.path for s in segments]).selectExpr(
+        "_metadata.file_path AS _file",
+        "_metadata.file_block_start AS _block",
+        # Rows of one file block are numbered consecutively within a task: _pos orders the
+        # lines of a file however the files are split or packed into tasks.
+        "monotonically_increasing_id() AS _pos",
+        "value AS _raw",
+    )
+    # Spark's text source drops a byte order mark at the start of a file (as its JSON reader
+    # does); anywhere else U+FEFF is not JSON whitespace and the line is malformed.
+    parsed = (
+        lines
+        # Blank lines (JSON whitespace only) are not records.
+        .where("trim(BOTH ' \\t' FROM _raw) != ''")
+        .withColumn("_r", F.from_json("_raw", checks.read_schema, JSON_OPTIONS))
+    )
+    one_object = _one_object("_raw")
+    checked = parsed.selectExpr(
+        "_file",
+        "_block",
+        "_pos",
+        "_raw",
+        "is_valid_utf8(_raw) AS _utf8",
+        f"{one_object} AS _one",
+        *[f"{checks.value('_r', f.name)} AS {sql_name(f.name)}" for f in schema.fields],
+        f"(NOT is_valid_utf8(_raw) OR NOT {one_object} OR {checks.bad('_r')}) AS _bad",
+    )
+    # The reasons are worked out for bad records only: a second parse, as a map of texts.
+    options = ", ".join(f"{sql_string(k)}, {sql_string(v)}" for k, v in JSON_OPTIONS.items() if k != "columnNameOfCorruptRecord")
+    with_map = checked.selectExpr(
+        "*", f"CASE WHEN _bad THEN from_json(_raw, 'MAP<STRING,STRING>', map({options})) END AS _m"
+    )
+    reasons = [
+        f"CASE WHEN NOT _utf8 THEN {sql_string(INVALID_UTF8)} END",
+        f"CASE WHEN _m IS NULL THEN {sql_string(MALFORMED)} END",
+        f"CASE WHEN NOT _one THEN {sql_string(TRAILING)} END",
+    ]
+    for key in config.keys:
+        reasons.append(f"CASE WHEN NOT map_contains_key(_m, {sql_string(key)}) THEN {sql_string(f'missing key column {key!r}')} END")
+        # A JSON null; a value of the wrong type is reported by the field checks below.
+        reasons.append(f"CASE WHEN _m[{sql_string(key)}] IS NULL THEN {sql_string(f'null key column {key!r}')} END")
+    for spec in schema.fields:
+        raw = f"_m[{sql_string(spec.name)}]"
+        if spec.name in checks.floats:
+            reasons.append(
+                f"CASE WHEN NOT (abs({sql_name(spec.name)}) < double('inf')) "
+                f"THEN {sql_string(f'field {spec.name!r}: number out of range for {spec.dataType.simpleString()}')} END"
+            )
+        expected = sql_string(f"field {spec.name!r}: expected {spec.dataType.simpleString()}, got ")
+        reasons.append(
+            f"CASE WHEN {raw} IS NOT NULL AND {sql_name(spec.name)} IS NULL "
+            f"THEN concat({expected}, substring({raw}, 1, {QUOTE_CHARS})) END"
+        )
+    records = with_map.selectExpr(
+        "_file",
+        *[f"{expr} AS {name}" for name, expr in segment_columns("_file").items()],
+        "_block",
+        "_pos",
+        "_pos AS _line",
+        "_raw",
+        *[sql_name(f.name) for f in schema.fields],
+        f"CASE WHEN _bad THEN coalesce({', '.join(reasons)}, {sql_string('malformed JSON')}) END AS _reason",
+    )
+    return BatchRecords(records, lines)
+
+
+def jsonl_fast_path_decides(spark: "SparkSession", segments: list[Segment]) -> bool:
+    """Whether Spark's JSON reader (:func:`jsonl_records_fast`) reads every line of the
+    segments exactly as :func:`jsonl_records` does: each line is blank, or valid UTF-8 that
+    starts with '{' and holds nothing after its object. The reader cannot see what follows
+    the first value of a line, nor invalid UTF-8 (it decodes it to U+FFFD); a batch with any
+    such line goes to the exact path. One scan of the text, no parsing for
+    a line whose only '}' is its last character."""
+    clean = (
+        "is_valid_utf8(value) AND (_t = '' OR (startswith(_t, '{') AND "
+        f"{_one_object('_t')}))"
+    )
+    row = (
+        spark.read.text([s.path for s in segments])
+        .selectExpr("value", "trim(BOTH ' \\t' FROM value) AS _t")
+        .selectExpr(f"bool_and({clean}) AS clean")
+        .collect()[0]
+    )
+    return bool(row["clean"])
+
+
+def jsonl_records_fast(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], segment_columns: SegmentColumns
+) -> BatchRecords:
+    """The records of a batch for which :func:`jsonl_fast_path_decides`, read by Spark's JSON
+    reader (faster than parsing lines as expressions) with the same parser options and the
+    same typed checks as :func:`jsonl_records`, so a record gets the same verdict. ``_reason``
+    only marks a record as bad; the batch is then staged again by :func:`jsonl_records`,
+    which says why and where."""
+    schema = user_schema(config)
+    checks = _TypedChecks(config)
+    reader = spark.read.schema(checks.read_schema)
+    for option, setting in JSON_OPTIONS.items():
+        reader = reader.option(option, setting)
+    return BatchRecords(
+        reader.json([s.path for s in segments]).selectExpr(
+            "_metadata.file_path AS _file",
+            *[f"{expr} AS {name}" for name, expr in segment_columns("_metadata.file_path").items()],
+            # A position, not a line number: it grows with the line within a file.
+            "monotonically_increasing_id() AS _line",
+            "CAST(NULL AS STRING) AS _raw",
+            *[f"{checks.value('', f.name)} AS {sql_name(f.name)}" for f in schema.fields],
+            f"CASE WHEN {checks.bad('')} THEN 'bad record' END AS _reason",
+        )
+    )
+
+
+class _TypedChecks:
+    """What both paths check on a parsed record, as SQL over its struct (or its top-level
+    columns when ``struct`` is empty): the read schema, the typed value of each column and
+    whether the record is bad."""
+
+    def __init__(self, config: ShardConfig) -> None:
+        from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType, VariantType
+
+        schema = user_schema(config)
+        self.keys = list(config.keys)
+        self.fields = [f.name for f in schema.fields]
+        # A STRING column is read as a VARIANT so that its JSON type can be checked: Spark's
+        # JSON parser would otherwise store an object, array, number or boolean as its text.
+        self.strings = {f.name for f in schema.fields if isinstance(f.dataType, StringType)}
+        self.floats = {f.name for f in schema.fields if isinstance(f.dataType, (DoubleType, FloatType))}
+        self.read_schema = StructType(
+            [StructField(f.name, VariantType()) if f.name in self.strings else f for f in schema.fields]
+            + [StructField("_corrupt", StringType())]
+        )
+
+    def _ref(self, struct: str, name: str) -> str:
+        return f"{struct}.{sql_name(name)}" if struct else sql_name(name)
+
+    def value(self, struct: str, name: str) -> str:
+        field = self._ref(struct, name)
+        if name in self.strings:
+            return f"CASE WHEN schema_of_variant({field}) = 'STRING' THEN variant_get({field}, '$', 'string') END"
+        return field
+
+    def bad(self, struct: str) -> str:
+        ref = self._ref
+        checks = [
+            f"{struct} IS NULL" if struct else "false",
+            f"{ref(struct, '_corrupt')} IS NOT NULL",
+            *[f"({self.value(struct, k)}) IS NULL" for k in self.keys],
+            # A JSON null is a null; any other JSON value but a string is bad.
+            *[
+                f"(({self.value(struct, s)}) IS NULL AND {ref(struct, s)} IS NOT NULL AND NOT is_variant_null({ref(struct, s)}))"
+                for s in self.strings
+            ],
+            # NaN and Infinity are not JSON; a number beyond the type's range reads as one.
+            *[f"coalesce(NOT (abs({ref(struct, d)}) < double('inf')), false)" for d in self.floats],
+        ]
+        return "(" + " OR ".join(checks) + ")"
+
+
+def _one_object(text: str) -> str:
+    """SQL: the first JSON value of ``text`` (if it parses) is all there is. Spark's parser
+    ignores whatever follows the first value of a line. A line whose only '}' is its last
+    character cannot hold more; any other line is scanned once more, wrapped in an array and in
+    an object: text after the value breaks one or the other (or makes the array longer)."""
+    return (
+        f"(instr({text}, '}}') = length(trim(TRAILING ' \\t' FROM {text})) OR coalesce("
+        f"json_array_length(concat('[', {text}, ']')) = 1 "
+        f"AND json_object_keys(concat('{{\"_\":', {text}, '}}')) IS NOT NULL, false))"
+    )
+
+
+def _numbered(lines: "DataFrame", bad: "DataFrame") -> "DataFrame":
+    """``bad`` with ``_line`` the line number in its file: a file's blocks are counted in
+    order (each block's lines are consecutive positions), blank lines included."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    blocks = (
+        lines.groupBy("_file", "_block")
+        .agg(F.min("_pos").alias("_first"), F.count(F.lit(1)).alias("_count"))
+        .collect()
+    )
+    starts = []
+    line = {}
+    for row in sorted(blocks, key=lambda r: (r["_file"], r["_block"])):
+        start = line.get(row["_file"], 1)
+        starts.append((row["_file"], row["_block"], row["_first"], start))
+        line[row["_file"]] = start + row["_count"]
+    schema = StructType(
+        [
+            StructField("_file", StringType()),
+            StructField("_block", LongType()),
+            StructField("_first", LongType()),
+            StructField("_start", LongType()),
+        ]
+    )
+    table = bad.sparkSession.createDataFrame(starts, schema)
+    return bad.join(F.broadcast(table), ["_file", "_block"]).selectExpr(
+        "_file", "_partition", "_offset", "_start + _pos - _first AS _line", "_reason", "_raw"
+    )
+
+
+def parquet_records(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], segment_columns: SegmentColumns
+) -> BatchRecords:
+    """Parquet segments. Their schemas were checked when the batch was bound (a missing key
+    column or an incompatible type is a whole-file problem); here null keys are bad records.
+    A Parquet file has one reader and no neighbours to depend on: ``_line`` is the row number."""
+    from pyspark.sql import functions as F
+
+    schema = user_schema(config)
+    df = spark.read.schema(schema).parquet(*[s.path for s in segments])
+    df = df.select(
+        F.col("_metadata.file_path").alias("_file"),
+        (F.col("_metadata.row_index") + 1).alias("_line"),
+        F.to_json(F.struct(*[F.col(sql_name(f.name)) for f in schema.fields])).alias("_raw"),
+        *[F.col(sql_name(f.name)) for f in schema.fields],
+    ).withColumns({name: F.expr(expr) for name, expr in segment_columns("_file").items()})
+    reasons = [F.when(F.col(sql_name(k)).isNull(), F.lit(f"null key column '{k}'")) for k in config.keys]
+    records = df.select(
+        "_file", "_partition", "_offset", "_line", "_raw",
+        *[F.col(sql_name(f.name)) for f in schema.fields],
+        F.coalesce(*reasons).alias("_reason"),
+    )
+    return BatchRecords(records)
