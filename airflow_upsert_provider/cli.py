@@ -247,7 +247,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.upsert import table_columns
+    from airflow_upsert_provider.engine.runs import table_columns
 
     shard = ctx.shard(args.shard)
     handle = _open_output(args.out) if args.out else sys.stdout

@@ -24,7 +24,6 @@ from airflow_upsert_provider.engine.runs import (
     describe_run,
     sync_data_files,
     table_columns,
-    user_schema,
     write_bucketed,
 )
 from airflow_upsert_provider.engine.records import (
