@@ -120,7 +120,11 @@ def compact(
             # to delete now; write a new one.
             continue
         except ConsensusUnavailable:
-            current = consensus.get_compaction(shard.shard_id)
+            try:
+                current = consensus.get_compaction(shard.shard_id)
+            except ConsensusUnavailable:
+                # Still down: the swap may have landed, so this is not "nothing changed".
+                current = None
             if current is None or current.run["path"] != run["path"]:
                 # Whether it landed is unknown: the output stays for GC to judge (grace period).
                 raise CommitOutcomeUnknown(

@@ -83,3 +83,33 @@ def test_racing_writers_and_a_rival_compaction(spark, consensus, blob, tmp_path)
     for ts, rows in final.items():
         runs = [b.run for b in shard.batches(below=ts)]
         assert rows == table_from_rows(read_runs(spark, shard.config, blob, runs).collect()), f"as_of={ts}"
+
+
+def test_store_lost_during_the_swap_and_its_read_back_is_an_unknown_outcome(spark, consensus, blob, tmp_path):
+    """The swap commits, the connection drops before the client hears it, and the store is
+    still down when compaction reads back what happened: exit 5 (retryable), never exit 2
+    ("nothing changed"), and a rerun finds the swap that landed."""
+    from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown, OutcomeUnknown
+    from tests.faults import StoreOutage
+
+    shard = written_shard(spark, consensus, blob, tmp_path)
+    before = table(shard, spark)
+    outage = StoreOutage(consensus)
+    real_swap = consensus.compare_and_set_since
+
+    def swap_then_lose_the_connection(*args, **kwargs):
+        assert real_swap(*args, **kwargs)
+        outage._reads_to_fail = 1  # the read-back fails too
+        raise ConsensusOutcomeUnknown("consensus store failed while committing")
+
+    consensus.compare_and_set_since = swap_then_lose_the_connection
+    with pytest.raises(OutcomeUnknown) as raised:
+        compact(spark, shard, since=3)
+    assert raised.value.exit_code == 5 and raised.value.retryable
+    assert outage.failed_reads == 1
+    consensus.compare_and_set_since = real_swap
+    outage.end()
+
+    assert shard.state().since == 3
+    assert compact(spark, shard, since=3).outcome == NOTHING_TO_DO
+    assert table(shard, spark) == before
