@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.consensus import BatchRecord
 from airflow_upsert_provider.engine.shard import Shard
@@ -34,3 +36,22 @@ def make_shard(consensus, blob, tmp_path, *, spec: SampleSpec | None = None, sha
 
 def batch(ts: int, token: str = "t", writer_id: str = "w") -> BatchRecord:
     return BatchRecord(ts=ts, writer_id=writer_id, token=token, run={"path": f"x/{ts}", "files": [], "rows": 0}, stats={})
+
+
+def landing_env(tmp_path, monkeypatch, spec: SampleSpec) -> str:
+    """Point `upsertctl` (run in-process through ``cli.main``) at a fresh consensus and blob
+    under ``tmp_path``, and generate ``spec`` as its landing directory."""
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", f"sqlite:///{tmp_path / 'c.db'}")
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    landing = tmp_path / "landing"
+    generate(str(landing), spec)
+    return landing
+
+
+def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    """``upsertctl ARGV`` in this process: (exit code, stdout, stderr)."""
+    from airflow_upsert_provider import cli
+
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from airflow_upsert_provider import cli
-from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate, write_segment
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, write_segment
+from tests.helpers import landing_env
+from tests.helpers import run_cli as run
 from tests.oracle import oracle_table
 
 SPEC = SampleSpec(records=2000, keys=400, partitions=2, segments_per_partition=3, seed=21)
@@ -16,17 +18,7 @@ SPEC = SampleSpec(records=2000, keys=400, partitions=2, segments_per_partition=3
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("UPSERT_CONSENSUS_URL", f"sqlite:///{tmp_path / 'c.db'}")
-    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
-    landing = tmp_path / "landing"
-    generate(str(landing), SPEC)
-    return landing
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+    return landing_env(tmp_path, monkeypatch, SPEC)
 
 
 def init(capsys, landing, *extra):

@@ -15,24 +15,16 @@ from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
-from tests.helpers import sample_config
+from tests.helpers import landing_env, sample_config
+from tests.helpers import run_cli as run
 
 SPEC = SampleSpec(records=200, keys=40, partitions=1, segments_per_partition=2, seed=7)
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("UPSERT_CONSENSUS_URL", f"sqlite:///{tmp_path / 'c.db'}")
-    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
-    landing = tmp_path / "landing"
-    generate(str(landing), SPEC)
-    return landing
+    return landing_env(tmp_path, monkeypatch, SPEC)
 
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_clean_error(code, err, expected_code, *fragments):
