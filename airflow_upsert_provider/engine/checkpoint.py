@@ -535,8 +535,11 @@ def restore_checkpoint(
     checkpoint_id: str,
     *,
     target_shard_id: str | None = None,
+    actor: str = "",
 ) -> ShardRecord:
     """Rebuild a shard's consensus state from a checkpoint, after verifying every file.
+    The restored shard's stream is RECOVERING in a new epoch: nothing writes to it until a
+    recovery's seek and resume have run (``engine/recovery.py``).
 
     The target (default: the checkpoint's own shard id, into an empty consensus) must not
     exist: a restore never moves an existing upper backwards. The restored shard reads the
@@ -553,7 +556,9 @@ def restore_checkpoint(
             checkpoint=checkpoint_id,
             file=path,
         ) from None
-    return consensus.restore_shard(target, snapshot)
+    return consensus.restore_shard(
+        target, snapshot, actor=actor, reason=f"restored from checkpoint {checkpoint_id} of shard {shard_id!r}"
+    )
 
 
 def check_retention(keep_last: int | None, keep_within: float | None) -> None:

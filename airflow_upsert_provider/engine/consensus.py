@@ -105,14 +105,32 @@ class CommitAttempt:
     # The run descriptions ({"path", "files": [{"path", ...}], ...}) the commit names.
     runs: tuple[dict[str, Any], ...]
     writer_id: str = ""
+    # The stream epoch the writer started under (None: not checked, e.g. a maintenance task).
+    epoch: int | None = None
 
 
 # Hooks run inside the commit transaction of every append and swap, after its compare-and-set
 # matched: each returns None or a reason to refuse (the transaction rolls back and
-# CommitRefused is raised), and may write rows of its own in the same transaction. Modules
-# that own such rules append theirs at import (see the end of this module).
+# CommitRefused is raised), or raises an UpsertError of its own (same rollback), and may write
+# rows of its own in the same transaction. Modules that own such rules append theirs at
+# import (see the end of this module).
 CommitHook = Callable[[Any, CommitAttempt], "str | None"]
 commit_hooks: list[CommitHook] = []
+
+
+@dataclass(frozen=True)
+class RestoreEvent:
+    """A shard being restored from a checkpoint, as restore hooks see it."""
+
+    shard_id: str
+    upper: int
+    actor: str
+    reason: str
+
+
+# Hooks run inside the transaction that restores a shard (e.g. the stream starts RECOVERING).
+RestoreHook = Callable[[Any, RestoreEvent], None]
+restore_hooks: list[RestoreHook] = []
 
 
 def _run_commit_hooks(conn, attempt: CommitAttempt) -> None:
@@ -489,13 +507,14 @@ class Consensus:
     # -- batches --------------------------------------------------------------------------
 
     def compare_and_append(
-        self, shard_id: str, expected_upper: int, new_upper: int, batch: BatchRecord
+        self, shard_id: str, expected_upper: int, new_upper: int, batch: BatchRecord, *, epoch: int | None = None
     ) -> AppendResult:
         """Commit ``batch`` at ts == expected_upper iff the authoritative upper is
         expected_upper at commit time (invariant 3).
 
         One transaction: a conditional UPDATE checked by rowcount, the commit hooks (which may
-        refuse: CommitRefused, nothing committed), then the batch row. Any
+        refuse: CommitRefused or the hook's own error, nothing committed), then the batch row.
+        ``epoch`` is the stream epoch the writer started under (fencing, invariant 16). Any
         driver error while it runs is re-raised as-is: the caller cannot know whether the
         commit landed and must treat the outcome as unknown.
         """
@@ -515,7 +534,7 @@ class Consensus:
             ).rowcount
             if updated == 1:
                 runs = (batch.run,) + ((batch.stats["rejects"],) if batch.stats.get("rejects") else ())
-                _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id))
+                _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id, epoch))
                 conn.execute(
                     sa.insert(batches_table).values(
                         shard_id=shard_id,
@@ -693,9 +712,12 @@ class Consensus:
 
         return self._run_snapshot(txn)
 
-    def restore_shard(self, shard_id: str, snapshot: ShardSnapshot) -> ShardRecord:
-        """Write ``snapshot`` as shard ``shard_id`` in one transaction. Refused if the shard
-        exists: a restore never moves an existing upper backwards (restore under a new id)."""
+    def restore_shard(
+        self, shard_id: str, snapshot: ShardSnapshot, *, actor: str = "", reason: str = ""
+    ) -> ShardRecord:
+        """Write ``snapshot`` as shard ``shard_id`` in one transaction, with the restore hooks.
+        Refused if the shard exists: a restore never moves an existing upper backwards
+        (restore under a new id). ``actor`` and ``reason`` are recorded by the hooks."""
         record = snapshot.record
 
         def txn(conn):
@@ -756,6 +778,8 @@ class Consensus:
                         compacted_at=snapshot.compaction.compacted_at,
                     )
                 )
+            for hook in restore_hooks:
+                hook(conn, RestoreEvent(shard_id, record.upper, actor, reason))
             return ShardRecord(**conn.execute(
                 sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
             ).one()._mapping)
@@ -926,3 +950,4 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
 # imported here so that every store creates and enforces them.
 from airflow_upsert_provider.engine import catalog_lock as _catalog_lock  # noqa: E402,F401
 from airflow_upsert_provider.engine import gc_claims as _gc_claims  # noqa: E402,F401
+from airflow_upsert_provider.engine import streams as _streams  # noqa: E402,F401

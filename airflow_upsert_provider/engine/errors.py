@@ -105,3 +105,37 @@ class CommitRefused(UpsertError):
 
     exit_code = 2
     retryable = True
+
+
+class StreamNotWritable(UpsertError):
+    """The shard's stream does not let this writer write (exit 6): it is not READY when a
+    run starts, or a commit was fenced because the stream stopped or a recovery began after
+    the writer started. Nothing was committed. Not retryable: the stream's state has to be
+    changed on purpose first (docs/recovery.md). ``details`` name the status, its epoch,
+    and who set it, when and why."""
+
+    exit_code = 6
+
+
+class StreamNotReady(StreamNotWritable):
+    """A run refused to start: the stream is STOPPING, STOPPED or RECOVERING (exit 6)."""
+
+
+class StreamFenced(StreamNotWritable):
+    """A commit refused inside its transaction: the stream was stopped, or a recovery began
+    (a new epoch) after this writer started (exit 6). The batch's staged files are dropped."""
+
+
+class TransitionRefused(UpsertError):
+    """A stream transition was refused: the stream is not in a state it may leave that way
+    (resume without the seek of the same recovery epoch, seek of another epoch, stop during a
+    recovery, ...), or its compare-and-set lost to a concurrent change. Nothing was changed
+    (exit 7); ``details`` hold the stream's current state."""
+
+    exit_code = 7
+
+
+class SourceSegmentsMissing(IntegrityError):
+    """A recovery's seek found source segments at or after the seek point gone (deleted by
+    retention before the shard processed them): resuming would skip their records. Nothing
+    was changed (exit 4); ``details["missing"]`` lists them, first missing first."""

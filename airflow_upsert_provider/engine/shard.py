@@ -187,8 +187,10 @@ class Shard:
 
     # -- appends ----------------------------------------------------------------------------
 
-    def compare_and_append(self, expected_upper: int, new_upper: int, batch: BatchRecord) -> AppendResult:
-        return self.consensus.compare_and_append(self.shard_id, expected_upper, new_upper, batch)
+    def compare_and_append(
+        self, expected_upper: int, new_upper: int, batch: BatchRecord, *, epoch: int | None = None
+    ) -> AppendResult:
+        return self.consensus.compare_and_append(self.shard_id, expected_upper, new_upper, batch, epoch=epoch)
 
     def batches(self, *, below: int | None = None) -> list[BatchRecord]:
         return self.consensus.batches(self.shard_id, below=below)

@@ -27,6 +27,7 @@ from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     ConsensusUnavailable,
     IntegrityError,
+    StreamFenced,
 )
 from airflow_upsert_provider.engine.shard import Disposition, Shard, check_bad_record_mode, classify
 
@@ -121,9 +122,12 @@ class RunReport:
     results: list[BatchResult]
     upper: int
     converged: int  # held batches dropped because a peer persisted them
+    # Set when a stop or a recovery ended the run before the source was caught up.
+    stopped_because: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "stopped_because": self.stopped_because,
             "batches": [r.to_dict() for r in self.results],
             "upper": self.upper,
             "converged": self.converged,
@@ -164,6 +168,11 @@ class Writer:
         # This writer's own frontier: never below the upper it last read (invariant 4).
         self.progress = 0
         self.converged = 0
+        # The stream epoch this writer started under (read when its first step starts): every
+        # commit carries it, and is fenced if a recovery began since.
+        self.epoch: int | None = None
+        # Why the last run stopped before the source was caught up (a stop or a recovery).
+        self.stopped_because: str | None = None
 
     # -- the one rule ------------------------------------------------------------------------
 
@@ -270,7 +279,7 @@ class Writer:
             reraise=True,
         )
         try:
-            result = retrying(self.shard.compare_and_append, staged.ts, staged.ts + 1, record)
+            result = retrying(self.shard.compare_and_append, staged.ts, staged.ts + 1, record, epoch=self.epoch)
         except (sa.exc.DBAPIError, OSError, ConsensusUnavailable) as exc:
             reason = exc.message if isinstance(exc, ConsensusUnavailable) else type(exc).__name__
             raise CommitOutcomeUnknown(
@@ -300,8 +309,34 @@ class Writer:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Check the stream lets a run start (READY: else StreamNotReady) and take its epoch."""
+        from airflow_upsert_provider.engine.streams import require_ready
+
+        epoch = require_ready(self.shard.consensus, self.shard.shard_id).epoch
+        if self.epoch is not None and epoch != self.epoch:
+            # Batches staged under an earlier epoch may not be committed in this one.
+            for staged in list(self.held.values()):
+                self._delete_staged(staged)
+            self.held.clear()
+        self.epoch = epoch
+
+    def may_continue(self) -> bool:
+        """Whether another batch may start: the stream is still READY in this writer's epoch.
+        A stop or a recovery lets the batch in hand finish and starts no other."""
+        from airflow_upsert_provider.engine.lifecycle import Status
+        from airflow_upsert_provider.engine.streams import read_stream
+
+        state = read_stream(self.shard.consensus, self.shard.shard_id)
+        if state.status is Status.READY and state.epoch == self.epoch:
+            return True
+        self.stopped_because = f"the stream is {state.describe()}"
+        return False
+
     def step(self) -> BatchResult:
         """Advance the shard by one batch if the source holds one."""
+        if self.epoch is None:
+            self.start()
         started = time.monotonic()
         upper = self.shard.state().upper
         self.reconcile(upper)
@@ -321,6 +356,12 @@ class Writer:
             try:
                 outcome = self.append(staged)
                 break
+            except StreamFenced:
+                # Refused inside the transaction whose compare-and-set matched: this ts is
+                # not committed by anyone, and ours never will be. Its files can go now.
+                self.held.pop(staged.ts, None)
+                self._delete_staged(staged)
+                raise
             except CommitRefused as refused:
                 # GC claimed our staged files (we paused past its grace period): they are
                 # GC's to delete now. Nothing was committed; stage again under a new path.
@@ -362,7 +403,12 @@ class Writer:
         if max_batches is not None and max_batches < 1:
             raise ConfigurationError("max batches must be >= 1", field="max_batches")
         results: list[BatchResult] = []
+        self.stopped_because = None
+        self.start()
         while True:
+            if results and not self.may_continue():
+                log.info("shard %s: %s; no further batch started", self.shard.shard_id, self.stopped_because)
+                break
             result = self.step()
             if with_lag:
                 result.lag_offsets = self.shard.status().lag_offsets
@@ -373,4 +419,4 @@ class Writer:
                 break
             if not until_caught_up and max_batches is not None and len(results) >= max_batches:
                 break
-        return RunReport(results, self.progress, self.converged)
+        return RunReport(results, self.progress, self.converged, self.stopped_because)
