@@ -77,6 +77,8 @@ class ShardStatus:
     bound: dict[str, int]
     rows: int | None
     pending_segments: int
+    # The stream's lifecycle state (engine/streams.py): status, epoch, who set it, when, why.
+    stream: dict[str, Any] | None = None
 
     @property
     def lag_offsets(self) -> dict[str, int]:
@@ -91,6 +93,7 @@ class ShardStatus:
             "since": self.since,
             "seqno": self.seqno,
             "rows": self.rows,
+            "stream": self.stream,
             "source": {
                 "high_watermark": dict(sorted(self.high_watermark.items())),
                 "bound": dict(sorted(self.bound.items())),
@@ -242,4 +245,12 @@ class Shard:
             bound=bound,
             rows=rows,
             pending_segments=pending,
+            stream=_stream_summary(self.consensus, self.shard_id),
         )
+
+
+def _stream_summary(consensus: Consensus, shard_id: str) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.streams import read_stream
+
+    state = read_stream(consensus, shard_id)
+    return {k: v for k, v in state.to_dict().items() if k not in ("shard", "seek_position")}
