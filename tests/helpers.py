@@ -55,3 +55,12 @@ def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def recover(shard: Shard, actor: str = "test"):
+    """Finish the recovery a restore (or ``recover begin``) opened, in the only order the
+    engine accepts: seek, then resume. Returns the resume's TransitionResult."""
+    from airflow_upsert_provider.engine import recovery, streams
+
+    sought = recovery.seek(shard, actor=actor)
+    return streams.resume_after_recovery(shard.consensus, shard.shard_id, sought.epoch, actor)
