@@ -2,8 +2,9 @@
 
 Exit codes (docs/errors.md): 0 ok; 2 nothing was changed (usage, configuration, an
 unreachable store, a full or read-only blob root); 3 bad input data (nothing committed);
-4 integrity violation; 5 outcome unknown (safe to retry); 1 anything unexpected; 141 the
-reader of stdout went away.
+4 integrity violation; 5 outcome unknown (safe to retry); 6 the stream is not writable (not
+READY, or a commit was fenced); 7 a stream transition was refused; 1 anything unexpected;
+141 the reader of stdout went away.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import time
 import uuid
 from typing import Any, Sequence
 
@@ -24,8 +26,9 @@ DEFAULT_BLOB_ROOT = "./.upsert/blob"
 
 EPILOG = """exit codes: 0 ok; 2 nothing was changed (usage, configuration, unreachable store,
 full or read-only blob root); 3 bad input data (nothing committed); 4 integrity violation;
-5 outcome unknown (safe to retry); 1 unexpected (UPSERT_DEBUG=1 shows the traceback);
-see docs/errors.md
+5 outcome unknown (safe to retry); 6 stream not writable (not READY: stopped or recovering;
+or the commit was fenced); 7 stream transition refused (e.g. recover resume before seek);
+1 unexpected (UPSERT_DEBUG=1 shows the traceback); see docs/errors.md, docs/recovery.md
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
           --blob-root from UPSERT_BLOB_ROOT, else ./.upsert/blob;
@@ -113,6 +116,7 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser) -> None
     restore.add_argument("shard", help="the shard whose catalog holds the checkpoint")
     restore.add_argument("checkpoint", nargs="?", help="checkpoint id (default: the latest)")
     restore.add_argument("--as", dest="target", metavar="SHARD", help="restore under this new shard id (default: the same id, into an empty consensus)")
+    restore.add_argument("--actor", help="who is recorded in the stream's history (default upsertctl:<host>:<pid>)")
     restore.add_argument("--json", action="store_true")
 
     gc = commands.add_parser("gc", parents=[common], help="delete files nothing references")
@@ -121,6 +125,53 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser) -> None
     gc.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                     help="keep files younger than this whatever references them (default 6 hours)")
     gc.add_argument("--json", action="store_true")
+    _add_lifecycle_commands(commands, common)
+
+
+def _add_lifecycle_commands(commands, common: argparse.ArgumentParser) -> None:
+    from airflow_upsert_provider.engine.streams import DEFAULT_DRAIN_SECONDS
+
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("shard")
+    shared.add_argument("--json", action="store_true")
+    acting = argparse.ArgumentParser(add_help=False)
+    acting.add_argument("--actor", help="who is recorded in the stream's history (default upsertctl:<host>:<pid>)")
+    reason = argparse.ArgumentParser(add_help=False)
+    reason.add_argument("--reason", default="", help="why, recorded in the stream's history")
+    epoch = argparse.ArgumentParser(add_help=False)
+    epoch.add_argument("--epoch", type=int, default=None,
+                       help="the recovery epoch you began (default: the open one); another epoch is refused")
+
+    stream = commands.add_parser("stream", parents=[common], help="stop, resume or inspect a shard's stream")
+    actions = stream.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
+    stop = actions.add_parser("stop", parents=[common, shared, acting, reason],
+                              help="let the batch in hand commit, start no other, then STOPPED")
+    stop.add_argument("--drain", type=float, default=DEFAULT_DRAIN_SECONDS, metavar="SECONDS",
+                      help=f"wait at most this long for the batch in hand (default {DEFAULT_DRAIN_SECONDS:g})")
+    stop.add_argument("--no-wait", action="store_true", help="leave the stream STOPPING; do not finalize")
+    actions.add_parser("resume", parents=[common, shared, acting, reason], help="STOPPED -> READY")
+    actions.add_parser("status", parents=[common, shared], help="the stream's status, epoch, who set it, when, why")
+    history = actions.add_parser("history", parents=[common, shared], help="every change of the stream, oldest first")
+    history.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N changes")
+
+    recover = commands.add_parser("recover", parents=[common], help="recovery in order: begin, seek, resume")
+    steps = recover.add_subparsers(dest="recover_command", required=True, metavar="ACTION")
+    steps.add_parser("begin", parents=[common, shared, acting, reason],
+                     help="READY|STOPPED -> RECOVERING in a new epoch (fences every running writer)")
+    steps.add_parser("seek", parents=[common, shared, acting, epoch],
+                     help="position the source at the upper and check every segment still needed is there")
+    steps.add_parser("resume", parents=[common, shared, acting, epoch],
+                     help="RECOVERING -> READY, once the seek of the same epoch completed")
+    steps.add_parser("status", parents=[common, shared], help="the stream, the upper and the next recovery step")
+
+    source = commands.add_parser("source", parents=[common], help="the shard's landing directory")
+    source_actions = source.add_subparsers(dest="source_command", required=True, metavar="ACTION")
+    prune = source_actions.add_parser("prune", parents=[common, shared],
+                                      help="delete the source segments the shard no longer needs (logged first)")
+    prune.add_argument("--below", choices=("checkpoint", "committed"), default="checkpoint",
+                       help="checkpoint (default): keep what the oldest checkpoint needs; committed: keep "
+                            "only what the shard has not committed (a shard that will never be restored)")
+    prune.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
 
 
 def blob_access(args: argparse.Namespace) -> str:
@@ -212,7 +263,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.writer import Writer
 
     shard = ctx.shard(args.shard)
-    writer_id = args.writer_id or f"upsertctl:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    writer_id = args.writer_id or f"{_actor(args)}:{uuid.uuid4().hex[:8]}"
     writer = Writer(shard, writer_id, spark_factory=ctx.spark, on_bad_record=args.on_bad_record)
     tty = sys.stderr.isatty()
     done = 0
@@ -242,6 +293,8 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     out = {"shard": shard.shard_id, "writer_id": writer_id, **report.to_dict()}
     if not args.json:
         print(f"upper: {report.upper} ({out['committed']} committed, {len(report.results)} step(s))")
+        if report.stopped_because:
+            print(f"stopped early: {report.stopped_because}; no further batch started")
         return {}
     return out
 
@@ -284,6 +337,7 @@ def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine import checkpoint as ckpt
+    from airflow_upsert_provider.engine import streams
     from airflow_upsert_provider.engine.errors import ConfigurationError, ShardNotFound
 
     if args.checkpoint_command == "create":
@@ -321,8 +375,18 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     checkpoint_id = args.checkpoint or (latest.id if latest else None)
     if checkpoint_id is None:
         raise ConfigurationError(f"shard {shard_id!r} has no checkpoint to restore", shard=shard_id)
-    record = ckpt.restore_checkpoint(ctx.consensus, ctx.blob, shard_id, checkpoint_id, target_shard_id=args.target)
-    return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since}
+    record = ckpt.restore_checkpoint(ctx.consensus, ctx.blob, shard_id, checkpoint_id, target_shard_id=args.target,
+                                     actor=_actor(args))
+    state = streams.read_stream(ctx.consensus, record.shard_id)
+    next_step = f"upsertctl recover seek {record.shard_id}"
+    if not args.json:
+        print(f"restored shard {record.shard_id} from checkpoint {checkpoint_id} of shard {shard_id}: "
+              f"upper {record.upper}, since {record.since}")
+        print(f"shard {record.shard_id}: {state.describe()}")
+        print(f"next: {next_step}, then upsertctl recover resume {record.shard_id} (docs/recovery.md)")
+        return {}
+    return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since,
+            "stream": state.to_dict(), "next_step": next_step}
 
 
 def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -340,6 +404,171 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     return report.to_dict()
 
 
+def _actor(args: argparse.Namespace) -> str:
+    """Who a change is recorded as: ``--actor``, else this process (as a writer id starts)."""
+    return getattr(args, "actor", None) or f"upsertctl:{socket.gethostname()}:{os.getpid()}"
+
+
+def _stream_line(state: dict[str, Any]) -> str:
+    """``shard orders: STOPPED (epoch 0), set by ... at ...: why``, from a stream's dict."""
+    from airflow_upsert_provider.engine.lifecycle import Status, StreamState
+
+    described = StreamState(
+        shard_id=state["shard"], status=Status(state["status"]), version=state["version"], epoch=state["epoch"],
+        changed_by=state["changed_by"], changed_at=state["changed_at"], reason=state["reason"],
+    ).describe()
+    return f"shard {state['shard']}: {described}"
+
+
+def _print_transition(result: dict[str, Any]) -> None:
+    print(_stream_line(result))
+    if not result["changed"]:
+        print(f"{result['action']}: nothing changed, the stream already was {result['status']}")
+
+
+def cmd_stream(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine import streams
+
+    shard_id, action = args.shard, args.stream_command
+    if action == "status":
+        out = streams.read_stream(ctx.consensus, shard_id).to_dict()
+        if not args.json:
+            print(_stream_line(out))
+            return {}
+        return out
+    if action == "history":
+        if args.limit is not None and args.limit < 1:
+            raise ConfigurationError("--limit must be >= 1", field="limit")
+        rows = streams.stream_history(ctx.consensus, shard_id, limit=args.limit)
+        if not args.json:
+            for row in rows:
+                print(_history_line(row))
+            print(f"{len(rows)} change(s)")
+            return {}
+        return {"shard": shard_id, "history": rows}
+    if action == "resume":
+        out = streams.resume(ctx.consensus, shard_id, _actor(args), args.reason).to_dict()
+        if not args.json:
+            _print_transition(out)
+            return {}
+        return out
+    return _stop(ctx, args)
+
+
+def _history_line(row: dict[str, Any]) -> str:
+    import datetime
+
+    when = datetime.datetime.fromtimestamp(row["at"], datetime.timezone.utc).isoformat(timespec="seconds")
+    line = (f"{when}  v{row['version']}  {row['action']}: {row['from'] or '-'} -> {row['to']} "
+            f"(epoch {row['epoch']}) by {row['actor']}")
+    return line + (f": {row['reason']}" if row["reason"] else "")
+
+
+def _stop(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine import streams
+    from airflow_upsert_provider.engine.lifecycle import Status
+
+    if args.drain < 0:
+        raise ConfigurationError("--drain must be >= 0 seconds", field="drain")
+    actor = _actor(args)
+    if args.no_wait:
+        out = streams.stop(ctx.consensus, args.shard, actor, args.reason).to_dict()
+        if not args.json:
+            _print_transition(out)
+            if out["status"] == Status.STOPPING.value:
+                print(f"left STOPPING: writers finish the batch in hand and start no other; "
+                      f"`upsertctl stream stop {args.shard}` finalizes")
+            return {}
+        return {**out, "finalized": False, "batch_in_hand": None}
+    tty = sys.stderr.isatty()
+    waited = False
+
+    def on_wait(remaining: float) -> None:
+        nonlocal waited
+        waited = True
+        if tty:
+            print(f"\r\033[Kwaiting up to {remaining:.0f}s for the batch in hand", end="", file=sys.stderr, flush=True)
+
+    # time.sleep looked up now, not when the engine was imported: tests drive the drain.
+    result = streams.stop_and_finalize(ctx.consensus, args.shard, actor, args.reason,
+                                       drain_seconds=args.drain, sleep=time.sleep, on_wait=on_wait)
+    if tty and waited:
+        print(file=sys.stderr)
+    out = result.to_dict()
+    stopped = result.state.status is Status.STOPPED
+    # A writer still holding a batch when the drain ended is fenced at its commit.
+    in_hand = stopped and streams.batch_in_hand(ctx.consensus, args.shard)
+    if not args.json:
+        _print_transition(out)
+        if in_hand:
+            print("a batch was still in hand when the drain ended: its commit will be fenced; nothing is "
+                  "lost, the batch runs after the resume")
+        if not stopped:
+            print(f"the stop did not finish: the stream moved on to {result.state.status.value} meanwhile")
+        return {}
+    return {**out, "finalized": stopped, "batch_in_hand": in_hand}
+
+
+def cmd_recover(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine import recovery, streams
+
+    shard_id, action = args.shard, args.recover_command
+    if action == "begin":
+        out = streams.begin_recovery(ctx.consensus, shard_id, _actor(args), args.reason).to_dict()
+        next_step = f"upsertctl recover seek {shard_id}"
+    elif action == "seek":
+        seek = recovery.seek(ctx.shard(shard_id), epoch=args.epoch, actor=_actor(args))
+        out = seek.to_dict()
+        next_step = f"upsertctl recover resume {shard_id}"
+        if not args.json:
+            position = ", ".join(f"{p} from offset {o}" for p, o in sorted(seek.position.items())) or "every partition from offset 0"
+            print(f"shard {shard_id}: seek of recovery epoch {seek.epoch} done at upper {seek.upper}")
+            print(f"position: {position}")
+            print(f"segments: {seek.segments_ahead} present from there on; {seek.checked} known segments checked")
+            print(f"next: {next_step}")
+            return {}
+        return {**out, "next_step": next_step}
+    elif action == "resume":
+        out = streams.resume_after_recovery(ctx.consensus, shard_id, args.epoch, _actor(args)).to_dict()
+        next_step = f"upsertctl run-batch {shard_id} --until-caught-up"
+    else:
+        out = recovery.recovery_status(ctx.shard(shard_id))
+        steps = {"seek": f"upsertctl recover seek {shard_id}", "resume": f"upsertctl recover resume {shard_id}"}
+        next_step = steps.get(out["next_step"])
+        if not args.json:
+            print(_stream_line(out))
+            print(f"upper: {out['upper']}")
+            print(f"next: {next_step}" if next_step else "no recovery is open")
+            return {}
+        return out
+    if not args.json:
+        _print_transition(out)
+        print(f"next: {next_step}")
+        return {}
+    return {**out, "next_step": next_step}
+
+
+def cmd_source(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.sources.retention import prune
+
+    report = prune(ctx.shard(args.shard), below=args.below, dry_run=args.dry_run)
+    if not args.json:
+        verb = "would delete" if args.dry_run else "deleted"
+        held = (f"the oldest retained checkpoint, {report.checkpoint}" if report.checkpoint
+                else "the shard's committed batches")
+        for plan in report.partitions:
+            line = f"{verb} {len(plan.delete)} files, {plan.bytes} bytes of partition {plan.partition} below offset {plan.bound}"
+            if plan.kept_unbound:
+                line += f"; kept {plan.kept_unbound} file(s) below it that no batch bound"
+            print(line)
+        if report.shared_with:
+            print(f"held back also by shard(s) reading the same directory: {', '.join(report.shared_with)}")
+        print(f"{verb} {report.files} files, {report.bytes} bytes, below the bound offsets of {held}"
+              + ("" if args.dry_run or not report.files else "; each recorded in its partition's .retention.jsonl"))
+        return {}
+    return report.to_dict()
+
+
 COMMANDS = {
     "init": cmd_init,
     "status": cmd_status,
@@ -348,6 +577,9 @@ COMMANDS = {
     "compact": cmd_compact,
     "checkpoint": cmd_checkpoint,
     "gc": cmd_gc,
+    "stream": cmd_stream,
+    "recover": cmd_recover,
+    "source": cmd_source,
 }
 
 
