@@ -42,6 +42,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_upsert_provider.operators.upsert",
                     "airflow_upsert_provider.operators.maintenance",
+                    "airflow_upsert_provider.operators.lifecycle",
                 ],
             }
         ],

@@ -177,11 +177,15 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
 class RestoreCheckpointOperator(_ShardMaintenanceOperator):
     """Rebuild a shard's consensus state from a checkpoint, after verifying every file it
     lists (present, size, checksum, parses). Never over an existing shard: restore into an
-    empty consensus, or under a new shard id. Returns ``shard``, ``checkpoint``, ``upper``
-    and ``since`` of the restored shard.
+    empty consensus, or under a new shard id. The restored shard's stream is RECOVERING in a
+    new epoch: nothing writes to it until a seek of that epoch (``SeekSourceOperator``) and
+    the resume (``ResumeAfterRecoveryOperator``) have run. Returns ``shard``, ``checkpoint``,
+    ``upper`` and ``since`` of the restored shard, and its ``stream`` (``status``, ``epoch``,
+    who restored it, when): pass ``['stream']['epoch']`` to the seek and the resume.
 
     :param shard: the shard whose catalog holds the checkpoint (templated).
-    :param checkpoint_id: the checkpoint (templated); default the latest in the catalog.
+    :param checkpoint_id: the checkpoint (templated); unset or ``latest``: the latest in the
+        catalog.
     :param target_shard: restore under this shard id (templated); default ``shard``.
     :param upsert_conn_id: the `upsert` connection.
     """
@@ -200,18 +204,30 @@ class RestoreCheckpointOperator(_ShardMaintenanceOperator):
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.checkpoint_id = checkpoint_id
         self.target_shard = target_shard
+        self._actor = ""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_upsert_provider.operators.lifecycle import actor_for
+
+        # The stream's history records which task try restored the shard.
+        self._actor = actor_for(context, self)
+        return super().execute(context)
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.checkpoint import Catalog, restore_checkpoint
+        from airflow_upsert_provider.engine.streams import read_stream
 
         blob = hook.get_blob()
-        checkpoint_id = self.checkpoint_id or None
+        checkpoint_id = None if self.checkpoint_id in (None, "", "None", "latest") else self.checkpoint_id
         if checkpoint_id is None:
             latest = Catalog.load(blob, self.shard).latest()
             if latest is None:
                 raise AirflowFailException(f"shard {self.shard!r} has no checkpoint to restore")
             checkpoint_id = latest.id
-        record = restore_checkpoint(
-            hook.get_consensus(), blob, self.shard, checkpoint_id, target_shard_id=self.target_shard or None
-        )
-        return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since}
+        target = None if self.target_shard in (None, "", "None") else self.target_shard
+        consensus = hook.get_consensus()
+        record = restore_checkpoint(consensus, blob, self.shard, checkpoint_id, target_shard_id=target,
+                                    actor=self._actor)
+        stream = read_stream(consensus, record.shard_id)
+        return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since,
+                "stream": stream.to_dict()}

@@ -16,11 +16,16 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_upsert_provider.engine import errors as engine_errors
 from airflow_upsert_provider.engine.errors import (
     BadInputError,
     ConfigurationError,
     IntegrityError,
     OutcomeUnknown,
+    SourceSegmentsMissing,
+    StreamFenced,
+    StreamNotWritable,
+    TransitionRefused,
     UpsertError,
 )
 from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
@@ -50,12 +55,20 @@ def to_airflow_error(exc: UpsertError) -> AirflowException:
     commit whose outcome is unknown; or nothing happened and the cause may pass, e.g. an
     unreachable consensus store) raise ``AirflowException``: Airflow retries within the
     task's ``retries``, and the next try recognises its token or finds the store back.
-    Determinate failures (bad data, a violated invariant, a configuration error, a full disk)
-    raise ``AirflowFailException``: a retry cannot fix them.
+    Determinate failures (bad data, a violated invariant, a configuration error, a full disk,
+    a stream that is stopped or recovering, a refused stream transition) raise
+    ``AirflowFailException``: a retry cannot fix them. A stream's refusal keeps the engine's
+    message, which names the status, who set it, when and why.
     """
     message = exc.message
     if exc.retryable:
         return AirflowException(f"{message} (retryable)")
+    if isinstance(exc, StreamFenced):
+        return AirflowFailException(f"stream fenced{_fenced_by(exc.details)}: {message}")
+    if isinstance(exc, (StreamNotWritable, TransitionRefused)):
+        return AirflowFailException(f"stream refused: {message}")
+    if isinstance(exc, SourceSegmentsMissing):
+        return AirflowFailException(f"source segments missing: {message}")
     if isinstance(exc, BadInputError):
         records = exc.details.get("records") or []
         listed = "".join(f"\n  {json.dumps(r, default=str)}" for r in records[:5])
@@ -65,6 +78,17 @@ def to_airflow_error(exc: UpsertError) -> AirflowException:
     if isinstance(exc, ConfigurationError):
         return AirflowFailException(f"configuration error: {message}")
     return AirflowFailException(message)
+
+
+def _fenced_by(details: dict[str, Any]) -> str:
+    """Which transition fenced a commit, from the stream state the error carries: a new
+    epoch since the writer started means a recovery, a stopping or stopped stream a stop."""
+    writer_epoch, epoch, status = details.get("writer_epoch"), details.get("epoch"), details.get("status")
+    if status == "RECOVERING" or (writer_epoch is not None and epoch is not None and writer_epoch != epoch):
+        return f" by a recovery (epoch {epoch})"
+    if status in ("STOPPING", "STOPPED"):
+        return " by a stop"
+    return ""
 
 
 def write_private_file(directory: str, name: str, text: str) -> str:
@@ -111,8 +135,15 @@ class MicroBatchUpsertOperator(BaseOperator):
     Safe under overlap (a backfill beside the schedule, a zombie beside its retry): every
     batch is bound once and committed by compare-and-append; a writer that loses reports
     ``already_persisted``. Returns to XCom a dict with ``writer_id``, ``upper``,
-    ``committed``, ``converged`` and ``batches`` (per batch: ts, outcome, rows_in, rows_out,
-    rejected, lag_offsets after it, seconds and timings).
+    ``committed``, ``converged``, ``stopped_because`` and ``batches`` (per batch: ts,
+    outcome, rows_in, rows_out, rejected, lag_offsets after it, seconds and timings).
+
+    Runs only while the shard's stream is READY (docs/operator.md, "Stopped and recovering
+    streams"): a run that finds it STOPPING, STOPPED or RECOVERING fails without retry
+    (``stream refused: ...``, naming who set the status, when and why); a stop or a recovery
+    begun during the run lets the batch in hand finish and starts no other
+    (``stopped_because`` says why); a commit fenced by one fails without retry
+    (``stream fenced by a stop: ...`` / ``by a recovery``), nothing of that batch committed.
 
     :param shard: the shard id (templated).
     :param upsert_conn_id: the `upsert` connection (consensus, blob, Spark connection).
@@ -205,6 +236,10 @@ class MicroBatchUpsertOperator(BaseOperator):
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)
         report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
+        if report.get("stopped_because"):
+            # A stop or a recovery began during the run: the batch in hand finished, no other started.
+            self.log.warning("shard %s: run ended early, no further batch started: %s",
+                             self.shard, report["stopped_because"])
         self.log.info(
             "shard %s: upper %s, %s committed, %s converged, %s step(s) in %.2fs",
             self.shard, report["upper"], report["committed"], report["converged"],
@@ -371,18 +406,35 @@ class MicroBatchUpsertOperator(BaseOperator):
 
 _ERRORS_BY_EXIT_CODE: dict[int, type[UpsertError]] = {
     2: ConfigurationError, 3: BadInputError, 4: IntegrityError, 5: OutcomeUnknown,
+    6: StreamNotWritable, 7: TransitionRefused,
+}
+
+# Every engine error by class name: a job's result names the class it raised.
+_ERRORS_BY_NAME: dict[str, type[UpsertError]] = {
+    name: cls for name, cls in vars(engine_errors).items()
+    if isinstance(cls, type) and issubclass(cls, UpsertError)
 }
 
 
+def _error_class(result: dict[str, Any]) -> type[UpsertError] | None:
+    """The engine error class a job's result reports: the class it names when that class
+    has the reported exit code (e.g. StreamFenced, exit 6), else the exit code's class."""
+    exit_code = result.get("exit_code")
+    named = _ERRORS_BY_NAME.get(str(result.get("error")))
+    if named is not None and named.exit_code == exit_code:
+        return named
+    return _ERRORS_BY_EXIT_CODE.get(exit_code)
+
+
 def _error_from_result(result: dict[str, Any]) -> AirflowException:
-    """The Airflow error for a failed packaged job, from the exit code and the
-    ``retryable`` flag it reported."""
+    """The Airflow error for a failed packaged job, from the error class and exit code and
+    the ``retryable`` flag it reported."""
     details = {
         k: v for k, v in result.items()
         if k not in ("ok", "exit_code", "error", "message", "driver_seconds", "retryable")
     }
     message = f"{result.get('error')}: {result.get('message')}"
-    cls = _ERRORS_BY_EXIT_CODE.get(result.get("exit_code"))
+    cls = _error_class(result)
     if cls is None:
         return AirflowException(f"the Spark job failed: {message}")
     error = cls(message, **details)
