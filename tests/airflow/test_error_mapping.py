@@ -1,6 +1,8 @@
 """Operators map engine errors on ``retryable``: a retry where it is safe and may help
 (``AirflowException``), a failure without retry otherwise (``AirflowFailException``), with
-the engine's message, in process and from a submitted job's result alike."""
+the engine's message, in process and from a submitted job's result alike. A stream that is
+stopped or recovering, a fenced commit and a refused transition fail without retry, naming
+the status, who set it and when (and for a fenced commit, the transition that fenced it)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine import errors
+from airflow_upsert_provider.engine.lifecycle import Status, StreamState, decide_resume, fence, refuse_start
 from airflow_upsert_provider.operators.upsert import _error_from_result, to_airflow_error
 
 ENGINE_ERRORS = sorted(
@@ -56,3 +59,77 @@ def test_a_submitted_jobs_result_maps_like_the_error_itself(cls):
 def test_a_job_that_crashed_without_an_engine_error_is_retried():
     mapped = _error_from_result({"ok": False, "exit_code": 1, "error": "Py4JError", "message": "gateway gone"})
     assert type(mapped) is AirflowException and str(mapped) == "the Spark job failed: Py4JError: gateway gone"
+
+
+STOPPED = StreamState("orders", Status.STOPPED, 2, 0, changed_by="airflow:ops:manual__1:stop:try1",
+                      changed_at=1_795_000_000.0, reason="source migration")
+RECOVERING = StreamState("orders", Status.RECOVERING, 3, 1_795_000_100_000, changed_by="upsertctl:alice",
+                         changed_at=1_795_000_100.0, reason="store replaced")
+
+
+def _not_ready(state: StreamState) -> errors.StreamNotReady:
+    return errors.StreamNotReady(f"{refuse_start(state)}; a run starts no batch until it is READY", **state.to_dict())
+
+
+def _fenced(state: StreamState, writer_epoch: int) -> errors.StreamFenced:
+    return errors.StreamFenced(f"commit of batch 4 of shard 'orders' fenced: {fence(state, writer_epoch)}",
+                               ts=4, writer_epoch=writer_epoch, **state.to_dict())
+
+
+def test_a_stream_that_refuses_fails_without_retry_with_who_set_it_and_when():
+    mapped = to_airflow_error(_not_ready(STOPPED))
+    assert type(mapped) is AirflowFailException
+    assert str(mapped) == (
+        "stream refused: shard 'orders' is not READY: the stream is STOPPED (epoch 0), set by "
+        "airflow:ops:manual__1:stop:try1 at 2026-11-18T11:06:40+00:00: source migration; a run starts no "
+        "batch until it is READY"
+    )
+    refusal = decide_resume(RECOVERING, "airflow:ops:manual__1:resume:try1", 1_795_000_200.0).refusal
+    mapped = to_airflow_error(errors.TransitionRefused(refusal, **RECOVERING.to_dict()))
+    assert type(mapped) is AirflowFailException
+    assert str(mapped) == (
+        "stream refused: resume of shard 'orders' refused: a recovery is open: use recover resume after "
+        "recover seek; the stream is RECOVERING (epoch 1795000100000), set by upsertctl:alice at "
+        "2026-11-18T11:08:20+00:00: store replaced"
+    )
+    missing = errors.SourceSegmentsMissing("segment /landing/p0/7.jsonl is missing", missing=[])
+    assert str(to_airflow_error(missing)) == "source segments missing: segment /landing/p0/7.jsonl is missing"
+
+
+def test_a_fenced_commit_names_the_transition_that_fenced_it():
+    by_stop = to_airflow_error(_fenced(STOPPED, 0))
+    assert type(by_stop) is AirflowFailException
+    assert str(by_stop).startswith("stream fenced by a stop: commit of batch 4 of shard 'orders' fenced: the "
+                                   "stream is STOPPED (epoch 0), set by airflow:ops:manual__1:stop:try1 at ")
+    by_recovery = to_airflow_error(_fenced(RECOVERING, 0))
+    assert str(by_recovery).startswith("stream fenced by a recovery (epoch 1795000100000): commit of batch 4")
+    # A recovery that began and ended while the writer worked: READY again, in a later epoch.
+    resumed = StreamState("orders", Status.READY, 5, 1_795_000_100_000, changed_by="upsertctl:alice",
+                          changed_at=1_795_000_300.0)
+    assert str(to_airflow_error(_fenced(resumed, 0))).startswith(
+        "stream fenced by a recovery (epoch 1795000100000): commit of batch 4 of shard 'orders' fenced: a "
+        "recovery began after this writer started (writer epoch 0, stream READY (epoch 1795000100000)"
+    )
+
+
+@pytest.mark.parametrize(
+    "error, prefix",
+    [
+        (_not_ready(STOPPED), "stream refused: StreamNotReady: shard 'orders' is not READY: the stream is STOPPED"),
+        (_fenced(STOPPED, 0), "stream fenced by a stop: StreamFenced: commit of batch 4"),
+        (_fenced(RECOVERING, 0), "stream fenced by a recovery (epoch 1795000100000): StreamFenced: commit of batch 4"),
+        (errors.TransitionRefused("resume of shard 'orders' refused", **RECOVERING.to_dict()),
+         "stream refused: TransitionRefused: resume of shard 'orders' refused"),
+    ],
+    ids=["not-ready", "fenced-by-stop", "fenced-by-recovery", "transition-refused"],
+)
+def test_a_submitted_jobs_stream_refusal_maps_to_its_own_class(error, prefix):
+    # Exit 6 and 7, as spark_job writes them: the class name and the stream state in details.
+    result = {"ok": False, "exit_code": error.exit_code, **error.to_dict(), "driver_seconds": 0.4}
+    assert result["exit_code"] in (6, 7)
+    mapped = _error_from_result(result)
+    assert type(mapped) is AirflowFailException
+    assert str(mapped).startswith(prefix)
+    # A class the operator does not know by name still maps by its exit code, without retry.
+    unknown = _error_from_result({**result, "error": "StreamGone"})
+    assert type(unknown) is AirflowFailException and str(unknown).startswith("stream refused: StreamGone: ")
