@@ -24,10 +24,11 @@ from airflow_upsert_provider.engine.checkpoint import (
 )
 from airflow_upsert_provider.engine.compaction import compact
 from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound
+from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound, StreamNotReady
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
+from tests.helpers import recover
 from tests.maintenance.support import age_files, files_of, oracle, reads_at_every_ts, table, tree, written_shard
 
 
@@ -232,7 +233,11 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
     assert list(consensus.bindings("orders-restored")) == [b for b in consensus.bindings(shard.shard_id) if b.ts < 4]
     with pytest.raises(ConfigurationError, match="compacted below since 2"):
         restored.read(spark, as_of=1)
-    # Recovery order: the restored shard resumes from its bound offsets and converges.
+    # Recovery order: the restored shard is RECOVERING until seek and resume have run; then it
+    # resumes from its bound offsets and converges.
+    with pytest.raises(StreamNotReady):
+        Writer(restored, "too-early", spark_factory=lambda: spark).run()
+    recover(restored)
     Writer(restored, "resumed", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
     assert table(restored, spark) == oracle(restored) == table(shard, spark)
     assert table(restored, spark) == table(shard, spark) == oracle(restored)
