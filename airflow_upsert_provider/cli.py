@@ -129,7 +129,7 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser) -> None
 
 
 def _add_lifecycle_commands(commands, common: argparse.ArgumentParser) -> None:
-    from airflow_upsert_provider.engine.streams import DEFAULT_DRAIN_SECONDS
+    from airflow_upsert_provider.engine.lifecycle import DEFAULT_DRAIN_SECONDS
 
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("shard")

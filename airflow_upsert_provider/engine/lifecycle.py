@@ -27,6 +27,9 @@ class Status(str, enum.Enum):
     RECOVERING = "RECOVERING"
 
 
+# How long a stop waits for the batch in hand to commit before it finalizes.
+DEFAULT_DRAIN_SECONDS = 60.0
+
 # A writer may commit while the stream is in one of these (a stop lets the batch in hand finish).
 COMMITTABLE = frozenset({Status.READY, Status.STOPPING})
 

@@ -37,6 +37,7 @@ from airflow_upsert_provider.engine.consensus import (
 )
 from airflow_upsert_provider.engine.errors import ShardNotFound, StreamFenced, StreamNotReady, TransitionRefused
 from airflow_upsert_provider.engine.lifecycle import (
+    DEFAULT_DRAIN_SECONDS,
     Decision,
     Status,
     StreamState,
@@ -353,7 +354,6 @@ restore_hooks.append(start_recovering)
 
 # -- a stop, drained and finalized -------------------------------------------------------------
 
-DEFAULT_DRAIN_SECONDS = 60.0
 DRAIN_POLL_SECONDS = 1.0
 
 
