@@ -1,18 +1,28 @@
 """The example DAGs end to end: `airflow dags test` in the shared Airflow home, on the
 embedded kind of store (SQLite consensus, local blob, local Spark). A backfill binds one
-large batch, then the scheduled DAG catches the rest up in the shard's small batches."""
+large batch, then the scheduled DAG catches the rest up in the shard's small batches. The
+recovery DAG restores a shard whose consensus store was lost from its checkpoint, seeks and
+resumes it; a micro-batch run then catches it up from the checkpoint's upper."""
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
+from airflow_upsert_provider.engine import streams
+from airflow_upsert_provider.engine.blob import open_blob
+from airflow_upsert_provider.engine.checkpoint import create_checkpoint
 from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from demo.task_logs import save_task_logs
 from tests.airflow.conftest import failure_text, init_shard, read_table
 from tests.airflow.test_demo import read_task_log
+from tests.maintenance.support import oracle, table, written_shard
 from tests.oracle import oracle_table
 
 pytestmark = pytest.mark.slow
@@ -74,3 +84,57 @@ def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path, spark
     assert not any("Could not read served logs" in line for line in shown)
     assert [sum(len(r["files"]) for r in b.values()) for b in _bindings(url)] == [8, 3, 1]
     assert read_table(url, blob, "orders", spark) == oracle_table(landing)
+
+
+def test_recovery_dag_restores_a_lost_store_from_its_checkpoint_seeks_and_resumes(airflow_home, tmp_path, spark,
+                                                                                   monkeypatch):
+    consensus_db = tmp_path / "consensus.db"
+    url = f"sqlite:///{consensus_db}"
+    blob = open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    consensus = open_consensus(url)
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    checkpoint = create_checkpoint(shard)
+    # The shard moves on after its checkpoint, then its consensus store is lost.
+    Writer(shard, "after-checkpoint", spark_factory=lambda: spark).run(max_batches=2, with_lag=False)
+    assert (checkpoint.upper, shard.state().upper) == (2, 4)
+    consensus.dispose()
+    os.remove(consensus_db)
+
+    env = airflow_home.env(url, blob.root)
+    proc = airflow_home.dags_test("upsert_recovery", env, conf={"shard": "orders", "checkpoint": "latest"})
+    assert proc.returncode == 0, failure_text(proc)
+    run_id = airflow_home.latest_run("upsert_recovery")
+    for task in ("restore", "seek", "resume"):
+        assert airflow_home.task_instance("upsert_recovery", run_id, task) == ("success", 1)
+    restored = airflow_home.xcom("upsert_recovery", run_id, "restore")
+    epoch = restored["stream"]["epoch"]
+    assert (restored["shard"], restored["checkpoint"], restored["upper"]) == ("orders", checkpoint.id, 2)
+    assert restored["stream"]["status"] == "RECOVERING" and epoch > 0
+    sought = airflow_home.xcom("upsert_recovery", run_id, "seek")
+    assert (sought["epoch"], sought["upper"], sought["stream"]["seeked_epoch"]) == (epoch, 2, epoch)
+    resumed = airflow_home.xcom("upsert_recovery", run_id, "resume")
+    assert (resumed["from"], resumed["status"], resumed["epoch"]) == ("RECOVERING", "READY", epoch)
+
+    consensus = open_consensus(url)
+    try:
+        shard = Shard.open(consensus, blob, "orders")
+        # READY at the checkpoint's upper; every step recorded with the task try that took it.
+        assert streams.read_stream(consensus, "orders").status.value == "READY"
+        assert shard.state().upper == checkpoint.upper
+        task = f"airflow:upsert_recovery:{run_id}"
+        assert [(h["action"], h["to"], h["actor"], h["epoch"]) for h in streams.stream_history(consensus, "orders")] == [
+            ("restore", "RECOVERING", f"{task}:restore:try1", epoch),
+            ("recover seek", "RECOVERING", f"{task}:seek:try1", epoch),
+            ("recover resume", "READY", f"{task}:resume:try1", epoch),
+        ]
+        # A micro-batch run catches the restored shard up from the checkpoint's upper.
+        monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", env["AIRFLOW_CONN_UPSERT_DEFAULT"])
+        ti = SimpleNamespace(dag_id="upsert_microbatch", run_id="manual__1", task_id="upsert", map_index=-1,
+                             try_number=1)
+        report = MicroBatchUpsertOperator(task_id="upsert", shard="orders", until_caught_up=True).execute({"ti": ti})
+        assert [b["ts"] for b in report["batches"] if b["outcome"] == "committed"] == [2, 3, 4, 5]
+        assert report["upper"] == 6 == shard.state().upper
+        assert table(shard, spark) == oracle(shard)
+    finally:
+        consensus.dispose()
