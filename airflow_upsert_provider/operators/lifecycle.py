@@ -17,7 +17,6 @@ retry, with the engine's message: it names the status, who set it, when and why.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -131,7 +130,9 @@ class StopStreamOperator(_StreamOperator):
     ) -> None:
         super().__init__(shard=shard, reason=reason, upsert_conn_id=upsert_conn_id, **kwargs)
         self.drain_seconds = drain_seconds
-        self._killed = threading.Event()
+        # A plain flag, not an Event: Airflow deep-copies operators, and a lock does not copy.
+        # The drain polls at most every DRAIN_POLL_SECONDS, so a kill ends it within that.
+        self._killed = False
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:
         from airflow_upsert_provider.engine import streams
@@ -140,7 +141,7 @@ class StopStreamOperator(_StreamOperator):
 
         def clock() -> float:
             # A killed task ends the drain at once and finalizes (see on_kill).
-            return math.inf if self._killed.is_set() else time.monotonic()
+            return math.inf if self._killed else time.monotonic()
 
         def on_wait(remaining: float) -> None:
             self.log.info("shard %s: waiting up to %.0fs for the batch in hand to commit", self.shard, remaining)
@@ -151,11 +152,14 @@ class StopStreamOperator(_StreamOperator):
             actor,
             self.reason_text,
             drain_seconds=streams.DEFAULT_DRAIN_SECONDS if drain is None else drain,
-            sleep=self._killed.wait,
+            sleep=self._drain_sleep,
             clock=clock,
             on_wait=on_wait,
         )
         return transition_report(result)
+
+    def _drain_sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def on_kill(self) -> None:
         """End the drain now and finalize the stop: the stream ends STOPPED as asked, and a
@@ -163,7 +167,7 @@ class StopStreamOperator(_StreamOperator):
         stop itself, nothing was changed; killed by a timeout, the stream stays STOPPING and
         the retry finishes the stop."""
         self.log.info("on_kill: ending the drain of shard %s; the stop is finalized now", self.shard)
-        self._killed.set()
+        self._killed = True
 
 
 class ResumeStreamOperator(_StreamOperator):

@@ -7,6 +7,7 @@ test_example_dags.py."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -214,3 +215,26 @@ def test_recovery_operators_run_in_order_and_refusals_fail_without_retry(consens
     with pytest.raises(AirflowFailException, match=r"^stream refused: recover resume of shard 'orders' refused: "
                                                    r"no recovery is open; the stream is READY"):
         ResumeAfterRecoveryOperator(task_id="recover_resume", shard="orders").execute(context("recover_resume", 3))
+
+
+def test_a_killed_stop_ends_its_drain_and_finalizes(consensus, consensus_url, blob, tmp_path, monkeypatch):
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    use_store(monkeypatch, consensus_url, blob.root)
+    # A writer holds batch 0: the stop waits for its commit, up to the drain.
+    shard.mint_binding(0, minted_by="slow-writer")
+    stop = StopStreamOperator(task_id="stop", shard="orders", reason="maintenance", drain_seconds=600)
+    copy.deepcopy(stop)  # Airflow copies operators: the kill flag must copy too
+    naps: list[float] = []
+
+    def killed_while_waiting(seconds: float) -> None:
+        # Airflow's SIGTERM handler runs on_kill between two polls of the drain.
+        assert not naps, "the drain went on polling after on_kill"
+        naps.append(seconds)
+        stop.on_kill()
+
+    stop._drain_sleep = killed_while_waiting
+    report = stop.execute(context("stop"))
+    assert naps == [1.0]
+    assert (report["from"], report["status"]) == ("READY", "STOPPED")
+    assert history(consensus) == [("stop", "STOPPING", actor("stop")), ("finalize", "STOPPED", actor("stop"))]
+    assert shard.state().upper == 0 and consensus.get_binding("orders", 0) is not None
