@@ -29,6 +29,7 @@ from airflow_upsert_provider.engine.errors import (
     UpsertError,
 )
 from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
+from airflow_upsert_provider.engine.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_int
 
@@ -218,12 +219,15 @@ class MicroBatchUpsertOperator(BaseOperator):
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
-            # Fail fast, before any Spark starts, on what a retry cannot fix.
+            # Fail fast, before any Spark starts, on what a retry cannot fix: an unknown shard,
+            # a stream that is not READY (a submitted job would only find the same refusal).
+            # The writer checks the stream again when it starts, and fences every commit.
             shard = hook.open_shard(self.shard)
+            stream = require_ready(shard.consensus, self.shard)
             self.log.info(
-                "shard %s: upper %s; writer %s; consensus %s; blob %s; spark %s",
-                self.shard, shard.state().upper, writer_id, hook.settings.redacted_consensus_url,
-                hook.settings.blob_root, spark_mode,
+                "shard %s: upper %s; stream %s (epoch %s); writer %s; consensus %s; blob %s; spark %s",
+                self.shard, shard.state().upper, stream.status.value, stream.epoch, writer_id,
+                hook.settings.redacted_consensus_url, hook.settings.blob_root, spark_mode,
             )
             plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record)
             if spark_mode == "submit":

@@ -177,6 +177,17 @@ def test_recovery_operators_run_in_order_and_refusals_fail_without_retry(consens
         f"stream refused: recover seek of shard 'orders' refused: it was asked for epoch {epoch - 1}, but the "
         f"open recovery is epoch {epoch}; {described}"
     )
+    # A micro-batch task fails before it submits anything: the job would only be refused too.
+    def no_submit(*args, **kwargs):
+        raise AssertionError("a Spark job was submitted for a stream that is not READY")
+
+    monkeypatch.setattr(MicroBatchUpsertOperator, "_run_submit", no_submit)
+    with pytest.raises(AirflowFailException) as not_ready:
+        MicroBatchUpsertOperator(task_id="upsert", shard="orders", spark_mode="submit").execute(context("upsert"))
+    assert str(not_ready.value) == (
+        f"stream refused: shard 'orders' is not READY: {described}; a run starts no batch until it is READY "
+        "(docs/recovery.md)"
+    )
     with pytest.raises(AirflowFailException, match=r"^epoch must be an integer, got 'latest'$"):
         SeekSourceOperator(task_id="seek", shard="orders", epoch="latest").execute(context("seek"))
     with pytest.raises(AirflowFailException, match=r"^drain_seconds must be a number of seconds, got '1m'$"):
