@@ -30,7 +30,7 @@ LATE = SampleSpec(records=400, keys=600, partitions=2, segments_per_partition=2,
                   first_seq=100, seed=12)
 
 
-def lose_the_store(consensus, request) -> str:
+def lose_the_store(consensus) -> str:
     """Destroy the consensus database; return the URL of an empty one in its place."""
     url = consensus.url
     consensus.dispose()
@@ -59,7 +59,7 @@ def segment_files(root: str) -> list[tuple[str, int]]:
     )
 
 
-def test_restore_seek_resume_after_losing_the_store(spark, consensus_url, blob, tmp_path, request):
+def test_restore_seek_resume_after_losing_the_store(spark, consensus_url, blob, tmp_path):
     consensus = open_consensus(consensus_url)
     shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
     factory = lambda: spark  # noqa: E731
@@ -76,7 +76,7 @@ def test_restore_seek_resume_after_losing_the_store(spark, consensus_url, blob, 
     Writer(shard, "before", spark_factory=factory).run(max_batches=2, with_lag=False)
     assert shard.state().upper == 5  # two batches after the last checkpoint, lost with the store
 
-    url = lose_the_store(consensus, request)
+    url = lose_the_store(consensus)
     generate(shard.source.root, LATE)  # the source kept receiving data meanwhile
 
     store = open_consensus(url)
