@@ -127,12 +127,14 @@ BAD_VALUES = {
     "keep_last": [0, -3, "7"],
     "grace_seconds": [-1, "6h"],
     "dry_run": ["treu", "false", 0, None],
+    "checkpoint": ["", "Latest", "42", "../x"],
+    "restore_target": ["a b", "../orders", "x" * 129],
 }
 
 
 def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuses_bad_input(airflow_home):
     found = _python(airflow_home, PARAMS, os.path.join(REPO_ROOT, "dags"), json.dumps(BAD_VALUES))
-    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance"} <= set(found)
+    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance", "upsert_recovery"} <= set(found)
     seen = set()
     for dag_id, params in found.items():
         for name, param in params.items():
