@@ -945,9 +945,11 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
     return consensus
 
 
-# Tables declared on ``metadata`` by other modules (GC claims, the checkpoint catalog lock),
+# Tables declared on ``metadata`` by other modules (GC claims, the checkpoint catalog lock,
+# the source's settled names, stream lifecycle),
 # and the commit hooks they register:
 # imported here so that every store creates and enforces them.
 from airflow_upsert_provider.engine import catalog_lock as _catalog_lock  # noqa: E402,F401
 from airflow_upsert_provider.engine import gc_claims as _gc_claims  # noqa: E402,F401
+from airflow_upsert_provider.engine import source_index as _source_index  # noqa: E402,F401
 from airflow_upsert_provider.engine import streams as _streams  # noqa: E402,F401

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import weakref
 from typing import Any, Iterable
 
 import sqlalchemy as sa
@@ -47,9 +46,6 @@ settled_names_table = sa.Table(
     sa.Column("names", sa.Text, nullable=False),
 )
 
-_created: "weakref.WeakSet[sa.engine.Engine]" = weakref.WeakSet()
-
-
 def binding_digest(binding: Binding | None) -> str:
     return "" if binding is None else hashlib.sha256(binding.to_json().encode()).hexdigest()
 
@@ -70,18 +66,6 @@ class SourceIndex:
         self.shard_id = shard_id
         self.source_root = source_root
         self.extension = extension
-        if consensus.engine not in _created:
-            # Created on first use too: the consensus schema may have been created before this
-            # module was imported. Two processes may race to create it; one wins.
-            try:
-                with consensus.engine.begin() as conn:
-                    settled_names_table.create(conn, checkfirst=True)
-            except sa.exc.DBAPIError:
-                # A peer created it meanwhile, or the store failed: _run maps the failure.
-                exists = consensus._run(lambda conn: sa.inspect(conn).has_table(settled_names_table.name))
-                if not exists:
-                    consensus._run(lambda conn: settled_names_table.create(conn, checkfirst=True))
-            _created.add(consensus.engine)
 
     # -- the accelerator row ----------------------------------------------------------------
 
