@@ -1,0 +1,1 @@
+"""Delivery of frontier pages (PagerDuty Events API v2, Slack incoming webhooks)."""
