@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
     read.add_argument("--out", help="write to this file instead of stdout")
     _add_maintenance_commands(commands, common)
+    _add_frontier_commands(commands, common)
     return parser
 
 
@@ -172,6 +173,43 @@ def _add_lifecycle_commands(commands, common: argparse.ArgumentParser) -> None:
                        help="checkpoint (default): keep what the oldest checkpoint needs; committed: keep "
                             "only what the shard has not committed (a shard that will never be restored)")
     prune.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
+
+
+def _add_frontier_commands(commands, common: argparse.ArgumentParser) -> None:
+    frontier = commands.add_parser("frontier", parents=[common],
+                                   help="observe shards' frontiers; evaluate the stall rules (docs/frontier.md)")
+    actions = frontier.add_subparsers(dest="frontier_command", required=True, metavar="ACTION")
+    observe = actions.add_parser("observe", parents=[common],
+                                 help="record one observation of each shard (every shard without arguments)")
+    observe.add_argument("shards", nargs="*", metavar="SHARD")
+    observe.add_argument("--json", action="store_true")
+    status = actions.add_parser("status", parents=[common],
+                                help="observe the shard, then print its status, the rule, the reasons and the "
+                                     "window; exit 2 if the shard does not exist (status NOT_FOUND)")
+    status.add_argument("shard")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--no-observe", action="store_true",
+                        help="evaluate the recorded observations only; record none")
+    settings = status.add_argument_group("stall rules (defaults in docs/frontier.md)")
+    for option, field, kind, help_text in FRONTIER_SETTING_OPTIONS:
+        if kind is bool:
+            settings.add_argument(option, dest=field, action="store_true", default=None, help=help_text)
+        else:
+            settings.add_argument(option, dest=field, type=kind, default=None, metavar="N", help=help_text)
+
+
+# (option, StallSettings field, type, help) of `upsertctl frontier status`.
+FRONTIER_SETTING_OPTIONS = (
+    ("--window", "window_seconds", float, "seconds of observations looked at"),
+    ("--cadence", "cadence_seconds", float, "seconds between the batches the schedule runs"),
+    ("--stall-multiplier", "stall_multiplier", float, "stalled after this many cadences without an advance"),
+    ("--min-stall", "min_stall_seconds", float, "stalled after at least these seconds"),
+    ("--stale-after", "stale_after_seconds", float, "STALE when the newest observation is older"),
+    ("--lag-objective", "lag_seconds_objective", float, "LAGGING when lag_seconds is above it"),
+    ("--page-on-lagging", "page_on_lagging", bool, "LAGGING breaches (pages) too"),
+    ("--max-stopped", "max_stopped_seconds", float, "STOPPED/RECOVERING longer than this breaches"),
+    ("--consecutive-breaches", "consecutive_breaches", int, "breaching evaluations in a row before a page"),
+)
 
 
 def blob_access(args: argparse.Namespace) -> str:
@@ -569,6 +607,77 @@ def cmd_source(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     return report.to_dict()
 
 
+def _observer() -> str:
+    return f"upsertctl:{socket.gethostname()}:{os.getpid()}"
+
+
+def _iso(at: float | None) -> str:
+    import datetime
+
+    if at is None:
+        return "never"
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _observation_line(obs: dict[str, Any]) -> str:
+    lag = f"{obs['lag_records']} offsets behind"
+    if obs["lag_seconds"] is not None:
+        lag += f", oldest pending record landed {obs['lag_seconds']:.0f}s ago"
+    return (f"shard {obs['shard_id']}: upper {obs['upper']}, last commit {_iso(obs['last_commit_at'])}, "
+            f"{lag}, stream {obs['stream_status']}")
+
+
+def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine import observations
+
+    if args.frontier_command == "observe":
+        recorded = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=_observer())
+        out = [o.to_dict() for o in recorded]
+        if not args.json:
+            for obs in out:
+                print(_observation_line(obs))
+            print(f"{len(out)} observation(s) recorded")
+            return {}
+        return {"observations": out}
+    from airflow_upsert_provider.engine.frontier import StallSettings
+
+    given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
+             if getattr(args, field) is not None}
+    settings = StallSettings(**given)
+    result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=_observer(),
+                                     observe_first=not args.no_observe)
+    out = result.to_dict()
+    if result.evaluation.status.value == "NOT_FOUND":
+        # The same shape as for a known shard (status NOT_FOUND), and exit 2: nothing to watch.
+        print(f"upsertctl: unknown shard {args.shard!r} in the consensus store", file=sys.stderr)
+        args.exit_code = 2
+    if not args.json:
+        _print_frontier_status(out)
+        return {}
+    return out
+
+
+def _print_frontier_status(out: dict[str, Any]) -> None:
+    ev, state = out["evaluation"], out["state"]
+    pages = "pages" if ev["breach"] else "does not page"
+    print(f"shard {out['shard']}: {ev['status']}" + (f" ({ev['severity']}, {pages})" if ev["severity"] else ""))
+    print(f"rule: {ev['rule']}")
+    for reason in ev["reasons"]:
+        print(f"  - {reason}")
+    if ev["upper"] is not None:
+        stuck = "" if ev["stuck_seconds"] is None else f", stuck {ev['stuck_seconds']:.0f}s"
+        print(f"upper: {ev['upper']}, last advance {_iso(ev['last_advance_at'])}{stuck}")
+    if ev["lag_records"] is not None:
+        seconds = "" if ev["lag_seconds"] is None else f", {ev['lag_seconds']:.0f}s"
+        print(f"lag: {ev['lag_records']} offsets{seconds}")
+    window = ev["window"] or {}
+    if window:
+        print(f"window: {window.get('samples')} observation(s) from {_iso(window.get('start'))} to "
+              f"{_iso(window.get('end'))} ({window.get('seconds')}s looked at)")
+    if state.get("firing"):
+        print(f"alert: firing ({state.get('firing_status')}) since {_iso(state.get('incident_started_at'))}")
+
+
 COMMANDS = {
     "init": cmd_init,
     "status": cmd_status,
@@ -580,6 +689,7 @@ COMMANDS = {
     "stream": cmd_stream,
     "recover": cmd_recover,
     "source": cmd_source,
+    "frontier": cmd_frontier,
 }
 
 
@@ -628,7 +738,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
     except BrokenPipeError:
         return _reader_went_away()
-    return 0
+    # A command that printed its result may still exit non-zero (frontier status NOT_FOUND).
+    return getattr(args, "exit_code", 0)
 
 
 # Exit status of a process that wrote to a pipe whose reader closed it (128 + SIGPIPE).

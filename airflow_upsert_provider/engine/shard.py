@@ -79,6 +79,9 @@ class ShardStatus:
     pending_segments: int
     # The stream's lifecycle state (engine/streams.py): status, epoch, who set it, when, why.
     stream: dict[str, Any] | None = None
+    # Landing time (mtime) of the oldest first-unbound segment over the partitions: the age of
+    # the oldest record not yet committed (None: nothing pending).
+    oldest_pending_at: float | None = None
 
     @property
     def lag_offsets(self) -> dict[str, int]:
@@ -99,6 +102,7 @@ class ShardStatus:
                 "bound": dict(sorted(self.bound.items())),
                 "lag_offsets": self.lag_offsets,
                 "pending_segments": self.pending_segments,
+                "oldest_pending_at": self.oldest_pending_at,
             },
         }
 
@@ -232,9 +236,15 @@ class Shard:
         survey = survey_source(self.source, self._source_index(), previous)
         marks: dict[str, int] = {}
         pending = 0
+        oldest: float | None = None
         for part in survey.partitions:
             marks[part.partition] = max([part.frontier] + [c.seq + 1 for c in part.candidates])
             pending += len(part.candidates)
+            if part.candidates:
+                # One stat per partition: the first unbound segment is the next one read.
+                landed = _landed_at(min(part.candidates, key=lambda c: c.seq).path)
+                if landed is not None:
+                    oldest = landed if oldest is None else min(oldest, landed)
         rows = self.read(spark).count() if spark is not None else None
         return ShardStatus(
             shard=self.shard_id,
@@ -246,7 +256,16 @@ class Shard:
             rows=rows,
             pending_segments=pending,
             stream=_stream_summary(self.consensus, self.shard_id),
+            oldest_pending_at=oldest,
         )
+
+
+def _landed_at(path: str) -> float | None:
+    """A segment's landing time; None if it vanished since it was listed (a prune)."""
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def _stream_summary(consensus: Consensus, shard_id: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from airflow_upsert_provider.engine.errors import (
     IntegrityError,
     StreamFenced,
 )
-from airflow_upsert_provider.engine.shard import Disposition, Shard, check_bad_record_mode, classify
+from airflow_upsert_provider.engine.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -391,6 +391,21 @@ class Writer:
             timings={"stage": staged.stage_seconds, **staged.stage_timings, "commit": commit_seconds},
         )
 
+    def record_observation(self, result: BatchResult, status: ShardStatus | None = None) -> None:
+        """Record what the shard looks like after a step (invariant 15: a writer that keeps
+        running while committing nothing leaves a trail). A failure is logged, never raised:
+        the batch's outcome does not depend on it."""
+        try:
+            from airflow_upsert_provider.engine import observations
+
+            obs = observations.observe(self.shard, observer=f"writer:{self.writer_id}",
+                                       writer_outcome=result.outcome, status=status)
+            observations.record_observation(self.shard.consensus, obs)
+        except Exception as exc:  # noqa: BLE001 - an observation is never worth failing a batch
+            log.warning("shard %s: frontier observation after batch %s not recorded (%s: %s); "
+                        "the batch is unaffected", self.shard.shard_id, result.ts, type(exc).__name__,
+                        (str(exc).splitlines() or [""])[0][:300])
+
     def run(
         self,
         *,
@@ -410,8 +425,10 @@ class Writer:
                 log.info("shard %s: %s; no further batch started", self.shard.shard_id, self.stopped_because)
                 break
             result = self.step()
-            if with_lag:
-                result.lag_offsets = self.shard.status().lag_offsets
+            status = self.shard.status() if with_lag else None
+            if status is not None:
+                result.lag_offsets = status.lag_offsets
+            self.record_observation(result, status)
             results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -1,0 +1,349 @@
+"""Frontier observations and the alert state of every shard, in consensus (invariant 15).
+
+An observation is what one look at a shard saw: its upper, when the last batch committed, the
+source's high watermark, the offsets bound at the upper, how far behind that is (offsets, and
+seconds from the landing time of the oldest record not yet committed) and the stream status.
+Writers record one after every step, sensors and ``upsertctl frontier observe`` one per look:
+a stall shows as a series of observations whose upper does not move while the source grows.
+
+Two tables: ``upsert_frontier_observations`` (one row per observation, pruned per shard by age
+and count on every insert, by index range: no scan of the table) and ``upsert_frontier_alerts``
+(one row per shard: the evaluation state as JSON and a version). An evaluation round reads the
+window, asks the pure rules of ``engine/frontier.py`` what the status is and whether to page,
+and writes the new state by compare-and-set on the version: of two evaluators racing, one
+writes; the other re-reads, and returns no page action, so a stall is paged once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import sqlalchemy as sa
+
+from airflow_upsert_provider.engine.consensus import Consensus, metadata, shards_table
+from airflow_upsert_provider.engine.frontier import (
+    AlertState,
+    Evaluation,
+    Observation,
+    StallSettings,
+    advance_alert,
+    evaluate,
+)
+
+if TYPE_CHECKING:
+    from airflow_upsert_provider.engine.blob import LocalBlob
+    from airflow_upsert_provider.engine.shard import Shard, ShardStatus
+
+log = logging.getLogger(__name__)
+
+observations_table = sa.Table(
+    "upsert_frontier_observations",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("shard_id", sa.String(128), nullable=False, index=True),
+    sa.Column("observed_at", sa.Float, nullable=False),
+    sa.Column("observer", sa.String(512), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    # The window read and both prunes are ranges of this index: (shard, time).
+    sa.Index("ix_upsert_frontier_observations_shard_time", "shard_id", "observed_at"),
+)
+
+alerts_table = sa.Table(
+    "upsert_frontier_alerts",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("version", sa.BigInteger, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+)
+
+# Observations of a shard older than this are deleted when the next one is recorded.
+OBSERVATION_RETENTION_SECONDS = 24 * 3600.0
+# At most this many observations are kept per shard (the newest).
+MAX_OBSERVATIONS_PER_SHARD = 2000
+# Fresh reads and decisions an evaluation makes when other evaluators keep beating its
+# compare-and-set, before it gives up writing (it then returns no page action).
+MAX_CAS_ATTEMPTS = 5
+
+# Called between an evaluation's load of the alert state and its compare-and-set, with the
+# shard id, the state read and its version: tests land a concurrent evaluator exactly there.
+between_load_and_save: Callable[[str, AlertState, int], None] | None = None
+
+
+# -- observing ----------------------------------------------------------------------------------
+
+
+def observe(
+    shard: "Shard",
+    *,
+    observer: str,
+    writer_outcome: str | None = None,
+    now: float | None = None,
+    status: "ShardStatus | None" = None,
+) -> Observation:
+    """One look at ``shard``, without Spark: ``status`` when the caller has one already (a
+    writer computed it for its lag), else a fresh ``shard.status()``."""
+    if not observer:
+        from airflow_upsert_provider.engine.errors import ConfigurationError
+
+        raise ConfigurationError("an observation needs a non-empty observer", field="observer")
+    status = shard.status() if status is None else status
+    observed_at = time.time() if now is None else float(now)
+    last = shard.consensus.get_batch(shard.shard_id, status.upper - 1) if status.upper > 0 else None
+    stream = status.stream or {}
+    lag_records = sum(status.lag_offsets.values())
+    pending_at = status.oldest_pending_at
+    lag_seconds = None
+    if lag_records > 0 and pending_at is not None:
+        lag_seconds = max(0.0, observed_at - pending_at)
+    return Observation(
+        shard_id=shard.shard_id,
+        observed_at=observed_at,
+        upper=status.upper,
+        last_commit_at=None if last is None else float(last.committed_at),
+        high_watermark=dict(sorted(status.high_watermark.items())),
+        bound=dict(sorted(status.bound.items())),
+        stream_status=str(stream.get("status", "READY")),
+        stream_changed_at=float(stream.get("changed_at") or 0.0),
+        lag_records=lag_records,
+        lag_seconds=lag_seconds,
+        observer=observer,
+        writer_outcome=writer_outcome,
+    )
+
+
+def record_observation(consensus: Consensus, obs: Observation) -> None:
+    """Insert ``obs`` and prune its shard's rows older than OBSERVATION_RETENTION_SECONDS
+    (before ``obs``) and beyond the newest MAX_OBSERVATIONS_PER_SHARD, in one transaction.
+    Both prunes are ranges of the (shard, time) index: the work is bounded by what is
+    deleted plus at most MAX_OBSERVATIONS_PER_SHARD index entries, whatever the table holds."""
+    table = observations_table
+    payload = json.dumps(obs.to_dict(), sort_keys=True)
+
+    def txn(conn):
+        conn.execute(sa.insert(table).values(
+            shard_id=obs.shard_id, observed_at=obs.observed_at, observer=obs.observer, payload=payload,
+        ))
+        mine = table.c.shard_id == obs.shard_id
+        conn.execute(sa.delete(table).where(
+            mine, table.c.observed_at < obs.observed_at - OBSERVATION_RETENTION_SECONDS,
+        ))
+        # The oldest row to keep (the window's order: time, then id); every row before it goes.
+        oldest_kept = conn.execute(
+            sa.select(table.c.observed_at, table.c.id).where(mine)
+            .order_by(table.c.observed_at.desc(), table.c.id.desc())
+            .offset(MAX_OBSERVATIONS_PER_SHARD - 1).limit(1)
+        ).first()
+        if oldest_kept is not None:
+            at, row_id = oldest_kept
+            conn.execute(sa.delete(table).where(mine, sa.or_(
+                table.c.observed_at < at, sa.and_(table.c.observed_at == at, table.c.id < row_id),
+            )))
+
+    consensus._run(txn)
+
+
+def observation_window(
+    consensus: Consensus, shard_id: str, start: float, end: float | None = None
+) -> list[Observation]:
+    """The observations of ``shard_id`` with ``start <= observed_at`` (and ``<= end`` when
+    given), oldest first (ties in the order they were recorded)."""
+    table = observations_table
+    query = sa.select(table.c.payload).where(table.c.shard_id == shard_id, table.c.observed_at >= start)
+    if end is not None:
+        query = query.where(table.c.observed_at <= end)
+    query = query.order_by(table.c.observed_at, table.c.id)
+    rows = consensus._run_snapshot(lambda conn: conn.execute(query).scalars().all())
+    return [Observation.from_dict(json.loads(payload)) for payload in rows]
+
+
+def observation_count(consensus: Consensus, shard_id: str) -> int:
+    table = observations_table
+    return int(consensus._run_snapshot(lambda conn: conn.execute(
+        sa.select(sa.func.count()).select_from(table).where(table.c.shard_id == shard_id)
+    ).scalar()))
+
+
+# -- the alert state ----------------------------------------------------------------------------
+
+
+def load_alert_state(consensus: Consensus, shard_id: str) -> tuple[AlertState, int]:
+    """The stored alert state of ``shard_id`` and its version; a fresh state, version 0, when
+    none was ever saved."""
+    row = consensus._run_snapshot(lambda conn: conn.execute(
+        sa.select(alerts_table.c.version, alerts_table.c.state).where(alerts_table.c.shard_id == shard_id)
+    ).first())
+    if row is None:
+        return AlertState(shard_id=shard_id), 0
+    return AlertState.from_dict(json.loads(row.state)), int(row.version)
+
+
+def save_alert_state(consensus: Consensus, state: AlertState, expected_version: int) -> bool:
+    """Write ``state`` iff the stored version is still ``expected_version`` (0: no row yet);
+    the new version is ``expected_version + 1``. True if written, False if another writer
+    moved it first (nothing written)."""
+    if expected_version < 0:
+        from airflow_upsert_provider.engine.errors import ConfigurationError
+
+        raise ConfigurationError("expected_version must be >= 0", field="expected_version")
+    text = json.dumps(state.to_dict(), sort_keys=True)
+
+    def txn(conn):
+        if expected_version == 0:
+            return consensus._insert_ignore(conn, alerts_table, shard_id=state.shard_id, version=1, state=text)
+        updated = conn.execute(
+            sa.update(alerts_table)
+            .where(alerts_table.c.shard_id == state.shard_id, alerts_table.c.version == expected_version)
+            .values(version=expected_version + 1, state=text)
+        ).rowcount
+        return updated == 1
+
+    return bool(consensus._run(txn))
+
+
+# -- evaluation rounds --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluationRound:
+    """One evaluation of one shard: what the rules decided, the alert state afterwards, the
+    page action this round owns ("trigger", "resolve" or None) and the observation it made."""
+
+    evaluation: Evaluation
+    state: AlertState
+    action: str | None
+    observation: Observation | None
+
+    @property
+    def shard_id(self) -> str:
+        return self.evaluation.shard_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.evaluation.shard_id,
+            "status": _value(self.evaluation.status),
+            "action": self.action,
+            "evaluation": self.evaluation.to_dict(),
+            "state": self.state.to_dict(),
+            "observation": None if self.observation is None else self.observation.to_dict(),
+        }
+
+
+def _value(status: Any) -> str:
+    return getattr(status, "value", status)
+
+
+def _shard_exists(consensus: Consensus, shard_id: str) -> bool:
+    return consensus._run_snapshot(lambda conn: conn.execute(
+        sa.select(shards_table.c.shard_id).where(shards_table.c.shard_id == shard_id)
+    ).first()) is not None
+
+
+def evaluate_shard(
+    consensus: Consensus,
+    blob: "LocalBlob",
+    shard_id: str,
+    settings: StallSettings,
+    *,
+    observer: str,
+    now: float | None = None,
+    observe_first: bool = True,
+) -> EvaluationRound:
+    """One round: observe the shard (if it exists and ``observe_first``), record it, read the
+    window, evaluate, advance the alert state and save it by compare-and-set.
+
+    When another evaluator saved first: if it evaluated this moment or a later one, its
+    decision stands and this round returns the stored state with no action (two sensors never
+    both page, and one moment is not counted as two breaches); otherwise this round decides
+    again on the fresh state. A shard that does not exist is NOT_FOUND; its alert state is
+    written only if one was stored before (a typo leaves no row behind)."""
+    from airflow_upsert_provider.engine.shard import Shard
+
+    now = time.time() if now is None else float(now)
+    exists = _shard_exists(consensus, shard_id)
+    obs = None
+    if exists and observe_first:
+        obs = observe(Shard.open(consensus, blob, shard_id), observer=observer, now=now)
+        record_observation(consensus, obs)
+    window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    evaluation = None
+    state, version = load_alert_state(consensus, shard_id)
+    for attempt in range(MAX_CAS_ATTEMPTS):
+        if attempt and state.last_evaluated_at is not None and state.last_evaluated_at >= now:
+            # The evaluator that beat us evaluated this moment (or a later one) already.
+            return EvaluationRound(evaluate(shard_id, window, settings, now, state, shard_exists=exists),
+                                   state, None, obs)
+        evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists)
+        new_state, action = advance_alert(state, evaluation, settings)
+        if not exists and version == 0:
+            return EvaluationRound(evaluation, new_state, action, obs)
+        if between_load_and_save is not None:
+            between_load_and_save(shard_id, state, version)
+        if save_alert_state(consensus, new_state, version):
+            return EvaluationRound(evaluation, new_state, action, obs)
+        state, version = load_alert_state(consensus, shard_id)
+    log.warning("shard %s: alert state lost %s compare-and-sets in a row; no page action from this round",
+                shard_id, MAX_CAS_ATTEMPTS)
+    assert evaluation is not None
+    return EvaluationRound(evaluation, state, None, obs)
+
+
+def peek_shard(
+    consensus: Consensus,
+    blob: "LocalBlob",
+    shard_id: str,
+    settings: StallSettings,
+    *,
+    observer: str,
+    now: float | None = None,
+    observe_first: bool = True,
+) -> EvaluationRound:
+    """An evaluation that changes no alert state and owns no page action (``upsertctl frontier
+    status``): a look by hand must neither count as a breaching evaluation nor take the page
+    away from the sensor that would send it. It records its observation (if it observes)."""
+    from airflow_upsert_provider.engine.shard import Shard
+
+    now = time.time() if now is None else float(now)
+    exists = _shard_exists(consensus, shard_id)
+    obs = None
+    if exists and observe_first:
+        obs = observe(Shard.open(consensus, blob, shard_id), observer=observer, now=now)
+        record_observation(consensus, obs)
+    window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    state, _ = load_alert_state(consensus, shard_id)
+    return EvaluationRound(evaluate(shard_id, window, settings, now, state, shard_exists=exists), state, None, obs)
+
+
+def evaluate_shards(
+    consensus: Consensus,
+    blob: "LocalBlob",
+    shard_ids: Sequence[str] | None,
+    settings: StallSettings,
+    observer: str,
+    *,
+    now: float | None = None,
+) -> list[EvaluationRound]:
+    """A round for each of ``shard_ids`` (None: every shard in the store), in order."""
+    ids = [r.shard_id for r in consensus.list_shards()] if shard_ids is None else list(shard_ids)
+    return [evaluate_shard(consensus, blob, shard_id, settings, observer=observer, now=now) for shard_id in ids]
+
+
+def observe_shards(
+    consensus: Consensus, blob: "LocalBlob", shard_ids: Sequence[str] | None, *, observer: str,
+    now: float | None = None,
+) -> list[Observation]:
+    """Observe and record each of ``shard_ids`` (None: every shard); unknown shards raise
+    ShardNotFound before anything is recorded."""
+    from airflow_upsert_provider.engine.shard import Shard
+
+    ids = [r.shard_id for r in consensus.list_shards()] if shard_ids is None else list(shard_ids)
+    shards = [Shard.open(consensus, blob, shard_id) for shard_id in ids]
+    observations = []
+    for shard in shards:
+        obs = observe(shard, observer=observer, now=now)
+        record_observation(consensus, obs)
+        observations.append(obs)
+    return observations
