@@ -1,0 +1,768 @@
+"""Frontier-stall rules as pure decisions (invariant 15: a stalled frontier is never silent).
+
+A shard's frontier is watched through *observations*: at one instant, the shard's upper, the
+source's high watermark and the offsets bound at the upper, the lag, the stream status, who
+looked. ``evaluate`` takes the observations of a time window and says what state the
+frontier is in and which rule decided; ``advance_alert`` turns a series of evaluations into
+page actions (trigger once per incident, resolve when it is over); ``page_event`` says what a
+page carries. Nothing here touches a store, Spark or Airflow: the store shell
+(``engine/observations.py``) records observations and keeps the alert state, the sensor
+sends the pages.
+
+Rules, in the order they are tried (the first that applies decides):
+
+    NOT_FOUND   the shard does not exist                                   never pages
+    STOPPED     the newest observation's stream is STOPPED                 pages (warning) only beyond max_stopped_seconds
+    RECOVERING  the newest observation's stream is RECOVERING              likewise
+    STALE       newest observation too old, or fewer than two samples      pages (critical): nothing is extrapolated
+    REWOUND     upper or a source high watermark below the maximum seen    pages (critical) until the maximum is regained
+    STALLED     the source grew and the upper has not moved for
+                max(stall_multiplier x cadence, min_stall) since it grew   pages (critical)
+    LAGGING     the upper moves but the lag trends up over the window,
+                or lag_seconds is above the objective                      pages (warning) only with page_on_lagging
+    IDLE        no new source records, the upper at the high watermark     never pages
+    OK
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import hashlib
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+
+class FrontierStatus(str, enum.Enum):
+    NOT_FOUND = "NOT_FOUND"
+    STOPPED = "STOPPED"
+    RECOVERING = "RECOVERING"
+    STALE = "STALE"
+    REWOUND = "REWOUND"
+    STALLED = "STALLED"
+    LAGGING = "LAGGING"
+    IDLE = "IDLE"
+    OK = "OK"
+
+
+CRITICAL = "critical"
+WARNING = "warning"
+
+# The Events API limits a summary to 1024 characters and a dedup key to 255.
+MAX_SUMMARY_CHARS = 1023
+MAX_DEDUP_KEY_CHARS = 255
+
+# LAGGING by trend needs this many samples: with fewer, a healthy writer's saw-tooth lag
+# (it rises between batches, drops at each commit) would look like a trend by chance.
+LAGGING_MIN_SAMPLES = 4
+# ... and this Kendall rank correlation of lag against time (1: every later sample above every
+# earlier one). A rank statistic over all pairs, so one dip cannot clear a real trend and a
+# saw-tooth (about 0) never makes one.
+LAGGING_MIN_TREND = 0.5
+
+PAGE_SOURCE = "airflow-upsert-provider"
+DEDUP_PREFIX = "airflow-upsert"
+
+WRITER_OBSERVER_PREFIX = "writer:"
+# Outcomes of writer steps that move the upper; anything else is a step that committed nothing.
+ADVANCING_OUTCOMES = frozenset({"committed"})
+
+
+def _value(x: Any) -> Any:
+    """A str enum (a stream Status) as its plain value, anything else unchanged."""
+    return x.value if isinstance(x, enum.Enum) else x
+
+
+def _field_error(owner: str, name: str, problem: str, value: Any) -> ConfigurationError:
+    return ConfigurationError(f"{owner}.{name} {problem} (got {value!r})", field=name, value=repr(value))
+
+
+def _require(d: Mapping[str, Any], owner: str, name: str) -> Any:
+    if name not in d:
+        raise ConfigurationError(f"{owner}: field {name!r} is missing", field=name)
+    return d[name]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The frontier of one shard as seen at one instant."""
+
+    shard_id: str
+    observed_at: float              # unix seconds
+    upper: int
+    last_commit_at: float | None    # committed_at of batch upper-1 (None: nothing committed)
+    high_watermark: dict[str, int]  # per partition: one past the highest offset present in the source
+    bound: dict[str, int]           # per partition: offsets bound at the upper (binding(upper-1).to)
+    stream_status: str              # READY / STOPPING / STOPPED / RECOVERING
+    stream_changed_at: float        # when the stream status was last set (0.0: never)
+    lag_records: int                # sum over partitions of max(0, high_watermark - bound)
+    # Age at observed_at of the oldest record not yet committed (directory source: landing time
+    # of the first unbound segment); None: nothing pending.
+    lag_seconds: float | None
+    observer: str                   # "writer:<id>", "sensor:<dag/run/task>", "upsertctl:<host>:<pid>"
+    writer_outcome: str | None = None  # writer observations: the step's outcome (committed, nothing_to_do, ...)
+
+    @property
+    def is_writer(self) -> bool:
+        return self.observer.startswith(WRITER_OBSERVER_PREFIX)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard_id": self.shard_id,
+            "observed_at": self.observed_at,
+            "upper": self.upper,
+            "last_commit_at": self.last_commit_at,
+            "high_watermark": dict(self.high_watermark),
+            "bound": dict(self.bound),
+            "stream_status": _value(self.stream_status),
+            "stream_changed_at": self.stream_changed_at,
+            "lag_records": self.lag_records,
+            "lag_seconds": self.lag_seconds,
+            "observer": self.observer,
+            "writer_outcome": self.writer_outcome,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Observation":
+        owner = "Observation"
+        try:
+            last_commit_at = d.get("last_commit_at")
+            lag_seconds = d.get("lag_seconds")
+            return cls(
+                shard_id=str(_require(d, owner, "shard_id")),
+                observed_at=float(_require(d, owner, "observed_at")),
+                upper=int(_require(d, owner, "upper")),
+                last_commit_at=None if last_commit_at is None else float(last_commit_at),
+                high_watermark={str(k): int(v) for k, v in (d.get("high_watermark") or {}).items()},
+                bound={str(k): int(v) for k, v in (d.get("bound") or {}).items()},
+                stream_status=str(_value(_require(d, owner, "stream_status"))),
+                stream_changed_at=float(d.get("stream_changed_at") or 0.0),
+                lag_records=int(_require(d, owner, "lag_records")),
+                lag_seconds=None if lag_seconds is None else float(lag_seconds),
+                observer=str(_require(d, owner, "observer")),
+                writer_outcome=d.get("writer_outcome"),
+            )
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ConfigurationError(f"{owner}: unreadable observation: {e}", field="observation") from e
+
+
+@dataclass(frozen=True)
+class StallSettings:
+    """The thresholds of the rules. Every number is in seconds unless its name says otherwise."""
+
+    window_seconds: float = 900.0        # observations looked at
+    cadence_seconds: float = 60.0        # how often batches are expected (the micro-batch schedule)
+    stall_multiplier: float = 3.0        # stalled after max(k * cadence, min_stall) without the upper moving while the source grew
+    min_stall_seconds: float = 300.0
+    stale_after_seconds: float | None = None  # newest observation older than this -> STALE (None: max(2 * cadence, 120))
+    lag_seconds_objective: float | None = None  # LAGGING when lag_seconds is above it
+    page_on_lagging: bool = False
+    max_stopped_seconds: float | None = None    # STOPPED / RECOVERING longer than this pages (None: never)
+    consecutive_breaches: int = 2        # fire only after this many consecutive breaching evaluations
+
+    def __post_init__(self) -> None:
+        def number(name: str, *, optional: bool = False, zero_ok: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and optional:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise _field_error("StallSettings", name, "must be a finite number of seconds"
+                                   + (" or None" if optional else ""), value)
+            if value < 0 or (value == 0 and not zero_ok):
+                raise _field_error("StallSettings", name, "must be " + ("zero or more" if zero_ok else "positive"),
+                                   value)
+
+        number("window_seconds")
+        number("cadence_seconds")
+        number("stall_multiplier")
+        number("min_stall_seconds", zero_ok=True)
+        number("stale_after_seconds", optional=True)
+        number("lag_seconds_objective", optional=True)
+        number("max_stopped_seconds", optional=True, zero_ok=True)
+        if not isinstance(self.page_on_lagging, bool):
+            raise _field_error("StallSettings", "page_on_lagging", "must be true or false", self.page_on_lagging)
+        if isinstance(self.consecutive_breaches, bool) or not isinstance(self.consecutive_breaches, int) \
+                or self.consecutive_breaches < 1:
+            raise _field_error("StallSettings", "consecutive_breaches", "must be an integer of at least 1",
+                               self.consecutive_breaches)
+        # A window shorter than the stall threshold could never see a stall that lag_seconds does
+        # not date: the frontier would stall silently.
+        if self.window_seconds < self.stall_seconds:
+            raise _field_error("StallSettings", "window_seconds",
+                               f"must cover the stall threshold max({self.stall_multiplier:g} x "
+                               f"{self.cadence_seconds:g}s, {self.min_stall_seconds:g}s) = {self.stall_seconds:g}s",
+                               self.window_seconds)
+
+    @property
+    def stall_seconds(self) -> float:
+        """How long the upper may stay unmoved while records are pending."""
+        return max(self.stall_multiplier * self.cadence_seconds, self.min_stall_seconds)
+
+    @property
+    def stale_limit_seconds(self) -> float:
+        """How old the newest observation may be."""
+        if self.stale_after_seconds is not None:
+            return float(self.stale_after_seconds)
+        return max(2 * self.cadence_seconds, 120.0)
+
+    def thresholds(self) -> dict[str, Any]:
+        """The numbers the rules compare against, for evaluations and pages."""
+        return {
+            "stall_seconds": self.stall_seconds,
+            "stall_multiplier": self.stall_multiplier,
+            "cadence_seconds": self.cadence_seconds,
+            "min_stall_seconds": self.min_stall_seconds,
+            "stale_after_seconds": self.stale_limit_seconds,
+            "lag_seconds_objective": self.lag_seconds_objective,
+            "page_on_lagging": self.page_on_lagging,
+            "max_stopped_seconds": self.max_stopped_seconds,
+            "window_seconds": self.window_seconds,
+            "consecutive_breaches": self.consecutive_breaches,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "StallSettings":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigurationError(f"StallSettings: unknown field {unknown[0]!r}", field=unknown[0])
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """The evaluation state of one shard across evaluations; persisted as JSON in consensus."""
+
+    shard_id: str
+    consecutive_breaches: int = 0
+    firing: bool = False                 # a page was triggered and not resolved yet
+    firing_status: str | None = None
+    incident_started_at: float | None = None
+    max_upper: int = -1                  # highest upper ever observed (REWOUND stays until regained)
+    max_high_watermark: dict[str, int] = field(default_factory=dict)
+    last_status: str | None = None
+    last_evaluated_at: float | None = None
+    pages_sent: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard_id": self.shard_id,
+            "consecutive_breaches": self.consecutive_breaches,
+            "firing": self.firing,
+            "firing_status": self.firing_status,
+            "incident_started_at": self.incident_started_at,
+            "max_upper": self.max_upper,
+            "max_high_watermark": dict(self.max_high_watermark),
+            "last_status": self.last_status,
+            "last_evaluated_at": self.last_evaluated_at,
+            "pages_sent": self.pages_sent,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AlertState":
+        owner = "AlertState"
+        try:
+            started = d.get("incident_started_at")
+            evaluated = d.get("last_evaluated_at")
+            return cls(
+                shard_id=str(_require(d, owner, "shard_id")),
+                consecutive_breaches=int(d.get("consecutive_breaches", 0)),
+                firing=bool(d.get("firing", False)),
+                firing_status=d.get("firing_status"),
+                incident_started_at=None if started is None else float(started),
+                max_upper=int(d.get("max_upper", -1)),
+                max_high_watermark={str(k): int(v) for k, v in (d.get("max_high_watermark") or {}).items()},
+                last_status=d.get("last_status"),
+                last_evaluated_at=None if evaluated is None else float(evaluated),
+                pages_sent=int(d.get("pages_sent", 0)),
+            )
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ConfigurationError(f"{owner}: unreadable alert state: {e}", field="alert_state") from e
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What the rules decided about one shard at ``evaluated_at``."""
+
+    shard_id: str
+    status: FrontierStatus
+    rule: str                      # the rule that decided, with its numbers
+    reasons: tuple[str, ...]       # human sentences, most important first
+    evaluated_at: float
+    upper: int | None
+    last_advance_at: float | None  # when the upper was last seen to move (or last_commit_at)
+    stuck_seconds: float | None
+    lag_records: int | None
+    lag_seconds: float | None
+    window: dict                   # {"start", "end", "samples", "seconds", "first_sample_at", "last_sample_at"}
+    writers_running: bool | None   # STALLED: were writers observed running (committing nothing) since it stalled?
+    breach: bool                   # this status pages
+    severity: str | None           # "critical" / "warning" when it pages, None otherwise
+    thresholds: dict               # the numbers the rule compared against
+    # The highest upper and high watermarks known to this evaluation (the state's and the
+    # window's): advance_alert keeps them so that REWOUND stays until they are regained.
+    max_upper: int | None = None
+    max_high_watermark: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard_id": self.shard_id,
+            "status": self.status.value,
+            "rule": self.rule,
+            "reasons": list(self.reasons),
+            "evaluated_at": self.evaluated_at,
+            "upper": self.upper,
+            "last_advance_at": self.last_advance_at,
+            "stuck_seconds": self.stuck_seconds,
+            "lag_records": self.lag_records,
+            "lag_seconds": self.lag_seconds,
+            "window": dict(self.window),
+            "writers_running": self.writers_running,
+            "breach": self.breach,
+            "severity": self.severity,
+            "thresholds": dict(self.thresholds),
+            "max_upper": self.max_upper,
+            "max_high_watermark": dict(self.max_high_watermark),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Evaluation":
+        try:
+            return cls(
+                shard_id=str(_require(d, "Evaluation", "shard_id")),
+                status=FrontierStatus(_require(d, "Evaluation", "status")),
+                rule=str(d.get("rule", "")),
+                reasons=tuple(d.get("reasons") or ()),
+                evaluated_at=float(_require(d, "Evaluation", "evaluated_at")),
+                upper=d.get("upper"),
+                last_advance_at=d.get("last_advance_at"),
+                stuck_seconds=d.get("stuck_seconds"),
+                lag_records=d.get("lag_records"),
+                lag_seconds=d.get("lag_seconds"),
+                window=dict(d.get("window") or {}),
+                writers_running=d.get("writers_running"),
+                breach=bool(d.get("breach", False)),
+                severity=d.get("severity"),
+                thresholds=dict(d.get("thresholds") or {}),
+                max_upper=d.get("max_upper"),
+                max_high_watermark=dict(d.get("max_high_watermark") or {}),
+            )
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"Evaluation: unreadable evaluation: {e}", field="evaluation") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def format_duration(seconds: float | None) -> str:
+    """A duration as an on-call engineer reads it: 45s, 14m, 2h05m, 3d04h."""
+    if seconds is None:
+        return "unknown"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _stall_formula(settings: StallSettings) -> str:
+    return f"max({settings.stall_multiplier:g} x {settings.cadence_seconds:g}s, {settings.min_stall_seconds:g}s)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules
+
+
+def _kendall_trend(values: Sequence[float]) -> float:
+    """Kendall's rank correlation of ``values`` with their order, in [-1, 1]."""
+    n = len(values)
+    pairs = n * (n - 1) // 2
+    if pairs == 0:
+        return 0.0
+    score = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            score += (values[j] > values[i]) - (values[j] < values[i])
+    return score / pairs
+
+
+def _writer_summary(samples: Sequence[Observation]) -> tuple[list[str], dict[str, int]]:
+    writers = sorted({o.observer for o in samples if o.is_writer})
+    outcomes: dict[str, int] = {}
+    for o in samples:
+        if o.is_writer:
+            key = o.writer_outcome or "unknown"
+            outcomes[key] = outcomes.get(key, 0) + 1
+    return writers, outcomes
+
+
+def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettings, now: float,
+             state: AlertState, *, shard_exists: bool = True) -> Evaluation:
+    """The frontier status of ``shard_id`` from the observations of the window ending at ``now``.
+
+    ``window`` may hold observations older than ``now - settings.window_seconds``: they are
+    ignored. ``state`` gives the maxima seen by earlier evaluations (REWOUND)."""
+    for o in window:
+        if o.shard_id != shard_id:
+            raise ConfigurationError(f"an observation of shard {o.shard_id!r} is in the window of shard {shard_id!r}",
+                                     field="window")
+    start = now - settings.window_seconds
+    samples = sorted((o for o in window if o.observed_at >= start), key=lambda o: o.observed_at)
+    thresholds = settings.thresholds()
+    window_info: dict[str, Any] = {
+        "start": start,
+        "end": now,
+        "samples": len(samples),
+        "seconds": settings.window_seconds,
+        "first_sample_at": samples[0].observed_at if samples else None,
+        "last_sample_at": samples[-1].observed_at if samples else None,
+    }
+    newest = samples[-1] if samples else None
+
+    # The maxima known so far, including this window: a rewind within the window counts too.
+    max_upper = max([state.max_upper] + [o.upper for o in samples])
+    max_hw = dict(state.max_high_watermark)
+    for o in samples:
+        for p, hw in o.high_watermark.items():
+            if hw > max_hw.get(p, -1):
+                max_hw[p] = hw
+
+    def result(status: FrontierStatus, rule: str, reasons: Sequence[str], *, breach: bool = False,
+               severity: str | None = None, last_advance_at: float | None = None,
+               stuck_seconds: float | None = None, writers_running: bool | None = None,
+               extra_thresholds: Mapping[str, Any] | None = None) -> Evaluation:
+        return Evaluation(
+            shard_id=shard_id,
+            status=status,
+            rule=rule,
+            reasons=tuple(reasons),
+            evaluated_at=now,
+            upper=newest.upper if newest else None,
+            last_advance_at=last_advance_at,
+            stuck_seconds=stuck_seconds,
+            lag_records=newest.lag_records if newest else None,
+            lag_seconds=newest.lag_seconds if newest else None,
+            window=window_info,
+            writers_running=writers_running,
+            breach=breach,
+            severity=severity if breach else None,
+            thresholds={**thresholds, **(extra_thresholds or {})},
+            max_upper=max_upper if max_upper >= 0 else None,
+            max_high_watermark=max_hw,
+        )
+
+    # NOT_FOUND: nothing to watch; the shard's absence is a configuration matter, not a stall.
+    if not shard_exists:
+        return result(FrontierStatus.NOT_FOUND, "not found: the shard does not exist",
+                      [f"shard {shard_id!r} does not exist in the consensus store"])
+
+    # STOPPED / RECOVERING: a human stopped the stream or a recovery is open; the upper is meant
+    # to stand still. Shown, paged only when it lasts beyond max_stopped_seconds.
+    if newest is not None and str(_value(newest.stream_status)) in ("STOPPED", "RECOVERING"):
+        status = FrontierStatus(str(_value(newest.stream_status)))
+        since = newest.stream_changed_at or None
+        held = (newest.observed_at - since) if since else None
+        limit = settings.max_stopped_seconds
+        too_long = limit is not None and held is not None and held > limit
+        word = status.value.lower()
+        reasons = [f"the stream is {status.value} since {_iso(since) or 'an unknown time'}"
+                   f" ({format_duration(held)})" if held is not None else f"the stream is {status.value}"]
+        if too_long:
+            rule = f"{word} too long: {format_duration(held)} > max_stopped_seconds {limit:g}s"
+            reasons.append(f"{word} longer than {format_duration(limit)}: someone has to resume it or finish the recovery")
+        elif limit is None:
+            rule = f"{word}: the stream is {status.value}; never pages (max_stopped_seconds not set)"
+        else:
+            rule = f"{word}: the stream is {status.value} for {format_duration(held)} <= max_stopped_seconds {limit:g}s"
+        reasons.append(f"upper {newest.upper}, {newest.lag_records:,} records pending")
+        return result(status, rule, reasons, breach=too_long, severity=WARNING, stuck_seconds=held,
+                      last_advance_at=newest.last_commit_at)
+
+    # STALE: without fresh observations nothing is known; never extrapolate from one sample.
+    limit = settings.stale_limit_seconds
+    if newest is None or len(samples) < 2 or now - newest.observed_at > limit:
+        if newest is None:
+            rule = f"stale: no observation in the last {format_duration(settings.window_seconds)}"
+            reasons = [f"no observation of shard {shard_id!r} since {_iso(start)}: nothing observes it"]
+            age = None
+        elif now - newest.observed_at > limit:
+            age = now - newest.observed_at
+            rule = f"stale: newest observation {format_duration(age)} old > {limit:g}s"
+            reasons = [f"the newest observation is {format_duration(age)} old (at {_iso(newest.observed_at)}, "
+                       f"by {newest.observer}): nothing is observing the shard"]
+        else:
+            age = now - newest.observed_at
+            rule = f"stale: 1 observation in the window, at least 2 needed"
+            reasons = [f"only one observation in the last {format_duration(settings.window_seconds)} "
+                       f"(at {_iso(newest.observed_at)}, by {newest.observer}): a trend needs two"]
+        return result(FrontierStatus.STALE, rule, reasons, breach=True, severity=CRITICAL,
+                      last_advance_at=newest.last_commit_at if newest else None,
+                      extra_thresholds={"newest_age_seconds": age})
+
+    # REWOUND: the upper never decreases (invariant 1) and a source only grows; either going
+    # down is an alarm that stays until the previous maximum is regained.
+    rewinds = []
+    if newest.upper < max_upper:
+        rewinds.append(f"integrity alarm: the upper is {newest.upper}, below {max_upper} seen before "
+                       f"(an upper never decreases)")
+    for p in sorted(newest.high_watermark):
+        hw = newest.high_watermark[p]
+        if hw < max_hw.get(p, -1):
+            rewinds.append(f"source reset: partition {p} high watermark is {hw}, below {max_hw[p]} seen before")
+    if rewinds:
+        kinds = []
+        if newest.upper < max_upper:
+            kinds.append(f"upper {newest.upper} < {max_upper}")
+        lower = [p for p in sorted(newest.high_watermark) if newest.high_watermark[p] < max_hw.get(p, -1)]
+        if lower:
+            kinds.append(f"high watermark of {', '.join(lower)} below maximum")
+        return result(FrontierStatus.REWOUND, "rewound: " + "; ".join(kinds) + " (stays until regained)",
+                      rewinds + ["REWOUND stays until the previous maximum is regained"],
+                      breach=True, severity=CRITICAL, last_advance_at=newest.last_commit_at,
+                      extra_thresholds={"max_upper": max_upper, "max_high_watermark": max_hw})
+
+    # The run of samples at the current upper, and when the upper moved to it.
+    suffix_start = len(samples) - 1
+    while suffix_start > 0 and samples[suffix_start - 1].upper == newest.upper:
+        suffix_start -= 1
+    at_upper = samples[suffix_start:]
+    advanced_in_window = any(samples[i].upper != samples[i - 1].upper for i in range(1, len(samples)))
+    if newest.last_commit_at is not None:
+        last_advance_at: float | None = newest.last_commit_at
+    elif suffix_start > 0:
+        last_advance_at = at_upper[0].observed_at
+    else:
+        last_advance_at = None
+
+    # When did records become pending at this upper? From the first sample at the upper that
+    # saw any (a later zero-lag sample cannot undo that: the bound has not moved, so the
+    # records are still there), dated back by lag_seconds, the age of the oldest of them.
+    pending_since: float | None = None
+    for o in at_upper:
+        if o.lag_records > 0:
+            since = o.observed_at - o.lag_seconds if o.lag_seconds is not None else o.observed_at
+            pending_since = since if pending_since is None else min(pending_since, since)
+    hw_grew = any(
+        o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
+        for prev, o in zip(at_upper, at_upper[1:]) for p in o.high_watermark
+    )
+    if pending_since is None and hw_grew:
+        pending_since = next(o.observed_at for prev, o in zip(at_upper, at_upper[1:])
+                             if any(o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
+                                    for p in o.high_watermark))
+
+    # STALLED: the source grew and the upper has not moved since, for longer than the stall
+    # threshold. Stuck time counts from when the source grew, not from the last advance: an
+    # upper has no reason to move while its source is idle.
+    stall_seconds = settings.stall_seconds
+    if pending_since is not None:
+        stall_start = max(pending_since, last_advance_at) if last_advance_at is not None else pending_since
+        stuck = newest.observed_at - stall_start
+        if stuck >= stall_seconds:
+            in_stall = [o for o in at_upper if o.observed_at >= stall_start]
+            writers, outcomes = _writer_summary(in_stall)
+            reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} "
+                       f"(since {_iso(stall_start)}) while {newest.lag_records:,} records are pending"
+                       + (f", the oldest waiting {format_duration(newest.lag_seconds)}"
+                          if newest.lag_seconds is not None else "")]
+            if writers:
+                listed = ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items()))
+                reasons.append(f"writers running and committing nothing: {', '.join(writers)} reported {listed} "
+                               f"since the stall began")
+            else:
+                last_writer = next((o for o in reversed(samples) if o.is_writer), None)
+                reasons.append("no writer observed since the stall began"
+                               + (f" (last writer observation {format_duration(newest.observed_at - last_writer.observed_at)}"
+                                  f" before the newest, by {last_writer.observer})" if last_writer
+                                  else " (none in the window): is the writer's DAG running?"))
+            zero = [o for o in in_stall if o.lag_records == 0]
+            if zero:
+                reasons.append(f"{len(zero)} zero-lag sample(s) inside the stall ignored: the upper did not move, "
+                               f"so the pending records are still there")
+            return result(FrontierStatus.STALLED,
+                          f"stalled: source grew, upper unmoved for {format_duration(stuck)} >= "
+                          f"{_stall_formula(settings)} = {stall_seconds:g}s",
+                          reasons, breach=True, severity=CRITICAL, last_advance_at=last_advance_at,
+                          stuck_seconds=stuck, writers_running=bool(writers),
+                          extra_thresholds={"stall_started_at": stall_start})
+
+    # LAGGING: the upper moves but not fast enough. Judged on the trend over the whole window,
+    # not pair by pair, so one dip does not clear it.
+    lags = [o.lag_records for o in samples]
+    trend = _kendall_trend(lags)
+    lag_trend = (advanced_in_window and len(samples) >= LAGGING_MIN_SAMPLES and lags[-1] > lags[0]
+                 and trend >= LAGGING_MIN_TREND)
+    objective = settings.lag_seconds_objective
+    over_objective = objective is not None and newest.lag_seconds is not None and newest.lag_seconds > objective
+    if lag_trend or over_objective:
+        reasons = []
+        rules = []
+        if lag_trend:
+            rules.append(f"lag trend {trend:+.2f} >= {LAGGING_MIN_TREND} over {len(samples)} samples")
+            reasons.append(f"the upper moves (now {newest.upper}) but the lag grew over the window from "
+                           f"{lags[0]:,} to {lags[-1]:,} records")
+        if over_objective:
+            rules.append(f"lag {format_duration(newest.lag_seconds)} > objective {objective:g}s")
+            reasons.append(f"the oldest pending record waits {format_duration(newest.lag_seconds)}, "
+                           f"above the objective of {format_duration(objective)}")
+        if not settings.page_on_lagging:
+            reasons.append("LAGGING does not page (page_on_lagging is off)")
+        return result(FrontierStatus.LAGGING, "lagging: " + "; ".join(rules), reasons,
+                      breach=settings.page_on_lagging, severity=WARNING, last_advance_at=last_advance_at,
+                      extra_thresholds={"lag_trend": trend, "lag_min_trend": LAGGING_MIN_TREND})
+
+    # IDLE: nothing new in the source and the upper at its high watermark.
+    if newest.lag_records == 0 and pending_since is None and not advanced_in_window:
+        return result(FrontierStatus.IDLE, "idle: no new source records, upper at the high watermark",
+                      [f"upper {newest.upper} is at the source's high watermark; nothing new in "
+                       f"{format_duration(newest.observed_at - samples[0].observed_at)}"],
+                      last_advance_at=last_advance_at)
+
+    reasons = [f"upper {newest.upper}, {newest.lag_records:,} records pending"]
+    rule = "ok: the upper follows the source"
+    if pending_since is not None:
+        waited = newest.observed_at - (max(pending_since, last_advance_at) if last_advance_at is not None
+                                       else pending_since)
+        rule = f"ok: records pending for {format_duration(waited)} < {_stall_formula(settings)} = {stall_seconds:g}s"
+        reasons.append(f"records pending for {format_duration(waited)}; stalled only after {format_duration(stall_seconds)}")
+    return result(FrontierStatus.OK, rule, reasons, last_advance_at=last_advance_at)
+
+
+# ---------------------------------------------------------------------------------------------
+# Alerting
+
+
+def advance_alert(state: AlertState, evaluation: Evaluation,
+                  settings: StallSettings) -> tuple[AlertState, str | None]:
+    """The alert state after ``evaluation`` and the page action it calls for.
+
+    "trigger": the breach reached ``settings.consecutive_breaches`` consecutive evaluations and
+    no page is firing; "resolve": a page is firing and this evaluation does not breach; None
+    otherwise (a breach that persists does not page twice)."""
+    if evaluation.shard_id != state.shard_id:
+        raise ConfigurationError(f"the evaluation of shard {evaluation.shard_id!r} cannot advance the alert state "
+                                 f"of shard {state.shard_id!r}", field="shard_id")
+    max_upper = state.max_upper
+    candidates = [u for u in (evaluation.max_upper, evaluation.upper) if u is not None]
+    if candidates:
+        max_upper = max([max_upper] + candidates)
+    max_hw = dict(state.max_high_watermark)
+    for p, hw in (evaluation.max_high_watermark or {}).items():
+        if hw > max_hw.get(p, -1):
+            max_hw[p] = hw
+    common = dict(max_upper=max_upper, max_high_watermark=max_hw, last_status=evaluation.status.value,
+                  last_evaluated_at=evaluation.evaluated_at)
+
+    if evaluation.breach:
+        streak = state.consecutive_breaches + 1
+        started = state.incident_started_at if state.incident_started_at is not None else evaluation.evaluated_at
+        if not state.firing and streak >= settings.consecutive_breaches:
+            return replace(state, consecutive_breaches=streak, firing=True, firing_status=evaluation.status.value,
+                           incident_started_at=started, pages_sent=state.pages_sent + 1, **common), "trigger"
+        return replace(state, consecutive_breaches=streak, incident_started_at=started, **common), None
+
+    new = replace(state, consecutive_breaches=0, firing=False, firing_status=None, incident_started_at=None,
+                  **common)
+    return new, ("resolve" if state.firing else None)
+
+
+def dedup_key(shard_id: str, namespace: str = "") -> str:
+    """The page key of a shard: stable across statuses and time, so one incident is one page."""
+    key = f"{DEDUP_PREFIX}/{namespace}/{shard_id}"
+    if len(key) > MAX_DEDUP_KEY_CHARS:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        key = key[:MAX_DEDUP_KEY_CHARS - 17] + "#" + digest
+    return key
+
+
+_SEVERITY_OF = {
+    FrontierStatus.STALLED.value: CRITICAL,
+    FrontierStatus.REWOUND.value: CRITICAL,
+    FrontierStatus.STALE.value: CRITICAL,
+    FrontierStatus.LAGGING.value: WARNING,
+    FrontierStatus.STOPPED.value: WARNING,
+    FrontierStatus.RECOVERING.value: WARNING,
+}
+
+
+def _summary(evaluation: Evaluation, action: str) -> str:
+    e = evaluation
+    shard = e.shard_id
+    if action == "resolve":
+        if e.status in (FrontierStatus.OK, FrontierStatus.LAGGING, FrontierStatus.IDLE):
+            return f"RESOLVED: {shard} frontier moving again (upper {e.upper})"
+        return f"RESOLVED: {shard} no longer breaching, now {e.status.value} (upper {e.upper})"
+    behind = f"+{e.lag_records:,} records" if e.lag_records is not None else "lag unknown"
+    if e.lag_seconds is not None:
+        behind += f" / {format_duration(e.lag_seconds)}"
+    if e.status is FrontierStatus.STALLED:
+        return f"STALLED: {shard} stuck {format_duration(e.stuck_seconds)}, {behind} behind"
+    if e.status is FrontierStatus.LAGGING:
+        return f"LAGGING: {shard} {behind} behind and growing (upper {e.upper})"
+    if e.status is FrontierStatus.REWOUND:
+        return f"REWOUND: {shard} upper {e.upper}, maximum seen {e.max_upper}: {e.reasons[0] if e.reasons else ''}"
+    if e.status is FrontierStatus.STALE:
+        return f"STALE: {shard} not observed: {e.reasons[0] if e.reasons else e.rule}"
+    if e.status in (FrontierStatus.STOPPED, FrontierStatus.RECOVERING):
+        return f"{e.status.value}: {shard} {e.status.value.lower()} for {format_duration(e.stuck_seconds)} (upper {e.upper})"
+    return f"{e.status.value}: {shard} (upper {e.upper})"
+
+
+def page_event(evaluation: Evaluation, state: AlertState, action: str, settings: StallSettings, *,
+               namespace: str = "", links: Sequence[dict] = (), run_ids: Sequence[str] = ()) -> dict[str, Any]:
+    """What a page says, in the fields of an Events API v2 event. ``state`` is the alert state
+    after ``advance_alert``."""
+    if action not in ("trigger", "resolve"):
+        raise ConfigurationError(f"page action must be 'trigger' or 'resolve' (got {action!r})", field="action")
+    summary = _summary(evaluation, action)
+    if len(summary) > MAX_SUMMARY_CHARS:
+        summary = summary[:MAX_SUMMARY_CHARS - 1] + "…"
+    if action == "trigger":
+        severity = evaluation.severity or _SEVERITY_OF.get(evaluation.status.value, WARNING)
+    else:
+        # A resolve closes what the trigger opened; the severity of what was firing, if known.
+        severity = _SEVERITY_OF.get(state.firing_status or "", "info")
+    return {
+        "action": action,
+        "dedup_key": dedup_key(evaluation.shard_id, namespace),
+        "summary": summary,
+        "severity": severity,
+        "source": PAGE_SOURCE,
+        "component": evaluation.shard_id,
+        "group": namespace or None,
+        "timestamp": _iso(evaluation.evaluated_at),
+        "custom_details": {
+            "shard": evaluation.shard_id,
+            "status": evaluation.status.value,
+            "rule": evaluation.rule,
+            "reasons": list(evaluation.reasons),
+            "upper": evaluation.upper,
+            "last_advance": _iso(evaluation.last_advance_at),
+            "stuck_seconds": evaluation.stuck_seconds,
+            "lag_records": evaluation.lag_records,
+            "lag_seconds": evaluation.lag_seconds,
+            "window": dict(evaluation.window),
+            "thresholds": dict(evaluation.thresholds),
+            "consecutive_breaches": state.consecutive_breaches,
+            "writers_running": evaluation.writers_running,
+            "run_ids": list(run_ids),
+            "incident_started_at": _iso(state.incident_started_at),
+        },
+        "links": list(links),
+    }
