@@ -953,3 +953,4 @@ from airflow_upsert_provider.engine import catalog_lock as _catalog_lock  # noqa
 from airflow_upsert_provider.engine import gc_claims as _gc_claims  # noqa: E402,F401
 from airflow_upsert_provider.engine import source_index as _source_index  # noqa: E402,F401
 from airflow_upsert_provider.engine import streams as _streams  # noqa: E402,F401
+from airflow_upsert_provider.engine import observations as _observations  # noqa: E402,F401

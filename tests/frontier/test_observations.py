@@ -1,0 +1,297 @@
+"""Frontier observations and the alert state in consensus (engine/observations.py), on real
+SQLite and PostgreSQL stores.
+
+Most cases need no Spark: a shard made in the store, its batches bound and committed with
+empty runs, is all an observation looks at. One test runs a real writer to show that every
+step leaves an observation and that a failure to record one does not fail the batch.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+
+import pytest
+
+from airflow_upsert_provider.engine import observations, streams
+from airflow_upsert_provider.engine.frontier import AlertState, FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.writer import COMMITTED, NOTHING_TO_DO, Writer
+from airflow_upsert_provider.sample_data import SampleSpec
+from tests.helpers import batch, make_shard
+
+# Offsets 0, 10, 20, 30 in p0 and p1; two files a batch: batch ts binds offset 10*ts in both.
+SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=5)
+
+
+def commit(shard, ts: int) -> None:
+    """Bind batch ``ts`` and commit it with an empty run."""
+    assert shard.mint_binding(ts, minted_by="test") is not None
+    assert shard.compare_and_append(ts, ts + 1, batch(ts, token=f"t{ts}"), epoch=0).upper == ts + 1
+
+
+def land_at(landing: str, times: dict[str, float]) -> None:
+    """Set the landing time (mtime) of segments named ``partition/offset``."""
+    for name, at in times.items():
+        os.utime(os.path.join(landing, f"{name}.jsonl"), (at, at))
+
+
+def obs(shard_id: str, at: float, *, upper: int = 0, hw: int = 10, observer: str = "test",
+        outcome: str | None = None) -> Observation:
+    return Observation(shard_id=shard_id, observed_at=at, upper=upper, last_commit_at=None,
+                       high_watermark={"p0": hw}, bound={"p0": upper}, stream_status="READY",
+                       stream_changed_at=0.0, lag_records=max(0, hw - upper), lag_seconds=None,
+                       observer=observer, writer_outcome=outcome)
+
+
+def test_observe_a_shard_without_spark(consensus, blob, tmp_path):
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    landing = str(tmp_path / "landing")
+    assert sorted(os.path.relpath(p, landing) for p in glob.glob(f"{landing}/*/*.jsonl"))[:2] == \
+        ["p0/0.jsonl", "p0/10.jsonl"]
+    # p1's first segment landed before p0's: the oldest pending record is p1's.
+    land_at(landing, {"p0/0": 1000.0, "p1/0": 900.0, "p0/10": 2000.0, "p1/10": 2500.0,
+                      "p0/20": 3000.0, "p1/20": 3000.0, "p0/30": 3000.0, "p1/30": 3000.0})
+
+    first = observations.observe(shard, observer="test:1", now=5000.0)
+    assert (first.upper, first.last_commit_at, first.bound) == (0, None, {})
+    assert first.high_watermark == {"p0": 31, "p1": 31}
+    assert first.lag_records == 62
+    assert first.lag_seconds == pytest.approx(5000.0 - 900.0)
+    assert (first.stream_status, first.stream_changed_at, first.observer, first.writer_outcome) == \
+        ("READY", 0.0, "test:1", None)
+
+    commit(shard, 0)
+    committed_at = consensus.get_batch("orders", 0).committed_at
+    second = observations.observe(shard, observer="writer:w", writer_outcome=COMMITTED, now=6000.0)
+    assert (second.upper, second.bound, second.lag_records) == (1, {"p0": 1, "p1": 1}, 60)
+    assert second.last_commit_at == committed_at
+    # The first unbound segments are now offset 10: p0's landed at 2000, p1's at 2500.
+    assert second.lag_seconds == pytest.approx(6000.0 - 2000.0)
+    assert second.writer_outcome == COMMITTED
+
+    for ts in (1, 2, 3):
+        commit(shard, ts)
+    stopped = streams.stop(consensus, "orders", "test", "maintenance").state
+    caught_up = observations.observe(shard, observer="test:1", now=7000.0)
+    assert (caught_up.upper, caught_up.lag_records, caught_up.lag_seconds) == (4, 0, None)
+    assert caught_up.bound == caught_up.high_watermark == {"p0": 31, "p1": 31}
+    assert (caught_up.stream_status, caught_up.stream_changed_at) == ("STOPPING", stopped.changed_at)
+
+    # What is recorded is what is read back.
+    observations.record_observation(consensus, caught_up)
+    assert observations.observation_window(consensus, "orders", 0.0) == [caught_up]
+
+
+def test_recording_prunes_by_count_and_age_per_shard(consensus, monkeypatch):
+    monkeypatch.setattr(observations, "MAX_OBSERVATIONS_PER_SHARD", 5)
+    monkeypatch.setattr(observations, "OBSERVATION_RETENTION_SECONDS", 100.0)
+    for i in range(12):
+        observations.record_observation(consensus, obs("a", 1000.0 + i))
+    observations.record_observation(consensus, obs("b", 1000.0))
+    # Count: the newest five of shard a; shard b is not pruned by a's records.
+    assert observations.observation_count(consensus, "a") == 5
+    assert [o.observed_at for o in observations.observation_window(consensus, "a", 0.0)] == \
+        [1007.0, 1008.0, 1009.0, 1010.0, 1011.0]
+    # Age: an observation 100 s past the others prunes them (shard a only).
+    observations.record_observation(consensus, obs("a", 1109.5))
+    assert [o.observed_at for o in observations.observation_window(consensus, "a", 0.0)] == \
+        [1010.0, 1011.0, 1109.5]
+    assert observations.observation_count(consensus, "b") == 1
+
+
+def test_recording_costs_the_same_statements_whatever_the_table_holds(consensus, monkeypatch):
+    """The prune is index ranges: the statements of one record do not grow with the history."""
+    import sqlalchemy as sa
+
+    monkeypatch.setattr(observations, "MAX_OBSERVATIONS_PER_SHARD", 50)
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    sa.event.listen(consensus.engine, "before_cursor_execute", count)
+    try:
+        costs = []
+        for i in range(120):
+            statements.clear()
+            observations.record_observation(consensus, obs("a", 1000.0 + i))
+            costs.append(len([s for s in statements if "upsert_frontier_observations" in s]))
+    finally:
+        sa.event.remove(consensus.engine, "before_cursor_execute", count)
+    # insert, age prune, oldest kept; and the count prune once the shard holds the maximum:
+    # the same four statements with 50 rows as with 70 pruned before.
+    assert costs == [3] * 49 + [4] * 71
+    assert observations.observation_count(consensus, "a") == 50
+
+
+def test_window_is_oldest_first_between_start_and_end(consensus):
+    # Recorded out of time order (writers and sensors have their own clocks).
+    for at, who in ((30.0, "x"), (10.0, "first"), (20.0, "y"), (10.0, "second"), (40.0, "z")):
+        observations.record_observation(consensus, obs("a", at, observer=who))
+    assert [(o.observed_at, o.observer) for o in observations.observation_window(consensus, "a", 0.0)] == \
+        [(10.0, "first"), (10.0, "second"), (20.0, "y"), (30.0, "x"), (40.0, "z")]
+    assert [o.observed_at for o in observations.observation_window(consensus, "a", 15.0, 30.0)] == [20.0, 30.0]
+    assert observations.observation_window(consensus, "other", 0.0) == []
+
+
+def test_alert_state_compare_and_set(consensus):
+    fresh, version = observations.load_alert_state(consensus, "a")
+    assert (fresh, version) == (AlertState(shard_id="a"), 0)
+    first = AlertState(shard_id="a", consecutive_breaches=1, last_status="STALLED", max_upper=3,
+                       max_high_watermark={"p0": 40})
+    assert observations.save_alert_state(consensus, first, 0)
+    # A second insert at version 0 loses: the row exists.
+    assert not observations.save_alert_state(consensus, AlertState(shard_id="a", pages_sent=9), 0)
+    assert observations.load_alert_state(consensus, "a") == (first, 1)
+    second = AlertState(shard_id="a", consecutive_breaches=2, firing=True, pages_sent=1)
+    assert observations.save_alert_state(consensus, second, 1)
+    assert not observations.save_alert_state(consensus, first, 1)  # stale version
+    assert observations.load_alert_state(consensus, "a") == (second, 2)
+    assert observations.load_alert_state(consensus, "b") == (AlertState(shard_id="b"), 0)
+
+
+STALL = StallSettings(window_seconds=900.0, cadence_seconds=60.0, min_stall_seconds=300.0,
+                      consecutive_breaches=1)
+
+
+def record_stall(consensus, shard_id: str, until: float) -> None:
+    """Ten minutes of a writer running and committing nothing while the source grows."""
+    for i in range(11):
+        at = until - 600.0 + 60.0 * i
+        observations.record_observation(consensus, obs(shard_id, at, upper=3, hw=20 + i,
+                                                       observer="writer:w1", outcome=NOTHING_TO_DO))
+
+
+def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch):
+    """Evaluator 1 reads the alert state; evaluator 2 runs a whole round before 1 saves. 2's
+    compare-and-set wins and returns the page; 1's loses, it re-reads, and returns none."""
+    make_shard(consensus, blob, tmp_path, spec=SPEC)
+    now = 100_000.0
+    record_stall(consensus, "orders", now)
+    rounds = {}
+
+    def second_evaluator(shard_id, state, version):
+        monkeypatch.setattr(observations, "between_load_and_save", None)
+        assert (state, version) == (AlertState(shard_id="orders"), 0)
+        rounds["second"] = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:2",
+                                                       now=now, observe_first=False)
+
+    monkeypatch.setattr(observations, "between_load_and_save", second_evaluator)
+    rounds["first"] = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1",
+                                                  now=now, observe_first=False)
+
+    assert rounds["second"].evaluation.status is FrontierStatus.STALLED
+    assert rounds["second"].evaluation.writers_running is True
+    assert [rounds["second"].action, rounds["first"].action] == ["trigger", None]
+    # The loser reports what is stored: the winner's state, one page sent.
+    state, version = observations.load_alert_state(consensus, "orders")
+    assert version == 1
+    assert state.firing and state.pages_sent == 1 and state.consecutive_breaches == 1
+    assert rounds["first"].state == state
+    assert rounds["first"].evaluation.status is FrontierStatus.STALLED
+
+    # The next round at a later moment is still STALLED and does not page again.
+    later = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1",
+                                        now=now + 30.0, observe_first=False)
+    assert (later.evaluation.status, later.action) == (FrontierStatus.STALLED, None)
+    assert observations.load_alert_state(consensus, "orders")[1] == 2
+
+
+def test_a_loser_at_a_later_moment_decides_again(consensus, blob, tmp_path, monkeypatch):
+    """A racer evaluating a later moment than the winner is a new evaluation: re-read, decide
+    on the winner's state, write by compare-and-set. Here the winner did not page (its
+    breach was the first of two needed) and the loser's breach is the second: it pages."""
+    make_shard(consensus, blob, tmp_path, spec=SPEC)
+    now = 100_000.0
+    record_stall(consensus, "orders", now + 30.0)
+    two = StallSettings(window_seconds=900.0, cadence_seconds=60.0, min_stall_seconds=300.0,
+                        consecutive_breaches=2)
+    rounds = {}
+
+    def earlier_evaluator(shard_id, state, version):
+        monkeypatch.setattr(observations, "between_load_and_save", None)
+        rounds["earlier"] = observations.evaluate_shard(consensus, blob, "orders", two, observer="sensor:2",
+                                                        now=now, observe_first=False)
+
+    monkeypatch.setattr(observations, "between_load_and_save", earlier_evaluator)
+    rounds["later"] = observations.evaluate_shard(consensus, blob, "orders", two, observer="sensor:1",
+                                                  now=now + 30.0, observe_first=False)
+    assert [rounds["earlier"].action, rounds["later"].action] == [None, "trigger"]
+    state, version = observations.load_alert_state(consensus, "orders")
+    assert (state.consecutive_breaches, state.pages_sent, version) == (2, 1, 2)
+
+
+def test_a_round_observes_records_and_resolves(consensus, blob, tmp_path):
+    """evaluate_shard with observe_first records an observation of the real shard; the page
+    fired on a stall is resolved by the first round that sees the upper move."""
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    # Real time: the observation this round makes dates the last commit by the store's clock.
+    now = time.time() + 1.0
+    record_stall(consensus, "orders", now - 60.0)
+    fired = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1",
+                                        now=now - 60.0, observe_first=False)
+    assert fired.action == "trigger"
+    for ts in range(4):
+        commit(shard, ts)
+    moved = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1", now=now)
+    assert moved.observation is not None and moved.observation.upper == 4
+    assert moved.observation.observer == "sensor:1"
+    assert observations.observation_window(consensus, "orders", now)[-1] == moved.observation
+    assert moved.evaluation.status is not FrontierStatus.STALLED
+    assert moved.action == "resolve"
+    assert not observations.load_alert_state(consensus, "orders")[0].firing
+    assert moved.to_dict()["action"] == "resolve" and moved.to_dict()["observation"]["upper"] == 4
+
+
+def test_an_unknown_shard_is_not_found_and_leaves_no_row(consensus, blob):
+    result = observations.evaluate_shard(consensus, blob, "nope", STALL, observer="sensor:1", now=1000.0)
+    assert (result.evaluation.status, result.action, result.observation) == (FrontierStatus.NOT_FOUND, None, None)
+    assert observations.load_alert_state(consensus, "nope")[1] == 0
+    assert observations.observation_count(consensus, "nope") == 0
+
+
+def test_evaluate_shards_covers_every_shard(consensus, blob, tmp_path):
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="a")
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="b")
+    rounds = observations.evaluate_shards(consensus, blob, None, STALL, "sensor:all")
+    assert [r.shard_id for r in rounds] == ["a", "b"]
+    assert [observations.observation_count(consensus, s) for s in ("a", "b")] == [1, 1]
+    # One sample is no trend: STALE, never extrapolated.
+    assert {r.evaluation.status for r in rounds} == {FrontierStatus.STALE}
+
+
+def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_url, blob, tmp_path, spark,
+                                                                       monkeypatch, caplog):
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=4)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("observation store is down")
+
+        # A failure to record: the batch commits all the same, the failure is logged.
+        monkeypatch.setattr(observations, "record_observation", broken)
+        with caplog.at_level(logging.WARNING, logger="airflow_upsert_provider.engine.writer"):
+            report = Writer(shard, "w1", spark_factory=lambda: spark).run(max_batches=1)
+        assert [r.outcome for r in report.results] == [COMMITTED]
+        assert shard.state().upper == 1
+        assert "frontier observation after batch 0 not recorded (RuntimeError: observation store is down)" \
+            in caplog.text
+        monkeypatch.undo()
+        assert observations.observation_count(consensus, "orders") == 0
+
+        report = Writer(shard, "w2", spark_factory=lambda: spark).run(max_batches=None, until_caught_up=True)
+        assert [r.outcome for r in report.results] == [COMMITTED, NOTHING_TO_DO]
+        recorded = observations.observation_window(consensus, "orders", 0.0)
+        assert [(o.observer, o.writer_outcome, o.upper, o.lag_records) for o in recorded] == [
+            ("writer:w2", COMMITTED, 2, 0),
+            ("writer:w2", NOTHING_TO_DO, 2, 0),
+        ]
+        assert recorded[0].last_commit_at == consensus.get_batch("orders", 1).committed_at
+        assert recorded[-1].lag_seconds is None
+    finally:
+        consensus.dispose()

@@ -1,0 +1,143 @@
+"""`upsertctl frontier observe | status`: JSON shapes, human lines and exit codes
+(docs/frontier.md). No Spark: shards are made in a SQLite store and their batches committed
+with empty runs, which is all an observation looks at."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from airflow_upsert_provider.engine import observations
+from airflow_upsert_provider.engine.blob import open_blob
+from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.frontier import Observation
+from airflow_upsert_provider.sample_data import SampleSpec
+from tests.helpers import batch, make_shard
+from tests.helpers import run_cli as run
+
+SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=5)
+
+
+def cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
+    """``upsertctl ARGV --json``: exit code, the JSON object on stdout, stderr."""
+    code, out, err = run(capsys, *argv, "--json")
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, sqlite_url):
+    """Two shards, ``a`` (one batch committed) and ``b``, in a store `upsertctl` also uses."""
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", sqlite_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    consensus = open_consensus(sqlite_url)
+    blob = open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    a = make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="a", max_files_per_batch=2)
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="b", max_files_per_batch=2)
+    assert a.mint_binding(0, minted_by="test") is not None
+    a.compare_and_append(0, 1, batch(0), epoch=0)
+    yield consensus
+    consensus.dispose()
+
+
+def test_observe_every_shard_or_the_named_ones(store, capsys):
+    code, out, err = cli(capsys, "frontier", "observe")
+    assert (code, err) == (0, "")
+    assert [o["shard_id"] for o in out["observations"]] == ["a", "b"]
+    a = out["observations"][0]
+    assert set(a) == set(Observation.__dataclass_fields__)
+    assert (a["upper"], a["bound"], a["high_watermark"], a["lag_records"]) == \
+        (1, {"p0": 1, "p1": 1}, {"p0": 31, "p1": 31}, 60)
+    assert a["observer"].startswith("upsertctl:") and a["writer_outcome"] is None
+    assert a["stream_status"] == "READY" and a["lag_seconds"] >= 0
+    # Recorded, and read back as printed.
+    assert [o.to_dict() for o in observations.observation_window(store, "a", 0.0)] == [a]
+
+    code, out, _ = cli(capsys, "frontier", "observe", "b")
+    assert code == 0 and [o["shard_id"] for o in out["observations"]] == ["b"]
+    assert [observations.observation_count(store, s) for s in ("a", "b")] == [1, 2]
+
+    code, out, err = run(capsys, "frontier", "observe", "a")
+    assert code == 0
+    assert out.startswith("shard a: upper 1, last commit ") and "60 offsets behind" in out
+    assert out.rstrip().endswith("1 observation(s) recorded")
+
+
+def test_observe_an_unknown_shard_records_nothing_exit_2(store, capsys):
+    code, out, err = cli(capsys, "frontier", "observe", "a", "nope")
+    assert code == 2
+    assert out["error"] == "ShardNotFound" and "'nope'" in out["message"]
+    assert "unknown shard 'nope'" in err
+    assert observations.observation_count(store, "a") == 0
+
+
+def test_status_shape_and_that_it_pages_nobody(store, capsys):
+    code, out, err = cli(capsys, "frontier", "status", "a", "--window", "600", "--cadence", "10",
+                         "--min-stall", "60")
+    assert (code, err) == (0, "")
+    assert set(out) == {"shard", "status", "action", "evaluation", "state", "observation"}
+    assert out["shard"] == "a" and out["action"] is None
+    ev = out["evaluation"]
+    # One observation is no trend: STALE, with the rule and the numbers it compared.
+    assert out["status"] == ev["status"] == "STALE"
+    assert ev["rule"].startswith("stale: 1 observation") and ev["reasons"]
+    assert ev["window"]["samples"] == 1 and ev["window"]["seconds"] == 600.0
+    assert ev["thresholds"]["cadence_seconds"] == 10.0 and ev["thresholds"]["stall_seconds"] == 60.0
+    assert (ev["upper"], ev["lag_records"], ev["breach"]) == (1, 60, True)
+    assert out["observation"]["upper"] == 1
+    # A look by hand records its observation but writes no alert state: it neither counts as
+    # a breaching evaluation nor takes a page away from the sensor.
+    assert observations.observation_count(store, "a") == 1
+    assert observations.load_alert_state(store, "a")[1] == 0
+
+    code, out, _ = cli(capsys, "frontier", "status", "a", "--no-observe")
+    assert code == 0 and out["observation"] is None and out["evaluation"]["window"]["samples"] == 1
+    assert observations.observation_count(store, "a") == 1
+
+
+def test_status_of_a_stall_by_hand(store, capsys):
+    now = time.time()
+    for i in range(10):
+        observations.record_observation(store, Observation(
+            shard_id="b", observed_at=now - 540 + 60 * i, upper=0, last_commit_at=None,
+            high_watermark={"p0": 21 + i}, bound={}, stream_status="READY", stream_changed_at=0.0,
+            lag_records=21 + i, lag_seconds=None, observer="writer:w1", writer_outcome="nothing_to_do"))
+    code, out, err = run(capsys, "frontier", "status", "b", "--no-observe")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "shard b: STALLED (critical, pages)"
+    assert lines[1].startswith("rule: stalled: source grew, upper unmoved for ")
+    assert any("writers running and committing nothing: writer:w1" in line for line in lines)
+    assert any(line.startswith("upper: 0, last advance never, stuck ") for line in lines)
+    assert any(line.startswith("window: 10 observation(s) from ") for line in lines)
+
+    code, out, _ = cli(capsys, "frontier", "status", "b", "--no-observe")
+    assert out["status"] == "STALLED" and out["evaluation"]["writers_running"] is True
+    assert out["evaluation"]["stuck_seconds"] >= 300
+
+
+def test_status_of_an_unknown_shard_is_not_found_exit_2(store, capsys):
+    code, out, err = cli(capsys, "frontier", "status", "nope")
+    assert code == 2
+    assert out["status"] == "NOT_FOUND" and out["evaluation"]["status"] == "NOT_FOUND"
+    assert out["observation"] is None and out["action"] is None
+    assert "unknown shard 'nope'" in err
+    assert observations.load_alert_state(store, "nope")[1] == 0
+
+    code, out, err = run(capsys, "frontier", "status", "nope")
+    assert code == 2 and out.startswith("shard nope: NOT_FOUND")
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (("--consecutive-breaches", "0"), "consecutive_breaches"),
+    (("--cadence", "-5"), "cadence_seconds"),
+    (("--window", "60"), "window_seconds"),  # shorter than the default stall threshold
+])
+def test_bad_settings_name_the_field_exit_2(store, capsys, argv, field):
+    code, out, err = cli(capsys, "frontier", "status", "a", *argv)
+    assert code == 2
+    assert out["error"] == "ConfigurationError" and out["field"] == field
+    assert field in out["message"]
+    assert observations.observation_count(store, "a") == 0
