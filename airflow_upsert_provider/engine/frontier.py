@@ -63,6 +63,13 @@ LAGGING_MIN_SAMPLES = 4
 # saw-tooth (about 0) never makes one.
 LAGGING_MIN_TREND = 0.5
 
+# A higher upper or high watermark seen less than this before the newest observation is taken
+# for a race between observers, not a rewind (see evaluate).
+REWIND_RACE_SECONDS = 10.0
+# The lag trend is judged on at most this many samples, evenly spread over the window: the
+# rank statistic is quadratic in the number of samples.
+TREND_MAX_SAMPLES = 200
+
 PAGE_SOURCE = "airflow-upsert-provider"
 DEDUP_PREFIX = "airflow-upsert"
 
@@ -391,6 +398,9 @@ def _stall_formula(settings: StallSettings) -> str:
 
 def _kendall_trend(values: Sequence[float]) -> float:
     """Kendall's rank correlation of ``values`` with their order, in [-1, 1]."""
+    if len(values) > TREND_MAX_SAMPLES:
+        last = len(values) - 1
+        values = [values[round(i * last / (TREND_MAX_SAMPLES - 1))] for i in range(TREND_MAX_SAMPLES)]
     n = len(values)
     pairs = n * (n - 1) // 2
     if pairs == 0:
@@ -508,7 +518,7 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
                        f"by {newest.observer}): nothing is observing the shard"]
         else:
             age = now - newest.observed_at
-            rule = f"stale: 1 observation in the window, at least 2 needed"
+            rule = "stale: 1 observation in the window, at least 2 needed"
             reasons = [f"only one observation in the last {format_duration(settings.window_seconds)} "
                        f"(at {_iso(newest.observed_at)}, by {newest.observer}): a trend needs two"]
         return result(FrontierStatus.STALE, rule, reasons, breach=True, severity=CRITICAL,
@@ -517,25 +527,34 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
 
     # REWOUND: the upper never decreases (invariant 1) and a source only grows; either going
     # down is an alarm that stays until the previous maximum is regained.
+    # Samples taken moments before the newest may have read the store or the source later than
+    # it (observers stamp and read in their own order, on their own clocks): a higher value
+    # there is a race, not a rewind. It counts once it is REWIND_RACE_SECONDS older; the state's
+    # maxima (earlier evaluations) count at once.
+    settled = [o for o in samples if o.observed_at < newest.observed_at - REWIND_RACE_SECONDS]
+    ref_upper = max([state.max_upper] + [o.upper for o in settled])
+    ref_hw = dict(state.max_high_watermark)
+    for o in settled:
+        for p, hw in o.high_watermark.items():
+            if hw > ref_hw.get(p, -1):
+                ref_hw[p] = hw
     rewinds = []
-    if newest.upper < max_upper:
-        rewinds.append(f"integrity alarm: the upper is {newest.upper}, below {max_upper} seen before "
-                       f"(an upper never decreases)")
-    for p in sorted(newest.high_watermark):
-        hw = newest.high_watermark[p]
-        if hw < max_hw.get(p, -1):
-            rewinds.append(f"source reset: partition {p} high watermark is {hw}, below {max_hw[p]} seen before")
+    kinds = []
+    if newest.upper < ref_upper:
+        kinds.append(f"upper {newest.upper} < {ref_upper}")
+        rewinds.append(f"integrity alarm: the upper is {newest.upper}, below {ref_upper} seen before "
+                       f"(an upper never decreases: committed batches are missing from the shard)")
+    lower = [p for p in sorted(newest.high_watermark) if newest.high_watermark[p] < ref_hw.get(p, -1)]
+    for p in lower:
+        rewinds.append(f"source reset: partition {p} high watermark is {newest.high_watermark[p]}, "
+                       f"below {ref_hw[p]} seen before (the source was truncated or recreated)")
+    if lower:
+        kinds.append(f"high watermark of {', '.join(lower)} below maximum")
     if rewinds:
-        kinds = []
-        if newest.upper < max_upper:
-            kinds.append(f"upper {newest.upper} < {max_upper}")
-        lower = [p for p in sorted(newest.high_watermark) if newest.high_watermark[p] < max_hw.get(p, -1)]
-        if lower:
-            kinds.append(f"high watermark of {', '.join(lower)} below maximum")
         return result(FrontierStatus.REWOUND, "rewound: " + "; ".join(kinds) + " (stays until regained)",
                       rewinds + ["REWOUND stays until the previous maximum is regained"],
                       breach=True, severity=CRITICAL, last_advance_at=newest.last_commit_at,
-                      extra_thresholds={"max_upper": max_upper, "max_high_watermark": max_hw})
+                      extra_thresholds={"max_upper": ref_upper, "max_high_watermark": ref_hw})
 
     # The run of samples at the current upper, and when the upper moved to it.
     suffix_start = len(samples) - 1
@@ -707,6 +726,8 @@ def _summary(evaluation: Evaluation, action: str) -> str:
     if action == "resolve":
         if e.status in (FrontierStatus.OK, FrontierStatus.LAGGING, FrontierStatus.IDLE):
             return f"RESOLVED: {shard} frontier moving again (upper {e.upper})"
+        if e.status is FrontierStatus.NOT_FOUND:
+            return f"RESOLVED: {shard} no longer exists"
         return f"RESOLVED: {shard} no longer breaching, now {e.status.value} (upper {e.upper})"
     behind = f"+{e.lag_records:,} records" if e.lag_records is not None else "lag unknown"
     if e.lag_seconds is not None:

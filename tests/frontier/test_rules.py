@@ -511,3 +511,67 @@ def test_a_window_of_another_shard_is_refused() -> None:
                                            (7500, "2h05m"), (3 * 86400 + 4 * 3600, "3d04h")])
 def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+# --- edges ------------------------------------------------------------------------------------
+
+def test_a_race_between_observers_is_not_a_rewind_a_lasting_one_is() -> None:
+    # A writer's observation stamped 2s before the sensor's read the store after a commit the
+    # sensor's read missed: 43 then 42. One evaluation later the lower upper has lasted: REWOUND.
+    window = series([(42, 4200, 4200)] * 14) + [obs(NOW - 2, 43, 4300, 4300, observer=WRITER, writer_outcome="committed")]
+    window.append(obs(NOW, 42, 4200, 4300))
+    window.sort(key=lambda o: o.observed_at)
+    first = run(window)
+    assert first.status is not FrontierStatus.REWOUND, first.rule
+    state, action = advance_alert(fresh(), first, SETTINGS)
+    assert state.max_upper == 43 and action is None
+    later = window + [obs(NOW + 60, 42, 4200, 4300)]
+    second = run(later, state=state, now=NOW + 60)
+    assert second.status is FrontierStatus.REWOUND and "upper 42 < 43" in second.rule
+
+
+def test_stuck_time_counts_from_the_last_commit_when_records_were_left_pending() -> None:
+    # The upper moved 6 minutes ago but left records behind (their oldest landed 20 minutes ago):
+    # stuck since the commit, not since the records landed.
+    rows = [(41, 900, 2000, {"lag_seconds": 600.0 + 60 * i}) for i in range(8)]
+    rows += [(42, 1000, 2000 + 10 * i, {"lag_seconds": 1200.0 - 60 * (6 - i)}) for i in range(7)]
+    e = run(series(rows))
+    assert e.status is FrontierStatus.STALLED
+    assert e.last_advance_at == NOW - 360 - 5 and e.stuck_seconds == 365
+
+
+def test_two_partitions_the_reset_one_is_named() -> None:
+    both = {"p0": 9000, "p1": 20}
+    window = [replace(o, high_watermark=both, bound=both) for o in series([(42, 1000, 1000)] * 15)]
+    e = run(window, state=replace(fresh(), max_high_watermark={"p0": 8000, "p1": 500}))
+    assert e.status is FrontierStatus.REWOUND
+    assert "high watermark of p1 below maximum" in e.rule
+    assert [r for r in e.reasons if "source reset" in r] == [
+        "source reset: partition p1 high watermark is 20, below 500 seen before (the source was truncated or recreated)"]
+
+
+def test_a_long_window_is_judged_quickly_and_the_same_way() -> None:
+    import time
+
+    lags = [100 + 3 * i if i % 50 else 0 for i in range(3000)]
+    window = series([(10 + i, 10 * i, 10 * i + lag) for i, lag in enumerate(lags)], step=1.0)
+    started = time.perf_counter()
+    e = run(window, StallSettings(window_seconds=3600))
+    assert time.perf_counter() - started < 1.0
+    assert e.status is FrontierStatus.LAGGING
+
+
+@pytest.mark.parametrize("after, shard_exists, summary", [
+    (stopped("STOPPED", 60), True, "RESOLVED: orders no longer breaching, now STOPPED (upper 42)"),
+    ([], False, "RESOLVED: orders no longer exists"),
+])
+def test_resolve_when_a_human_stops_the_stream_or_the_shard_is_gone(
+        after: list[Observation], shard_exists: bool, summary: str) -> None:
+    settings = StallSettings(consecutive_breaches=1)
+    state, action = advance_alert(fresh(), STALLED_EVAL, settings)
+    assert action == "trigger"
+    e = run(after, shard_exists=shard_exists)
+    state, action = advance_alert(state, e, settings)
+    assert action == "resolve"
+    event = page_event(e, state, action, settings)
+    assert event["summary"] == summary and event["dedup_key"] == dedup_key(SHARD)
