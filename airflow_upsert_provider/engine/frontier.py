@@ -22,6 +22,9 @@ Rules, in the order they are tried (the first that applies decides):
                 or lag_seconds is above the objective                      pages (warning) only with page_on_lagging
     IDLE        no new source records, the upper at the high watermark     never pages
     OK
+
+A STOPPING stream goes through the rules like a READY one: a stop lets the batch in hand
+finish, so a stop that never finalizes while records pend is a stall like any other.
 """
 
 from __future__ import annotations
