@@ -46,6 +46,19 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_upsert_provider.sensors.frontier"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION_NAME,
+                "python-modules": ["airflow_upsert_provider.triggers.frontier"],
+            }
+        ],
+        "notifications": ["airflow_upsert_provider.notifications.frontier.FrontierPageNotifier"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_upsert_provider.hooks.upsert.UpsertShardHook",

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow.sdk import BaseNotifier
 from airflow.sdk.exceptions import AirflowException
 
 log = logging.getLogger(__name__)
@@ -342,3 +343,34 @@ def channels(pagerduty_events_conn_id: str | None, slack_webhook_conn_id: str | 
     """The channels a page goes to with these connections (for messages and reports)."""
     return [name for name, conn in ((CHANNEL_PAGERDUTY, pagerduty_events_conn_id),
                                     (CHANNEL_SLACK, slack_webhook_conn_id)) if conn]
+
+
+
+class FrontierPageNotifier(BaseNotifier):
+    """A notifier (``on_*_callback``) delivering a frontier page composed by
+    ``frontier.page_event``, e.g. the ``page`` a ``FrontierStallSensor`` round left in XCom.
+
+    :param event: the page (templated: a dict, or a Jinja expression rendering one).
+    :param pagerduty_events_conn_id: `pagerduty_events` connection; None: not sent there.
+    :param slack_webhook_conn_id: `slackwebhook` connection; None: not sent there.
+    """
+
+    template_fields = ("event", "pagerduty_events_conn_id", "slack_webhook_conn_id")
+
+    def __init__(self, *, event: Any, pagerduty_events_conn_id: str | None = None,
+                 slack_webhook_conn_id: str | None = None) -> None:
+        super().__init__()
+        self.event = event
+        self.pagerduty_events_conn_id = pagerduty_events_conn_id
+        self.slack_webhook_conn_id = slack_webhook_conn_id
+
+    def notify(self, context: Any) -> None:
+        event = self.event
+        if isinstance(event, str):
+            import json
+
+            event = json.loads(event)
+        if not isinstance(event, Mapping):
+            raise ValueError(f"event must be a page (a mapping), got {type(event).__name__}")
+        send_page(event, pagerduty_events_conn_id=self.pagerduty_events_conn_id or None,
+                  slack_webhook_conn_id=self.slack_webhook_conn_id or None)

@@ -7,15 +7,26 @@ webhook: it records what was sent and answers from a script of status codes.
 from __future__ import annotations
 
 import asyncio
+import glob
+import importlib
 import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.triggers.base import TriggerEvent
 
+from airflow_upsert_provider.engine import observations
+from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.frontier import StallSettings, dedup_key
 from airflow_upsert_provider.notifications.frontier import (
     PageDeliveryError,
     PagerDutySender,
@@ -23,6 +34,10 @@ from airflow_upsert_provider.notifications.frontier import (
     SlackSender,
     asend_page,
 )
+from airflow_upsert_provider.sample_data import SampleSpec
+from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+from airflow_upsert_provider.triggers.frontier import FrontierTrigger
+from tests.helpers import batch, make_shard
 
 INTEGRATION_KEY = "R0UT1NGKEY-secret-0123456789abcdef"
 WEBHOOK_TOKEN = "/services/T000/B000/webhook-secret-xyz"
@@ -190,3 +205,197 @@ def test_a_page_without_a_dedup_key_or_with_an_unknown_action_is_refused_before_
     with pytest.raises(ValueError, match="action"):
         asyncio.run(asend_page(dict(sample_event(), action="acknowledge"), pagerduty=sender, policy=FAST))
     assert pager.requests == []
+
+
+# -- the sensor against a real shard (in this process, poke mode) ------------------------------
+
+# Offsets 0, 10, 20, 30 in p0 and p1; one file of each partition a batch.
+SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=7)
+POKE = 0.5
+# Stalled after max(2 x 0.5 s, 2 s) = 2 s of pending records and an unmoved upper.
+QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=60,
+             consecutive_breaches=2)
+
+
+def upsert_env(consensus_url: str, blob_root: str) -> dict[str, str]:
+    return {"AIRFLOW_CONN_UPSERT_DEFAULT": json.dumps(
+        {"conn_type": "upsert", "extra": {"consensus_url": consensus_url, "blob_root": blob_root}})}
+
+
+def commit_next(shard) -> int:
+    """Bind and commit the next batch with an empty run (no Spark): the frontier moves."""
+    ts = shard.state().upper
+    assert shard.mint_binding(ts, minted_by="test") is not None
+    return shard.compare_and_append(ts, ts + 1, batch(ts, token=f"t{ts}"), epoch=0).upper
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def sensor_context(run_id: str) -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="monitor", run_id=run_id, task_id="watch", map_index=-1, try_number=1,
+                         log_url=None)
+    return {"ti": ti, "run_id": run_id}
+
+
+def sensor_observations(consensus, since: float) -> list:
+    return [o for o in observations.observation_window(consensus, "orders", since, time.time() + 1)
+            if o.observer.startswith("sensor:")]
+
+
+def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_with_the_same_key(
+        consensus_url, consensus, blob, tmp_path, pager, monkeypatch):
+    for name, value in {**conn_env(pager), **upsert_env(consensus_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    # The source grew now (all 8 segments landed) and the writer runs but commits nothing.
+    source_grew_at = time.time()
+    for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
+        os.utime(path, (source_grew_at, source_grew_at))
+
+    def pinned_writer_then_now() -> float:
+        # Before every round the pinned writer has run once more, successfully, committing nothing.
+        now = time.time()
+        observations.record_observation(consensus, observations.observe(
+            shard, observer="writer:pinned", writer_outcome="nothing_to_do", now=now - 0.01))
+        return now
+
+    def sensor(run_id: str, watch_seconds: float) -> FrontierStallSensor:
+        task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=POKE, watch_seconds=watch_seconds,
+                                   pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
+                                   namespace="test", **QUICK)
+        task.clock = pinned_writer_then_now
+        return task
+
+    with pytest.raises(AirflowFailException) as failed:
+        sensor("scheduled__1", 60).execute(sensor_context("scheduled__1"))
+    detected_at = time.time()
+    stall_seconds = StallSettings(**QUICK).stall_seconds
+    # The stall crossed its threshold at source_grew_at + 2 s; the task failed at most two
+    # rounds later (two breaching rounds in a row), and not before the threshold.
+    assert stall_seconds <= detected_at - source_grew_at <= stall_seconds + 2 * POKE + 0.5
+    rounds = sensor_observations(consensus, source_grew_at)
+    assert len([o for o in rounds if o.observed_at >= source_grew_at + stall_seconds]) == 2
+    message = str(failed.value)
+    assert message.startswith(f"shard orders: frontier STALLED; upper 0 stuck since {iso(source_grew_at)} (")
+    assert "last advance never" in message and "62 records and" in message and "seconds behind" in message
+    assert "window 60.0s from" in message and "rule: stalled: source grew" in message
+    assert "writers running and committing nothing: writer:pinned" in message
+
+    [trigger] = pager.events()
+    assert trigger["event_action"] == "trigger" and trigger["routing_key"] == INTEGRATION_KEY
+    assert trigger["dedup_key"] == dedup_key("orders", "test")
+    payload = trigger["payload"]
+    assert payload["summary"].startswith("STALLED: orders stuck ") and "+62 records" in payload["summary"]
+    assert (payload["component"], payload["group"], payload["severity"]) == ("orders", "test", "critical")
+    details = payload["custom_details"]
+    assert (details["shard"], details["status"], details["upper"], details["lag_records"]) == ("orders", "STALLED", 0, 62)
+    assert details["stuck_seconds"] >= stall_seconds and details["lag_seconds"] >= stall_seconds
+    assert details["writers_running"] is True and details["run_ids"] == ["scheduled__1"]
+    assert details["consecutive_breaches"] == 2 and details["window"]["seconds"] == 60
+    assert "STALLED: orders stuck" in pager.slack_messages()[0]["text"]
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert (state.firing, state.firing_status, state.pages_sent) == (True, "STALLED", 1)
+
+    # The next run: the same incident still breaches; the task fails again, nobody is paged again.
+    pager.clear()
+    with pytest.raises(AirflowFailException, match="same incident: not paged again"):
+        sensor("scheduled__2", 60).execute(sensor_context("scheduled__2"))
+    assert pager.requests == []
+
+    # The writer is unpinned: the frontier moves, the page is resolved under the same key.
+    assert commit_next(shard) == 1
+    result = sensor("scheduled__3", 0).execute(sensor_context("scheduled__3"))
+    assert (result["status"], result["action"], result["state"]["firing"]) == ("OK", "resolve", False)
+    [resolve] = pager.events()
+    assert resolve["event_action"] == "resolve" and resolve["dedup_key"] == trigger["dedup_key"]
+    assert resolve["payload"]["summary"] == "RESOLVED: orders frontier moving again (upper 1)"
+    assert pager.slack_messages()[0]["text"].startswith(":white_check_mark: *RESOLVED: orders")
+
+
+def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sqlite_url, blob, tmp_path, pager,
+                                                                             monkeypatch):
+    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        landed = time.time() - 600
+        for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
+            os.utime(path, (landed, landed))
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=landed + 1))
+        task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
+                                   pagerduty_events_conn_id="pagerduty_test", **dict(QUICK, consecutive_breaches=1))
+        # The Events API refuses the event (400): not retried, not delivered.
+        pager.script([400])
+        with pytest.raises(AirflowException) as undelivered:
+            task.execute(sensor_context("scheduled__1"))
+        assert not isinstance(undelivered.value, AirflowFailException)  # Airflow retries the task
+        assert "the trigger was NOT delivered" in str(undelivered.value)
+        assert "re-armed" in str(undelivered.value) and INTEGRATION_KEY not in str(undelivered.value)
+        assert pager.statuses() == [400]
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert (state.firing, state.pages_sent) == (False, 0)
+        # The retry pages at once.
+        with pytest.raises(AirflowFailException, match="frontier STALLED"):
+            task.execute(sensor_context("scheduled__1"))
+        assert pager.statuses() == [400, 202] and pager.events()[0]["event_action"] == "trigger"
+    finally:
+        consensus.dispose()
+
+
+def test_bad_settings_and_an_unknown_shard_fail_without_retry_naming_them(sqlite_url, blob, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", upsert_env(sqlite_url, blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"])
+    with pytest.raises(AirflowFailException, match="window_seconds"):
+        FrontierStallSensor(task_id="w", shard="orders", window_seconds=10, min_stall_seconds=60).execute(
+            sensor_context("r"))
+    with pytest.raises(AirflowFailException, match="consecutive_breaches"):
+        FrontierStallSensor(task_id="w", shard="orders", consecutive_breaches="two").execute(sensor_context("r"))
+    with pytest.raises(AirflowFailException, match="shard 'ordres' does not exist"):
+        FrontierStallSensor(task_id="w", shard="ordres", poke_interval=0.01).execute(sensor_context("r"))
+
+
+# -- the trigger ---------------------------------------------------------------------------------
+
+
+def test_trigger_round_trips_and_yields_the_page_of_a_real_stalled_shard(sqlite_url, blob, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", upsert_env(sqlite_url, blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"])
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        landed = time.time() - 600
+        for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
+            os.utime(path, (landed, landed))
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=landed + 1))
+        settings = StallSettings(**QUICK)
+        trigger = FrontierTrigger(shard="orders", upsert_conn_id="upsert_default", settings=settings.to_dict(),
+                                  observer="sensor:monitor/r1/watch", watch_until=time.time() + 60,
+                                  poke_interval=0.01, namespace="test", run_ids=["r1"])
+        classpath, kwargs = trigger.serialize()
+        assert classpath == "airflow_upsert_provider.triggers.frontier.FrontierTrigger"
+        assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores
+        module, name = classpath.rsplit(".", 1)
+        rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+        assert rebuilt.serialize() == (classpath, kwargs)
+
+        async def first_event() -> TriggerEvent:
+            return await anext(rebuilt.run())
+
+        event = asyncio.run(asyncio.wait_for(first_event(), timeout=30))
+        decision = event.payload
+        # Two breaching rounds in the trigger (the first only counts), then the page to send.
+        assert decision["kind"] == "page" and decision["round"]["action"] == "trigger"
+        assert decision["round"]["state"]["consecutive_breaches"] == 2
+        assert decision["page"]["dedup_key"] == dedup_key("orders", "test")
+        assert decision["page"]["custom_details"]["run_ids"] == ["r1"]
+        assert decision["message"].startswith("shard orders: frontier STALLED; upper 0")
+        assert len([o for o in sensor_observations(consensus, 0) if o.observer == "sensor:monitor/r1/watch"]) == 2
+
+        # A healthy shard's watch ends with one event when the watch is over.
+        assert commit_next(shard) == 1
+        quiet = FrontierTrigger(**dict(kwargs, watch_until=time.time() + 0.05))
+        ended = asyncio.run(asyncio.wait_for(anext(quiet.run()), timeout=30)).payload
+        assert (ended["kind"], ended["round"]["action"], ended["round"]["status"]) == ("resolve", "resolve", "OK")
+    finally:
+        consensus.dispose()

@@ -1,0 +1,424 @@
+"""FrontierStallSensor: a shard's stalled frontier turns into a page and a failed task.
+
+Every poke is one evaluation round of the engine (``observations.evaluate_shard``): observe
+the shard, record the observation, read the window, apply the stall rules
+(``engine/frontier.py``) and advance the shard's alert state in consensus by compare-and-set.
+The round that wrote a page action owns it, so two sensors on one shard never both page.
+
+What the sensor does with a round:
+
+- ``trigger`` (a breach repeated ``consecutive_breaches`` times and no page open): send the
+  page (PagerDuty, Slack), then fail the task without retry, naming the shard, its upper, since
+  when it has not moved, how far behind it is (records and seconds), the window and the rule.
+- ``resolve`` (a page is open and the frontier moves again): send the resolve, keep watching.
+- a breach while the page is already open (the same incident): no second page, but the task
+  fails again: a stalled frontier is never silent, not even in the Airflow UI.
+- a shard that does not exist: fail without retry (a typo would otherwise watch nothing).
+- otherwise keep watching; after ``watch_seconds`` succeed with the last round (XCom).
+
+A page that could not be delivered re-arms the alert (the next round pages again) and fails
+the task with a retryable error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from airflow.configuration import conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_upsert_provider.engine.frontier import StallSettings
+    from airflow_upsert_provider.engine.observations import EvaluationRound
+
+# Settings fields the sensor passes to the rules; the rules' defaults apply to those left unset.
+SECONDS_SETTINGS = ("window_seconds", "cadence_seconds", "stall_multiplier", "min_stall_seconds",
+                    "stale_after_seconds", "lag_seconds_objective", "max_stopped_seconds")
+DEFAULT_WATCH_SECONDS = 900.0
+DEFAULT_POKE_INTERVAL = 30.0
+
+# What a round means for the task.
+WATCH = "watch"          # keep poking
+PAGE = "page"            # a page was triggered: send it, fail the task
+RESOLVE = "resolve"      # the open page is resolved: send it, keep watching
+FIRING = "firing"        # the incident's page is already open and the breach persists: fail, no page
+NOT_FOUND = "not_found"  # no such shard: fail
+
+
+def stall_settings(values: Mapping[str, Any]) -> StallSettings:
+    """``StallSettings`` from operator arguments (numbers or templated strings); unset ones keep
+    the rules' defaults. A bad value fails without retry, naming the field."""
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+    from airflow_upsert_provider.engine.frontier import StallSettings
+
+    kwargs: dict[str, Any] = {}
+    for name in SECONDS_SETTINGS:
+        value = parse_seconds(values.get(name), name)
+        if value is not None:
+            kwargs[name] = value
+    if values.get("page_on_lagging") is not None:
+        kwargs["page_on_lagging"] = parse_bool(values["page_on_lagging"], "page_on_lagging")
+    breaches = parse_int(values.get("consecutive_breaches"), "consecutive_breaches", minimum=1)
+    if breaches is not None:
+        kwargs["consecutive_breaches"] = breaches
+    try:
+        return StallSettings(**kwargs)
+    except (ConfigurationError, ValueError, TypeError) as exc:
+        raise AirflowFailException(f"frontier stall settings: {exc}") from None
+
+
+def settings_to_dict(settings: StallSettings) -> dict[str, Any]:
+    return settings.to_dict()
+
+
+def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
+    from airflow_upsert_provider.engine.frontier import StallSettings
+
+    return StallSettings.from_dict(values)
+
+
+def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, observer: str,
+                   now: float | None = None) -> EvaluationRound:
+    """One evaluation round of ``shard`` on the `upsert` connection (no Spark)."""
+    from airflow_upsert_provider.engine.errors import UpsertError
+    from airflow_upsert_provider.engine.observations import evaluate_shard
+    from airflow_upsert_provider.operators.upsert import to_airflow_error
+
+    hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
+    try:
+        return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now)
+    except UpsertError as exc:
+        raise to_airflow_error(exc) from None
+    finally:
+        hook.close()
+
+
+def _iso(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def describe_breach(evaluation: Mapping[str, Any]) -> str:
+    """What the on-call engineer reads first: shard, status, upper, since when it has not
+    moved, how far behind (records and seconds), the window and the rule."""
+    window = evaluation.get("window") or {}
+    # Stuck time counts from when records became pending at this upper, not from the last advance.
+    stuck_since = (evaluation.get("thresholds") or {}).get("stall_started_at") or evaluation.get("last_advance_at")
+    lag_records = evaluation.get("lag_records")
+    lag_seconds = evaluation.get("lag_seconds")
+    parts = [
+        f"shard {evaluation['shard_id']}: frontier {evaluation['status']}",
+        f"upper {evaluation.get('upper')} stuck since {_iso(stuck_since)} ({_duration(evaluation.get('stuck_seconds'))}; "
+        f"last advance {_iso(evaluation.get('last_advance_at'))})",
+        f"{'unknown' if lag_records is None else f'{lag_records:,}'} records and "
+        f"{'no' if lag_seconds is None else f'{lag_seconds:.0f}'} seconds behind",
+        f"window {window.get('seconds')}s from {_iso(window.get('start'))} to {_iso(window.get('end'))} "
+        f"({window.get('samples')} samples)",
+        f"rule: {evaluation.get('rule')}",
+    ]
+    reasons = list(evaluation.get("reasons") or [])
+    if reasons:
+        parts.append("; ".join(reasons[:3]))
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one round means for the task, with the page to send (``frontier.page_event``) and
+    the failure message. JSON-able (``to_dict``): the trigger hands it to the worker."""
+
+    kind: str
+    round: dict[str, Any]
+    page: dict[str, Any] | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "round": self.round, "page": self.page, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Decision:
+        return cls(values["kind"], values["round"], values.get("page"), values.get("message", ""))
+
+
+def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str = "",
+           links: Sequence[dict] = (), run_ids: Sequence[str] = ()) -> Decision:
+    """The task's reading of one evaluation round (pure)."""
+    from airflow_upsert_provider.engine.frontier import FrontierStatus, page_event
+
+    evaluation = round_.evaluation
+    as_dict = round_.to_dict()
+    if round_.action in ("trigger", "resolve"):
+        page = page_event(evaluation, round_.state, round_.action, settings, namespace=namespace,
+                          links=links, run_ids=run_ids)
+        if round_.action == "trigger":
+            return Decision(PAGE, as_dict, page, describe_breach(evaluation.to_dict()))
+        return Decision(RESOLVE, as_dict, page, page["summary"])
+    if evaluation.status == FrontierStatus.NOT_FOUND:
+        return Decision(NOT_FOUND, as_dict, None,
+                        f"shard {evaluation.shard_id!r} does not exist in the consensus store (shard)")
+    if evaluation.breach and round_.state.firing:
+        return Decision(FIRING, as_dict, None,
+                        f"{describe_breach(evaluation.to_dict())}; its page is open since "
+                        f"{_iso(round_.state.incident_started_at)} (same incident: not paged again)")
+    return Decision(WATCH, as_dict)
+
+
+def rearm_alert(upsert_conn_id: str, round_dict: Mapping[str, Any], settings: StallSettings) -> bool:
+    """Undo the page action a round wrote, because its page was not delivered: the next round
+    decides it again (a trigger pages, a resolve resolves). Only if nobody changed the alert
+    state since (compare-and-set); returns whether it was undone."""
+    from airflow_upsert_provider.engine.frontier import AlertState
+    from airflow_upsert_provider.engine.observations import load_alert_state, save_alert_state
+
+    written = AlertState.from_dict(round_dict["state"])
+    hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
+    try:
+        consensus = hook.get_consensus()
+        current, version = load_alert_state(consensus, written.shard_id)
+        if current.to_dict() != written.to_dict():
+            return False
+        if round_dict["action"] == "trigger":
+            undone = dataclasses.replace(
+                current, firing=False, firing_status=None,
+                consecutive_breaches=max(0, settings.consecutive_breaches - 1),
+                pages_sent=max(0, current.pages_sent - 1),
+            )
+        else:
+            undone = dataclasses.replace(current, firing=True,
+                                         firing_status=current.firing_status or round_dict.get("status"))
+        return save_alert_state(consensus, undone, version)
+    finally:
+        hook.close()
+
+
+class FrontierStallSensor(BaseSensorOperator):
+    """Watch a shard's frontier for ``watch_seconds``; page and fail when it stalls.
+
+    :param shard: the shard id (templated).
+    :param upsert_conn_id: the `upsert` connection.
+    :param window_seconds: observations the rules look at (templated; default 900).
+    :param cadence_seconds: how often batches are expected, the micro-batch schedule (default 60).
+    :param stall_multiplier: stalled after ``max(stall_multiplier * cadence, min_stall)`` without
+        the upper moving while the source grew (default 3).
+    :param min_stall_seconds: see ``stall_multiplier`` (default 300).
+    :param stale_after_seconds: the newest observation older than this is STALE (default
+        ``max(2 * cadence, 120)``).
+    :param lag_seconds_objective: LAGGING when the oldest pending record is older than this.
+    :param page_on_lagging: LAGGING pages (severity warning); default false.
+    :param max_stopped_seconds: a stream STOPPED or RECOVERING longer than this pages.
+    :param consecutive_breaches: breaching rounds in a row before a page (default 2).
+    :param watch_seconds: how long one run watches before it succeeds healthy (default 900; 0: one
+        evaluation).
+    :param pagerduty_events_conn_id: `pagerduty_events` connection (integration key); none: no page.
+    :param slack_webhook_conn_id: `slackwebhook` connection; none: no Slack message.
+    :param namespace: groups the shards of one deployment in the page's dedup key and group.
+    :param deferrable: wait in the triggerer between rounds instead of a worker slot.
+    """
+
+    template_fields: Sequence[str] = (
+        "shard", *SECONDS_SETTINGS, "page_on_lagging", "consecutive_breaches", "watch_seconds", "namespace",
+        "pagerduty_events_conn_id", "slack_webhook_conn_id",
+    )
+    ui_color = "#f7d9d9"
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        window_seconds: Any = None,
+        cadence_seconds: Any = None,
+        stall_multiplier: Any = None,
+        min_stall_seconds: Any = None,
+        stale_after_seconds: Any = None,
+        lag_seconds_objective: Any = None,
+        page_on_lagging: Any = None,
+        max_stopped_seconds: Any = None,
+        consecutive_breaches: Any = None,
+        watch_seconds: Any = DEFAULT_WATCH_SECONDS,
+        pagerduty_events_conn_id: str | None = None,
+        slack_webhook_conn_id: str | None = None,
+        namespace: str = "",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("poke_interval", DEFAULT_POKE_INTERVAL)
+        super().__init__(**kwargs)
+        self.shard = shard
+        self.upsert_conn_id = upsert_conn_id
+        self.window_seconds = window_seconds
+        self.cadence_seconds = cadence_seconds
+        self.stall_multiplier = stall_multiplier
+        self.min_stall_seconds = min_stall_seconds
+        self.stale_after_seconds = stale_after_seconds
+        self.lag_seconds_objective = lag_seconds_objective
+        self.page_on_lagging = page_on_lagging
+        self.max_stopped_seconds = max_stopped_seconds
+        self.consecutive_breaches = consecutive_breaches
+        self.watch_seconds = watch_seconds
+        self.pagerduty_events_conn_id = pagerduty_events_conn_id
+        self.slack_webhook_conn_id = slack_webhook_conn_id
+        self.namespace = namespace
+        self.deferrable = deferrable
+        # Wall clock of the rounds; tests inject their own (not a DAG argument: not serialized).
+        self.clock: Callable[[], float] = time.time
+        self._watch_started: float | None = None
+
+    # -- arguments -----------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> StallSettings:
+        return stall_settings({name: getattr(self, name) for name in
+                               (*SECONDS_SETTINGS, "page_on_lagging", "consecutive_breaches")})
+
+    @property
+    def watch(self) -> float:
+        seconds = parse_seconds(self.watch_seconds, "watch_seconds")
+        if seconds is None:
+            raise AirflowFailException(f"watch_seconds must be a number of seconds >= 0, got {self.watch_seconds!r}")
+        return seconds
+
+    def _optional(self, value: Any) -> str | None:
+        # A templated optional connection id renders as "" or "None" when unset.
+        return None if value in (None, "", "None") else str(value)
+
+    def observer(self, context: Context) -> str:
+        ti = context.get("ti")
+        if ti is None:
+            return f"sensor:{self.task_id}"
+        return f"sensor:{ti.dag_id}/{ti.run_id}/{ti.task_id}"
+
+    def _links(self, context: Context) -> list[dict]:
+        ti = context.get("ti")
+        url = getattr(ti, "log_url", None) if ti is not None else None
+        return [{"href": url, "text": "Airflow task log"}] if isinstance(url, str) and url.startswith("http") else []
+
+    def _run_ids(self, context: Context) -> list[str]:
+        run_id = context.get("run_id")
+        return [run_id] if run_id else []
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def _round(self, context: Context) -> Decision:
+        settings = self.settings
+        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=self.clock())
+        evaluation = round_.evaluation
+        self.log.info(
+            "shard %s: %s (upper %s, lag %s records / %s s, breaches in a row %s, page %s)%s",
+            evaluation.shard_id, getattr(evaluation.status, "value", evaluation.status), evaluation.upper,
+            evaluation.lag_records, evaluation.lag_seconds, round_.state.consecutive_breaches,
+            "open" if round_.state.firing else "none", f": {evaluation.rule}" if evaluation.breach else "",
+        )
+        return decide(round_, settings, namespace=self.namespace or "", links=self._links(context),
+                      run_ids=self._run_ids(context))
+
+    def act(self, decision: Decision) -> None:
+        """Send what the decision says and fail the task when it says so."""
+        if decision.kind in (PAGE, RESOLVE):
+            self._send(decision)
+        if decision.kind == PAGE:
+            raise AirflowFailException(decision.message)
+        if decision.kind in (FIRING, NOT_FOUND):
+            raise AirflowFailException(decision.message)
+
+    def _send(self, decision: Decision) -> None:
+        from airflow_upsert_provider.notifications.frontier import PageDeliveryError, channels, send_page
+
+        assert decision.page is not None
+        pagerduty = self._optional(self.pagerduty_events_conn_id)
+        slack = self._optional(self.slack_webhook_conn_id)
+        if not channels(pagerduty, slack):
+            self.log.warning("shard %s: %s, but no PagerDuty or Slack connection is configured: %s",
+                             self.shard, decision.page["action"], decision.page["summary"])
+            return
+        try:
+            deliveries = send_page(decision.page, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+        except (PageDeliveryError, AirflowException) as exc:
+            rearmed = rearm_alert(self.upsert_conn_id, decision.round, self.settings)
+            raise AirflowException(
+                f"{decision.message}; the {decision.page['action']} was NOT delivered ({exc}); "
+                + ("the alert is re-armed: the next round sends it again" if rearmed
+                   else "another evaluator changed the alert state since")
+            ) from None
+        for delivery in deliveries:
+            self.log.info("shard %s: %s sent to %s (dedup key %s, %d attempt(s))", self.shard, delivery.action,
+                          delivery.channel, delivery.dedup_key, delivery.attempts)
+
+    # -- poke and reschedule -------------------------------------------------------------------
+
+    def _watch_start(self, context: Context) -> float:
+        if self.reschedule:
+            ti = context.get("ti")
+            first = ti.get_first_reschedule_date(context) if ti is not None else None
+            if first is not None:
+                return first.timestamp()
+        if self._watch_started is None:
+            self._watch_started = time.time()
+        return self._watch_started
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        started = self._watch_start(context)
+        decision = self._round(context)
+        self.act(decision)
+        done = time.time() - started >= self.watch
+        if done:
+            self.log.info("shard %s: watched %.0fs; frontier %s", self.shard, self.watch, decision.round["status"])
+        return PokeReturnValue(is_done=done, xcom_value=decision.round)
+
+    # -- deferrable ----------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        decision = self._round(context)
+        self.act(decision)
+        self._defer(context, time.time() + self.watch, decision.round)
+        return None  # pragma: no cover - defer() raises
+
+    def _defer(self, context: Context, watch_until: float, last_round: Mapping[str, Any]) -> None:
+        from datetime import timedelta
+
+        from airflow_upsert_provider.triggers.frontier import FrontierTrigger
+
+        self.defer(
+            trigger=FrontierTrigger(
+                shard=self.shard, upsert_conn_id=self.upsert_conn_id, settings=settings_to_dict(self.settings),
+                observer=self.observer(context), watch_until=watch_until, poke_interval=self.poke_interval,
+                namespace=self.namespace or "", links=self._links(context), run_ids=self._run_ids(context),
+                last_round=dict(last_round),
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=max(self.timeout, self.watch + 4 * self.poke_interval)),
+            kwargs={"watch_until": watch_until},
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any], watch_until: float | None = None) -> Any:
+        if event.get("kind") == "error":
+            raise AirflowException(f"shard {self.shard}: frontier evaluation failed in the trigger: {event['message']}")
+        decision = Decision.from_dict(event)
+        self.act(decision)
+        if decision.kind == RESOLVE and watch_until is not None and time.time() < watch_until:
+            self._defer(context, watch_until, decision.round)
+        self.log.info("shard %s: watch over; frontier %s", self.shard, decision.round["status"])
+        return decision.round

@@ -1,0 +1,102 @@
+"""FrontierTrigger: the deferrable half of ``FrontierStallSensor``.
+
+In the triggerer it runs an evaluation round every ``poke_interval`` seconds (the engine's
+blocking calls in a thread) until a round must be acted on: a page to trigger or resolve, a
+breach whose page is already open, a shard that does not exist, or the end of the watch. It
+then yields one event carrying the round and the page already composed
+(``frontier.page_event``); the worker sends it and fails or finishes the task. Sending from the
+worker keeps one delivery path (retries, re-arming a page that was not delivered) for every
+mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+
+class FrontierTrigger(BaseTrigger):
+    """Evaluate a shard's frontier every ``poke_interval`` seconds until ``watch_until`` (unix
+    seconds) or until a round must be acted on.
+
+    :param shard: the shard id.
+    :param upsert_conn_id: the `upsert` connection.
+    :param settings: the stall settings as a dict (``dataclasses.asdict(StallSettings)``).
+    :param observer: who observes (``sensor:<dag>/<run>/<task>``).
+    :param watch_until: when the watch ends healthy.
+    :param poke_interval: seconds between rounds.
+    :param namespace, links, run_ids: what the page carries.
+    :param last_round: the round the worker made before deferring (the event's round when the
+        watch ends before any round here).
+    """
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        upsert_conn_id: str,
+        settings: Mapping[str, Any],
+        observer: str,
+        watch_until: float,
+        poke_interval: float,
+        namespace: str = "",
+        links: Sequence[dict] = (),
+        run_ids: Sequence[str] = (),
+        last_round: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.shard = shard
+        self.upsert_conn_id = upsert_conn_id
+        self.settings = dict(settings)
+        self.observer = observer
+        self.watch_until = float(watch_until)
+        self.poke_interval = float(poke_interval)
+        self.namespace = namespace
+        self.links = [dict(link) for link in links]
+        self.run_ids = list(run_ids)
+        self.last_round = dict(last_round) if last_round is not None else None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "shard": self.shard, "upsert_conn_id": self.upsert_conn_id, "settings": self.settings,
+                "observer": self.observer, "watch_until": self.watch_until, "poke_interval": self.poke_interval,
+                "namespace": self.namespace, "links": self.links, "run_ids": self.run_ids,
+                "last_round": self.last_round,
+            },
+        )
+
+    def _evaluate(self, now: float) -> dict[str, Any]:
+        # Blocking: the store and the source directory. Runs in a worker thread.
+        from airflow_upsert_provider.sensors.frontier import decide, evaluate_round, settings_from_dict
+
+        settings = settings_from_dict(self.settings)
+        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer, now=now)
+        return decide(round_, settings, namespace=self.namespace, links=self.links, run_ids=self.run_ids).to_dict()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_upsert_provider.sensors.frontier import WATCH
+
+        last = self.last_round
+        while True:
+            started = time.time()
+            try:
+                decision = await asyncio.to_thread(self._evaluate, started)
+            except Exception as exc:  # the worker turns it into a retryable failure
+                self.log.warning("shard %s: frontier evaluation failed: %s", self.shard, exc)
+                yield TriggerEvent({"kind": "error", "message": f"{type(exc).__name__}: {exc}", "round": last})
+                return
+            last = decision["round"]
+            if decision["kind"] != WATCH:
+                yield TriggerEvent(decision)
+                return
+            if time.time() >= self.watch_until:
+                yield TriggerEvent(decision)
+                return
+            await asyncio.sleep(max(0.0, min(self.poke_interval - (time.time() - started),
+                                             self.watch_until - time.time())))
