@@ -199,6 +199,59 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
     assert observations.load_alert_state(consensus, "orders")[1] == 2
 
 
+def evaluate_after_barrier(url: str, blob_root: str, now: float, barrier, out) -> None:
+    """A sensor in its own process: it loads the alert state, waits at ``barrier`` until the
+    other process has loaded it too, then saves."""
+    from airflow_upsert_provider.engine.blob import open_blob
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus = open_consensus(url)
+    waited = []
+
+    def both_loaded(shard_id, state, version):
+        if not waited:  # only the first attempt: a re-read after a lost write goes on alone
+            waited.append(version)
+            barrier.wait(TIMEOUT)
+
+    observations.between_load_and_save = both_loaded
+    result = observations.evaluate_shard(consensus, open_blob(blob_root), "orders", STALL,
+                                         observer=f"sensor:{os.getpid()}", now=now, observe_first=False)
+    out.put((result.action, result.evaluation.status.value, result.state.pages_sent, waited))
+    consensus.dispose()
+
+
+TIMEOUT = 60
+
+
+def test_two_evaluators_in_separate_processes_page_once(consensus_url, blob, tmp_path):
+    import multiprocessing
+
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus = open_consensus(consensus_url)
+    try:
+        make_shard(consensus, blob, tmp_path, spec=SPEC)
+        now = 100_000.0
+        record_stall(consensus, "orders", now)
+        ctx = multiprocessing.get_context("spawn")
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        racers = [ctx.Process(target=evaluate_after_barrier, args=(consensus_url, blob.root, now, barrier, out))
+                  for _ in range(2)]
+        for racer in racers:
+            racer.start()
+        results = [out.get(timeout=TIMEOUT) for _ in racers]
+        for racer in racers:
+            racer.join(TIMEOUT)
+        assert [r.exitcode for r in racers] == [0, 0]
+        # Both read version 0 before either wrote; one write won and only it pages.
+        assert sorted(r[3] for r in results) == [[0], [0]]
+        assert sorted((r[0] or "", r[1], r[2]) for r in results) == [("", "STALLED", 1), ("trigger", "STALLED", 1)]
+        state, version = observations.load_alert_state(consensus, "orders")
+        assert (state.firing, state.pages_sent, version) == (True, 1, 1)
+    finally:
+        consensus.dispose()
+
+
 def test_a_loser_at_a_later_moment_decides_again(consensus, blob, tmp_path, monkeypatch):
     """A racer evaluating a later moment than the winner is a new evaluation: re-read, decide
     on the winner's state, write by compare-and-set. Here the winner did not page (its
