@@ -25,6 +25,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.triggers.base import TriggerEvent
 
 from airflow_upsert_provider.engine import observations
+from airflow_upsert_provider.engine.blob import open_blob
 from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.frontier import StallSettings, dedup_key
 from airflow_upsert_provider.notifications.frontier import (
@@ -37,6 +38,7 @@ from airflow_upsert_provider.notifications.frontier import (
 from airflow_upsert_provider.sample_data import SampleSpec
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 from airflow_upsert_provider.triggers.frontier import FrontierTrigger
+from tests.airflow.conftest import failure_text
 from tests.helpers import batch, make_shard
 
 INTEGRATION_KEY = "R0UT1NGKEY-secret-0123456789abcdef"
@@ -397,5 +399,119 @@ def test_trigger_round_trips_and_yields_the_page_of_a_real_stalled_shard(sqlite_
         quiet = FrontierTrigger(**dict(kwargs, watch_until=time.time() + 0.05))
         ended = asyncio.run(asyncio.wait_for(anext(quiet.run()), timeout=30)).payload
         assert (ended["kind"], ended["round"]["action"], ended["round"]["status"]) == ("resolve", "resolve", "OK")
+    finally:
+        consensus.dispose()
+
+
+# -- through Airflow: `airflow dags test` in the shared Airflow home ------------------------------
+
+MODES_DAG = '''
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+
+QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=60,
+             consecutive_breaches=2, watch_seconds=120, poke_interval=1, namespace="modes",
+             pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test")
+
+with DAG(dag_id="frontier_sensor_modes", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+    FrontierStallSensor(task_id="poke", shard="in_poke", mode="poke", **QUICK)
+    FrontierStallSensor(task_id="reschedule", shard="in_reschedule", mode="reschedule", **QUICK)
+    FrontierStallSensor(task_id="deferrable", shard="in_deferrable", deferrable=True, **QUICK)
+'''
+
+
+def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, landed_ago: float = 600) -> list:
+    """Shards on one source whose records all landed ``landed_ago`` seconds ago and of which
+    nothing was ever committed; a writer observed each once since."""
+    shards = []
+    for i, shard_id in enumerate(shard_ids):
+        shards.append(make_shard(consensus, blob, tmp_path, spec=SPEC if i == 0 else None, shard_id=shard_id,
+                                 max_files_per_batch=2))
+    landed = time.time() - landed_ago
+    for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
+        os.utime(path, (landed, landed))
+    for shard in shards:
+        observations.record_observation(consensus, observations.observe(
+            shard, observer="writer:w", writer_outcome="nothing_to_do", now=landed + 1))
+    return shards
+
+
+def test_the_sensor_pages_and_fails_in_poke_reschedule_and_deferrable_mode(airflow_home, tmp_path, pager):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "frontier_sensor_modes.py").write_text(MODES_DAG)
+    url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    consensus = open_consensus(url)
+    try:
+        stalled_shards(consensus, blob, tmp_path, ["in_poke", "in_reschedule", "in_deferrable"])
+        env = airflow_home.env(url, blob.root, AIRFLOW__CORE__DAGS_FOLDER=str(dags), **conn_env(pager))
+        proc = airflow_home.dags_test("frontier_sensor_modes", env)
+        run_id = airflow_home.latest_run("frontier_sensor_modes")
+        for task_id in ("poke", "reschedule", "deferrable"):
+            # Failed on its page, without retry.
+            assert airflow_home.task_instance("frontier_sensor_modes", run_id, task_id) == ("failed", 1), \
+                failure_text(proc)
+        pages = {e["payload"]["component"]: e for e in pager.events()}
+        assert sorted(pages) == ["in_deferrable", "in_poke", "in_reschedule"]
+        for shard_id, page in pages.items():
+            assert page["event_action"] == "trigger" and page["dedup_key"] == dedup_key(shard_id, "modes")
+            details = page["payload"]["custom_details"]
+            assert (details["status"], details["upper"], details["lag_records"]) == ("STALLED", 0, 62)
+            assert details["run_ids"] == [run_id] and details["consecutive_breaches"] == 2
+            # Two rounds each (the first breach only counts), observed under the task's identity.
+            mine = [o for o in observations.observation_window(consensus, shard_id, 0, time.time() + 1)
+                    if o.observer == f"sensor:frontier_sensor_modes/{run_id}/{shard_id[3:]}"]
+            assert len(mine) == 2, (shard_id, [o.observer for o in mine])
+        output = proc.stdout + proc.stderr
+        for task_id in ("in_poke", "in_reschedule", "in_deferrable"):
+            assert f"shard {task_id}: frontier STALLED; upper 0 stuck since" in output
+        assert INTEGRATION_KEY not in output and "webhook-secret" not in output
+        assert len(pager.slack_messages()) == 3
+        # The reschedule mode did give its slot back between its pokes.
+        assert airflow_home.query(
+            "SELECT count(*) FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
+            "WHERE ti.dag_id = ? AND ti.task_id = 'reschedule'", "frontier_sensor_modes")[0][0] >= 1
+    finally:
+        consensus.dispose()
+
+
+def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(airflow_home, tmp_path, pager):
+    url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    consensus = open_consensus(url)
+    try:
+        _, caught_up = stalled_shards(consensus, blob, tmp_path, ["orders", "customers"])
+        # customers is caught up: everything in its source is committed.
+        while sum(caught_up.status().lag_offsets.values()):
+            commit_next(caught_up)
+        observations.record_observation(consensus, observations.observe(caught_up, observer="writer:w",
+                                                                        now=time.time() - 5))
+        env = airflow_home.env(url, blob.root, **conn_env(pager))
+        conf = {"cadence_seconds": 60, "min_stall_seconds": 120, "window_seconds": 3600, "consecutive_breaches": 1,
+                "watch_seconds": 0, "namespace": "prod", "pagerduty_conn_id": "pagerduty_test",
+                "slack_conn_id": "slack_test"}
+        proc = airflow_home.dags_test("upsert_frontier_monitor", env, conf=conf)
+        run_id = airflow_home.latest_run("upsert_frontier_monitor")
+        assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "shards") == ("success", 1), \
+            failure_text(proc)
+        states = dict(airflow_home.query(
+            "SELECT map_index, state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'watch'",
+            "upsert_frontier_monitor", run_id))
+        # The store lists shards by id: customers (0), orders (1).
+        assert states == {0: "success", 1: "failed"}, failure_text(proc)
+        [page] = pager.events()
+        assert page["dedup_key"] == dedup_key("orders", "prod") and page["payload"]["group"] == "prod"
+        assert page["payload"]["custom_details"]["status"] == "STALLED"
+        rows = airflow_home.query(
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'watch' AND map_index = 0 "
+            "AND key = 'return_value'", "upsert_frontier_monitor", run_id)
+        watched = json.loads(rows[0][0])
+        # It caught up within the window: the upper moved, nothing is pending.
+        assert (watched["shard"], watched["status"], watched["action"]) == ("customers", "OK", None)
+        assert watched["evaluation"]["lag_records"] == 0 and watched["state"]["firing"] is False
     finally:
         consensus.dispose()

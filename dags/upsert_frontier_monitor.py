@@ -1,0 +1,130 @@
+"""Watch every shard's frontier; page when one stalls, resolve when it moves again.
+
+Every 15 minutes, `shards` lists the shards of the store (or takes the `shards` param), and one
+`watch` sensor per shard (dynamic task mapping) evaluates its frontier once a minute for the
+run's `watch_seconds` (14 minutes), in reschedule mode (no worker slot held between pokes).
+Each poke records an observation and applies the stall rules (docs/frontier.md):
+
+- STALLED (the source grew and the upper has not moved for max(stall_multiplier x cadence,
+  min_stall)), REWOUND (the upper or a source went backwards) and STALE (nothing observed the
+  shard) page after `consecutive_breaches` breaching pokes in a row: the page goes to PagerDuty
+  and Slack, and the shard's `watch` task fails naming the shard, its upper, since when it has
+  not moved, how far behind it is and the rule. While the incident lasts, later runs fail the
+  task again without a second page.
+- When the frontier moves again the page is resolved (same dedup key).
+- IDLE (nothing new in the source) and STOPPED/RECOVERING streams (a person stopped them) do
+  not page.
+
+Connections: `upsert_default` (embedded defaults when it is not defined); the PagerDuty
+(`pagerduty_events`, integration key in the password) and Slack (`slackwebhook`) connection
+ids are params; blank, the page is only logged and the task still fails.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param, task
+
+from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
+from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+
+# Blank, or an Airflow connection id.
+CONN_ID_PATTERN = r"^$|^[A-Za-z0-9_.-]{1,250}$"
+# Blank, or a name made of letters, digits, '_', '.' and '-'.
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
+
+with DAG(
+    dag_id="upsert_frontier_monitor",
+    description="Page when an upsert shard's frontier stalls, resolve when it moves again",
+    schedule="*/15 * * * *",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    # A failed watch is a page (or a shard that does not exist), not a fault to retry.
+    default_args={"retries": 0},
+    params={
+        "shards": Param(
+            [], type="array", items={"type": "string", "pattern": SHARD_ID_PATTERN.pattern}, title="Shards",
+            description="Ids of the shards to watch; empty: every shard of the consensus store. A shard "
+            "that does not exist fails its watch task, naming it.",
+        ),
+        "cadence_seconds": Param(
+            300, type="number", minimum=1, title="Batch cadence (seconds)",
+            description="How often the shards' micro-batches are expected to run (the writer's schedule, "
+            "e.g. 300 for upsert_microbatch every five minutes).",
+        ),
+        "stall_multiplier": Param(
+            3, type="number", minimum=1, title="Stall multiplier",
+            description="A frontier is stalled when the source grew and its upper has not moved for "
+            "max(stall_multiplier x cadence, min_stall_seconds).",
+        ),
+        "min_stall_seconds": Param(
+            900, type="number", minimum=0, title="Minimum stall (seconds)",
+            description="The shortest stall that pages, whatever the cadence: one slow batch is not an "
+            "incident.",
+        ),
+        "window_seconds": Param(
+            3600, type="number", minimum=60, title="Window (seconds)",
+            description="How far back the rules look at observations; it must cover the stall threshold "
+            "(the run fails on start, naming the field, when it does not).",
+        ),
+        "consecutive_breaches": Param(
+            2, type="integer", minimum=1, maximum=100, title="Breaches before paging",
+            description="How many breaching pokes in a row page: one noisy observation never pages.",
+        ),
+        "watch_seconds": Param(
+            840, type="integer", minimum=0, maximum=86400, title="Watch (seconds)",
+            description="How long one run's watch of a shard lasts before it succeeds healthy (a poke "
+            "every minute); 0: one evaluation. Keep it below the schedule's 15 minutes.",
+        ),
+        "namespace": Param(
+            "", type="string", pattern=NAMESPACE_PATTERN, title="Namespace",
+            description="Names this deployment in the pages' dedup key and group (e.g. prod-eu), so that "
+            "two deployments with a shard of the same id page separately.",
+        ),
+        "pagerduty_conn_id": Param(
+            "", type="string", pattern=CONN_ID_PATTERN, title="PagerDuty connection",
+            description="Id of a pagerduty_events connection whose password is the service's Events API "
+            "v2 integration key; blank: no PagerDuty page.",
+        ),
+        "slack_conn_id": Param(
+            "", type="string", pattern=CONN_ID_PATTERN, title="Slack connection",
+            description="Id of a slackwebhook connection whose password is the incoming webhook; blank: "
+            "no Slack message.",
+        ),
+    },
+    render_template_as_native_obj=True,
+    tags=["upsert", "example", "frontier"],
+    doc_md=__doc__,
+) as dag:
+
+    @task
+    def shards(params: dict | None = None) -> list[str]:
+        """The shards to watch: the param, or every shard of the store."""
+        from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+
+        chosen = list((params or {}).get("shards") or [])
+        if chosen:
+            return chosen
+        hook = UpsertShardHook()
+        try:
+            return [record.shard_id for record in hook.get_consensus().list_shards()]
+        finally:
+            hook.close()
+
+    FrontierStallSensor.partial(
+        task_id="watch",
+        mode="reschedule",
+        poke_interval=60,
+        watch_seconds="{{ params.watch_seconds }}",
+        cadence_seconds="{{ params.cadence_seconds }}",
+        stall_multiplier="{{ params.stall_multiplier }}",
+        min_stall_seconds="{{ params.min_stall_seconds }}",
+        window_seconds="{{ params.window_seconds }}",
+        consecutive_breaches="{{ params.consecutive_breaches }}",
+        namespace="{{ params.namespace }}",
+        pagerduty_events_conn_id="{{ params.pagerduty_conn_id }}",
+        slack_webhook_conn_id="{{ params.slack_conn_id }}",
+        timeout=timedelta(minutes=20),
+    ).expand(shard=shards())
