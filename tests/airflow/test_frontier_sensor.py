@@ -29,6 +29,7 @@ from airflow_upsert_provider.engine.blob import open_blob
 from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.frontier import StallSettings, dedup_key
 from airflow_upsert_provider.notifications.frontier import (
+    FrontierPageNotifier,
     PageDeliveryError,
     PagerDutySender,
     RetryPolicy,
@@ -208,6 +209,19 @@ def test_a_page_without_a_dedup_key_or_with_an_unknown_action_is_refused_before_
         asyncio.run(asend_page(dict(sample_event(), action="acknowledge"), pagerduty=sender, policy=FAST))
     assert pager.requests == []
 
+
+
+def test_the_notifier_delivers_a_page_composed_elsewhere(pager, monkeypatch):
+    for name, value in conn_env(pager).items():
+        monkeypatch.setenv(name, value)
+    notifier = FrontierPageNotifier(event=json.dumps(sample_event("resolve")), pagerduty_events_conn_id="pagerduty_test")
+    notifier.notify({})
+    [sent] = pager.events()
+    assert (sent["event_action"], sent["dedup_key"]) == ("resolve", "airflow-upsert/test/orders")
+    assert sent["payload"]["custom_details"]["shard"] == "orders"
+    with pytest.raises(ValueError, match="event must be a page"):
+        FrontierPageNotifier(event=["not", "a", "page"], pagerduty_events_conn_id="pagerduty_test").notify({})
+    assert len(pager.requests) == 1
 
 # -- the sensor against a real shard (in this process, poke mode) ------------------------------
 
