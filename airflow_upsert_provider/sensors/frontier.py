@@ -264,6 +264,11 @@ class FrontierStallSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", DEFAULT_POKE_INTERVAL)
+        for silencer in ("soft_fail", "never_fail", "silent_fail"):
+            # Each would turn a page's failure (or an undelivered page) into a skip or a log line.
+            if kwargs.get(silencer):
+                raise ValueError(f"FrontierStallSensor {kwargs.get('task_id')!r}: {silencer} is not allowed: "
+                                 "a stalled frontier must fail its task")
         super().__init__(**kwargs)
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id

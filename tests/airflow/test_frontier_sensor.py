@@ -368,6 +368,9 @@ def test_bad_settings_and_an_unknown_shard_fail_without_retry_naming_them(sqlite
             sensor_context("r"))
     with pytest.raises(AirflowFailException, match="consecutive_breaches"):
         FrontierStallSensor(task_id="w", shard="orders", consecutive_breaches="two").execute(sensor_context("r"))
+    for silencer in ("soft_fail", "never_fail", "silent_fail"):
+        with pytest.raises(ValueError, match=f"{silencer} is not allowed"):
+            FrontierStallSensor(task_id="w", shard="orders", **{silencer: True})
     with pytest.raises(AirflowFailException, match="shard 'ordres' does not exist"):
         FrontierStallSensor(task_id="w", shard="ordres", poke_interval=0.01).execute(sensor_context("r"))
 
