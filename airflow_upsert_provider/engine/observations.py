@@ -120,30 +120,30 @@ def record_observation(consensus: Consensus, obs: Observation) -> None:
     (before ``obs``) and beyond the newest MAX_OBSERVATIONS_PER_SHARD, in one transaction.
     Both prunes are ranges of the (shard, time) index: the work is bounded by what is
     deleted plus at most MAX_OBSERVATIONS_PER_SHARD index entries, whatever the table holds."""
+    consensus._run(lambda conn: _record(conn, obs))
+
+
+def _record(conn, obs: Observation) -> None:
     table = observations_table
-    payload = json.dumps(obs.to_dict(), sort_keys=True)
-
-    def txn(conn):
-        conn.execute(sa.insert(table).values(
-            shard_id=obs.shard_id, observed_at=obs.observed_at, observer=obs.observer, payload=payload,
-        ))
-        mine = table.c.shard_id == obs.shard_id
-        conn.execute(sa.delete(table).where(
-            mine, table.c.observed_at < obs.observed_at - OBSERVATION_RETENTION_SECONDS,
-        ))
-        # The oldest row to keep (the window's order: time, then id); every row before it goes.
-        oldest_kept = conn.execute(
-            sa.select(table.c.observed_at, table.c.id).where(mine)
-            .order_by(table.c.observed_at.desc(), table.c.id.desc())
-            .offset(MAX_OBSERVATIONS_PER_SHARD - 1).limit(1)
-        ).first()
-        if oldest_kept is not None:
-            at, row_id = oldest_kept
-            conn.execute(sa.delete(table).where(mine, sa.or_(
-                table.c.observed_at < at, sa.and_(table.c.observed_at == at, table.c.id < row_id),
-            )))
-
-    consensus._run(txn)
+    conn.execute(sa.insert(table).values(
+        shard_id=obs.shard_id, observed_at=obs.observed_at, observer=obs.observer,
+        payload=json.dumps(obs.to_dict(), sort_keys=True),
+    ))
+    mine = table.c.shard_id == obs.shard_id
+    conn.execute(sa.delete(table).where(
+        mine, table.c.observed_at < obs.observed_at - OBSERVATION_RETENTION_SECONDS,
+    ))
+    # The oldest row to keep (the window's order: time, then id); every row before it goes.
+    oldest_kept = conn.execute(
+        sa.select(table.c.observed_at, table.c.id).where(mine)
+        .order_by(table.c.observed_at.desc(), table.c.id.desc())
+        .offset(MAX_OBSERVATIONS_PER_SHARD - 1).limit(1)
+    ).first()
+    if oldest_kept is not None:
+        at, row_id = oldest_kept
+        conn.execute(sa.delete(table).where(mine, sa.or_(
+            table.c.observed_at < at, sa.and_(table.c.observed_at == at, table.c.id < row_id),
+        )))
 
 
 def observation_window(
@@ -189,19 +189,19 @@ def save_alert_state(consensus: Consensus, state: AlertState, expected_version: 
         from airflow_upsert_provider.engine.errors import ConfigurationError
 
         raise ConfigurationError("expected_version must be >= 0", field="expected_version")
+    return bool(consensus._run(lambda conn: _save(consensus, conn, state, expected_version)))
+
+
+def _save(consensus: Consensus, conn, state: AlertState, expected_version: int) -> bool:
     text = json.dumps(state.to_dict(), sort_keys=True)
-
-    def txn(conn):
-        if expected_version == 0:
-            return consensus._insert_ignore(conn, alerts_table, shard_id=state.shard_id, version=1, state=text)
-        updated = conn.execute(
-            sa.update(alerts_table)
-            .where(alerts_table.c.shard_id == state.shard_id, alerts_table.c.version == expected_version)
-            .values(version=expected_version + 1, state=text)
-        ).rowcount
-        return updated == 1
-
-    return bool(consensus._run(txn))
+    if expected_version == 0:
+        return consensus._insert_ignore(conn, alerts_table, shard_id=state.shard_id, version=1, state=text)
+    updated = conn.execute(
+        sa.update(alerts_table)
+        .where(alerts_table.c.shard_id == state.shard_id, alerts_table.c.version == expected_version)
+        .values(version=expected_version + 1, state=text)
+    ).rowcount
+    return updated == 1
 
 
 # -- evaluation rounds --------------------------------------------------------------------------
@@ -252,8 +252,9 @@ def evaluate_shard(
     now: float | None = None,
     observe_first: bool = True,
 ) -> EvaluationRound:
-    """One round: observe the shard (if it exists and ``observe_first``), record it, read the
-    window, evaluate, advance the alert state and save it by compare-and-set.
+    """One round: observe the shard (if it exists and ``observe_first``), read the window,
+    evaluate, advance the alert state, then record the observation and save the state by
+    compare-and-set in one transaction.
 
     When another evaluator saved first: if it evaluated this moment or a later one, its
     decision stands and this round returns the stored state with no action (two sensors never
@@ -267,8 +268,12 @@ def evaluate_shard(
     obs = None
     if exists and observe_first:
         obs = observe(Shard.open(consensus, blob, shard_id), observer=observer, now=now)
-        record_observation(consensus, obs)
     window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    if obs is not None:
+        # The newest of the window (it is stamped ``now``, the window's end); recorded below in
+        # the transaction of the first compare-and-set: one durable write per round, not two.
+        window.append(obs)
+    unrecorded = obs
     evaluation = None
     state, version = load_alert_state(consensus, shard_id)
     for attempt in range(MAX_CAS_ATTEMPTS):
@@ -282,7 +287,15 @@ def evaluate_shard(
             return EvaluationRound(evaluation, new_state, action, obs)
         if between_load_and_save is not None:
             between_load_and_save(shard_id, state, version)
-        if save_alert_state(consensus, new_state, version):
+
+        def record_and_save(conn, to_record=unrecorded, new_state=new_state, version=version) -> bool:
+            if to_record is not None:
+                _record(conn, to_record)  # recorded whether or not the compare-and-set wins
+            return _save(consensus, conn, new_state, version)
+
+        saved = consensus._run(record_and_save)
+        unrecorded = None
+        if saved:
             return EvaluationRound(evaluation, new_state, action, obs)
         state, version = load_alert_state(consensus, shard_id)
     log.warning("shard %s: alert state lost %s compare-and-sets in a row; no page action from this round",

@@ -160,7 +160,7 @@ def record_stall(consensus, shard_id: str, until: float) -> None:
     """Ten minutes of a writer running and committing nothing while the source grows."""
     for i in range(11):
         at = until - 600.0 + 60.0 * i
-        observations.record_observation(consensus, obs(shard_id, at, upper=3, hw=20 + i,
+        observations.record_observation(consensus, obs(shard_id, at, upper=0, hw=20 + i,
                                                        observer="writer:w1", outcome=NOTHING_TO_DO))
 
 
@@ -176,11 +176,10 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
         monkeypatch.setattr(observations, "between_load_and_save", None)
         assert (state, version) == (AlertState(shard_id="orders"), 0)
         rounds["second"] = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:2",
-                                                       now=now, observe_first=False)
+                                                       now=now)
 
     monkeypatch.setattr(observations, "between_load_and_save", second_evaluator)
-    rounds["first"] = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1",
-                                                  now=now, observe_first=False)
+    rounds["first"] = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1", now=now)
 
     assert rounds["second"].evaluation.status is FrontierStatus.STALLED
     assert rounds["second"].evaluation.writers_running is True
@@ -191,6 +190,12 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
     assert state.firing and state.pages_sent == 1 and state.consecutive_breaches == 1
     assert rounds["first"].state == state
     assert rounds["first"].evaluation.status is FrontierStatus.STALLED
+    # Both observed the real shard and both observations are recorded, the loser's too (it
+    # went in with the compare-and-set that lost).
+    recorded = [o for o in observations.observation_window(consensus, "orders", now)
+                if o.observer.startswith("sensor:")]
+    assert sorted(o.observer for o in recorded) == ["sensor:1", "sensor:2"]
+    assert {(o.upper, o.lag_records) for o in recorded} == {(0, 62)}
 
     # The next round at a later moment is still STALLED and does not page again.
     later = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1",
