@@ -256,20 +256,27 @@ def slack_message(event: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class SlackSender:
-    """Slack incoming webhook through ``SlackWebhookHook``."""
+    """Slack incoming webhook through ``SlackWebhookHook``. Build it with
+    :meth:`from_connection` in the task's thread: the connection is read there, and only the
+    HTTP request runs in a worker thread."""
 
     slack_webhook_conn_id: str
+    client: Any = field(default=None, repr=False)
 
-    def _post(self, body: dict[str, Any]) -> tuple[int, str]:
+    @classmethod
+    def from_connection(cls, conn_id: str) -> SlackSender:
         from airflow.providers.slack.hooks.slack_webhook import SlackWebhookHook
 
         # The webhook client logs its URL at debug level: a logger of our own at INFO keeps it out.
         quiet = logging.getLogger("airflow_upsert_provider.notifications.slack_client")
         quiet.setLevel(logging.INFO)
-        hook = SlackWebhookHook(slack_webhook_conn_id=self.slack_webhook_conn_id, retry_handlers=[], logger=quiet)
-        conn = hook.get_connection(self.slack_webhook_conn_id)
-        _mask(conn.password)
-        response = hook.get_conn().send_dict(body)
+        hook = SlackWebhookHook(slack_webhook_conn_id=conn_id, retry_handlers=[], logger=quiet)
+        _mask(hook.get_connection(conn_id).password)
+        return cls(conn_id, hook.get_conn())
+
+    def _post(self, body: dict[str, Any]) -> tuple[int, str]:
+        client = self.client or SlackSender.from_connection(self.slack_webhook_conn_id).client
+        response = client.send_dict(body)
         return response.status_code, str(response.body)[:200]
 
     async def send(self, event: Mapping[str, Any], policy: RetryPolicy = DEFAULT_RETRY,
@@ -335,7 +342,7 @@ def send_page(event: Mapping[str, Any], *, pagerduty_events_conn_id: str | None 
     """Deliver ``event`` (from ``frontier.page_event``) through the given connections; no
     connection given, nothing is sent (an empty list)."""
     pagerduty = PagerDutySender.from_connection(pagerduty_events_conn_id) if pagerduty_events_conn_id else None
-    slack = SlackSender(slack_webhook_conn_id) if slack_webhook_conn_id else None
+    slack = SlackSender.from_connection(slack_webhook_conn_id) if slack_webhook_conn_id else None
     return _run(asend_page(event, pagerduty=pagerduty, slack=slack, policy=policy))
 
 

@@ -184,7 +184,7 @@ def test_slack_webhook_retries_429_and_5xx_never_400_and_keeps_the_webhook_secre
     caplog.set_level(logging.DEBUG)
     for name, value in conn_env(pager).items():
         monkeypatch.setenv(name, value)
-    sender = SlackSender("slack_test")
+    sender = SlackSender.from_connection("slack_test")
 
     pager.script([429, 500])
     [delivery] = asyncio.run(asend_page(sample_event("resolve"), slack=sender, policy=FAST))
@@ -288,11 +288,12 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
         sensor("scheduled__1", 60).execute(sensor_context("scheduled__1"))
     detected_at = time.time()
     stall_seconds = StallSettings(**QUICK).stall_seconds
-    # The stall crossed its threshold at source_grew_at + 2 s; the task failed at most two
-    # rounds later (two breaching rounds in a row), and not before the threshold.
-    assert stall_seconds <= detected_at - source_grew_at <= stall_seconds + 2 * POKE + 0.5
+    # The stall crossed its threshold at source_grew_at + 2 s; the task failed at the second
+    # round after it (two breaching rounds in a row), not before the threshold. The wall-clock
+    # bound leaves room for slow rounds on a loaded machine (poke mode sleeps after each round).
     rounds = sensor_observations(consensus, source_grew_at)
     assert len([o for o in rounds if o.observed_at >= source_grew_at + stall_seconds]) == 2
+    assert stall_seconds <= detected_at - source_grew_at <= stall_seconds + 2 * POKE + 2
     message = str(failed.value)
     assert message.startswith(f"shard orders: frontier STALLED; upper 0 stuck since {iso(source_grew_at)} (")
     assert "last advance never" in message and "62 records and" in message and "seconds behind" in message
