@@ -129,12 +129,22 @@ BAD_VALUES = {
     "dry_run": ["treu", "false", 0, None],
     "checkpoint": ["", "Latest", "42", "../x"],
     "restore_target": ["a b", "../orders", "x" * 129],
+    "shards": ["orders", [""], ["a b"], ["../orders"], [1]],
+    "cadence_seconds": [0, -1, "60"],
+    "stall_multiplier": [0, 0.5, "3"],
+    "min_stall_seconds": [-1, "900"],
+    "window_seconds": [0, 59, "3600"],
+    "consecutive_breaches": [0, 101, 1.5, "2"],
+    "watch_seconds": [-1, 86401, 2.5, "840"],
+    "namespace": ["prod eu", "a/b", "x" * 65],
+    "pagerduty_conn_id": ["a b", "pd/x"],
+    "slack_conn_id": ["a b", "sl/x"],
 }
 
 
 def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuses_bad_input(airflow_home):
     found = _python(airflow_home, PARAMS, os.path.join(REPO_ROOT, "dags"), json.dumps(BAD_VALUES))
-    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance", "upsert_recovery"} <= set(found)
+    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance", "upsert_recovery", "upsert_frontier_monitor"} <= set(found)
     seen = set()
     for dag_id, params in found.items():
         for name, param in params.items():
