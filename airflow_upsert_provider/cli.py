@@ -28,7 +28,9 @@ EPILOG = """exit codes: 0 ok; 2 nothing was changed (usage, configuration, unrea
 full or read-only blob root); 3 bad input data (nothing committed); 4 integrity violation;
 5 outcome unknown (safe to retry); 6 stream not writable (not READY: stopped or recovering;
 or the commit was fenced); 7 stream transition refused (e.g. recover resume before seek);
-1 unexpected (UPSERT_DEBUG=1 shows the traceback); see docs/errors.md, docs/recovery.md
+1 unexpected (UPSERT_DEBUG=1 shows the traceback)
+docs: errors.md, recovery.md (stop, resume, recovery), frontier.md (stall paging),
+      maintenance.md; also served by the Airflow api-server at /upsert-provider/docs/
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
           --blob-root from UPSERT_BLOB_ROOT, else ./.upsert/blob;
