@@ -37,6 +37,8 @@ from airflow_upsert_provider.notifications.frontier import (
     asend_page,
 )
 from airflow_upsert_provider.sample_data import SampleSpec
+from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.writer import Writer
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 from airflow_upsert_provider.triggers.frontier import FrontierTrigger
 from tests.airflow.conftest import failure_text
@@ -270,12 +272,17 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
         os.utime(path, (source_grew_at, source_grew_at))
 
+    # A real writer, pinned: its planning finds nothing to bind (the bug-shaped failure), so
+    # every run reports success, commits nothing, starts no Spark, and records what it saw.
+    pinned_shard = Shard.open(consensus, blob, "orders")
+    monkeypatch.setattr(pinned_shard, "mint_binding", lambda *args, **kwargs: None)
+    pinned = Writer(pinned_shard, "pinned", spark_factory=lambda: pytest.fail("a pinned writer starts no Spark"))
+
     def pinned_writer_then_now() -> float:
         # Before every round the pinned writer has run once more, successfully, committing nothing.
-        now = time.time()
-        observations.record_observation(consensus, observations.observe(
-            shard, observer="writer:pinned", writer_outcome="nothing_to_do", now=now - 0.01))
-        return now
+        report = pinned.run(max_batches=1)
+        assert [r.outcome for r in report.results] == ["nothing_to_do"]
+        return time.time()
 
     def sensor(run_id: str, watch_seconds: float) -> FrontierStallSensor:
         task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=POKE, watch_seconds=watch_seconds,
