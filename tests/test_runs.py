@@ -229,9 +229,9 @@ def test_every_file_a_commit_names_is_synced_with_its_directories_first(spark, c
     commits = []
     real_append, real_swap = consensus.compare_and_append, consensus.compare_and_set_since
 
-    def append(shard_id, expected, new, batch):
+    def append(shard_id, expected, new, batch, **fencing):
         commits.append((len(blob.ops), batch.run, (batch.stats or {}).get("rejects")))
-        return real_append(shard_id, expected, new, batch)
+        return real_append(shard_id, expected, new, batch, **fencing)
 
     def swap(shard_id, expected, new, run):
         commits.append((len(blob.ops), run, None))
