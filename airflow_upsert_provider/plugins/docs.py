@@ -193,8 +193,15 @@ def create_docs_app(root: Traversable) -> FastAPI:
 
     Pages are read on each request, so an editable install serves what is in the tree now.
     """
+    from fastapi import Depends
+
+    from airflow.api_fastapi.core_api.security import get_user
+
+    # Airflow mounts plugin apps without its authentication: every page asks for the signed-in
+    # user the way Airflow's own routes do (the UI's session cookie, or a bearer token).
     # No OpenAPI pages: FastAPI's own would take /docs.
-    app = FastAPI(title="airflow-upsert-provider documentation", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="airflow-upsert-provider documentation", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(get_user)])
     parser = markdown_parser()
 
     @app.get(INDEX_PATH, response_class=HTMLResponse)

@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
+from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
 from airflow_upsert_provider.plugins.docs import (
@@ -21,6 +22,7 @@ from airflow_upsert_provider.plugins.docs import (
     URL_PREFIX,
     app,
     create_docs_app,
+    documentation_root,
 )
 from tests.airflow.conftest import failure_text
 from tests.conftest import REPO_ROOT
@@ -48,6 +50,12 @@ providers_page = urljoin(base_url, "providers")
 ui = client.get(providers_page)
 base_href = re.search(r'<base href="([^"]*)"', ui.text).group(1)
 link = urljoin(urljoin(providers_page, base_href), documentation_url)
+anonymous = client.get(link)
+# Signed in, as the UI is: the session cookie the api-server sets at login.
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+client.cookies.set(COOKIE_NAME_JWT_TOKEN, get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin")))
 index = client.get(link)
 page_hrefs = re.findall(r'<li><a href="([^"]+)"', index.text)
 first_page = client.get(urljoin(link, page_hrefs[0])) if page_hrefs else None
@@ -57,6 +65,7 @@ print(json.dumps({
     "import_errors": import_errors,
     "fastapi_apps": [{"name": a.get("name"), "url_prefix": a.get("url_prefix")} for a in fastapi_apps],
     "link": link,
+    "anonymous_status": anonymous.status_code,
     "index": [index.status_code, index.text],
     "page_hrefs": page_hrefs,
     "first_page": [first_page.status_code, first_page.text] if first_page else None,
@@ -89,9 +98,21 @@ def _strip_tags(fragment: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", fragment)).strip()
 
 
+def _signed_in(client: TestClient) -> TestClient:
+    # The pages ask Airflow for the signed-in user; these tests are about the pages.
+    client.app.dependency_overrides[get_user] = lambda: "test-user"
+    return client
+
+
 @pytest.fixture(scope="module")
 def plugin_client() -> TestClient:
-    return TestClient(app)
+    return _signed_in(TestClient(app))
+
+
+def test_pages_need_a_signed_in_airflow_user():
+    anonymous = TestClient(create_docs_app(documentation_root()))
+    assert anonymous.get("/docs/").status_code == 401
+    assert anonymous.get("/docs/errors").status_code == 401
 
 
 # --- (a) + (c): Airflow itself, from the installed distribution's metadata and entry points ------
@@ -112,6 +133,8 @@ def test_providers_page_link_reaches_the_docs_through_the_api_server(airflow_hom
     # Resolved as the browser resolves it, the link stays under the api-server's root path (a
     # leading "/" would leave a sub-path deployment) and the api-server serves the index there.
     assert found["link"] == urljoin(base_url, DOCUMENTATION_URL)
+    # Only for a signed-in user, as Airflow's own pages.
+    assert found["anonymous_status"] == 401
     status, index = found["index"]
     assert status == 200, index[:2000]
     assert found["page_hrefs"] == ["README", *_docs_pages_in_repo()]
@@ -191,7 +214,7 @@ def sample_client(tmp_path) -> TestClient:
     )
     (tmp_path / "docs" / "operator.md").write_text("# `Operator`\n\n## Arguments\n")
     (tmp_path / "docs" / "notes.txt").write_text("not a page")
-    return TestClient(create_docs_app(tmp_path))
+    return _signed_in(TestClient(create_docs_app(tmp_path)))
 
 
 def test_relative_links_resolve_to_served_pages_and_anchors(sample_client):
