@@ -139,3 +139,17 @@ class SourceSegmentsMissing(IntegrityError):
     """A recovery's seek found source segments at or after the seek point gone (deleted by
     retention before the shard processed them): resuming would skip their records. Nothing
     was changed (exit 4); ``details["missing"]`` lists them, first missing first."""
+
+
+class KafkaUnavailable(UpsertError):
+    """A broker did not answer in time or refused a request. Nothing was changed (exit 2).
+    Retryable: the cluster may come back."""
+
+    exit_code = 2
+    retryable = True
+
+
+class KafkaSliceUnavailable(IntegrityError):
+    """A bound range reaches outside the offsets the partition holds: above the high
+    watermark (the slice names messages that do not exist) or below the low watermark
+    (retention deleted messages the shard has not processed). Exit 4."""

@@ -23,7 +23,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.errors import (
+    ConfigurationError,
+    KafkaSliceUnavailable,
+    KafkaUnavailable,
+    UpsertError,
+)
 
 if TYPE_CHECKING:
     import pyarrow
@@ -50,20 +55,6 @@ SLICE_SCHEMA = "partition INT, offset BIGINT, key STRING, value STRING, timestam
 # Messages asked of one consume() call at most, so that an executor yields Arrow batches of a
 # bounded size instead of holding a whole partition range.
 MAX_BATCH = 10_000
-
-
-class KafkaUnavailable(UpsertError):
-    """A broker did not answer in time or refused a request. Nothing was changed (exit 2).
-    Retryable: the cluster may come back."""
-
-    exit_code = 2
-    retryable = True
-
-
-class KafkaSliceUnavailable(IntegrityError):
-    """A bound range reaches outside the offsets the partition holds: above the high
-    watermark (the slice names messages that do not exist) or below the low watermark
-    (retention deleted messages the shard has not processed). Exit 4."""
 
 
 @dataclass(frozen=True)
