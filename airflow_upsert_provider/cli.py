@@ -496,10 +496,7 @@ def cmd_stream(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _history_line(row: dict[str, Any]) -> str:
-    import datetime
-
-    when = datetime.datetime.fromtimestamp(row["at"], datetime.timezone.utc).isoformat(timespec="seconds")
-    line = (f"{when}  v{row['version']}  {row['action']}: {row['from'] or '-'} -> {row['to']} "
+    line = (f"{_iso(row['at'])}  v{row['version']}  {row['action']}: {row['from'] or '-'} -> {row['to']} "
             f"(epoch {row['epoch']}) by {row['actor']}")
     return line + (f": {row['reason']}" if row["reason"] else "")
 
@@ -609,10 +606,6 @@ def cmd_source(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     return report.to_dict()
 
 
-def _observer() -> str:
-    return f"upsertctl:{socket.gethostname()}:{os.getpid()}"
-
-
 def _iso(at: float | None) -> str:
     import datetime
 
@@ -633,7 +626,7 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine import observations
 
     if args.frontier_command == "observe":
-        recorded = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=_observer())
+        recorded = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=_actor(args))
         out = [o.to_dict() for o in recorded]
         if not args.json:
             for obs in out:
@@ -646,7 +639,7 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
              if getattr(args, field) is not None}
     settings = StallSettings(**given)
-    result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=_observer(),
+    result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=_actor(args),
                                      observe_first=not args.no_observe)
     out = result.to_dict()
     if result.evaluation.status.value == "NOT_FOUND":

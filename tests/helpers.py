@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -55,6 +56,25 @@ def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_cli_json(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict | None, str]:
+    """``upsertctl ARGV --json`` in this process: (exit code, the JSON object on stdout, stderr)."""
+    code, out, err = run_cli(capsys, *argv, "--json")
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def cli_store(tmp_path, monkeypatch, consensus_url: str):
+    """A consensus store and blob root under ``tmp_path`` that `upsertctl` in this process
+    also uses (through its environment): (consensus, blob)."""
+    from airflow_upsert_provider.engine.blob import open_blob
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", consensus_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    blob = open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    return open_consensus(consensus_url), blob
 
 
 def recover(shard: Shard, actor: str = "test"):

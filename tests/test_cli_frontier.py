@@ -4,36 +4,24 @@ with empty runs, which is all an observation looks at."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from airflow_upsert_provider.engine import observations
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.frontier import Observation
 from airflow_upsert_provider.sample_data import SampleSpec
-from tests.helpers import batch, make_shard
+from tests.helpers import batch, cli_store, make_shard
 from tests.helpers import run_cli as run
+from tests.helpers import run_cli_json as cli
 
 SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=5)
-
-
-def cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
-    """``upsertctl ARGV --json``: exit code, the JSON object on stdout, stderr."""
-    code, out, err = run(capsys, *argv, "--json")
-    return code, (json.loads(out) if out.strip() else None), err
 
 
 @pytest.fixture
 def store(tmp_path, monkeypatch, sqlite_url):
     """Two shards, ``a`` (one batch committed) and ``b``, in a store `upsertctl` also uses."""
-    monkeypatch.setenv("UPSERT_CONSENSUS_URL", sqlite_url)
-    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
-    consensus = open_consensus(sqlite_url)
-    blob = open_blob(str(tmp_path / "blob"))
-    blob.ensure_root()
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
     a = make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="a", max_files_per_batch=2)
     make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="b", max_files_per_batch=2)
     assert a.mint_binding(0, minted_by="test") is not None

@@ -17,14 +17,14 @@ import time
 import pytest
 
 from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.blob import open_blob
 from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced
 from airflow_upsert_provider.engine.sources.retention import lowest_bounds, plan_prune, read_log
 from airflow_upsert_provider.engine.writer import Writer
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec
-from tests.helpers import batch, landing_env, make_shard
+from tests.helpers import batch, cli_store, landing_env, make_shard
 from tests.helpers import run_cli as run
+from tests.helpers import run_cli_json as cli
 from tests.maintenance.support import tree
 from tests.oracle import oracle_table
 
@@ -32,20 +32,10 @@ from tests.oracle import oracle_table
 SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=5)
 
 
-def cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
-    """``upsertctl ARGV --json``: exit code, the JSON object on stdout, stderr."""
-    code, out, err = run(capsys, *argv, "--json")
-    return code, (json.loads(out) if out.strip() else None), err
-
-
 @pytest.fixture
 def store_shard(tmp_path, monkeypatch, sqlite_url):
     """A shard in a SQLite store that `upsertctl` in this process also uses; no Spark."""
-    monkeypatch.setenv("UPSERT_CONSENSUS_URL", sqlite_url)
-    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
-    consensus = open_consensus(sqlite_url)
-    blob = open_blob(str(tmp_path / "blob"))
-    blob.ensure_root()
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
     shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
     yield shard
     consensus.dispose()
@@ -272,11 +262,7 @@ def test_prune_plan_deletes_only_bound_segments_below_the_lowest_bound():
 
 
 def test_lifecycle_commands_on_postgresql(pg_url, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("UPSERT_CONSENSUS_URL", pg_url)
-    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
-    consensus = open_consensus(pg_url)
-    blob = open_blob(str(tmp_path / "blob"))
-    blob.ensure_root()
+    consensus, blob = cli_store(tmp_path, monkeypatch, pg_url)
     shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
     commit(shard, 0)
     assert cli(capsys, "stream", "stop", "orders", "--reason", "pg")[1]["status"] == "STOPPED"

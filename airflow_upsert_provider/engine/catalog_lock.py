@@ -16,7 +16,7 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import Consensus, metadata, redact_url
+from airflow_upsert_provider.engine.consensus import Consensus, insert_ignore, metadata, redact_url
 from airflow_upsert_provider.engine.errors import ConsensusUnavailable
 
 catalog_locks_table = sa.Table(
@@ -36,7 +36,7 @@ def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]
     in the body releases it without counting a change."""
     try:
         with consensus.engine.begin() as conn:
-            consensus._insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=time.time())
+            insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=time.time())
             locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
             if consensus.dialect == "postgresql":
                 locked = locked.with_for_update()

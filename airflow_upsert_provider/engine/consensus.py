@@ -366,25 +366,13 @@ class Consensus:
     def dispose(self) -> None:
         self.engine.dispose()
 
-    def _insert_ignore(self, conn, table: sa.Table, **values: Any) -> bool:
-        """INSERT unless the primary key exists; True if this call inserted the row.
-
-        Decided by RETURNING, not rowcount: drivers report -1 for ON CONFLICT inserts."""
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        key = list(table.primary_key.columns)[0]
-        stmt = insert(table).values(**values).on_conflict_do_nothing().returning(key)
-        return conn.execute(stmt).first() is not None
-
     # -- shards ---------------------------------------------------------------------------
 
     def create_shard(self, shard_id: str, config_json: str) -> ShardRecord:
         now = time.time()
 
         def txn(conn):
-            return self._insert_ignore(
+            return insert_ignore(
                 conn,
                 shards_table,
                 shard_id=shard_id,
@@ -471,7 +459,7 @@ class Consensus:
                             shard=shard_id,
                             ts=ts,
                         )
-            inserted = self._insert_ignore(
+            inserted = insert_ignore(
                 conn,
                 bindings_table,
                 shard_id=shard_id,
@@ -482,7 +470,7 @@ class Consensus:
             )
             # A peer's binding won: its quarantine list is the one that counts.
             for q in binding.quarantined if inserted else ():
-                self._insert_ignore(
+                insert_ignore(
                     conn, quarantined_files_table, shard_id=shard_id, file=q["file"], reason=q["reason"], ts=ts
                 )
             row = conn.execute(
@@ -724,7 +712,7 @@ class Consensus:
             existing = conn.execute(
                 sa.select(shards_table.c.upper).where(shards_table.c.shard_id == shard_id)
             ).scalar_one_or_none()
-            if existing is not None or not self._insert_ignore(
+            if existing is not None or not insert_ignore(
                 conn,
                 shards_table,
                 shard_id=shard_id,
@@ -785,6 +773,26 @@ class Consensus:
             ).one()._mapping)
 
         return self._run(txn)
+
+
+def insert_ignore(conn, table: sa.Table, **values: Any) -> bool:
+    """INSERT unless the primary key exists, inside the caller's transaction; True if this
+    call inserted the row. Decided by RETURNING, not rowcount: drivers report -1 for ON
+    CONFLICT inserts."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    key = list(table.primary_key.columns)[0]
+    stmt = insert(table).values(**values).on_conflict_do_nothing().returning(key)
+    return conn.execute(stmt).first() is not None
+
+
+def shard_exists(conn, shard_id: str) -> bool:
+    """Whether ``shard_id`` has a row in the shards table, inside the caller's transaction."""
+    return conn.execute(
+        sa.select(shards_table.c.shard_id).where(shards_table.c.shard_id == shard_id)
+    ).first() is not None
 
 
 def _binding_from_row(row) -> Binding:

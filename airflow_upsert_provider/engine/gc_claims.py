@@ -40,6 +40,7 @@ from airflow_upsert_provider.engine.consensus import (
     batches_table,
     commit_hooks,
     compactions_table,
+    insert_ignore,
     metadata,
     shards_table,
 )
@@ -203,7 +204,7 @@ def claim_for_deletion(
             # Imported here: catalog_lock and this module are both loaded by consensus.
             from airflow_upsert_provider.engine.catalog_lock import catalog_locks_table
 
-            consensus._insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=now)
+            insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=now)
             locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
             conn.execute(locked.with_for_update() if consensus.dialect == "postgresql" else locked)
             listed = listed_now()

@@ -208,6 +208,17 @@ def fence(current: StreamState, writer_epoch: int | None) -> str | None:
     return None
 
 
+def fenced_by(current: StreamState, writer_epoch: int | None) -> str | None:
+    """Which transition fences a commit by a writer that started under ``writer_epoch``:
+    "recovery" (the stream is RECOVERING, or a recovery began since: another epoch), "stop"
+    (the stream is STOPPED), or None (the commit may go ahead)."""
+    if current.status is Status.RECOVERING or (writer_epoch is not None and writer_epoch != current.epoch):
+        return "recovery"
+    if current.status not in COMMITTABLE:
+        return "stop"
+    return None
+
+
 def refuse_start(current: StreamState) -> str | None:
     """Why a run may not start now, or None: only a READY stream starts new batches."""
     if current.status is Status.READY:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import Consensus, metadata, shards_table
+from airflow_upsert_provider.engine.consensus import Consensus, insert_ignore, metadata, shard_exists
 from airflow_upsert_provider.engine.frontier import (
     AlertState,
     Evaluation,
@@ -189,13 +189,13 @@ def save_alert_state(consensus: Consensus, state: AlertState, expected_version: 
         from airflow_upsert_provider.engine.errors import ConfigurationError
 
         raise ConfigurationError("expected_version must be >= 0", field="expected_version")
-    return bool(consensus._run(lambda conn: _save(consensus, conn, state, expected_version)))
+    return bool(consensus._run(lambda conn: _save(conn, state, expected_version)))
 
 
-def _save(consensus: Consensus, conn, state: AlertState, expected_version: int) -> bool:
+def _save(conn, state: AlertState, expected_version: int) -> bool:
     text = json.dumps(state.to_dict(), sort_keys=True)
     if expected_version == 0:
-        return consensus._insert_ignore(conn, alerts_table, shard_id=state.shard_id, version=1, state=text)
+        return insert_ignore(conn, alerts_table, shard_id=state.shard_id, version=1, state=text)
     updated = conn.execute(
         sa.update(alerts_table)
         .where(alerts_table.c.shard_id == state.shard_id, alerts_table.c.version == expected_version)
@@ -237,9 +237,7 @@ def _value(status: Any) -> str:
 
 
 def _shard_exists(consensus: Consensus, shard_id: str) -> bool:
-    return consensus._run_snapshot(lambda conn: conn.execute(
-        sa.select(shards_table.c.shard_id).where(shards_table.c.shard_id == shard_id)
-    ).first()) is not None
+    return consensus._run_snapshot(lambda conn: shard_exists(conn, shard_id))
 
 
 def evaluate_shard(
@@ -291,7 +289,7 @@ def evaluate_shard(
         def record_and_save(conn, to_record=unrecorded, new_state=new_state, version=version) -> bool:
             if to_record is not None:
                 _record(conn, to_record)  # recorded whether or not the compare-and-set wins
-            return _save(consensus, conn, new_state, version)
+            return _save(conn, new_state, version)
 
         saved = consensus._run(record_and_save)
         unrecorded = None

@@ -28,6 +28,7 @@ from airflow_upsert_provider.engine.consensus import (
     Consensus,
     _binding_from_row,
     bindings_table,
+    insert_ignore,
     metadata,
     quarantined_files_table,
 )
@@ -113,7 +114,7 @@ class SourceIndex:
                 sa.select(table.c.through_ts).where(table.c.shard_id == self.shard_id, table.c.partition == partition)
             ).scalar_one_or_none()
             if current is None:
-                self.consensus._insert_ignore(conn, table, shard_id=self.shard_id, partition=partition, **values)
+                insert_ignore(conn, table, shard_id=self.shard_id, partition=partition, **values)
             elif current <= through_ts:
                 conn.execute(
                     sa.update(table)

@@ -31,9 +31,10 @@ from airflow_upsert_provider.engine.consensus import (
     Consensus,
     RestoreEvent,
     commit_hooks,
+    insert_ignore,
     metadata,
     restore_hooks,
-    shards_table,
+    shard_exists,
 )
 from airflow_upsert_provider.engine.errors import ShardNotFound, StreamFenced, StreamNotReady, TransitionRefused
 from airflow_upsert_provider.engine.lifecycle import (
@@ -49,6 +50,7 @@ from airflow_upsert_provider.engine.lifecycle import (
     decide_seek,
     decide_stop,
     fence,
+    fenced_by,
     initial_state,
     refuse_start,
 )
@@ -141,16 +143,10 @@ def _read_row(conn, shard_id: str, *, for_share: bool = False) -> StreamState | 
     return None if row is None else _state_from_row(row)
 
 
-def _shard_exists(conn, shard_id: str) -> bool:
-    return conn.execute(
-        sa.select(shards_table.c.shard_id).where(shards_table.c.shard_id == shard_id)
-    ).first() is not None
-
-
 def _read(conn, shard_id: str) -> StreamState | None:
     """The stream of an existing shard (READY in epoch 0 if it never changed); None if the
     shard does not exist."""
-    if not _shard_exists(conn, shard_id):
+    if not shard_exists(conn, shard_id):
         return None
     return _read_row(conn, shard_id) or initial_state(shard_id)
 
@@ -184,7 +180,7 @@ def read_stream(consensus: Consensus, shard_id: str) -> StreamState:
 def stream_history(consensus: Consensus, shard_id: str, limit: int | None = None) -> list[dict[str, Any]]:
     """Every change of the stream, oldest first (the last ``limit`` of them)."""
     def txn(conn):
-        if not _shard_exists(conn, shard_id):
+        if not shard_exists(conn, shard_id):
             raise _not_found(shard_id)
         query = (sa.select(stream_history_table)
                  .where(stream_history_table.c.shard_id == shard_id)
@@ -209,11 +205,11 @@ def _compare_and_set(consensus: Consensus, decision: Decision) -> bool:
     assert new is not None
 
     def txn(conn):
-        if not _shard_exists(conn, current.shard_id):
+        if not shard_exists(conn, current.shard_id):
             raise _not_found(current.shard_id)
         if current.version == 0:
             # The first change of a stream creates its row, as it was (READY, epoch 0).
-            consensus._insert_ignore(conn, streams_table, shard_id=current.shard_id, **_values(current))
+            insert_ignore(conn, streams_table, shard_id=current.shard_id, **_values(current))
         updated = conn.execute(
             sa.update(streams_table)
             .where(
@@ -315,7 +311,7 @@ def fence_commit(conn, attempt: CommitAttempt) -> None:
     state = _read_row(conn, attempt.shard_id, for_share=True)
     if state is None:
         # Create the row as it is, so that a transition racing this commit waits for it.
-        _insert_initial(conn, attempt.shard_id)
+        insert_ignore(conn, streams_table, shard_id=attempt.shard_id, **_values(initial_state(attempt.shard_id)))
         state = _read_row(conn, attempt.shard_id, for_share=True) or initial_state(attempt.shard_id)
     why = fence(state, attempt.epoch)
     if why is not None:
@@ -324,18 +320,10 @@ def fence_commit(conn, attempt: CommitAttempt) -> None:
             f"fenced: {why}; nothing was committed",
             ts=attempt.ts,
             writer_epoch=attempt.epoch,
+            fenced_by=fenced_by(state, attempt.epoch),
             **state.to_dict(),
         )
     return None
-
-
-def _insert_initial(conn, shard_id: str) -> None:
-    values = {"shard_id": shard_id, **_values(initial_state(shard_id))}
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    conn.execute(insert(streams_table).values(**values).on_conflict_do_nothing())
 
 
 def start_recovering(conn, event: RestoreEvent) -> None:

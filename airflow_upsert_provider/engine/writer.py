@@ -324,11 +324,11 @@ class Writer:
     def may_continue(self) -> bool:
         """Whether another batch may start: the stream is still READY in this writer's epoch.
         A stop or a recovery lets the batch in hand finish and starts no other."""
-        from airflow_upsert_provider.engine.lifecycle import Status
+        from airflow_upsert_provider.engine.lifecycle import refuse_start
         from airflow_upsert_provider.engine.streams import read_stream
 
         state = read_stream(self.shard.consensus, self.shard.shard_id)
-        if state.status is Status.READY and state.epoch == self.epoch:
+        if refuse_start(state) is None and state.epoch == self.epoch:
             return True
         self.stopped_because = f"the stream is {state.describe()}"
         return False

@@ -82,12 +82,11 @@ def to_airflow_error(exc: UpsertError) -> AirflowException:
 
 
 def _fenced_by(details: dict[str, Any]) -> str:
-    """Which transition fenced a commit, from the stream state the error carries: a new
-    epoch since the writer started means a recovery, a stopping or stopped stream a stop."""
-    writer_epoch, epoch, status = details.get("writer_epoch"), details.get("epoch"), details.get("status")
-    if status == "RECOVERING" or (writer_epoch is not None and epoch is not None and writer_epoch != epoch):
-        return f" by a recovery (epoch {epoch})"
-    if status in ("STOPPING", "STOPPED"):
+    """Which transition fenced a commit, as the engine decided it (``fenced_by``)."""
+    transition = details.get("fenced_by")
+    if transition == "recovery":
+        return f" by a recovery (epoch {details.get('epoch')})"
+    if transition == "stop":
         return " by a stop"
     return ""
 

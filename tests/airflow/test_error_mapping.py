@@ -12,7 +12,14 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine import errors
-from airflow_upsert_provider.engine.lifecycle import Status, StreamState, decide_resume, fence, refuse_start
+from airflow_upsert_provider.engine.lifecycle import (
+    Status,
+    StreamState,
+    decide_resume,
+    fence,
+    fenced_by,
+    refuse_start,
+)
 from airflow_upsert_provider.operators.upsert import _error_from_result, to_airflow_error
 
 ENGINE_ERRORS = sorted(
@@ -73,7 +80,8 @@ def _not_ready(state: StreamState) -> errors.StreamNotReady:
 
 def _fenced(state: StreamState, writer_epoch: int) -> errors.StreamFenced:
     return errors.StreamFenced(f"commit of batch 4 of shard 'orders' fenced: {fence(state, writer_epoch)}",
-                               ts=4, writer_epoch=writer_epoch, **state.to_dict())
+                               ts=4, writer_epoch=writer_epoch, fenced_by=fenced_by(state, writer_epoch),
+                               **state.to_dict())
 
 
 def test_a_stream_that_refuses_fails_without_retry_with_who_set_it_and_when():
