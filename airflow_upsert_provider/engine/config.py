@@ -16,7 +16,7 @@ DEFAULT_MAX_FILES_PER_BATCH = 64
 # Columns the engine adds to runs or uses while staging; user columns may not use these names.
 INTERNAL_COLUMNS = (
     "_ts", "_deleted", "_bucket", "_partition", "_offset", "_line", "_file", "_raw", "_reason",
-    "_corrupt", "_pos", "_r", "_m", "_w",
+    "_corrupt", "_pos", "_r", "_m", "_w", "_delete", "_srcpos", "_map_reason",
 )
 
 
@@ -35,7 +35,7 @@ def validate_shard_id(shard_id: str) -> str:
 class ShardConfig:
     """Immutable definition of a shard, stored in consensus at `init`.
 
-    :param source: source URI, ``dir:/path/to/landing`` (or ``kafka:...`` later).
+    :param source: source URI, ``dir:/path/to/landing`` or ``kafka:TOPIC``.
     :param keys: key column(s).
     :param schema: Spark StructType as JSON; the types every record is validated against.
     :param order_by: optional order column; within a key the highest wins, then
@@ -44,6 +44,7 @@ class ShardConfig:
     :param source_format: ``jsonl`` or ``parquet`` segment files.
     :param buckets: number of hash buckets runs are split into.
     :param max_files_per_batch: how many segment files one batch binds at most.
+    :param extra: further options; a Kafka shard's are under ``"kafka"`` (``KafkaShardOptions``).
     """
 
     source: str
@@ -91,6 +92,11 @@ class ShardConfig:
                     f"delete marker {self.delete_marker!r} must be a BOOLEAN column, not {marker_type}",
                     field="delete_marker",
                 )
+        if self.source.partition(":")[0] == "kafka":
+            # Validated here so that a shard is never stored with options no run can use.
+            from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
+
+            KafkaShardOptions.from_extra(self.extra)
         clash = sorted(set(columns) & set(INTERNAL_COLUMNS))
         if clash:
             raise ConfigurationError(

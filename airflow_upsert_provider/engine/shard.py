@@ -22,15 +22,20 @@ from airflow_upsert_provider.engine.consensus import (
     Consensus,
     ShardRecord,
 )
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, KafkaSliceUnavailable
 from airflow_upsert_provider.engine.runs import read_runs
 from airflow_upsert_provider.engine.binding_planner import plan_binding, remember_settled, survey_source
 from airflow_upsert_provider.engine.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
+from airflow_upsert_provider.engine.sources.kafka import KafkaSource
+from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
+from airflow_upsert_provider.engine.sources.kafka_planning import lost_offsets, plan_ranges, start_offsets
 from airflow_upsert_provider.engine.sources.planning import range_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 
 BAD_RECORD_MODES = ("fail", "quarantine")
 # How many offending records or files an error message lists.
@@ -109,29 +114,56 @@ class ShardStatus:
 
 class Shard:
     """Handle on one shard. Cheap to build; holds no cached state (every decision reads the
-    authoritative store)."""
+    authoritative store).
 
-    def __init__(self, consensus: Consensus, blob: LocalBlob, shard_id: str, config: ShardConfig) -> None:
+    ``kafka_config`` is the client config of a Kafka shard's topic, given at run time (never
+    stored with the shard); without it, what needs only consensus still works."""
+
+    def __init__(
+        self, consensus: Consensus, blob: LocalBlob, shard_id: str, config: ShardConfig,
+        *, kafka_config: "KafkaConfig | None" = None,
+    ) -> None:
         self.consensus = consensus
         self.blob = blob
         self.shard_id = shard_id
         self.config = config
-        self.source: DirectorySource = open_source(config.source, config.source_format)
+        self.source: DirectorySource | KafkaSource = open_source(
+            config.source, config.source_format, kafka_config=kafka_config
+        )
+
+    @property
+    def is_kafka(self) -> bool:
+        return isinstance(self.source, KafkaSource)
+
+    @property
+    def kafka_options(self) -> KafkaShardOptions:
+        return KafkaShardOptions.from_extra(self.config.extra)
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group whose committed offsets follow this shard's frontier."""
+        assert isinstance(self.source, KafkaSource)
+        return self.kafka_options.group_id or self.source.config.group_id or f"upsert-{self.shard_id}"
 
     # -- lifecycle --------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, consensus: Consensus, blob: LocalBlob, shard_id: str, config: ShardConfig) -> "Shard":
+    def create(
+        cls, consensus: Consensus, blob: LocalBlob, shard_id: str, config: ShardConfig,
+        *, kafka_config: "KafkaConfig | None" = None,
+    ) -> "Shard":
         validate_shard_id(shard_id)
-        open_source(config.source, config.source_format).check()
+        open_source(config.source, config.source_format, kafka_config=kafka_config).check()
         blob.ensure_root()
         consensus.create_shard(shard_id, config.to_json())
-        return cls(consensus, blob, shard_id, config)
+        return cls(consensus, blob, shard_id, config, kafka_config=kafka_config)
 
     @classmethod
-    def open(cls, consensus: Consensus, blob: LocalBlob, shard_id: str) -> "Shard":
+    def open(
+        cls, consensus: Consensus, blob: LocalBlob, shard_id: str, *, kafka_config: "KafkaConfig | None" = None
+    ) -> "Shard":
         record = consensus.get_shard(shard_id)
-        return cls(consensus, blob, shard_id, ShardConfig.from_json(record.config))
+        return cls(consensus, blob, shard_id, ShardConfig.from_json(record.config), kafka_config=kafka_config)
 
     def state(self) -> ShardRecord:
         return self.consensus.get_shard(self.shard_id)
@@ -173,12 +205,38 @@ class Shard:
             # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0.
             raise ConfigurationError(f"cannot bind ts {ts}: binding {ts - 1} is missing", shard=self.shard_id)
         mode = check_bad_record_mode(on_bad_record)
+        if isinstance(self.source, KafkaSource):
+            planned = self._plan_kafka_binding(ts, previous)
+            return None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
         index = self._source_index()
         survey = survey_source(self.source, index, previous)
         planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED)
         minted = None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
         remember_settled(index, survey, minted)
         return minted
+
+    def _kafka_marks(self) -> dict[str, tuple[int, int]]:
+        assert isinstance(self.source, KafkaSource)
+        return {str(p): marks for p, marks in self.source.watermarks().items()}
+
+    def _plan_kafka_binding(self, ts: int, previous: Binding | None) -> Binding | None:
+        """binding(ts) of a Kafka shard from the topic's watermarks; refused, binding nothing,
+        when retention deleted offsets the shard has not read yet."""
+        marks = self._kafka_marks()
+        prev_ranges = previous.ranges if previous else {}
+        lost = lost_offsets(start_offsets(prev_ranges, marks), marks)
+        if lost:
+            first = lost[0]
+            raise KafkaSliceUnavailable(
+                f"kafka topic {self.source.topic!r} partition {first.partition}: shard {self.shard_id!r} reads "
+                f"on from offset {first.start}, below the low watermark {first.low_watermark}: retention "
+                f"deleted offsets {first.start}..{first.low_watermark - 1} before they were processed. Nothing "
+                "was bound; see docs/kafka.md, 'Retention ran ahead of the shard'",
+                shard=self.shard_id, topic=self.source.topic, partition=first.partition,
+                offset=first.start, low_watermark=first.low_watermark,
+            )
+        ranges = plan_ranges(prev_ranges, marks, self.kafka_options.max_records_per_batch)
+        return None if ranges is None else Binding(ts=ts, ranges=ranges)
 
     def _source_index(self) -> SourceIndex:
         return SourceIndex(self.consensus, self.shard_id, self.source.root, self.source.extension)
@@ -230,6 +288,8 @@ class Shard:
         """Frontier and source lag; ``rows`` only when a Spark session is given."""
         state = self.state()
         bound = self.bound_offsets(state.upper)
+        if isinstance(self.source, KafkaSource):
+            return self._kafka_status(state, bound, spark)
         # The same survey a batch plans from, read-only: new names only are parsed. The high
         # watermark is one past the highest offset bound or waiting to be bound.
         previous = self.binding(state.upper - 1) if state.upper > 0 else None
@@ -257,6 +317,30 @@ class Shard:
             pending_segments=pending,
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=oldest,
+        )
+
+
+    def _kafka_status(self, state: ShardRecord, bound: dict[str, int], spark: "SparkSession | None") -> ShardStatus:
+        """A Kafka shard's lag: the topic's high watermarks against the offsets bound at the
+        upper; the pending age is the timestamp of the first message not yet committed."""
+        assert isinstance(self.source, KafkaSource)
+        marks = self._kafka_marks()
+        starts = start_offsets(self.binding(state.upper - 1).ranges if state.upper > 0 else {}, marks)
+        high = {p: max(marks[p][1], starts[p]) if p in marks else starts[p] for p in starts}
+        behind = {p: off for p, off in starts.items() if high[p] > off}
+        times = self.source.first_message_times({int(p): off for p, off in behind.items()}) if behind else {}
+        landed = [t for t in times.values() if t is not None]
+        return ShardStatus(
+            shard=self.shard_id,
+            upper=state.upper,
+            since=state.since,
+            seqno=state.seqno,
+            high_watermark=high,
+            bound=bound,
+            rows=self.read(spark).count() if spark is not None else None,
+            pending_segments=sum(high[p] - off for p, off in behind.items()),
+            stream=_stream_summary(self.consensus, self.shard_id),
+            oldest_pending_at=min(landed) if landed else None,
         )
 
 

@@ -27,6 +27,7 @@ from airflow_upsert_provider.engine.runs import (
     write_bucketed,
 )
 from airflow_upsert_provider.engine.records import (
+    BatchRecords,
     jsonl_fast_path_decides,
     jsonl_records,
     jsonl_records_fast,
@@ -57,10 +58,13 @@ def stage_batch(
     run_dir: str,
     rejects_dir: str,
     on_bad_record: str,
+    messages: "DataFrame | None" = None,
 ) -> StagedOutput:
-    """Write the runs of batch ``binding.ts`` under ``run_dir``; nothing is committed here."""
-    from pyspark.sql import functions as F
-
+    """Write the runs of batch ``binding.ts`` under ``run_dir``; nothing is committed here.
+    ``messages``: a Kafka batch's slice fetched ahead of time (continuous mode)."""
+    if shard.is_kafka:
+        return _stage_kafka(spark, shard, binding, run_dir=run_dir, rejects_dir=rejects_dir,
+                            on_bad_record=on_bad_record, messages=messages)
     config = shard.config
     segments = shard.segment_paths(binding)
     missing = [s.path for s in segments if not os.path.isfile(s.path)]
@@ -95,7 +99,54 @@ def stage_batch(
     else:
         batch = parquet_records(spark, config, segments, _segment_columns)
         rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
-    job_seconds = time.monotonic() - job_started
+    return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
+                   run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
+
+
+def _stage_kafka(
+    spark: "SparkSession",
+    shard: Shard,
+    binding: Binding,
+    *,
+    run_dir: str,
+    rejects_dir: str,
+    on_bad_record: str,
+    messages: "DataFrame | None",
+) -> StagedOutput:
+    """A Kafka batch: the bound slice (prefetched, or read now on the executors), mapped from
+    its envelope and judged record by record as JSON lines are."""
+    from airflow_upsert_provider.engine.sources.kafka_records import kafka_batch_records
+
+    ranges = {int(p): (int(r["from"]), int(r["to"])) for p, r in binding.ranges.items() if r["to"] > r["from"]}
+    if not ranges:
+        return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
+    job_started = time.monotonic()
+    if messages is None:
+        messages = shard.source.read_slice(spark, ranges)
+    batch = kafka_batch_records(
+        spark, shard.config, messages, topic=shard.source.topic, envelope=shard.kafka_options.envelope
+    )
+    rows_in, rejected = _write_run(batch.records, shard.config, binding.ts, run_dir)
+    return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
+                   run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
+
+
+def _finish(
+    shard: Shard,
+    binding: Binding,
+    batch: "BatchRecords",
+    rows_in: int,
+    rejected: int,
+    job_seconds: float,
+    *,
+    run_dir: str,
+    rejects_dir: str,
+    on_bad_record: str,
+) -> StagedOutput:
+    """Rejects (fail: raise naming the first; quarantine: write them beside the run) and the
+    description of the run written."""
+    from pyspark.sql import functions as F
+
     rejects = None
     if rejected:
         bad = batch.rejected()
@@ -108,12 +159,11 @@ def stage_batch(
                 .limit(MAX_REPORTED)
                 .collect()
             )
-            listed = [{"file": _local_path(r["_file"]), "line": r["_line"], "reason": r["_reason"]} for r in sample]
-            first = listed[0]
+            listed = [_reject_entry(r["_file"], r["_line"], r["_reason"]) for r in sample]
             raise BadInputError(
-                f"{rejected} bad record(s) in batch {binding.ts}; first: {first['file']} "
-                f"line {first['line']}: {first['reason']} (nothing was committed; fix the "
-                "data or run with --on-bad-record quarantine)",
+                f"{rejected} bad record(s) in batch {binding.ts}; first: {_where(listed[0])}: "
+                f"{listed[0]['reason']} (nothing was committed; fix the data or run with "
+                "--on-bad-record quarantine)",
                 records=listed,
                 count=rejected,
                 ts=binding.ts,
@@ -138,6 +188,24 @@ def stage_batch(
     # timed apart. "describe" is listing the written files and checksumming them.
     timings = {"spark_job": job_seconds, "describe": time.monotonic() - describe_started}
     return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
+
+
+KAFKA_FILE_PREFIX = "kafka:"
+
+
+def _reject_entry(file: str, line: int, reason: str) -> dict[str, Any]:
+    """A rejected record as an error lists it: a Kafka message by topic, partition and
+    offset; a line of a segment file by path and line."""
+    if file.startswith(KAFKA_FILE_PREFIX):
+        topic, partition, offset = file[len(KAFKA_FILE_PREFIX):].rsplit("/", 2)
+        return {"topic": topic, "partition": int(partition), "offset": int(offset), "reason": reason}
+    return {"file": _local_path(file), "line": line, "reason": reason}
+
+
+def _where(entry: dict[str, Any]) -> str:
+    if "topic" in entry:
+        return f"kafka topic {entry['topic']!r} partition {entry['partition']} offset {entry['offset']}"
+    return f"{entry['file']} line {entry['line']}"
 
 
 def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str) -> tuple[int, int]:
@@ -191,7 +259,14 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
     deleted = (
         F.coalesce(F.col(f"`{config.delete_marker}`"), F.lit(False)) if config.delete_marker else F.lit(False)
     )
+    if "_delete" in good.columns:
+        # A Kafka tombstone or a Debezium delete: a delete whatever the marker column says.
+        deleted = deleted | F.col("_delete")
     rank = [F.col("_partition"), F.col("_offset"), F.col("_line")]
+    if "_srcpos" in good.columns:
+        # Debezium's source position (LSN, or binlog file and position) orders a key's changes
+        # before the Kafka offset does.
+        rank.insert(0, F.col("_srcpos"))
     if config.order_by:
         rank.insert(0, F.col(f"`{config.order_by}`"))
     # Shuffle once, by bucket: a hash partitioning on _bucket already clusters every key, so

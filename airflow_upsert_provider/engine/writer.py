@@ -32,7 +32,9 @@ from airflow_upsert_provider.engine.errors import (
 from airflow_upsert_provider.engine.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_upsert_provider.engine.consensus import Binding
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,13 @@ class Writer:
         self.epoch: int | None = None
         # Why the last run stopped before the source was caught up (a stop or a recovery).
         self.stopped_because: str | None = None
+        # Seams for continuous mode and upstream offsets (engine/continuous.py, group_offsets.py):
+        # a Kafka batch's slice fetched ahead, asked for with (epoch, binding) when staging;
+        # a call after each batch is staged, before its append; calls after each step that
+        # moved the upper, with the writer's epoch (failures there are logged, never raised).
+        self.prefetched: Callable[[int, "Binding"], "DataFrame | None"] | None = None
+        self.on_staged: Callable[[StagedBatch], None] | None = None
+        self.after_commit: list[Callable[[BatchResult, int], None]] = []
 
     # -- the one rule ------------------------------------------------------------------------
 
@@ -211,13 +220,18 @@ class Writer:
         run_dir = self.shard.run_dir(ts, self.writer_id, nonce[:12])
         rejects_dir = self.shard.rejects_dir(ts, self.writer_id, nonce[:12])
         try:
+            spark = self._spark_factory()
+            messages = None
+            if self.prefetched is not None and self.shard.is_kafka and self.epoch is not None:
+                messages = self.prefetched(self.epoch, binding)
             output = stage_batch(
-                self._spark_factory(),
+                spark,
                 self.shard,
                 binding,
                 run_dir=run_dir,
                 rejects_dir=rejects_dir,
                 on_bad_record=self.on_bad_record,
+                messages=messages,
             )
         except Exception as exc:
             cause = blob_write_failure(exc)
@@ -351,6 +365,8 @@ class Writer:
             if binding is None:
                 return BatchResult(upper, NOTHING_TO_DO, upper=upper, seconds=time.monotonic() - started)
             staged = self.stage(upper)
+        if self.on_staged is not None:
+            self.on_staged(staged)
         commit_started = time.monotonic()
         for restage in range(MAX_RESTAGES + 1):
             try:
@@ -391,6 +407,18 @@ class Writer:
             timings={"stage": staged.stage_seconds, **staged.stage_timings, "commit": commit_seconds},
         )
 
+    def notify_committed(self, result: BatchResult) -> None:
+        """Run the after-commit calls for a step that moved the upper."""
+        if result.outcome not in (COMMITTED, ALREADY_COMMITTED, ALREADY_PERSISTED) or self.epoch is None:
+            return
+        for call in self.after_commit:
+            try:
+                call(result, self.epoch)
+            except Exception as exc:  # noqa: BLE001 - the batch is committed whatever follows
+                log.warning("shard %s: after-commit step %s for batch %s failed (%s: %s); the batch is "
+                            "committed", self.shard.shard_id, getattr(call, "__qualname__", call), result.ts,
+                            type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])
+
     def record_observation(self, result: BatchResult, status: ShardStatus | None = None) -> None:
         """Record what the shard looks like after a step (invariant 15: a writer that keeps
         running while committing nothing leaves a trail). A failure is logged, never raised:
@@ -425,6 +453,7 @@ class Writer:
                 log.info("shard %s: %s; no further batch started", self.shard.shard_id, self.stopped_because)
                 break
             result = self.step()
+            self.notify_committed(result)
             status = self.shard.status() if with_lag else None
             if status is not None:
                 result.lag_offsets = status.lag_offsets

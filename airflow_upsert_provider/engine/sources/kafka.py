@@ -316,23 +316,40 @@ class KafkaSource:
     are Kafka offsets. Metadata calls run on the driver with one consumer, closed by
     ``close()`` (or the ``with`` block); slices are read on the executors."""
 
-    def __init__(self, topic: str, config: KafkaConfig, *, timeout: float = 10.0, stall_timeout: float = 30.0) -> None:
+    def __init__(self, topic: str, config: KafkaConfig | None, *, timeout: float = 10.0, stall_timeout: float = 30.0) -> None:
         if not isinstance(topic, str) or not topic.strip():
             raise ConfigurationError("kafka source: topic must be a non-empty string", field="topic")
-        if not isinstance(config, KafkaConfig):
+        if config is not None and not isinstance(config, KafkaConfig):
             raise ConfigurationError(f"kafka source: config must be a KafkaConfig, not {type(config).__name__}", field="kafka_config")
         self.topic = topic
-        self.config = config
+        # None: the shard was opened without a client config (enough for what reads consensus
+        # only); the first use of the broker says how to give one.
+        self._config = config
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self._consumer: Consumer | None = None
+
+    @property
+    def config(self) -> KafkaConfig:
+        if self._config is None:
+            raise ConfigurationError(
+                f"kafka topic {self.topic!r}: no client config was given: pass --kafka-config FILE (a JSON "
+                "object of librdkafka properties, bootstrap.servers required) to upsertctl, or kafka_conn_id "
+                "(an Airflow 'kafka' connection) to the operator or in the upsert connection's extra",
+                field="kafka_config",
+            )
+        return self._config
 
     @property
     def uri(self) -> str:
         return f"kafka:{self.topic}"
 
     def __repr__(self) -> str:
-        return f"KafkaSource({self.topic!r}, {self.config!r})"
+        return f"KafkaSource({self.topic!r}, {self._config!r})"
+
+    def check(self) -> None:
+        """The topic exists and lists partitions (as a directory source checks its root)."""
+        self.partitions()
 
     def __enter__(self) -> "KafkaSource":
         return self
@@ -391,6 +408,35 @@ class KafkaSource:
     def low_watermarks(self) -> dict[int, int]:
         """``{partition: first offset still held}``."""
         return {p: low for p, (low, _) in self.watermarks().items()}
+
+    def first_message_times(self, positions: Mapping[int, int]) -> dict[int, float | None]:
+        """The timestamp (unix seconds) of the message at each ``{partition: offset}``: the
+        age of the oldest record not yet committed. None where no message is there (yet)."""
+        from confluent_kafka import TopicPartition
+
+        times: dict[int, float | None] = {p: None for p in positions}
+        if not positions:
+            return times
+        consumer = open_consumer(self.config)
+        try:
+            consumer.assign([TopicPartition(self.topic, p, o) for p, o in positions.items()])
+            deadline = time.monotonic() + self.timeout
+            while any(v is None for v in times.values()) and time.monotonic() < deadline:
+                waiting = [p for p, v in times.items() if v is None]
+                messages = consumer.consume(len(waiting), min(1.0, self.timeout))
+                if not messages:
+                    break
+                for message in messages:
+                    partition = message.partition()
+                    if message.error() is not None or partition not in times or times[partition] is not None:
+                        continue
+                    ts_type, ts_ms = message.timestamp()
+                    times[partition] = ts_ms / 1000.0 if ts_type != 0 and ts_ms >= 0 else None
+                    # One message per partition is all a look needs.
+                    consumer.pause([TopicPartition(self.topic, partition)])
+        finally:
+            consumer.close()
+        return times
 
     def check_slice(self, ranges: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
         """The ranges, checked against the topic: every partition exists and every non-empty
