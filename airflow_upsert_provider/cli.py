@@ -44,6 +44,9 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument("--consensus", default=argparse.SUPPRESS, metavar="URL", help="consensus store URL")
     common.add_argument("--blob-root", default=argparse.SUPPRESS, metavar="PATH", help="root of runs and checkpoints")
     common.add_argument("--master", default=argparse.SUPPRESS, help="Spark master (default local[*])")
+    common.add_argument("--kafka-config", default=argparse.SUPPRESS, metavar="FILE",
+                        help="Kafka client config of a kafka:TOPIC shard: a JSON object of librdkafka properties "
+                             "(bootstrap.servers required); default from UPSERT_KAFKA_CONFIG")
     return common
 
 
@@ -60,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = commands.add_parser("init", parents=[common], help="create a shard")
     init.add_argument("shard")
-    init.add_argument("--source", required=True, help="dir:/path/to/landing")
+    init.add_argument("--source", required=True, help="dir:/path/to/landing or kafka:TOPIC (with --kafka-config)")
     init.add_argument("--key", action="append", required=True, help="key column (repeat for a compound key)")
     init.add_argument("--order-by", help="order column: within a key the highest wins")
     init.add_argument("--delete-marker", help="boolean column: true deletes the key")
@@ -68,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--buckets", type=int, default=None)
     init.add_argument("--max-files-per-batch", type=int, default=None)
     init.add_argument("--schema", help="column types as DDL ('id BIGINT, name STRING'); inferred from the source if omitted")
+    init.add_argument("--envelope", choices=("json", "debezium"), default=None,
+                      help="kafka: each message value is the record (json, default) or a Debezium change event")
+    init.add_argument("--max-records-per-batch", type=int, default=None,
+                      help="kafka: offsets one batch reads at most over all partitions (default 100000)")
+    init.add_argument("--group-id", default=None,
+                      help="kafka: consumer group whose offsets follow the shard (default: the config's group.id, "
+                           "else upsert-SHARD)")
     init.add_argument("--json", action="store_true")
 
     status = commands.add_parser("status", parents=[common], help="frontier, source lag and row count")
@@ -80,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     amount = run.add_mutually_exclusive_group()
     amount.add_argument("--max-batches", type=int, default=1)
     amount.add_argument("--until-caught-up", action="store_true")
+    amount.add_argument("--continuous", action="store_true",
+                        help="one Spark session, batches back to back (the next slice fetched while one commits) "
+                             "until --for ends or a stop or recovery is requested")
+    run.add_argument("--for", dest="run_for", metavar="DURATION", default=None,
+                     help="how long --continuous runs: seconds, or e.g. 90s, 10m, 1h")
     run.add_argument("--writer-id", help="identity recorded with each commit (default: host, pid and a random part)")
     run.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
     run.add_argument("--json", action="store_true")
@@ -247,6 +262,9 @@ class Context:
         self.consensus = open_consensus(url)
         self.master = getattr(args, "master", None)
         self._spark = None
+        path = getattr(args, "kafka_config", None) or os.environ.get("UPSERT_KAFKA_CONFIG")
+        self.kafka_config_path = path or None
+        self._kafka_config = None
 
     def spark(self):
         if self._spark is None:
@@ -255,10 +273,19 @@ class Context:
             self._spark = get_spark(self.master)
         return self._spark
 
+    def kafka_config(self):
+        """The Kafka client config from --kafka-config (or UPSERT_KAFKA_CONFIG); None if
+        neither is given (a Kafka shard then says how to give one when it needs it)."""
+        if self._kafka_config is None and self.kafka_config_path:
+            from airflow_upsert_provider.engine.sources.kafka_options import load_kafka_config
+
+            self._kafka_config = load_kafka_config(self.kafka_config_path)
+        return self._kafka_config
+
     def shard(self, shard_id: str):
         from airflow_upsert_provider.engine.shard import Shard
 
-        return Shard.open(self.consensus, self.blob, shard_id)
+        return Shard.open(self.consensus, self.blob, shard_id, kafka_config=self.kafka_config())
 
 
 def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -269,14 +296,22 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         validate_shard_id,
     )
     from airflow_upsert_provider.engine.shard import Shard
-    from airflow_upsert_provider.engine.sources import open_source
+    from airflow_upsert_provider.engine.sources import is_kafka_uri, open_source
     from airflow_upsert_provider.engine.upsert import infer_schema, parse_schema
 
     validate_shard_id(args.shard)
-    source = open_source(args.source, args.source_format)
+    source = open_source(args.source, args.source_format, kafka_config=ctx.kafka_config())
+    extra = _kafka_init_options(args, is_kafka_uri(source.uri))
     source.check()
     spark = ctx.spark()
-    schema = parse_schema(spark, args.schema) if args.schema else infer_schema(spark, source)
+    if args.schema:
+        schema = parse_schema(spark, args.schema)
+    elif extra:
+        from airflow_upsert_provider.engine.sources.kafka_records import infer_kafka_schema
+
+        schema = infer_kafka_schema(spark, source, envelope=extra["kafka"]["envelope"])
+    else:
+        schema = infer_schema(spark, source)
     config = ShardConfig(
         source=source.uri,
         keys=tuple(args.key),
@@ -289,9 +324,29 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         max_files_per_batch=(
             DEFAULT_MAX_FILES_PER_BATCH if args.max_files_per_batch is None else args.max_files_per_batch
         ),
+        extra=extra,
     )
-    shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config)
+    shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config, kafka_config=ctx.kafka_config())
     return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0}
+
+
+def _kafka_init_options(args: argparse.Namespace, is_kafka: bool) -> dict[str, Any]:
+    """``extra`` of a new shard: the Kafka options for a kafka:TOPIC source; refused for a
+    directory source, where they would mean nothing."""
+    from airflow_upsert_provider.engine.sources.kafka_options import DEFAULT_MAX_RECORDS_PER_BATCH, KafkaShardOptions
+
+    given = {"--envelope": args.envelope, "--max-records-per-batch": args.max_records_per_batch, "--group-id": args.group_id}
+    if not is_kafka:
+        named = [flag for flag, value in given.items() if value is not None]
+        if named:
+            raise ConfigurationError(f"{', '.join(named)} apply to kafka:TOPIC sources only", field="source")
+        return {}
+    return KafkaShardOptions(
+        envelope=args.envelope or "json",
+        max_records_per_batch=(DEFAULT_MAX_RECORDS_PER_BATCH if args.max_records_per_batch is None
+                               else args.max_records_per_batch),
+        group_id=args.group_id,
+    ).to_extra()
 
 
 def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -300,8 +355,11 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.config import parse_duration
     from airflow_upsert_provider.engine.writer import Writer
 
+    if args.continuous != (args.run_for is not None):
+        raise ConfigurationError("--continuous and --for DURATION go together", field="--for")
     shard = ctx.shard(args.shard)
     writer_id = args.writer_id or f"{_actor(args)}:{uuid.uuid4().hex[:8]}"
     writer = Writer(shard, writer_id, spark_factory=ctx.spark, on_bad_record=args.on_bad_record)
@@ -323,11 +381,17 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         elif not args.json:
             print(line, flush=True)
 
-    report = writer.run(
-        max_batches=None if args.until_caught_up else args.max_batches,
-        until_caught_up=args.until_caught_up,
-        on_result=on_result,
-    )
+    if args.continuous:
+        from airflow_upsert_provider.engine.continuous import run_continuous
+
+        report = run_continuous(writer, duration_seconds=parse_duration(args.run_for, field="--for"),
+                                on_result=on_result)
+    else:
+        report = writer.run(
+            max_batches=None if args.until_caught_up else args.max_batches,
+            until_caught_up=args.until_caught_up,
+            on_result=on_result,
+        )
     if tty and done:
         print(file=sys.stderr)
     out = {"shard": shard.shard_id, "writer_id": writer_id, **report.to_dict()}

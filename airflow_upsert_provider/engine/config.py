@@ -20,6 +20,24 @@ INTERNAL_COLUMNS = (
 )
 
 
+DURATION_PATTERN = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str, *, field: str = "duration") -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``1.5h``; positive and finite."""
+    cleaned = str(text).strip().lower()
+    match = DURATION_PATTERN.fullmatch(cleaned) if cleaned else None
+    if match is None or not any(match.groups()):
+        raise ConfigurationError(
+            f"{field}: {text!r} is not a duration (seconds, or e.g. 90s, 10m, 1h30m)", field=field
+        )
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ConfigurationError(f"{field}: {text!r} must be longer than zero", field=field)
+    return total
+
+
 def validate_shard_id(shard_id: str) -> str:
     # fullmatch: with match, "$" also matches before a final newline ("abc\n" passed).
     if not isinstance(shard_id, str) or not SHARD_ID_PATTERN.fullmatch(shard_id):

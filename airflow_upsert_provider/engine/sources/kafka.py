@@ -17,6 +17,7 @@ part of what Spark records about a query.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -118,16 +119,33 @@ class KafkaConfig:
 
     def consumer_properties(self) -> dict[str, Any]:
         """What a reading consumer is created with: the config, a group id when it names
-        none (librdkafka wants one even for assign-only use), never auto-commit."""
+        none (librdkafka wants one even for assign-only use), never auto-commit, and the
+        client's own log lines routed through :class:`ClientLog` (scrubbed)."""
         properties = dict(self.properties)
         properties.setdefault("group.id", DEFAULT_GROUP)
         properties.update(READER_OVERRIDES)
+        properties["logger"] = ClientLog(self)
         return properties
 
     def __repr__(self) -> str:
         return f"KafkaConfig({self.redacted()!r})"
 
     __str__ = __repr__
+
+
+class ClientLog:
+    """Where librdkafka's log lines go: Python logging, with this config's secret values
+    masked. Left to itself the client prints to stderr, and some of its warnings quote
+    property values (``Configuration property `x` (value) should be ...``)."""
+
+    logger = logging.getLogger("airflow_upsert_provider.kafka.client")
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self._config = config
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        text = message % args if args else message
+        self.logger.log(level, "%s", self._config.scrub(text))
 
 
 def open_consumer(config: KafkaConfig) -> "Consumer":

@@ -219,6 +219,12 @@ def prune(shard: "Shard", *, below: str = "checkpoint", dry_run: bool = False) -
     the bound back by the same rule (their committed bound if they have no checkpoint)."""
     from airflow_upsert_provider.engine.errors import ConfigurationError
 
+    if shard.is_kafka:
+        raise ConfigurationError(
+            f"shard {shard.shard_id!r} reads {shard.source.uri}: the broker's retention (retention.ms, "
+            "retention.bytes) deletes Kafka records, not upsertctl; `source prune` is for landing directories",
+            field="source",
+        )
     if below not in PRUNE_BELOW:
         raise ConfigurationError(f"unknown prune bound {below!r}; expected one of {PRUNE_BELOW}", field="below")
     bounds = [_committed_bound(shard)]
