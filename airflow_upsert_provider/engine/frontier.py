@@ -114,6 +114,10 @@ class Observation:
     lag_seconds: float | None
     observer: str                   # "writer:<id>", "sensor:<dag/run/task>", "upsertctl:<host>:<pid>"
     writer_outcome: str | None = None  # writer observations: the step's outcome (committed, nothing_to_do, ...)
+    # Kafka shards: the consumer group against the shard's frontier (group_offsets.group_status:
+    # group, committed, acknowledged, behind, gap_since, gap_seconds, alert), or {"error": ...}
+    # when the group could not be read. None for other sources, and in rows recorded before it.
+    upstream: dict | None = None
 
     @property
     def is_writer(self) -> bool:
@@ -133,6 +137,7 @@ class Observation:
             "lag_seconds": self.lag_seconds,
             "observer": self.observer,
             "writer_outcome": self.writer_outcome,
+            "upstream": None if self.upstream is None else dict(self.upstream),
         }
 
     @classmethod
@@ -154,6 +159,7 @@ class Observation:
                 lag_seconds=None if lag_seconds is None else float(lag_seconds),
                 observer=str(_require(d, owner, "observer")),
                 writer_outcome=d.get("writer_outcome"),
+                upstream=None if d.get("upstream") is None else dict(d["upstream"]),
             )
         except (TypeError, ValueError, AttributeError) as e:
             raise ConfigurationError(f"{owner}: unreadable observation: {e}", field="observation") from e
@@ -425,6 +431,23 @@ def _writer_summary(samples: Sequence[Observation]) -> tuple[list[str], dict[str
     return writers, outcomes
 
 
+def upstream_reasons(obs: Observation | None) -> list[str]:
+    """Sentences about a Kafka shard's consumer group in ``obs``: its alert (behind the
+    shard's frontier longer than allowed) or why it could not be read; none otherwise."""
+    upstream = obs.upstream if obs is not None else None
+    if not upstream:
+        return []
+    if upstream.get("error"):
+        return [f"the consumer group's offsets could not be read: {upstream['error']}"]
+    if not upstream.get("alert"):
+        return []
+    behind = upstream.get("behind") or {}
+    listed = ", ".join(f"partition {p} {n:,} behind" for p, n in sorted(behind.items()))
+    return [f"consumer group {upstream.get('group')!r} is behind the shard's frontier for "
+            f"{format_duration(upstream.get('gap_seconds'))} (since {_iso(upstream.get('gap_since'))}): {listed}; "
+            f"lag tools show it further behind than the shard is"]
+
+
 def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettings, now: float,
              state: AlertState, *, shard_exists: bool = True) -> Evaluation:
     """The frontier status of ``shard_id`` from the observations of the window ending at ``now``.
@@ -464,7 +487,9 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             shard_id=shard_id,
             status=status,
             rule=rule,
-            reasons=tuple(reasons),
+            # The group's gap does not change the frontier's status (the shard is not behind),
+            # but an on-call engineer reading the evaluation must see it.
+            reasons=tuple(reasons) + tuple(upstream_reasons(newest)),
             evaluated_at=now,
             upper=newest.upper if newest else None,
             last_advance_at=last_advance_at,

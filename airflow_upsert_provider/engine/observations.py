@@ -112,7 +112,25 @@ def observe(
         lag_seconds=lag_seconds,
         observer=observer,
         writer_outcome=writer_outcome,
+        upstream=_upstream(shard, observed_at) if getattr(shard, "is_kafka", False) else None,
     )
+
+
+def _upstream(shard: "Shard", now: float) -> dict[str, Any]:
+    """The Kafka group against the shard (group_offsets.group_status). An observation is
+    never lost to the group: a failure to read it is recorded as {"error": ...} instead."""
+    from airflow_upsert_provider.engine.group_offsets import group_status
+
+    try:
+        return group_status(shard, now=now)
+    except Exception as exc:
+        text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        try:
+            text = shard.source.config.scrub(text)
+        except Exception:  # no client config to scrub with: the error came before any was used
+            pass
+        log.warning("shard %s: reading its kafka group for an observation failed: %s", shard.shard_id, text)
+        return {"error": f"{type(exc).__name__}: {text}"}
 
 
 def record_observation(consensus: Consensus, obs: Observation) -> None:

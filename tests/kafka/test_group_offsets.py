@@ -282,3 +282,28 @@ def test_bad_settings_are_refused_naming_the_field(kafka_bootstrap: str, kafka_t
     committer = GroupCommitter(source, "g", "orders")
     with pytest.raises(ValueError, match="before start"):
         committer.acknowledge(EPOCH, {"0": r(0, 1)})
+
+
+def test_observations_of_a_kafka_shard_carry_its_group(kafka_bootstrap: str, kafka_topic: str,
+                                                      consensus: Consensus) -> None:
+    from airflow_upsert_provider.engine import observations
+    from airflow_upsert_provider.engine.shard import ShardStatus
+
+    produce_changes(kafka_bootstrap, kafka_topic, [(0, f"k{n}", {"id": n}) for n in range(8)])
+    batches = commit_batches(consensus, "orders", [{"0": 3}, {"0": 8}])
+    group = new_group()
+    with KafkaSource(kafka_topic, config(kafka_bootstrap)) as source:
+        setter = group_consumer(source, group)
+        setter.commit(offsets=[TopicPartition(kafka_topic, 0, 3)], asynchronous=False)
+        setter.close()
+        shard = KafkaShard(consensus, "orders", source, group)
+        status = ShardStatus(shard="orders", upper=2, since=0, seqno=2, high_watermark={"0": 8}, bound={"0": 8},
+                             rows=None, pending_segments=0, stream={"status": "READY", "changed_at": 0.0})
+        at = batches[1].committed_at + 600
+        seen = observations.observe(shard, observer="test", now=at, status=status)  # type: ignore[arg-type]
+    assert seen.upstream is not None
+    assert {k: seen.upstream[k] for k in ("group", "committed", "acknowledged", "behind", "alert")} == {
+        "group": group, "committed": {"0": 3}, "acknowledged": {"0": 8}, "behind": {"0": 5}, "alert": True}
+    assert seen.upstream["gap_since"] == pytest.approx(batches[1].committed_at)
+    observations.record_observation(consensus, seen)
+    assert observations.observation_window(consensus, "orders", at - 1)[0].upstream == seen.upstream
