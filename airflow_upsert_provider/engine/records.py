@@ -12,7 +12,7 @@ rejected (see :meth:`BatchRecords.rejected`), so a clean batch pays nothing for 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -85,10 +85,6 @@ def jsonl_records(
 ) -> BatchRecords:
     """Every non-blank line of the segments as a record, judged on its own (docs/input.md):
     the exact path, with a reason for every rejected record."""
-    from pyspark.sql import functions as F
-
-    schema = user_schema(config)
-    checks = _TypedChecks(config)
     lines = spark.read.text([s.path for s in segments]).selectExpr(
         "_metadata.file_path AS _file",
         "_metadata.file_block_start AS _block",
@@ -99,17 +95,35 @@ def jsonl_records(
     )
     # Spark's text source drops a byte order mark at the start of a file (as its JSON reader
     # does); anywhere else U+FEFF is not JSON whitespace and the line is malformed.
-    parsed = (
-        lines
-        # Blank lines (JSON whitespace only) are not records.
-        .where("trim(BOTH ' \\t' FROM _raw) != ''")
-        .withColumn("_r", F.from_json("_raw", checks.read_schema, JSON_OPTIONS))
-    )
-    one_object = _one_object("_raw")
-    checked = parsed.selectExpr(
+    # Blank lines (JSON whitespace only) are not records.
+    judged = judge_lines(lines.where("trim(BOTH ' \\t' FROM _raw) != ''"), config, passthrough=["_file", "_block", "_pos"])
+    records = judged.selectExpr(
         "_file",
+        *[f"{expr} AS {name}" for name, expr in segment_columns("_file").items()],
         "_block",
         "_pos",
+        "_pos AS _line",
+        "_raw",
+        *[sql_name(f.name) for f in user_schema(config).fields],
+        "_reason",
+    )
+    return BatchRecords(records, lines)
+
+
+def judge_lines(lines: "DataFrame", config: ShardConfig, *, passthrough: Sequence[str]) -> "DataFrame":
+    """The verdict on each record of ``lines``, one JSON text per row in ``_raw``: the
+    columns ``passthrough`` (carried as they are), ``_raw``, the typed user columns and
+    ``_reason`` (null when the record is accepted). One function for every source, so a
+    record gets the same verdict and the same reason wherever it came from (docs/input.md)."""
+    from pyspark.sql import functions as F
+
+    schema = user_schema(config)
+    checks = _TypedChecks(config)
+    carried = [sql_name(c) for c in passthrough]
+    parsed = lines.withColumn("_r", F.from_json("_raw", checks.read_schema, JSON_OPTIONS))
+    one_object = _one_object("_raw")
+    checked = parsed.selectExpr(
+        *carried,
         "_raw",
         "is_valid_utf8(_raw) AS _utf8",
         f"{one_object} AS _one",
@@ -142,17 +156,12 @@ def jsonl_records(
             f"CASE WHEN {raw} IS NOT NULL AND {sql_name(spec.name)} IS NULL "
             f"THEN concat({expected}, substring({raw}, 1, {QUOTE_CHARS})) END"
         )
-    records = with_map.selectExpr(
-        "_file",
-        *[f"{expr} AS {name}" for name, expr in segment_columns("_file").items()],
-        "_block",
-        "_pos",
-        "_pos AS _line",
+    return with_map.selectExpr(
+        *carried,
         "_raw",
         *[sql_name(f.name) for f in schema.fields],
         f"CASE WHEN _bad THEN coalesce({', '.join(reasons)}, {sql_string('malformed JSON')}) END AS _reason",
     )
-    return BatchRecords(records, lines)
 
 
 def jsonl_fast_path_decides(spark: "SparkSession", segments: list[Segment]) -> bool:
