@@ -62,9 +62,12 @@ class SeekResult:
     segments_ahead: int
     checked: int
     state: dict[str, Any] = field(default_factory=dict)
+    # A Kafka shard's consumer group as the seek set and verified it.
+    group: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"group": self.group} if self.group is not None else {}),
             "shard": self.shard,
             "epoch": self.epoch,
             "upper": self.upper,
@@ -101,6 +104,8 @@ def seek(shard: Shard, *, epoch: int | None = None, actor: str) -> SeekResult:
         raise TransitionRefused(early.refusal, **state.to_dict())
     upper = shard.state().upper
     position = shard.bound_offsets(upper)
+    if shard.is_kafka:
+        return _seek_kafka(shard, state, epoch, upper, position, actor)
     expected = _expected_segments(shard, upper, position)
     partitions = sorted(set(shard.source.partitions()) | set(position) | {s.partition for s in expected})
     present: dict[str, set[str]] = {}
@@ -132,6 +137,22 @@ def seek(shard: Shard, *, epoch: int | None = None, actor: str) -> SeekResult:
                                  position, actor)
     return SeekResult(shard.shard_id, result.state.epoch, upper, position, ahead, len(expected),
                       result.state.to_dict())
+
+
+def _seek_kafka(shard: Shard, state: Any, epoch: int | None, upper: int, position: dict[str, int],
+                actor: str) -> SeekResult:
+    """A Kafka shard's seek: its consumer group set to the offsets bound at the upper and read
+    back (refused, nothing changed, when retention deleted offsets still to be read)."""
+    from airflow_upsert_provider.engine.kafka_recovery import seek_group
+
+    group = seek_group(shard.source, shard.group_id, position)
+    result = streams.record_seek(shard.consensus, shard.shard_id, epoch if epoch is not None else state.epoch,
+                                 position, actor)
+    ahead = sum(max(0, high - group["positions"].get(p, high)) for p, high in group["high_watermarks"].items())
+    out = SeekResult(shard.shard_id, result.state.epoch, upper, position, ahead, len(group["positions"]),
+                     result.state.to_dict())
+    out.group = group
+    return out
 
 
 def recovery_status(shard: Shard) -> dict[str, Any]:

@@ -182,6 +182,8 @@ class Writer:
         self.prefetched: Callable[[int, "Binding"], "DataFrame | None"] | None = None
         self.on_staged: Callable[[StagedBatch], None] | None = None
         self.after_commit: list[Callable[[BatchResult, int], None]] = []
+        # A Kafka shard's consumer group, moved after each commit (engine/upstream.py).
+        self.upstream = None
 
     # -- the one rule ------------------------------------------------------------------------
 
@@ -334,6 +336,21 @@ class Writer:
                 self._delete_staged(staged)
             self.held.clear()
         self.epoch = epoch
+        if self.shard.is_kafka:
+            self._follow_upstream(epoch)
+
+    def _follow_upstream(self, epoch: int) -> None:
+        """Start (or restart in a new epoch) the consumer group's commits; a failure there
+        is logged and retried with the next commit, never a reason not to run."""
+        from airflow_upsert_provider.engine.upstream import follow_upper
+
+        try:
+            if self.upstream is None:
+                self.upstream = follow_upper(self)
+            self.upstream.start(epoch)
+        except Exception as exc:  # noqa: BLE001 - the group follows the shard, never gates it
+            log.warning("shard %s: consumer group commits not started (%s: %s); retried after the next commit",
+                        self.shard.shard_id, type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])
 
     def may_continue(self) -> bool:
         """Whether another batch may start: the stream is still READY in this writer's epoch.
