@@ -352,23 +352,6 @@ class GroupCommitter:
             self._acks = state
             return self._checked(self._flush(ignored))
 
-    def on_batch_committed(self, result: Any, epoch: int) -> GroupCommit | None:
-        """A writer's ``after_commit`` callback: batch ``result.ts`` is committed (by this
-        writer or a peer) in ``epoch``. The first call of an epoch starts tracking at the
-        offsets bound before that batch, so the committer needs no start of its own; then
-        binding(ts)'s ranges are acknowledged. Needs the shard (:meth:`for_shard`)."""
-        if self.shard is None:
-            raise ValueError("on_batch_committed needs the shard: build the committer with GroupCommitter.for_shard")
-        ts = int(result.ts)
-        if self.epoch is None or self.epoch < epoch:
-            self.start(epoch, self.shard.bound_offsets(ts))
-        binding = self.shard.binding(ts)
-        if binding is None:  # a committed ts always has its binding; nothing to tell the group otherwise
-            log.warning("shard %s: batch %s is committed but has no binding; group offsets unchanged",
-                        self.shard_id, ts)
-            return None
-        return self.acknowledge(epoch, binding.ranges)
-
     def flush(self) -> GroupCommit:
         """Commit what is acknowledged and not yet held by the group (a retry without a new
         acknowledgement)."""

@@ -308,25 +308,3 @@ def test_observations_of_a_kafka_shard_carry_its_group(kafka_bootstrap: str, kaf
     observations.record_observation(consensus, seen)
     assert observations.observation_window(consensus, "orders", at - 1)[0].upstream == seen.upstream
 
-
-def test_the_writer_callback_starts_at_the_batch_and_follows_the_frontier(kafka_bootstrap: str, kafka_topic: str,
-                                                                         consensus: Consensus) -> None:
-    from types import SimpleNamespace
-
-    produce_changes(kafka_bootstrap, kafka_topic, [(p, f"k{n}", {"id": n}) for p in (0, 1) for n in range(9)])
-    commit_batches(consensus, "orders", [{"0": 2, "1": 0}, {"0": 5, "1": 4}, {"0": 9, "1": 9}])
-    group = new_group()
-    with KafkaSource(kafka_topic, config(kafka_bootstrap)) as source:
-        shard = KafkaShard(consensus, "orders", source, group)
-        with GroupCommitter.for_shard(shard) as committer:
-            # The writer's first commit in its epoch is batch 1: tracking starts at batch 0's end.
-            first = committer.on_batch_committed(SimpleNamespace(ts=1, outcome="committed"), EPOCH)
-            assert committer.epoch == EPOCH
-            assert first is not None and first.committed == {"0": 5, "1": 4}
-            assert group_offsets(source, group, [0, 1]) == {0: 5, 1: 4}
-            committer.on_batch_committed(SimpleNamespace(ts=2, outcome="committed"), EPOCH)
-            assert group_offsets(source, group, [0, 1]) == {0: 9, 1: 9}
-            # A late callback of an earlier epoch changes nothing.
-            late = committer.on_batch_committed(SimpleNamespace(ts=2, outcome="already_committed"), EPOCH - 1)
-            assert late is not None and late.committed == {} and late.ignored == {"0": "earlier-epoch", "1": "earlier-epoch"}
-            assert committer.status()["behind"] == {}
