@@ -360,6 +360,8 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     if args.continuous != (args.run_for is not None):
         raise ConfigurationError("--continuous and --for DURATION go together", field="--for")
+    # Checked before anything is opened: a typo is not an unknown shard.
+    run_for = parse_duration(args.run_for, field="--for") if args.continuous else None
     shard = ctx.shard(args.shard)
     writer_id = args.writer_id or f"{_actor(args)}:{uuid.uuid4().hex[:8]}"
     writer = Writer(shard, writer_id, spark_factory=ctx.spark, on_bad_record=args.on_bad_record)
@@ -384,8 +386,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     if args.continuous:
         from airflow_upsert_provider.engine.continuous import run_continuous
 
-        report = run_continuous(writer, duration_seconds=parse_duration(args.run_for, field="--for"),
-                                on_result=on_result)
+        report = run_continuous(writer, duration_seconds=run_for, on_result=on_result)
     else:
         report = writer.run(
             max_batches=None if args.until_caught_up else args.max_batches,
