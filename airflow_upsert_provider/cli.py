@@ -351,7 +351,13 @@ def _kafka_init_options(args: argparse.Namespace, is_kafka: bool) -> dict[str, A
 
 def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     shard = ctx.shard(args.shard)
-    return shard.status(None if args.no_rows else ctx.spark()).to_dict()
+    out = shard.status(None if args.no_rows else ctx.spark()).to_dict()
+    if shard.is_kafka:
+        from airflow_upsert_provider.engine.group_offsets import group_status
+
+        # What lag tools see: the consumer group against the shard's frontier.
+        out["group"] = group_status(shard)
+    return out
 
 
 def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:

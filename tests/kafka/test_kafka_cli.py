@@ -53,6 +53,8 @@ def test_debezium_topic_through_upsertctl(spark, tmp_path, monkeypatch, capsys, 
     assert code == 0, err
     assert status["source"]["lag_offsets"] == {"0": 0, "1": 0, "2": 0, "3": 0}
     assert status["source"]["bound"] == {"0": 4, "1": 3, "2": 0, "3": 0}
+    assert status["group"]["group"] == "upsert-cdc" and status["group"]["alert"] is False
+    assert status["group"]["committed"] == {"0": 4, "1": 3, "2": 0, "3": 0}
     everything = json.dumps([out, status]) + text + err + capsys.readouterr().err
     assert SECRET not in everything
 
