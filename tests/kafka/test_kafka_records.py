@@ -241,10 +241,34 @@ def test_debezium_unmappable_events_keep_their_text_and_say_why(value, reason):
 
 def test_debezium_records_are_written_back_as_read():
     # Duplicates, member order, number texts and escapes reach the validator as sent.
-    # A lone surrogate cannot be UTF-8: that string stays escaped, the others are written out.
+    # A lone surrogate cannot be UTF-8: the record is written with non-ASCII escaped.
     value = '{"op":"c","after":{"b":1e400,"a":-0.50,"a":2,"s":"\\ud800","t":"\\u00e9\\n"}}'
     row = one(value, key='{"id": 1}', envelope="debezium")
-    assert row["_raw"] == '{"id":1,"b":1e400,"a":-0.50,"a":2,"s":"\\ud800","t":"é\\n"}'
+    assert row["_raw"] == '{"id":1,"b":1e400,"a":-0.50,"a":2,"s":"\\ud800","t":"\\u00e9\\n"}'
+    value = '{"op":"c","after":{"id":1,"t":"\\u00e9\\n"}}'
+    assert one(value, envelope="debezium")["_raw"] == '{"id":1,"t":"é\\n"}'
+
+
+def test_unencodable_or_odd_fields_never_raise():
+    # A binlog file name no UTF-8 can hold is no position; a non-string op is quoted.
+    row = one('{"op":"c","after":{"id":1},"source":{"file":"\\udc80","pos":1}}', envelope="debezium")
+    assert (row["_srcpos"], row["_map_reason"]) == (None, None)
+    row = one('{"op":{"x":"\\ud800"}}', envelope="debezium")
+    assert row["_map_reason"] == 'debezium: unknown op {"x":"\\ud800"}'
+
+
+def test_a_rule_that_fails_makes_a_bad_record_not_an_exception(monkeypatch):
+    from airflow_upsert_provider.engine.sources import kafka_records
+
+    def broken(value, key, keys):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(kafka_records, "_map_json", broken)
+    rows = mapped([(0, 1, "1", '{"id": 1}'), (0, 2, "2", None)])
+    assert [(r["_offset"], r["_raw"], r["_map_reason"]) for r in rows] == [
+        (1, '{"id": 1}', "message cannot be mapped (RuntimeError: boom)"),
+        (2, "", "message cannot be mapped (RuntimeError: boom)"),
+    ]
 
 
 def test_unknown_envelope_is_refused():

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from json.encoder import encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.records import BatchRecords, judge_lines, sql_name
+from airflow_upsert_provider.engine.records import QUOTE_CHARS, BatchRecords, judge_lines, sql_name
 from airflow_upsert_provider.engine.runs import user_schema
 
 if TYPE_CHECKING:
@@ -106,26 +107,22 @@ def _parse(text: str) -> tuple[Any, str | None]:
         return None, "nested too deeply"
 
 
-def _dump_string(text: str) -> str:
-    dumped = json.dumps(text, ensure_ascii=False)
-    try:
-        dumped.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (\ud800) read from an escape: keep it escaped
-        dumped = json.dumps(text)
-    return dumped
+def _dump_string(text: str, ascii: bool = False) -> str:
+    return encode_basestring_ascii(text) if ascii else encode_basestring(text)
 
 
-def _dump(value: Any) -> str:
+def _dump(value: Any, ascii: bool = False) -> str:
+    """``value`` as JSON text; ``ascii`` escapes every non-ASCII character (see :func:`_utf8`)."""
     if isinstance(value, _Number):
         return value.text
-    if isinstance(value, _Object):
-        return "{" + ",".join(f"{_dump_string(k)}:{_dump(v)}" for k, v in value.pairs) + "}"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{_dump_string(k)}:{_dump(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_dump(v) for v in value) + "]"
     if isinstance(value, str):
-        return _dump_string(value)
+        return _dump_string(value, ascii)
+    if isinstance(value, _Object):
+        return "{" + ",".join(f"{_dump_string(k, ascii)}:{_dump(v, ascii)}" for k, v in value.pairs) + "}"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_dump_string(k, ascii)}:{_dump(v, ascii)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v, ascii) for v in value) + "]"
     if value is True:
         return "true"
     if value is False:
@@ -133,6 +130,21 @@ def _dump(value: Any) -> str:
     if value is None:
         return "null"
     raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _utf8(dump: Callable[[bool], str]) -> str:
+    """``dump(False)``, unless it cannot be UTF-8 (a lone surrogate such as ``\\ud800`` read
+    from an escape): then ``dump(True)``, every non-ASCII character escaped again."""
+    text = dump(False)
+    return text if _is_utf8(text) else dump(True)
 
 
 def _kind(value: Any) -> str:
@@ -192,19 +204,19 @@ class _MessageKey:
         if wrapped:
             parsed = parsed["payload"]
         if error is None and isinstance(parsed, _Object):
-            return {k: _dump(parsed[k]) for k in self.keys if k in parsed}
+            return {k: _utf8(partial(_dump, parsed[k])) for k in self.keys if k in parsed}
         if len(self.keys) != 1 or (wrapped and parsed is None):
             return {}
         (key,) = self.keys
         scalar = error is None and not isinstance(parsed, list)
         if scalar and (isinstance(parsed, str) or key not in self.string_keys):
-            return {key: _dump(parsed)}
+            return {key: _utf8(partial(_dump, parsed))}
         if wrapped:
             # A STRING key column: a number or boolean payload is its text.
-            return {key: _dump_string(_dump(parsed))} if scalar else {}
+            return {key: _dump_string(_dump(parsed))} if scalar else {}  # a number or boolean: ASCII
         # Not JSON, an array, or a STRING key column whose key is not a JSON string: key
         # 42 for a STRING column is the string "42", not a wrongly typed number.
-        return {key: _dump_string(text)}
+        return {key: _utf8(partial(_dump_string, text))}
 
 
 def _missing_keys(record: dict, keys: Sequence[str], key: _MessageKey, where: str | None) -> tuple[list[str], str | None]:
@@ -219,7 +231,7 @@ def _missing_keys(record: dict, keys: Sequence[str], key: _MessageKey, where: st
             if where is None:
                 return [], f"key column {name!r} is not in the message key"
             return [], f"key column {name!r} is neither in the {where} nor in the message key"
-        added.append(f"{_dump_string(name)}:{key.fields[name]}")
+        added.append(f"{_utf8(partial(_dump_string, name))}:{key.fields[name]}")
     return added, None
 
 
@@ -265,7 +277,7 @@ def _source_position(source: Any) -> dict[str, Any] | None:
     if lsn is not None:
         return {"lsn": lsn, "file": None, "pos": None, "row": None}
     file, pos = source.get("file"), _int64(source.get("pos"))
-    if isinstance(file, str) and file and pos is not None:
+    if isinstance(file, str) and file and _is_utf8(file) and pos is not None:
         return {"lsn": None, "file": file, "pos": pos, "row": _int64(source.get("row"))}
     return None
 
@@ -288,7 +300,9 @@ def _map_debezium(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _
     elif "op" not in event:
         return value, False, None, "debezium: the change event has no 'op'"
     else:
-        shown = repr(op) if isinstance(op, str) else _dump(op)
+        shown = repr(op) if isinstance(op, str) else _utf8(partial(_dump, op))
+        if len(shown) > QUOTE_CHARS:
+            shown = shown[:QUOTE_CHARS] + "..."
         return value, False, None, f"debezium: unknown op {shown}"
     record = event.get(image)
     if not isinstance(record, _Object):
@@ -296,8 +310,9 @@ def _map_debezium(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _
     added, reason = _missing_keys(record, keys, key, f"{image!r} object")
     if reason is not None:
         return value, False, None, reason
-    members = added + [f"{_dump_string(k)}:{_dump(v)}" for k, v in record.pairs]
-    return "{" + ",".join(members) + "}", delete, _source_position(event.get("source")), None
+    body = _utf8(lambda ascii: ",".join(f"{_dump_string(k, ascii)}:{_dump(v, ascii)}" for k, v in record.pairs))
+    separator = "," if added and record.pairs else ""
+    return "{" + ",".join(added) + separator + body + "}", delete, _source_position(event.get("source")), None
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -350,7 +365,10 @@ def map_messages(
     columns: dict[str, list[Any]] = {name: [] for name in _mapped_arrow_schema().names}
     data = batch.to_pydict()
     for partition, offset, key_text, value in zip(data["partition"], data["offset"], data["key"], data["value"]):
-        mapped = mapper(value, _MessageKey(key_text, keys, strings), keys)
+        try:
+            mapped = mapper(value, _MessageKey(key_text, keys, strings), keys)
+        except Exception as exc:  # a rule missed: the message is still only a bad record
+            mapped = value or "", False, None, f"message cannot be mapped ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})"
         if mapped is None:
             continue
         raw, delete, position, reason = mapped
