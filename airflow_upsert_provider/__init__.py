@@ -108,6 +108,13 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "How many source segment files one batch of a new shard binds.",
                         "schema": {"type": ["integer", "null"], "default": 64, "minimum": 1},
                     },
+                    "kafka_conn_id": {
+                        "label": "Kafka connection id",
+                        "description": "Airflow connection of type kafka whose extra is the client "
+                        "config (bootstrap.servers required) of Kafka shards, unless a task names "
+                        "another.",
+                        "schema": {"type": ["string", "null"], "examples": ["kafka_default"]},
+                    },
                 },
             }
         ],

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.blob import LocalBlob
     from airflow_upsert_provider.engine.consensus import Consensus
     from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 
 DEFAULT_CONN_ID = "upsert_default"
 DEFAULT_SPARK_CONN_ID = "spark_default"
@@ -50,6 +51,8 @@ class UpsertSettings:
     spark_conn_id: str
     default_buckets: int | None
     default_max_files_per_batch: int | None
+    # The Airflow `kafka` connection of Kafka shards opened without one named by the task.
+    kafka_conn_id: str | None = None
 
     @property
     def redacted_consensus_url(self) -> str:
@@ -75,7 +78,8 @@ class UpsertShardHook(BaseHook):
     ``consensus_url`` (``sqlite:///PATH`` or ``postgresql://USER@HOST:PORT/DB``; its password
     goes in the connection's password field), ``blob_root``, ``spark_conn_id`` (default
     ``spark_default``), ``default_buckets`` and ``default_max_files_per_batch`` (for shards
-    created through :meth:`create_shard`).
+    created through :meth:`create_shard`), ``kafka_conn_id`` (the Airflow ``kafka`` connection
+    whose extra is the client config of Kafka shards, unless a task names another).
 
     When the connection ``upsert_default`` is not defined the embedded defaults apply: SQLite
     consensus at ``$AIRFLOW_HOME/upsert/consensus.db``, blob at ``$AIRFLOW_HOME/upsert/blob``.
@@ -118,7 +122,8 @@ class UpsertShardHook(BaseHook):
                     field="upsert_conn_id",
                 ) from None
             self.log.info("connection %r is not defined: using the embedded defaults", DEFAULT_CONN_ID)
-            return UpsertSettings(embedded_consensus_url(), embedded_blob_root(), DEFAULT_SPARK_CONN_ID, None, None)
+            return UpsertSettings(embedded_consensus_url(), embedded_blob_root(), DEFAULT_SPARK_CONN_ID, None, None,
+                                  None)
         if conn.conn_type not in (None, "", "upsert"):
             raise ConfigurationError(
                 f"Airflow connection {self.upsert_conn_id!r} has type {conn.conn_type!r}; expected 'upsert'",
@@ -134,6 +139,7 @@ class UpsertShardHook(BaseHook):
             spark_conn_id=extra.get("spark_conn_id") or DEFAULT_SPARK_CONN_ID,
             default_buckets=_optional_int(extra, "default_buckets"),
             default_max_files_per_batch=_optional_int(extra, "default_max_files_per_batch"),
+            kafka_conn_id=extra.get("kafka_conn_id") or None,
         )
 
     @staticmethod
@@ -179,10 +185,76 @@ class UpsertShardHook(BaseHook):
             self._blob = blob
         return self._blob
 
-    def open_shard(self, shard_id: str) -> Shard:
+    def open_shard(self, shard_id: str, *, kafka_conn_id: str | None = None, require_kafka_config: bool = False) -> Shard:
+        """Open a shard. A Kafka shard gets its client config from the ``kafka`` connection
+        ``kafka_conn_id`` (default: the upsert connection's ``kafka_conn_id``). Without
+        either it opens without one (what reads consensus only still works; the first use of
+        the broker says how to give one), or, with ``require_kafka_config``, is refused with a
+        ConfigurationError saying so.
+
+        :param shard_id: the shard.
+        :param kafka_conn_id: the Airflow connection of type ``kafka`` for a Kafka shard;
+            ignored for a directory shard.
+        :param require_kafka_config: refuse a Kafka shard that no connection is named for.
+        """
         from airflow_upsert_provider.engine.shard import Shard
 
-        return Shard.open(self.get_consensus(), self.get_blob(), shard_id)
+        shard = Shard.open(self.get_consensus(), self.get_blob(), shard_id)
+        if not shard.is_kafka:
+            return shard
+        conn_id = kafka_conn_id or self.settings.kafka_conn_id
+        if not conn_id:
+            if not require_kafka_config:
+                return shard
+            raise ConfigurationError(
+                f"shard {shard_id!r} reads kafka topic {shard.source.topic!r} and no kafka connection is named: "
+                f"pass kafka_conn_id to the operator, or set 'kafka_conn_id' in the extra of the upsert "
+                f"connection {self.upsert_conn_id!r} (an Airflow connection of type 'kafka' whose extra holds "
+                "the client config, bootstrap.servers required)",
+                field="kafka_conn_id",
+            )
+        return Shard(shard.consensus, shard.blob, shard_id, shard.config, kafka_config=self.get_kafka_config(conn_id))
+
+    def get_kafka_config(self, kafka_conn_id: str) -> KafkaConfig:
+        """The Kafka client config held by the Airflow connection ``kafka_conn_id`` (type
+        ``kafka``, the Kafka provider's: its extra is the librdkafka properties). Every secret
+        value in it is masked in Airflow's logs before anything else is done with it.
+
+        :param kafka_conn_id: the connection id.
+        """
+        from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
+
+        try:
+            conn = self.get_connection(kafka_conn_id)
+        except AirflowNotFoundException:
+            raise ConfigurationError(
+                f"Airflow connection {kafka_conn_id!r} is not defined (create it with conn type 'kafka', "
+                "its extra the client config)",
+                field="kafka_conn_id",
+            ) from None
+        if conn.conn_type != "kafka":
+            raise ConfigurationError(
+                f"Airflow connection {kafka_conn_id!r} has type {conn.conn_type!r}; expected 'kafka'",
+                field="kafka_conn_id",
+            )
+        try:
+            extra = conn.extra_dejson
+        except Exception:  # never quote an extra: it holds the credentials
+            raise ConfigurationError(
+                f"Airflow connection {kafka_conn_id!r}: its extra is not a JSON object", field="kafka_conn_id"
+            ) from None
+        if isinstance(extra, Mapping):
+            from airflow_upsert_provider.engine.sources.kafka import SECRET_NAME
+
+            for name, value in extra.items():
+                if isinstance(name, str) and SECRET_NAME.search(name) and value not in (None, ""):
+                    self._mask(str(value))
+        self._mask(conn.password)
+        try:
+            return KafkaConfig.from_dict(extra)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"Airflow connection {kafka_conn_id!r}: {exc.message}",
+                                     field=exc.details.get("field", "kafka_conn_id")) from None
 
     def create_shard(
         self,
