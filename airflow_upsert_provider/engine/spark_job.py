@@ -5,7 +5,10 @@ report, or the error with its exit code) to ``--result-file``, then exits with t
 exit code. The consensus URL (which may hold a password) is read from the file named by
 ``--consensus-url-file`` (the submitting task writes it readable only by its user and removes
 it afterwards), or else from the environment (``UPSERT_CONSENSUS_URL``), so that a password
-never appears on a command line. No Airflow imports: the engine runs here alone.
+never appears on a command line. A Kafka shard's client config (it may hold ``sasl.password``)
+comes the same way, from the file named by ``--kafka-config-file``. ``--continuous-for
+SECONDS`` runs continuous mode (engine/continuous.py). No Airflow imports: the engine runs
+here alone.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--until-caught-up", action="store_true")
     parser.add_argument("--max-files-per-batch", type=int, default=None)
     parser.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
+    parser.add_argument(
+        "--kafka-config-file", default=None,
+        help="JSON file of the Kafka client config of a Kafka shard (written private by the submitting task)",
+    )
+    parser.add_argument(
+        "--continuous-for", type=float, default=None, metavar="SECONDS",
+        help="run batches back to back for this long (continuous mode); overrides --max-batches",
+    )
     return parser
 
 
@@ -89,7 +100,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     consensus = open_consensus(consensus_url(args.consensus_url_file))
     blob = open_blob(args.blob_root)
     blob.check_root()
-    shard = Shard.open(consensus, blob, args.shard)
+    kafka_config = None
+    if args.kafka_config_file:
+        from airflow_upsert_provider.engine.sources.kafka_options import load_kafka_config
+
+        kafka_config = load_kafka_config(args.kafka_config_file)
+    shard = Shard.open(consensus, blob, args.shard, kafka_config=kafka_config)
     spark_seconds: list[float] = []
     session: list[Any] = []
 
@@ -108,10 +124,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_files_per_batch=args.max_files_per_batch,
     )
     try:
-        report = writer.run(
-            max_batches=None if args.until_caught_up else args.max_batches,
-            until_caught_up=args.until_caught_up,
-        )
+        if args.continuous_for is not None:
+            from airflow_upsert_provider.engine.continuous import run_continuous
+
+            report = run_continuous(writer, duration_seconds=args.continuous_for)
+        else:
+            report = writer.run(
+                max_batches=None if args.until_caught_up else args.max_batches,
+                until_caught_up=args.until_caught_up,
+            )
     finally:
         consensus.dispose()
     return {**report.to_dict(), "spark_start_seconds": round(sum(spark_seconds), 3)}

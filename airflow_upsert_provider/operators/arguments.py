@@ -92,3 +92,39 @@ def parse_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value in choices:
         return value
     raise AirflowFailException(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any, name: str) -> float | None:
+    """A positive, finite duration in seconds: a number of seconds, a numeric string, a
+    ``timedelta``, or a string of number-unit parts such as ``"90s"``, ``"10m"``, ``"1h30m"``
+    (units s, m, h, d); ``None`` when unset."""
+    import re
+
+    if _is_unset(value):
+        return None
+    seconds: float | None = None
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+            if parts and "".join(n + u for n, u in parts) == text:
+                seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+        if seconds is None:
+            raise AirflowFailException(
+                f"{name} must be a duration (seconds, or like 90s, 10m, 1h30m), got {value!r}"
+            )
+    else:
+        try:
+            seconds = parse_seconds(value, name)
+        except AirflowFailException:
+            raise AirflowFailException(
+                f"{name} must be a duration (seconds, or like 90s, 10m, 1h30m), got {value!r}"
+            ) from None
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise AirflowFailException(f"{name} must be a duration above zero, got {value!r}")
+    return seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ from airflow_upsert_provider.engine.errors import (
 from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_int
+from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_duration, parse_int
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -127,6 +128,8 @@ class _RunPlan:
     until_caught_up: bool
     max_files_per_batch: int | None
     on_bad_record: str
+    # Seconds of continuous mode (batches back to back, the next slice prefetched); None: off.
+    continuous_seconds: float | None = None
 
 
 class MicroBatchUpsertOperator(BaseOperator):
@@ -152,6 +155,15 @@ class MicroBatchUpsertOperator(BaseOperator):
     :param max_files_per_batch: source files per batch for bindings this task mints
         (templated); default the shard's. A backfill passes a large value.
     :param on_bad_record: ``fail`` (default) or ``quarantine`` (templated).
+    :param continuous_for: (templated) run in continuous mode for this long: seconds, or a
+        duration such as ``"10m"`` or ``"1h30m"``. Batches run back to back in one Spark
+        session, an idle source is polled, and the next Kafka slice is fetched while a batch
+        commits; a stop or a recovery ends the run between batches. Overrides
+        ``max_batches`` and ``until_caught_up``. Default: off.
+    :param kafka_conn_id: (templated) the Airflow connection of type ``kafka`` (its extra is
+        the client config) of a Kafka shard; default the upsert connection's
+        ``kafka_conn_id``. A Kafka shard without either fails without retry. Its secrets are
+        masked in the task log and never reach XCom or the submit command line.
     :param spark_mode: (templated) ``in_process`` (Spark in the worker process, on the Spark
         connection's master, ``local[*]`` by default) or ``submit`` (the packaged job through
         the Spark provider's ``SparkSubmitHook`` on the Spark connection, client deploy mode).
@@ -170,6 +182,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         "on_bad_record",
         "spark_mode",
         "spark_conf",
+        "continuous_for",
+        "kafka_conn_id",
     )
     template_fields_renderers = {"spark_conf": "json"}
     ui_color = "#d9ecf2"
@@ -186,6 +200,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         spark_mode: str = "in_process",
         spark_conf: dict[str, str] | None = None,
         submit_options: dict[str, Any] | None = None,
+        continuous_for: float | int | str | datetime.timedelta | None = None,
+        kafka_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -198,6 +214,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         self.spark_mode = spark_mode
         self.spark_conf = spark_conf or {}
         self.submit_options = submit_options or {}
+        self.continuous_for = continuous_for
+        self.kafka_conn_id = kafka_conn_id
         self._spark = None
         self._submit_hook = None
         self._killed = False
@@ -215,22 +233,30 @@ class MicroBatchUpsertOperator(BaseOperator):
         max_files = parse_int(self.max_files_per_batch, "max_files_per_batch")
         on_bad_record = parse_choice(self.on_bad_record, "on_bad_record", BAD_RECORD_MODES)
         spark_mode = parse_choice(self.spark_mode, "spark_mode", SPARK_MODES)
+        continuous_seconds = parse_duration(self.continuous_for, "continuous_for")
+        kafka_conn_id = None if self.kafka_conn_id in (None, "", "None") else str(self.kafka_conn_id)
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
             # Fail fast, before any Spark starts, on what a retry cannot fix: an unknown shard,
             # a stream that is not READY (a submitted job would only find the same refusal).
             # The writer checks the stream again when it starts, and fences every commit.
-            shard = hook.open_shard(self.shard)
+            shard = hook.open_shard(self.shard, kafka_conn_id=kafka_conn_id, require_kafka_config=True)
             stream = require_ready(shard.consensus, self.shard)
             self.log.info(
                 "shard %s: upper %s; stream %s (epoch %s); writer %s; consensus %s; blob %s; spark %s",
                 self.shard, shard.state().upper, stream.status.value, stream.epoch, writer_id,
                 hook.settings.redacted_consensus_url, hook.settings.blob_root, spark_mode,
             )
-            plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record)
+            if shard.is_kafka:
+                # Names only: the client config's values stay out of the log.
+                self.log.info("shard %s reads kafka topic %r as consumer group %r", self.shard,
+                              shard.source.topic, shard.group_id)
+            if continuous_seconds is not None:
+                self.log.info("shard %s: continuous mode for %ss", self.shard, continuous_seconds)
+            plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record, continuous_seconds)
             if spark_mode == "submit":
-                report = self._run_submit(hook, plan)
+                report = self._run_submit(hook, plan, shard)
             else:
                 report = self._run_in_process(hook, shard, plan)
         except UpsertError as exc:
@@ -281,11 +307,17 @@ class MicroBatchUpsertOperator(BaseOperator):
             on_bad_record=plan.on_bad_record, max_files_per_batch=plan.max_files_per_batch,
         )
         try:
-            run = writer.run(
-                max_batches=None if plan.until_caught_up else plan.max_batches,
-                until_caught_up=plan.until_caught_up,
-                on_result=lambda result: self._log_batch(result.to_dict()),
-            )
+            if plan.continuous_seconds is not None:
+                from airflow_upsert_provider.engine.continuous import run_continuous
+
+                run = run_continuous(writer, duration_seconds=plan.continuous_seconds,
+                                     on_result=lambda result: self._log_batch(result.to_dict()))
+            else:
+                run = writer.run(
+                    max_batches=None if plan.until_caught_up else plan.max_batches,
+                    until_caught_up=plan.until_caught_up,
+                    on_result=lambda result: self._log_batch(result.to_dict()),
+                )
         finally:
             self._stop_spark()
         return {**run.to_dict(), "spark_start_seconds": round(sum(spark_seconds), 3)}
@@ -297,7 +329,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             if owned:
                 session.stop()
 
-    def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan) -> dict[str, Any]:
+    def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan, shard: Shard | None = None) -> dict[str, Any]:
         from airflow_upsert_provider.engine import spark_job
 
         # Settle the blob root here: a missing root is a configuration error, not a job failure.
@@ -306,7 +338,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         workdir = tempfile.mkdtemp(prefix="upsert-submit-")
         try:
             result_file = os.path.join(workdir, "result.json")
-            self._submit_hook = self._build_submit_hook(hook, plan, blob.root, workdir, result_file)
+            self._submit_hook = self._build_submit_hook(hook, plan, blob.root, workdir, result_file, shard)
             submit_started = time.monotonic()
             failure: AirflowException | None = None
             try:
@@ -331,7 +363,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         return result
 
     def _build_submit_hook(
-        self, hook: UpsertShardHook, plan: _RunPlan, blob_root: str, workdir: str, result_file: str
+        self, hook: UpsertShardHook, plan: _RunPlan, blob_root: str, workdir: str, result_file: str,
+        shard: Shard | None = None,
     ) -> SparkSubmitHook:
         """The SparkSubmitHook of one submit-mode run, its files in ``workdir``.
 
@@ -340,7 +373,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         to every user in ``ps``) nor ``env_vars``, which the Spark provider turns into
         ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments on
         YARN and Kubernetes masters. The driver runs in client deploy mode, beside this task,
-        so it reads the file where it was written.
+        so it reads the file where it was written. A Kafka shard's client config (it may hold
+        ``sasl.password``) travels the same way, in a second private file.
         """
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
@@ -362,7 +396,13 @@ class MicroBatchUpsertOperator(BaseOperator):
             "--result-file", result_file, "--on-bad-record", plan.on_bad_record,
             "--consensus-url-file", url_file,
         ]
-        args += ["--until-caught-up"] if plan.until_caught_up else ["--max-batches", str(plan.max_batches)]
+        if shard is not None and shard.is_kafka:
+            config_file = write_private_file(workdir, "kafka-config.json", json.dumps(dict(shard.source.config.properties)))
+            args += ["--kafka-config-file", config_file]
+        if plan.continuous_seconds is not None:
+            args += ["--continuous-for", repr(plan.continuous_seconds)]
+        else:
+            args += ["--until-caught-up"] if plan.until_caught_up else ["--max-batches", str(plan.max_batches)]
         if plan.max_files_per_batch:
             args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
