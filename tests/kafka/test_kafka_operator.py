@@ -139,3 +139,29 @@ def test_submit_mode_hands_the_client_config_to_the_job_in_a_private_file(store,
     assert args.kafka_config_file == config_file and args.continuous_for == 600.0
     assert SECRET not in json.dumps(submit._env or {}) and SECRET not in caplog.text
     hook.close()
+
+
+def test_the_submitted_job_reads_the_client_config_file_and_runs_continuously(spark, store, tmp_path, monkeypatch,
+                                                                               capfd):
+    from airflow_upsert_provider.engine import spark_job
+    from airflow_upsert_provider.operators.upsert import write_private_file
+
+    shard, changes, _ = store
+    monkeypatch.setattr(spark_job, "_session_from_submit", lambda: spark)
+    hook = UpsertShardHook()
+    config = hook.get_kafka_config("kafka_events")
+    config_file = write_private_file(str(tmp_path), "kafka-config.json", json.dumps(dict(config.properties)))
+    url_file = write_private_file(str(tmp_path), "consensus-url", hook.settings.consensus_url)
+    result_file = tmp_path / "result.json"
+    code = spark_job.main([
+        "--shard", shard.shard_id, "--writer-id", "job", "--blob-root", hook.get_blob().root,
+        "--result-file", str(result_file), "--consensus-url-file", url_file,
+        "--kafka-config-file", config_file, "--continuous-for", "0.5",
+    ])
+    result = json.loads(result_file.read_text())
+    assert code == 0 and result["ok"], result
+    # The duration passed during the first batch: continuous mode starts no other.
+    assert [b["outcome"] for b in result["batches"]] == ["committed"] and result["upper"] == 1
+    out, err = capfd.readouterr()
+    assert SECRET not in result_file.read_text() + out + err
+    hook.close()
