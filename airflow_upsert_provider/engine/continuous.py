@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -46,6 +47,8 @@ DROP_CLOSED = "closed"  # the prefetcher was closed
 
 # Slices kept at most: the one being fetched and the one a stage is about to take.
 DEFAULT_MAX_ENTRIES = 2
+# Keys of consumed and dropped slices remembered (the latest), so a long run stays bounded.
+HISTORY = 1000
 
 
 @dataclass
@@ -102,8 +105,8 @@ class SlicePrefetcher:
         self._taken: dict[acks.PrefetchKey, _Entry] = {}
         self._source: "KafkaSource | None" = None
         # What happened to each slice, for the run's report and for tests.
-        self.consumed: list[acks.PrefetchKey] = []
-        self.dropped: list[Dropped] = []
+        self.consumed: deque[acks.PrefetchKey] = deque(maxlen=HISTORY)
+        self.dropped: deque[Dropped] = deque(maxlen=HISTORY)
 
     # -- fetching ----------------------------------------------------------------------------
 

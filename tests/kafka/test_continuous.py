@@ -10,6 +10,7 @@ prefetches leaves nothing a retry cannot converge from.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -212,7 +213,7 @@ def test_continuous_run_with_prefetch_equals_the_oracle(spark, sqlite_url, blob,
 
 
 def test_a_prefetched_slice_is_consumed_for_its_binding_and_one_from_an_earlier_epoch_is_dropped(
-    spark, sqlite_url, blob, kafka_bootstrap, kafka_topic, monkeypatch
+    spark, sqlite_url, blob, kafka_bootstrap, kafka_topic, monkeypatch, caplog
 ):
     changes = Changes(kafka_bootstrap, kafka_topic)
     changes.produce(40)
@@ -234,7 +235,7 @@ def test_a_prefetched_slice_is_consumed_for_its_binding_and_one_from_an_earlier_
         assert scheduler.run_all() == 1
         first = writer.step()
         assert first.outcome == COMMITTED and first.rows_in == 20 and reads == []
-        assert [k.ts for k in prefetcher.consumed] == [0] and prefetcher.dropped == []
+        assert [k.ts for k in prefetcher.consumed] == [0] and not prefetcher.dropped
 
         # Batch 1 fetched, then a recovery's seek: the slice is of the epoch before it, dropped
         # for that reason and read again.
@@ -260,6 +261,19 @@ def test_a_prefetched_slice_is_consumed_for_its_binding_and_one_from_an_earlier_
         scheduler.run_all()  # the cancelled job does nothing
         assert prefetcher.held() == [] and [k.ts for k in prefetcher.consumed] == [0]
         prefetcher.close()
+
+        # A fetch that fails hands the stage nothing and says why (its message scrubbed).
+        def no_session():
+            raise RuntimeError(f"no session for {SECRET}")
+
+        failing = SlicePrefetcher(shard, no_session, submit=scheduler.submit)
+        with caplog.at_level(logging.INFO, logger="airflow_upsert_provider.engine.continuous"):
+            failing.fetch(writer.epoch, binding2)
+            scheduler.run_all()
+            assert failing.take(writer.epoch, binding2) is None
+        assert "prefetch of batch 2 (epoch" in caplog.text and "failed (RuntimeError: no session for ***)" in caplog.text
+        assert SECRET not in caplog.text
+        failing.close()
         assert writer.run(until_caught_up=True).results[0].rows_in == 8
         assert table(shard, spark) == changes.oracle()
     finally:
