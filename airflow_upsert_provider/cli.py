@@ -309,7 +309,7 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     elif extra:
         from airflow_upsert_provider.engine.sources.kafka_records import infer_kafka_schema
 
-        schema = infer_kafka_schema(spark, source, envelope=extra["kafka"]["envelope"])
+        schema = infer_kafka_schema(spark, source, envelope=extra["kafka"]["envelope"], keys=tuple(args.key))
     else:
         schema = infer_schema(spark, source)
     config = ShardConfig(
