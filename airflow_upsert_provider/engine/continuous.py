@@ -278,34 +278,6 @@ def _unpersist(frame: "DataFrame") -> None:
 # -- the loop --------------------------------------------------------------------------------
 
 
-def settle_step(
-    writer: Writer,
-    result: BatchResult,
-    *,
-    on_result: Callable[[BatchResult], None] | None = None,
-    with_lag: bool = True,
-    observe: bool = True,
-) -> None:
-    """What follows every step of a run: the after-commit calls, the lag after it, the
-    frontier observation, the caller's ``on_result``. Shared by continuous mode and (for
-    the same bookkeeping) ``Writer.run``.
-
-    :param writer: the writer that ran the step.
-    :param result: the step's result; its ``lag_offsets`` are filled in here.
-    :param on_result: called with the result last.
-    :param with_lag: read the shard's status for the lag (one source survey).
-    :param observe: record a frontier observation for this step.
-    """
-    writer.notify_committed(result)
-    status = writer.shard.status() if with_lag else None
-    if status is not None:
-        result.lag_offsets = status.lag_offsets
-    if observe:
-        writer.record_observation(result, status)
-    if on_result is not None:
-        on_result(result)
-
-
 def _next_slice_fetcher(writer: Writer, prefetcher: SlicePrefetcher) -> Callable[[StagedBatch], None]:
     """The writer's ``on_staged``: mint binding(ts+1) and fetch its slice while ts commits.
     Never raises: a failure here costs the next stage its head start, never this batch."""
@@ -362,7 +334,7 @@ def run_continuous(
     deadline = clock() + float(duration_seconds)
     owned = None
     if prefetcher is None and prefetch and writer.shard.is_kafka:
-        owned = prefetcher = SlicePrefetcher(writer.shard, writer._spark_factory)
+        owned = prefetcher = SlicePrefetcher(writer.shard, writer.spark_factory)
     seams = (writer.prefetched, writer.on_staged)
     if prefetcher is not None:
         writer.prefetched = prefetcher.take
@@ -379,7 +351,7 @@ def run_continuous(
             result = writer.step()
             quiet = idle and result.outcome == NOTHING_TO_DO
             # One result (and one observation) per run of idle polls, not one per poll.
-            settle_step(writer, result, on_result=None if quiet else on_result, observe=not quiet)
+            writer.settle(result, on_result=None if quiet else on_result, observe=not quiet)
             if not quiet:
                 results.append(result)
             idle = result.outcome == NOTHING_TO_DO

@@ -436,6 +436,29 @@ class Writer:
                             "committed", self.shard.shard_id, getattr(call, "__qualname__", call), result.ts,
                             type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])
 
+    def settle(
+        self,
+        result: BatchResult,
+        *,
+        on_result: Callable[[BatchResult], None] | None = None,
+        with_lag: bool = True,
+        observe: bool = True,
+    ) -> None:
+        """What follows every step of a run (this loop's and continuous mode's): the
+        after-commit calls, the lag after it, the frontier observation, ``on_result`` last."""
+        self.notify_committed(result)
+        status = self.shard.status() if with_lag else None
+        if status is not None:
+            result.lag_offsets = status.lag_offsets
+        if observe:
+            self.record_observation(result, status)
+        if on_result is not None:
+            on_result(result)
+
+    @property
+    def spark_factory(self) -> Callable[[], "SparkSession"]:
+        return self._spark_factory
+
     def record_observation(self, result: BatchResult, status: ShardStatus | None = None) -> None:
         """Record what the shard looks like after a step (invariant 15: a writer that keeps
         running while committing nothing leaves a trail). A failure is logged, never raised:
@@ -470,14 +493,8 @@ class Writer:
                 log.info("shard %s: %s; no further batch started", self.shard.shard_id, self.stopped_because)
                 break
             result = self.step()
-            self.notify_committed(result)
-            status = self.shard.status() if with_lag else None
-            if status is not None:
-                result.lag_offsets = status.lag_offsets
-            self.record_observation(result, status)
+            self.settle(result, on_result=on_result, with_lag=with_lag)
             results.append(result)
-            if on_result is not None:
-                on_result(result)
             if not result.progressed:
                 break
             if not until_caught_up and max_batches is not None and len(results) >= max_batches:
