@@ -51,6 +51,8 @@ UPSERT_CONNECTION_EXTRA = {
     "spark_conn_id": "spark_default",
     "default_buckets": DEFAULT_BUCKETS,
     "default_max_files_per_batch": MAX_FILES_PER_BATCH,
+    # Used only by shards that read a Kafka topic (the demo's shard reads a directory).
+    "kafka_conn_id": "kafka_default",
 }
 BIN = os.path.dirname(sys.executable)
 
@@ -173,7 +175,7 @@ def main() -> None:
     print(f"  .venv/bin/upsertctl read {SHARD} | head     # the table")
     print("  .venv/bin/airflow tasks states-for-dag-run upsert_microbatch " + run_id)
     print("  .venv/bin/airflow dags test upsert_backfill --conf '{\"batch_size\": 64}'")
-    print("  .venv/bin/airflow standalone                 # the UI: the five example DAGs, this run and its log")
+    print("  .venv/bin/airflow standalone                 # the UI: the six example DAGs, this run and its log")
 
 
 if __name__ == "__main__":

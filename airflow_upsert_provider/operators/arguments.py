@@ -94,30 +94,24 @@ def parse_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     raise AirflowFailException(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def parse_duration(value: Any, name: str) -> float | None:
     """A positive, finite duration in seconds: a number of seconds, a numeric string, a
-    ``timedelta``, or a string of number-unit parts such as ``"90s"``, ``"10m"``, ``"1h30m"``
-    (units s, m, h, d); ``None`` when unset."""
-    import re
+    ``timedelta``, or a string such as ``"90s"``, ``"10m"``, ``"1h30m"`` (read by the engine's
+    :func:`~airflow_upsert_provider.engine.config.parse_duration`, as ``upsertctl --for`` is);
+    ``None`` when unset."""
+    from airflow_upsert_provider.engine.config import parse_duration as engine_duration
+    from airflow_upsert_provider.engine.errors import ConfigurationError
 
     if _is_unset(value):
         return None
     seconds: float | None = None
     if isinstance(value, str):
-        text = value.strip().lower().replace(" ", "")
         try:
-            seconds = float(text)
-        except ValueError:
-            parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
-            if parts and "".join(n + u for n, u in parts) == text:
-                seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
-        if seconds is None:
+            seconds = engine_duration(value, field=name)
+        except ConfigurationError:
             raise AirflowFailException(
                 f"{name} must be a duration (seconds, or like 90s, 10m, 1h30m), got {value!r}"
-            )
+            ) from None
     else:
         try:
             seconds = parse_seconds(value, name)
