@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
+from airflow_upsert_provider.engine.config import DURATION_PATTERN, SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 
 with DAG(
@@ -34,11 +34,11 @@ with DAG(
             "--source kafka:TOPIC`).",
         ),
         "kafka_conn_id": Param(
-            "kafka_default", type="string", title="Kafka connection",
+            "kafka_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,250}$", title="Kafka connection",
             description="An Airflow connection of type 'kafka' whose extra holds the client config.",
         ),
         "window": Param(
-            "9m", type="string", title="Window",
+            "9m", type="string", pattern=f"^{DURATION_PATTERN.pattern}$", minLength=1, title="Window",
             description="How long one run keeps batching (seconds, or e.g. 90s, 9m, 1h); shorter than the "
             "schedule so that windows do not queue up.",
         ),

@@ -140,12 +140,14 @@ BAD_VALUES = {
     "namespace": ["prod eu", "a/b", "x" * 65],
     "pagerduty_conn_id": ["a b", "pd/x"],
     "slack_conn_id": ["a b", "sl/x"],
+    "kafka_conn_id": ["", "a b", "k/x"],
+    "window": ["", "10x", "1h 30", 90],
 }
 
 
 def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuses_bad_input(airflow_home):
     found = _python(airflow_home, PARAMS, os.path.join(REPO_ROOT, "dags"), json.dumps(BAD_VALUES))
-    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance", "upsert_recovery", "upsert_frontier_monitor"} <= set(found)
+    assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance", "upsert_recovery", "upsert_frontier_monitor", "upsert_kafka"} <= set(found)
     seen = set()
     for dag_id, params in found.items():
         for name, param in params.items():
