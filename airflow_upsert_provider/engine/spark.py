@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, BinaryIO, Mapping
 
@@ -63,6 +64,11 @@ def get_spark(
         return active
     master = master or os.environ.get("UPSERT_SPARK_MASTER", DEFAULT_MASTER)
     settings = dict(DEFAULT_CONF)
+    if is_local_master(master):
+        # Python workers (the Kafka data source, Arrow mapping) run this interpreter, whose
+        # environment has pyarrow and the engine; Spark would otherwise start `python3` from
+        # PATH, which outside an activated venv has neither.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if is_local_master(master) or os.environ.get("SPARK_LOCAL_IP") == "127.0.0.1":
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings["spark.driver.host"] = "127.0.0.1"

@@ -295,7 +295,7 @@ def shard_config(envelope="json"):
 
 
 def records_of(spark, messages, envelope="json"):
-    df = spark.createDataFrame([(p, o, k, v, None) for p, o, k, v in messages], SLICE_SCHEMA)
+    df = spark.createDataFrame([(p, o, k, v, None, None) for p, o, k, v in messages], SLICE_SCHEMA)
     batch = kafka_batch_records(spark, shard_config(envelope), df, topic=TOPIC, envelope=envelope)
     return batch, {r["_offset"]: r.asDict(recursive=True) for r in batch.records.collect()}
 
@@ -364,7 +364,7 @@ def test_string_key_column_from_a_numeric_message_key(spark):
     schema = json.loads(SCHEMA)
     schema["fields"][0]["type"] = "string"
     config = ShardConfig(source=f"kafka:{TOPIC}", keys=("id",), schema=json.dumps(schema))
-    df = spark.createDataFrame([(0, 0, "42", '{"name": "a"}', None)], SLICE_SCHEMA)
+    df = spark.createDataFrame([(0, 0, "42", '{"name": "a"}', None, None)], SLICE_SCHEMA)
     row = kafka_batch_records(spark, config, df, topic=TOPIC, envelope="json").records.collect()[0]
     assert (row["id"], row["_reason"]) == ("42", None)
 
@@ -372,11 +372,11 @@ def test_string_key_column_from_a_numeric_message_key(spark):
 def test_debezium_batch_records_by_partition(spark):
     df = spark.createDataFrame(
         [
-            (0, 0, '{"id": 1}', event("c", after={"id": 1, "name": "a", "amount": 1.5}, source={"lsn": 100}), None),
-            (0, 1, '{"id": 1}', event("d", before={"id": 1, "name": None, "amount": None}, source={"lsn": 90}), None),
-            (0, 2, '{"id": 1}', None, None),
-            (1, 0, '{"id": 2}', event("u", after={"id": 2, "amount": "x"}, source={"file": "bin.1", "pos": 7, "row": 0}), None),
-            (1, 1, '{"id": 2}', event("t"), None),
+            (0, 0, '{"id": 1}', event("c", after={"id": 1, "name": "a", "amount": 1.5}, source={"lsn": 100}), None, None),
+            (0, 1, '{"id": 1}', event("d", before={"id": 1, "name": None, "amount": None}, source={"lsn": 90}), None, None),
+            (0, 2, '{"id": 1}', None, None, None),
+            (1, 0, '{"id": 2}', event("u", after={"id": 2, "amount": "x"}, source={"file": "bin.1", "pos": 7, "row": 0}), None, None),
+            (1, 1, '{"id": 2}', event("t"), None, None),
         ],
         SLICE_SCHEMA,
     )

@@ -146,3 +146,19 @@ def blob_files(directory: str) -> list[str]:
     import os
 
     return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".json"))
+
+
+def test_a_message_that_is_not_utf8_is_a_bad_record_not_a_failed_read(spark, sqlite_consensus, blob, kafka_bootstrap, kafka_topic):
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(kafka_topic, key=b"1", value=b'{"id": 1, "name": "ok", "amount": 1.0}', partition=2)
+    producer.produce(kafka_topic, key=b"2", value=b'{"id": 2, "name": "\xff\xfe"}', partition=2)
+    assert producer.flush(30) == 0
+    shard = kafka_shard(sqlite_consensus, blob, kafka_bootstrap, kafka_topic, max_records=100)
+    with pytest.raises(BadInputError) as raised:
+        Writer(shard, "w1", spark_factory=lambda: spark).run(max_batches=1)
+    assert f"kafka topic {kafka_topic!r} partition 2 offset 1: message value is not valid UTF-8" in raised.value.message
+    report = Writer(shard, "w2", spark_factory=lambda: spark, on_bad_record="quarantine").run(max_batches=1)
+    assert report.results[0].rejected == 1
+    assert table_from_rows(shard.read(spark).collect()) == {(1,): {"id": 1, "name": "ok", "amount": 1.0}}

@@ -145,7 +145,7 @@ def test_read_slice_on_executors_reads_exactly_the_bound_offsets(spark, kafka_bo
         # One Spark input partition per non-empty range: the empty one costs no task.
         assert df.rdd.getNumPartitions() == 3
         rows = df.collect()
-        assert [f.name for f in df.schema.fields] == ["partition", "offset", "key", "value", "timestamp"]
+        assert [f.name for f in df.schema.fields] == ["partition", "offset", "key", "value", "timestamp", "problem"]
         assert sorted((r.partition, r.offset, r.key, r.value) for r in rows) == expected
         assert len(rows) == len(expected) == 8 + 9 + 3
         assert all(r.timestamp is not None for r in rows)

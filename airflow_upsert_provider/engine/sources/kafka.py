@@ -52,7 +52,7 @@ READER_OVERRIDES = {
 DEFAULT_GROUP = "upsert-reader"
 # Columns of a slice, in order; value is the message value decoded as UTF-8 (None for a
 # tombstone), timestamp the message's timestamp (producer or broker time, UTC).
-SLICE_SCHEMA = "partition INT, offset BIGINT, key STRING, value STRING, timestamp TIMESTAMP"
+SLICE_SCHEMA = "partition INT, offset BIGINT, key STRING, value STRING, timestamp TIMESTAMP, problem STRING"
 # Messages asked of one consume() call at most, so that an executor yields Arrow batches of a
 # bounded size instead of holding a whole partition range.
 MAX_BATCH = 10_000
@@ -212,7 +212,8 @@ def read_range(
         last_progress = time.monotonic()
         while next_offset < end:
             messages = consumer.consume(min(end - next_offset, max_batch), poll_timeout)
-            columns: dict[str, list[Any]] = {"partition": [], "offset": [], "key": [], "value": [], "timestamp": []}
+            columns: dict[str, list[Any]] = {
+                "partition": [], "offset": [], "key": [], "value": [], "timestamp": [], "problem": []}
             for message in messages:
                 error = message.error()
                 if error is not None:
@@ -229,8 +230,11 @@ def read_range(
                     )
                 columns["partition"].append(partition)
                 columns["offset"].append(offset)
-                columns["key"].append(_decode(message.key(), topic, partition, offset, "key"))
-                columns["value"].append(_decode(message.value(), topic, partition, offset, "value"))
+                key, key_problem = _decode(message.key(), "key")
+                value, value_problem = _decode(message.value(), "value")
+                columns["key"].append(key)
+                columns["value"].append(value)
+                columns["problem"].append(key_problem or value_problem)
                 ts_type, ts_ms = message.timestamp()
                 columns["timestamp"].append(ts_ms * 1000 if ts_type != 0 and ts_ms >= 0 else None)
                 next_offset = offset + 1
@@ -243,6 +247,7 @@ def read_range(
                         pa.array(columns["key"], pa.string()),
                         pa.array(columns["value"], pa.string()),
                         pa.array(columns["timestamp"], pa.timestamp("us", tz="UTC")),
+                        pa.array(columns["problem"], pa.string()),
                     ],
                     names=list(columns),
                 )
@@ -271,18 +276,15 @@ def _read_error(config: KafkaConfig, topic: str, partition: int, offset: int, en
     return KafkaSliceUnavailable(message, topic=topic, partition=partition, offset=offset)
 
 
-def _decode(raw: bytes | None, topic: str, partition: int, offset: int, what: str) -> str | None:
+def _decode(raw: bytes | None, what: str) -> tuple[str | None, str | None]:
+    """(text, None), or (None, why) for bytes that are not UTF-8: a bad message is a bad
+    record (failed or quarantined by the batch's rule), never a failed read."""
     if raw is None:
-        return None
+        return None, None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
-        from airflow_upsert_provider.engine.errors import BadInputError
-
-        raise BadInputError(
-            f"kafka topic {topic!r} partition {partition} offset {offset}: message {what} is not UTF-8 ({exc.reason} at byte {exc.start})",
-            records=[{"topic": topic, "partition": partition, "offset": offset, "field": what, "reason": "not UTF-8"}],
-        ) from None
+        return None, f"message {what} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
 
 
 def _slice_data_source(config: KafkaConfig, topic: str, stall_timeout: float) -> type:

@@ -364,9 +364,16 @@ def map_messages(
     mapper = _map_json if envelope == "json" else _map_debezium
     columns: dict[str, list[Any]] = {name: [] for name in _mapped_arrow_schema().names}
     data = batch.to_pydict()
-    for partition, offset, key_text, value in zip(data["partition"], data["offset"], data["key"], data["value"]):
+    problems = data.get("problem") or [None] * batch.num_rows
+    for partition, offset, key_text, value, problem in zip(
+        data["partition"], data["offset"], data["key"], data["value"], problems
+    ):
         try:
-            mapped = mapper(value, _MessageKey(key_text, keys, strings), keys)
+            if problem is not None:
+                # Undecodable bytes (read_range said why): a bad record, judged by the batch's rule.
+                mapped = "", False, None, problem
+            else:
+                mapped = mapper(value, _MessageKey(key_text, keys, strings), keys)
         except Exception as exc:  # a rule missed: the message is still only a bad record
             mapped = value or "", False, None, f"message cannot be mapped ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})"
         if mapped is None:
