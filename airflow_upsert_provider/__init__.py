@@ -59,6 +59,11 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "notifications": ["airflow_upsert_provider.notifications.frontier.FrontierPageNotifier"],
+        # Loaded from here only while [core] lazy_discover_providers is false: the same plugin is
+        # also an airflow.plugins entry point (pyproject.toml), which Airflow always loads.
+        "plugins": [
+            {"name": "upsert_provider_ui", "plugin-class": "airflow_upsert_provider.plugins.ui.UpsertProviderUiPlugin"},
+        ],
         "connection-types": [
             {
                 "hook-class-name": "airflow_upsert_provider.hooks.upsert.UpsertShardHook",

@@ -1,0 +1,152 @@
+// The shard page: the list from api/shards, one shard's chart from its observations.
+// Plain DOM and SVG (no library); every value goes in as text, never as markup.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+let selected = null;
+
+function el(tag, attrs, text) {
+  const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, value);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function when(t) {
+  return t ? new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "—";
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "—";
+  if (s < 90) return `${Math.round(s)}s`;
+  if (s < 5400) return `${Math.round(s / 60)}m`;
+  return `${(s / 3600).toFixed(1)}h`;
+}
+
+function num(n) {
+  return n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US");
+}
+
+function badge(status) {
+  const value = (status || "unknown").toLowerCase();
+  return el("span", { class: `badge ${value}` }, status || "unknown");
+}
+
+function cell(row, content, cls) {
+  const td = el("td", cls ? { class: cls } : {});
+  if (content instanceof Node) td.appendChild(content); else td.textContent = content;
+  row.appendChild(td);
+  return td;
+}
+
+function renderShards(data) {
+  const body = document.querySelector("#shards tbody");
+  body.replaceChildren();
+  const errors = data.connections.filter((c) => c.error).map((c) => `${c.conn_id}: ${c.error}`);
+  const box = document.getElementById("errors");
+  box.hidden = errors.length === 0;
+  box.textContent = errors.join("\n");
+  if (data.shards.length === 0) {
+    const tr = el("tr");
+    cell(tr, "No shard in any upsert connection.").setAttribute("colspan", "11");
+    body.appendChild(tr);
+  }
+  for (const s of data.shards) {
+    const tr = el("tr", { "data-conn": s.conn_id, "data-shard": s.shard });
+    cell(tr, s.conn_id);
+    cell(tr, s.shard, "shard");
+    cell(tr, num(s.upper), "num upper");
+    cell(tr, num(s.since), "num since");
+    cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
+    cell(tr, num(s.lag_records), "num lag-records");
+    cell(tr, duration(s.lag_seconds), "num lag-seconds");
+    const commit = cell(tr, when(s.last_commit_at), "last-commit");
+    if (s.last_writer) commit.appendChild(el("span", { class: "reason" }, s.last_writer));
+    const stream = cell(tr, badge(s.stream ? s.stream.status : null), "stream");
+    if (s.stream && s.stream.reason) stream.appendChild(el("span", { class: "reason" }, s.stream.reason));
+    const frontier = cell(tr, badge(s.frontier ? s.frontier.status : null), "frontier");
+    for (const reason of (s.frontier ? s.frontier.reasons : []).slice(0, 2)) {
+      frontier.appendChild(el("span", { class: "reason" }, reason));
+    }
+    for (const error of s.errors || []) frontier.appendChild(el("span", { class: "reason" }, error));
+    cell(tr, s.last_checkpoint ? `${s.last_checkpoint.id} (upper ${s.last_checkpoint.upper})` : "—", "checkpoint");
+    tr.addEventListener("click", () => select(s));
+    body.appendChild(tr);
+  }
+  const again = selected && data.shards.find((s) => s.conn_id === selected.conn_id && s.shard === selected.shard);
+  if (again || data.shards.length) select(again || data.shards[0]);
+  document.getElementById("refreshed").textContent = `as of ${when(data.generated_at)}`;
+}
+
+function select(shard) {
+  selected = shard;
+  for (const tr of document.querySelectorAll("#shards tbody tr")) {
+    tr.classList.toggle("selected", tr.dataset.conn === shard.conn_id && tr.dataset.shard === shard.shard);
+  }
+  const detail = document.getElementById("detail");
+  detail.hidden = false;
+  document.getElementById("chart-title").textContent = `${shard.shard} (${shard.conn_id}): committed against the source`;
+  const reasons = document.getElementById("reasons");
+  reasons.replaceChildren(...(shard.frontier ? shard.frontier.reasons : []).map((r) => el("li", {}, r)));
+  const url = `api/shards/${encodeURIComponent(shard.shard)}/observations?conn=${encodeURIComponent(shard.conn_id)}`;
+  fetch(url, { credentials: "same-origin" })
+    .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
+    .then((data) => { if (selected === shard) drawChart(data.points); })
+    .catch((e) => { document.getElementById("chart").textContent = `observations: ${e.message}`; });
+}
+
+function drawChart(points) {
+  const box = document.getElementById("chart");
+  box.replaceChildren();
+  if (!points.length) {
+    box.appendChild(el("p", { class: "muted" }, "No frontier observation recorded yet."));
+    return;
+  }
+  const W = 760, H = 260, L = 70, R = 16, T = 12, B = 34;
+  const t0 = points[0].t, t1 = points[points.length - 1].t;
+  const ys = points.flatMap((p) => [p.high_watermark, p.bound]);
+  const y0 = Math.min(0, ...ys), y1 = Math.max(1, ...ys);
+  const x = (t) => L + (t1 > t0 ? ((t - t0) / (t1 - t0)) * (W - L - R) : (W - L - R) / 2);
+  const y = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - T - B);
+  const svg = el("svg:svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
+    "aria-label": "committed offsets and source high watermark over time" });
+  svg.appendChild(el("svg:line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
+  svg.appendChild(el("svg:line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  for (const v of [y0, (y0 + y1) / 2, y1]) {
+    svg.appendChild(el("svg:text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, num(Math.round(v))));
+  }
+  svg.appendChild(el("svg:text", { x: L, y: H - 10 }, when(t0)));
+  svg.appendChild(el("svg:text", { x: W - R, y: H - 10, "text-anchor": "end" }, when(t1)));
+  for (const [key, cls] of [["high_watermark", "hw"], ["bound", "bound"]]) {
+    // A step line: a value holds until the next observation.
+    const coords = [];
+    points.forEach((p, i) => {
+      if (i) coords.push(`${x(p.t)},${y(points[i - 1][key])}`);
+      coords.push(`${x(p.t)},${y(p[key])}`);
+    });
+    svg.appendChild(el("svg:polyline", { class: `line ${cls}`, points: coords.join(" ") }));
+    for (const p of points) {
+      const dot = el("svg:circle", { class: `pt ${cls}`, cx: x(p.t), cy: y(p[key]), r: 3 });
+      dot.appendChild(el("svg:title", {}, `${when(p.t)}: ${key === "bound" ? "committed" : "high watermark"} ` +
+        `${num(p[key])}, upper ${p.upper}, lag ${num(p.lag_records)} (${p.observer})`));
+      svg.appendChild(dot);
+    }
+  }
+  box.appendChild(svg);
+}
+
+function load() {
+  fetch("api/shards", { credentials: "same-origin" })
+    .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
+    .then(renderShards)
+    .catch((e) => {
+      const box = document.getElementById("errors");
+      box.hidden = false;
+      box.textContent = `shards: ${e.message}`;
+    });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  load();
+  setInterval(load, 30000);
+});

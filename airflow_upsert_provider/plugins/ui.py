@@ -1,0 +1,342 @@
+"""A shard page in the Airflow UI: every shard of the configured upsert connections, and for
+one shard its committed offsets against the source's high watermark over time.
+
+Served by the api-server as a plugin FastAPI app under ``URL_PREFIX`` and linked from the
+navigation as an external view (shown in an iframe at ``/plugin/upsert-shards``). Every route
+asks for Airflow's signed-in user (plugin apps are mounted without authentication).
+
+What the page shows is read, never written, and needs no Spark: the shard record (upper,
+since), the batch at ``upper - 1`` (when and by which writer it committed, its rows), the
+stream's status, the checkpoint catalog, and the frontier observations that writers, sensors
+and ``upsertctl frontier observe`` record. The stall status is an evaluation of the recorded
+window at the time of the request, as ``peek_shard(observe_first=False)`` makes it: it records
+no observation and changes no alert state, so looking at the page never takes a page away from
+the sensor that would send it. Lag (records and seconds) and the high watermark are the newest
+observation's; a shard nobody observes shows STALE, which is the truth about its monitoring.
+
+The prefix is ``/upsert-provider-ui``, not a path under the documentation app's
+``/upsert-provider``: Airflow mounts plugin apps in plugin order, and a mount at
+``/upsert-provider`` would swallow ``/upsert-provider/ui/...`` whenever it came first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from importlib.resources import files
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+PLUGIN_NAME = "upsert_provider_ui"
+URL_PREFIX = "/upsert-provider-ui"
+# The external view's iframe source: relative (no leading slash), so the UI's <base href>
+# resolves it under the api-server's root path, sub-path deployments included.
+VIEW_HREF = URL_PREFIX.lstrip("/") + "/"
+VIEW_ROUTE = "upsert-shards"
+UPSERT_CONN_TYPE = "upsert"
+# Observations shown in the chart: at most this many seconds back (the store keeps 24 h).
+DEFAULT_CHART_SECONDS = 6 * 3600.0
+MAX_CHART_POINTS = 2000
+STATIC_FILES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+
+# Only the page's own script and style files run; it may be framed only by Airflow's own UI.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Upsert shards</title>
+<link rel="stylesheet" href="static/ui.css">
+<script src="static/ui.js" defer></script>
+</head><body>
+<header><h1>Upsert shards</h1><span id="refreshed" class="muted"></span></header>
+<p id="errors" class="errors" hidden></p>
+<table id="shards"><thead><tr>
+<th>Connection</th><th>Shard</th><th>Upper</th><th>Since</th><th>Last batch rows (in / out)</th>
+<th>Lag records</th><th>Lag</th><th>Last commit</th><th>Stream</th><th>Frontier</th><th>Last checkpoint</th>
+</tr></thead><tbody><tr><td colspan="11" class="muted">Loading&hellip;</td></tr></tbody></table>
+<section id="detail" hidden>
+<h2 id="chart-title"></h2>
+<p class="legend"><span class="key hw"></span> source high watermark
+<span class="key bound"></span> committed (offsets bound at the upper)</p>
+<div id="chart"></div>
+<ul id="reasons"></ul>
+</section>
+</body></html>
+"""
+
+
+# -- reading the stores (plain functions: the routes and the tests call them) -------------------
+
+
+def upsert_conn_ids() -> list[str]:
+    """The upsert connections Airflow knows: ``upsert_default`` (its embedded defaults apply when
+    it is not defined), those in the metadata database and those in AIRFLOW_CONN_* variables."""
+    from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID
+
+    found = {DEFAULT_CONN_ID}
+    for name, value in os.environ.items():
+        if name.startswith("AIRFLOW_CONN_") and _env_conn_type(value) == UPSERT_CONN_TYPE:
+            found.add(name[len("AIRFLOW_CONN_"):].lower())
+    try:
+        from sqlalchemy import select
+
+        from airflow.models.connection import Connection
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            found.update(session.scalars(select(Connection.conn_id).where(Connection.conn_type == UPSERT_CONN_TYPE)))
+    except Exception:  # a metadata DB that cannot be read leaves the others listed
+        pass
+    return sorted(found)
+
+
+def _env_conn_type(value: str) -> str | None:
+    value = value.strip()
+    if value.startswith("{"):
+        try:
+            return str(json.loads(value).get("conn_type") or "").replace("-", "_") or None
+        except (ValueError, AttributeError):
+            return None
+    return value.split("://", 1)[0].replace("-", "_") if "://" in value else None
+
+
+def _safe_message(exc: BaseException, secrets: list[str]) -> str:
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return f"{type(exc).__name__}: {text}"
+
+
+def _sqlite_file_missing(url: str) -> bool:
+    from sqlalchemy.engine.url import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return False
+    return parsed.get_backend_name() == "sqlite" and bool(parsed.database) and not os.path.exists(parsed.database)
+
+
+class _Store:
+    """One connection's consensus and blob, opened read-only (no table is created)."""
+
+    def __init__(self, conn_id: str) -> None:
+        from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+
+        self.conn_id = conn_id
+        self.hook = UpsertShardHook(upsert_conn_id=conn_id)
+        self.consensus = None
+        self.blob = None
+        settings = self.hook.settings
+        self.redacted_url = settings.redacted_consensus_url
+        self._secrets = [s for s in (_url_password(settings.consensus_url),) if s]
+        self.missing = _sqlite_file_missing(settings.consensus_url)
+        if not self.missing:
+            from airflow_upsert_provider.engine.blob import open_blob
+            from airflow_upsert_provider.engine.consensus import open_consensus
+
+            self.consensus = open_consensus(settings.consensus_url, create=False)
+            self.blob = open_blob(settings.blob_root)
+
+    def scrub(self, exc: BaseException) -> str:
+        return _safe_message(exc, self._secrets)
+
+    def close(self) -> None:
+        if self.consensus is not None:
+            self.consensus.dispose()
+
+
+def _url_password(url: str) -> str | None:
+    from sqlalchemy.engine.url import make_url
+
+    try:
+        return make_url(url).password
+    except Exception:
+        return None
+
+
+def _stall_settings():
+    from airflow_upsert_provider.engine.frontier import StallSettings
+
+    return StallSettings()
+
+
+def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
+    """What the page lists for one shard; every part that cannot be read says why instead."""
+    from airflow_upsert_provider.engine.checkpoint import Catalog
+    from airflow_upsert_provider.engine.frontier import evaluate
+    from airflow_upsert_provider.engine.observations import load_alert_state, observation_window
+    from airflow_upsert_provider.engine.streams import read_stream
+
+    consensus, shard_id = store.consensus, record.shard_id
+    row: dict[str, Any] = {
+        "conn_id": store.conn_id, "shard": shard_id, "upper": record.upper, "since": record.since,
+        "source": _source_kind(record.config), "errors": [],
+    }
+    last = consensus.get_batch(shard_id, record.upper - 1) if record.upper > 0 else None
+    row["last_commit_at"] = None if last is None else float(last.committed_at)
+    row["last_writer"] = None if last is None else last.writer_id
+    row["last_batch"] = None if last is None else {
+        "ts": last.ts, "rows_in": last.stats.get("rows_in"), "rows_out": last.stats.get("rows_out"),
+    }
+    try:
+        stream = read_stream(consensus, shard_id)
+        row["stream"] = {"status": stream.status.value, "epoch": stream.epoch, "changed_by": stream.changed_by,
+                         "changed_at": stream.changed_at or None, "reason": stream.reason}
+    except Exception as exc:
+        row["stream"] = None
+        row["errors"].append(f"stream: {store.scrub(exc)}")
+    settings = _stall_settings()
+    window = observation_window(consensus, shard_id, now - settings.window_seconds, now)
+    newest = window[-1] if window else _newest_observation(consensus, shard_id, now)
+    row["observed_at"] = None if newest is None else newest.observed_at
+    row["lag_records"] = None if newest is None else newest.lag_records
+    row["lag_seconds"] = None if newest is None else newest.lag_seconds
+    row["high_watermark"] = None if newest is None else sum(newest.high_watermark.values())
+    # The evaluation peek_shard(observe_first=False) makes: nothing recorded, no state saved.
+    state, _ = load_alert_state(consensus, shard_id)
+    evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=True)
+    row["frontier"] = {"status": evaluation.status.value, "reasons": list(evaluation.reasons), "rule": evaluation.rule}
+    try:
+        latest = Catalog.load(store.blob, shard_id).latest()
+        row["last_checkpoint"] = None if latest is None else {
+            "id": latest.id, "upper": latest.upper, "created_at": latest.created_at}
+    except Exception as exc:
+        row["last_checkpoint"] = None
+        row["errors"].append(f"checkpoints: {store.scrub(exc)}")
+    return row
+
+
+def _newest_observation(consensus, shard_id: str, now: float):
+    from airflow_upsert_provider.engine.observations import OBSERVATION_RETENTION_SECONDS, observation_window
+
+    older = observation_window(consensus, shard_id, now - OBSERVATION_RETENTION_SECONDS, now)
+    return older[-1] if older else None
+
+
+def _source_kind(config_json: str) -> str | None:
+    try:
+        source = json.loads(config_json).get("source")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(source, dict):
+        return str(source.get("kind") or source.get("type") or "") or None
+    return str(source).split(":", 1)[0] if source else None
+
+
+def list_shards(now: float | None = None) -> dict[str, Any]:
+    """Every shard of every upsert connection, and per connection what could not be read."""
+    now = time.time() if now is None else now
+    shards: list[dict[str, Any]] = []
+    connections: list[dict[str, Any]] = []
+    for conn_id in upsert_conn_ids():
+        entry: dict[str, Any] = {"conn_id": conn_id, "consensus": None, "shards": 0, "error": None}
+        connections.append(entry)
+        store = None
+        try:
+            store = _Store(conn_id)
+            entry["consensus"] = store.redacted_url
+            if store.missing:
+                entry["error"] = "no consensus store yet (nothing was created with this connection)"
+                continue
+            for record in store.consensus.list_shards():
+                try:
+                    shards.append(shard_summary(store, record, now))
+                except Exception as exc:
+                    shards.append({"conn_id": conn_id, "shard": record.shard_id, "upper": record.upper,
+                                   "since": record.since, "errors": [store.scrub(exc)]})
+                entry["shards"] += 1
+        except Exception as exc:
+            entry["error"] = store.scrub(exc) if store is not None else _safe_message(exc, [])
+        finally:
+            if store is not None:
+                store.close()
+    return {"generated_at": now, "connections": connections, "shards": shards}
+
+
+def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHART_SECONDS,
+                       now: float | None = None) -> dict[str, Any] | None:
+    """The chart's points: per observation its time, upper, source high watermark and offsets
+    bound at the upper (summed over partitions), lag records. None: no such shard."""
+    from airflow_upsert_provider.engine.observations import observation_window
+
+    now = time.time() if now is None else now
+    if conn_id not in upsert_conn_ids():
+        return None
+    store = _Store(conn_id)
+    try:
+        if store.missing or not any(r.shard_id == shard_id for r in store.consensus.list_shards()):
+            return None
+        window = observation_window(store.consensus, shard_id, now - seconds, now)[-MAX_CHART_POINTS:]
+        points = [{"t": o.observed_at, "upper": o.upper, "high_watermark": sum(o.high_watermark.values()),
+                   "bound": sum(o.bound.values()), "lag_records": o.lag_records, "observer": o.observer}
+                  for o in window]
+        return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points}
+    finally:
+        store.close()
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+
+def create_ui_app() -> FastAPI:
+    from airflow.api_fastapi.core_api.security import get_user
+
+    app = FastAPI(title="Upsert shards", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(get_user)])
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> HTMLResponse:
+        return HTMLResponse(PAGE, headers=SECURITY_HEADERS)
+
+    @app.get("/static/{name}")
+    def static(name: str) -> Response:
+        media_type = STATIC_FILES.get(name)
+        if media_type is None:
+            raise HTTPException(status_code=404, detail="no such file")
+        body = (files("airflow_upsert_provider.plugins") / "static" / name).read_bytes()
+        return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
+
+    @app.get("/api/shards")
+    def shards() -> JSONResponse:
+        return JSONResponse(list_shards(), headers=SECURITY_HEADERS)
+
+    @app.get("/api/shards/{shard_id}/observations")
+    def observations(shard_id: str, conn: str = Query("upsert_default", max_length=250),
+                     seconds: float = Query(DEFAULT_CHART_SECONDS, gt=0, le=24 * 3600)) -> JSONResponse:
+        found = shard_observations(conn, shard_id, seconds)
+        if found is None:
+            raise HTTPException(status_code=404, detail=f"no shard {shard_id!r} in connection {conn!r}")
+        return JSONResponse(found, headers=SECURITY_HEADERS)
+
+    return app
+
+
+app = create_ui_app()
+
+
+class UpsertProviderUiPlugin(AirflowPlugin):
+    """Mounts the shard page under ``URL_PREFIX`` and links it from the navigation (Browse)."""
+
+    name = PLUGIN_NAME
+    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "airflow-upsert-provider shards"}]
+    external_views = [{
+        "name": "Upsert shards",
+        "href": VIEW_HREF,
+        "url_route": VIEW_ROUTE,
+        "destination": "nav",
+        "category": "browse",
+    }]
