@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine import errors as engine_errors
@@ -41,6 +41,12 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.shard import Shard
 
 SPARK_MODES = ("in_process", "submit")
+ASSET_SCHEME = "upsert"
+
+
+def shard_asset(upsert_conn_id: str, shard: str) -> Asset:
+    """The Asset of a shard: ``upsert://<connection>/<shard>``; its events mean fresh data."""
+    return Asset(f"{ASSET_SCHEME}://{upsert_conn_id}/{shard}")
 
 
 def writer_id_for(dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> str:
@@ -216,6 +222,11 @@ class MicroBatchUpsertOperator(BaseOperator):
         self.submit_options = submit_options or {}
         self.continuous_for = continuous_for
         self.kafka_conn_id = kafka_conn_id
+        if "{{" not in str(shard) and "{{" not in str(upsert_conn_id):
+            # A literal shard is declared, so the DAG's graph and the asset views show it.
+            asset = shard_asset(upsert_conn_id, shard)
+            if all(getattr(o, "uri", None) != asset.uri for o in self.outlets):
+                self.outlets = [*self.outlets, asset]
         self._spark = None
         self._submit_hook = None
         self._killed = False
@@ -265,6 +276,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)
         report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
+        self._set_asset_event(context, report)
         if report.get("stopped_because"):
             # A stop or a recovery began during the run: the batch in hand finished, no other started.
             self.log.warning("shard %s: run ended early, no further batch started: %s",
@@ -275,6 +287,32 @@ class MicroBatchUpsertOperator(BaseOperator):
             len(report["batches"]), report["task_seconds"],
         )
         return report
+
+    def _set_asset_event(self, context: Context, report: dict[str, Any]) -> None:
+        """The shard's Asset event: with the run's numbers when it committed a batch, none when
+        it committed nothing.
+
+        Airflow registers an event for every Asset in the task's outlets when the task
+        succeeds (the task runner sends ``ti.task.outlets`` as they are then); there is no
+        supported way to succeed with an outlet and skip its event. So the rendered shard's
+        asset is in this try's outlets exactly when something was committed: added for a
+        templated shard (an event is registered once some DAG declares the asset, e.g. a DAG
+        scheduled on it), removed for a literal one when nothing was committed.
+        """
+        asset = shard_asset(self.upsert_conn_id, self.shard)
+        others = [o for o in self.outlets if getattr(o, "uri", None) != asset.uri]
+        if not report.get("committed"):
+            self.outlets = others
+            self.log.info("shard %s: nothing committed, no event for asset %s", self.shard, asset.uri)
+            return
+        self.outlets = [*others, asset]
+        batches = report.get("batches") or []
+        context["outlet_events"][asset].extra = {
+            "upper": report.get("upper"),
+            "committed": report.get("committed"),
+            "rows_in": sum(int(b.get("rows_in") or 0) for b in batches if b.get("outcome") == "committed"),
+            "rows_out": sum(int(b.get("rows_out") or 0) for b in batches if b.get("outcome") == "committed"),
+        }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:
         self.log.info(
