@@ -34,7 +34,8 @@ docs: errors.md, recovery.md (stop, resume, recovery), frontier.md (stall paging
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
           --blob-root from UPSERT_BLOB_ROOT, else ./.upsert/blob;
-          --master from UPSERT_SPARK_MASTER, else local[*]"""
+          --master from UPSERT_SPARK_MASTER, else local[*];
+          --remote from UPSERT_SPARK_REMOTE, else none (Spark runs in this process)"""
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -44,6 +45,9 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument("--consensus", default=argparse.SUPPRESS, metavar="URL", help="consensus store URL")
     common.add_argument("--blob-root", default=argparse.SUPPRESS, metavar="PATH", help="root of runs and checkpoints")
     common.add_argument("--master", default=argparse.SUPPRESS, help="Spark master (default local[*])")
+    common.add_argument("--remote", default=argparse.SUPPRESS, metavar="sc://HOST:PORT",
+                        help="run Spark through this Spark Connect server instead of in this process "
+                             "(default from UPSERT_SPARK_REMOTE; see upsertctl spark-server)")
     common.add_argument("--kafka-config", default=argparse.SUPPRESS, metavar="FILE",
                         help="Kafka client config of a kafka:TOPIC shard: a JSON object of librdkafka properties "
                              "(bootstrap.servers required); default from UPSERT_KAFKA_CONFIG")
@@ -106,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--out", help="write to this file instead of stdout")
     _add_maintenance_commands(commands, common)
     _add_frontier_commands(commands, common)
+    _add_spark_server_commands(commands, common)
     return parser
 
 
@@ -261,6 +266,7 @@ class Context:
             self.blob.check_root(writable=False)
         self.consensus = open_consensus(url)
         self.master = getattr(args, "master", None)
+        self.remote = getattr(args, "remote", None)
         self._spark = None
         path = getattr(args, "kafka_config", None) or os.environ.get("UPSERT_KAFKA_CONFIG")
         self.kafka_config_path = path or None
@@ -270,7 +276,7 @@ class Context:
         if self._spark is None:
             from airflow_upsert_provider.engine.spark import get_spark
 
-            self._spark = get_spark(self.master)
+            self._spark = get_spark(self.master, remote=self.remote)
         return self._spark
 
     def kafka_config(self):
@@ -744,6 +750,76 @@ def _print_frontier_status(out: dict[str, Any]) -> None:
         print(f"alert: firing ({state.get('firing_status')}) since {_iso(state.get('incident_started_at'))}")
 
 
+def _add_spark_server_commands(commands, common: argparse.ArgumentParser) -> None:
+    from airflow_upsert_provider.engine.spark_server import DEFAULT_PORT, START_TIMEOUT_SECONDS
+
+    server = commands.add_parser(
+        "spark-server", parents=[common],
+        help="start, stop or check a local Spark Connect server on loopback (for --remote)",
+    )
+    actions = server.add_subparsers(dest="server_command", required=True, metavar="ACTION")
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="pid, port, log and lock under DIR/spark-server (default UPSERT_STATE_DIR, else ./.upsert)")
+    shared.add_argument("--json", action="store_true")
+    start = actions.add_parser("start", parents=[common, shared],
+                               help="start the server unless it runs (then report it); safe to run at once from many tasks")
+    start.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT})")
+    start.add_argument("--memory", default=None, metavar="SIZE",
+                       help="driver memory, e.g. 4g (default: a third of the machine's RAM, at most 8g)")
+    start.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting of the server")
+    start.add_argument("--timeout", type=float, default=START_TIMEOUT_SECONDS, metavar="SECONDS",
+                       help=f"wait this long for the port to accept (default {START_TIMEOUT_SECONDS:g})")
+    status = actions.add_parser("status", parents=[common, shared],
+                                help="whether the recorded server runs and its port answers (exit 2 if not)")
+    status.add_argument("--query", action="store_true", help="also run spark.range(1).count() through Connect")
+    actions.add_parser("stop", parents=[common, shared], help="terminate the server and remove its record")
+
+
+def cmd_spark_server(ctx: Context | None, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.spark_server import SparkServer
+
+    server = SparkServer(args.state_dir)
+    if args.server_command == "start":
+        conf = {}
+        for item in args.conf:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigurationError(f"--conf takes KEY=VALUE, not {item!r}", field="conf")
+            conf[key.strip()] = value
+        out = server.start(port=args.port, memory=args.memory, conf=conf, timeout=args.timeout)
+    elif args.server_command == "stop":
+        out = server.stop()
+    else:
+        out = server.status(query=args.query)
+        if not out["answering"]:
+            args.exit_code = 2
+    if not args.json:
+        _print_spark_server(args.server_command, out)
+        return {}
+    return out
+
+
+def _print_spark_server(action: str, out: dict[str, Any]) -> None:
+    if action == "stop":
+        print(f"stopped the server at {out['address']} (pid {out['pid']})" if out.get("stopped")
+              else "no Spark Connect server was running")
+        return
+    if action == "start":
+        verb = "started" if out.get("started") else "already running:"
+        print(f"{verb} {out['address']} (pid {out['pid']}, driver memory {out['driver_memory']}); log {out['log']}")
+        if out.get("note"):
+            print(out["note"])
+        return
+    if not out.get("running"):
+        print("no Spark Connect server runs" + (" (its record was stale)" if out.get("stale") else "")
+              + f"; state in {out['state_dir']}")
+        return
+    answer = "answers" if out["answering"] else "does NOT answer on its port"
+    timing = f", a query took {out['query_seconds']}s" if "query_seconds" in out else ""
+    print(f"{out['address']} (pid {out['pid']}) {answer}{timing}; log {out['log']}")
+
+
 COMMANDS = {
     "init": cmd_init,
     "status": cmd_status,
@@ -756,6 +832,7 @@ COMMANDS = {
     "recover": cmd_recover,
     "source": cmd_source,
     "frontier": cmd_frontier,
+    "spark-server": cmd_spark_server,
 }
 
 
@@ -764,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     as_json = getattr(args, "json", False)
     try:
-        ctx = Context(args)
+        ctx = Context(args) if args.command != "spark-server" else None  # no shard, no store
         result = COMMANDS[args.command](ctx, args)
     except UpsertError as exc:
         payload = exc.to_dict()

@@ -153,3 +153,12 @@ class KafkaSliceUnavailable(IntegrityError):
     """A bound range reaches outside the offsets the partition holds: above the high
     watermark (the slice names messages that do not exist) or below the low watermark
     (retention deleted messages the shard has not processed). Exit 4."""
+
+
+class SparkUnavailable(UpsertError):
+    """The Spark Connect server a connect-mode run uses did not answer (not started, stopped,
+    wrong address), or a local server could not be started. Nothing was changed (exit 2).
+    Retryable: the server may be (re)started. ``details["address"]`` names it."""
+
+    exit_code = 2
+    retryable = True

@@ -75,7 +75,7 @@ def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, part
         rows = rows.repartition(config.buckets, "_bucket")
     (
         rows.sortWithinPartitions("_bucket", *config.keys)
-        .write.mode("errorifexists")
+        .write.mode("error")  # "errorifexists": Spark Connect knows only this name
         .partitionBy("_bucket")
         .parquet(run_dir)
     )

@@ -38,8 +38,13 @@ def get_spark(
     master: str | None = None,
     app_name: str = "airflow-upsert-provider",
     conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ) -> "SparkSession":
     """The active SparkSession, or a new one on ``master`` (default ``local[*]``).
+
+    ``remote`` (default ``UPSERT_SPARK_REMOTE``), an address ``sc://HOST:PORT``: a Spark
+    Connect session on that server instead (see :func:`get_connect_spark`); ``master`` is
+    then refused, the server has its own.
 
     Local sessions bind the driver to 127.0.0.1: Spark otherwise picks a non-loopback
     address when the hostname resolves to loopback.
@@ -58,7 +63,22 @@ def get_spark(
     """
     from pyspark.sql import SparkSession
 
+    remote = remote or os.environ.get("UPSERT_SPARK_REMOTE") or None
+    if remote:
+        if master:
+            raise ConfigurationError(
+                f"a Spark master ({master!r}) and a Spark Connect address ({remote!r}) were both given: "
+                "the Connect server runs on its own master; give one of them",
+                field="master",
+            )
+        return get_connect_spark(remote, conf=conf)
     active = SparkSession.getActiveSession()
+    if active is not None and is_connect_session(active):
+        raise ConfigurationError(
+            "a Spark Connect session is active in this process; an in-process session cannot start "
+            "beside it: pass the same --remote, or run in a new process",
+            field="master",
+        )
     if active is not None:
         _check_active(active, master, conf or {})
         return active
@@ -84,6 +104,94 @@ def get_spark(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("UPSERT_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+def is_connect_session(spark: "SparkSession") -> bool:
+    """Whether ``spark`` is a Spark Connect client session (it has no SparkContext)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+# What the engine sets on a new session that Spark fixes when a session starts: a Connect
+# server has them already (engine/spark_server.py), a client cannot change them.
+_SERVER_ONLY_PREFIXES = ("spark.ui.", "spark.driver.", "spark.executor.", "spark.master")
+
+
+def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "SparkSession":
+    """A Spark Connect session on the server at ``remote`` (``sc://HOST:PORT``).
+
+    The port is probed first: a server that is down is a retryable :class:`SparkUnavailable`
+    naming the address at once (Spark's client would retry for minutes). The engine's
+    runtime settings (:data:`DEFAULT_CONF` SQL keys, then ``conf``) are set on the session; a
+    key of ``conf`` that only the server fixes and whose value there differs is a
+    :class:`ConfigurationError` naming the keys, never silently ignored. An active Connect
+    session on the same address is reused; one on another address is refused."""
+    from pyspark.sql import SparkSession
+
+    from airflow_upsert_provider.engine.spark_server import parse_remote, require_reachable
+
+    host, port = parse_remote(remote)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        if not is_connect_session(active):
+            raise ConfigurationError(
+                "an in-process SparkSession is active in this process; a Spark Connect session on "
+                f"{remote} cannot replace it: stop it first or run in a new process",
+                field="remote",
+            )
+        if _connect_address(active) != (host, port):
+            raise ConfigurationError(
+                f"a Spark Connect session on another server is active in this process; it cannot "
+                f"run on {remote}: stop it first or run in a new process",
+                field="remote",
+            )
+        _apply_connect_conf(active, remote, conf or {}, defaults=False)
+        return active
+    require_reachable(remote)
+    try:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        _apply_connect_conf(spark, remote, conf or {}, defaults=True)
+    except Exception as exc:  # a server that stopped between the probe and the session
+        if _is_unavailable(exc):
+            from airflow_upsert_provider.engine.errors import SparkUnavailable
+
+            raise SparkUnavailable(
+                f"the Spark Connect server at {remote} did not answer: {str(exc).splitlines()[0][:200]}",
+                address=remote,
+            ) from None
+        raise
+    return spark
+
+
+def _connect_address(spark: "SparkSession") -> tuple[str, int]:
+    endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", "")
+    host, _, port = str(endpoint).rpartition(":")
+    return (host.strip("[]"), int(port)) if port.isdigit() else ("", 0)
+
+
+def _apply_connect_conf(spark: "SparkSession", remote: str, conf: Mapping[str, str], *, defaults: bool) -> None:
+    settings = {k: v for k, v in DEFAULT_CONF.items() if not k.startswith(_SERVER_ONLY_PREFIXES)} if defaults else {}
+    settings.update(conf)
+    fixed = []
+    for key, value in settings.items():
+        if spark.conf.get(key, None) == str(value):
+            continue
+        if spark.conf.isModifiable(key):
+            spark.conf.set(key, str(value))
+        elif key in conf:
+            fixed.append(key)
+    if fixed:
+        # Names only: a value may be a secret (a storage key, a password).
+        raise ConfigurationError(
+            f"the Spark Connect server at {remote} has other values for {', '.join(sorted(fixed))}, which "
+            "Spark fixes when the server starts: set them on the server (upsertctl spark-server start "
+            "--conf) or drop them",
+            field="spark_conf",
+        )
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return any(marker in text for marker in ("UNAVAILABLE", "Connection refused", "failed to connect", "RetriesExceeded"))
 
 
 def _check_active(active: "SparkSession", master: str | None, conf: Mapping[str, str]) -> None:

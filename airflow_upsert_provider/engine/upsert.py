@@ -176,7 +176,7 @@ def _finish(
                 F.col("_raw").alias("record"),
             )
             .coalesce(1)
-            .write.mode("errorifexists")
+            .write.mode("error")  # "errorifexists": Spark Connect knows only this name
             .json(rejects_dir)
         )
         sync_data_files(shard.blob, rejects_dir)

@@ -470,8 +470,10 @@ def infer_kafka_schema(
             continue
         if isinstance(record, dict):
             order += [name for name in record if name not in order]
+    # A DataFrame of strings, not an RDD: Spark Connect sessions have no SparkContext.
     inferred = (
-        spark.read.option("mode", "PERMISSIVE").json(spark.sparkContext.parallelize(raws, 1)).schema if raws else StructType()
+        spark.read.option("mode", "PERMISSIVE").json(spark.createDataFrame([(raw,) for raw in raws], "value string")).schema
+        if raws else StructType()
     )
     fields = {f.name: f for f in inferred.fields if f.name != "_corrupt_record"}
     if not fields:

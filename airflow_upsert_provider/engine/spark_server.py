@@ -1,0 +1,448 @@
+"""A local Spark Connect server on loopback, started from the installed ``pyspark``.
+
+Every Airflow task is a fresh process; in-process Spark makes each one pay a JVM start and a
+cold first job. A Connect server started once keeps a warm JVM that fresh clients reach in
+well under a second (``upsertctl --remote sc://127.0.0.1:15002 ...``).
+
+State lives in one directory (``$UPSERT_STATE_DIR/spark-server``, default
+``./.upsert/spark-server``): ``server.json`` (pid, port, log file, start time), ``server.log``
+(the server's stdout and stderr) and ``lock``. Every start and stop takes an exclusive
+``fcntl`` lock on ``lock`` first, so that two tasks starting the server at once leave one
+server: the loser waits for the lock, then finds the winner's server running and reports it.
+
+Nothing here imports pyspark's JVM side: the server is ``spark-submit --class
+org.apache.spark.sql.connect.service.SparkConnectServer`` from ``$SPARK_HOME/bin``, where
+``SPARK_HOME`` is the installed pyspark package (the ``spark-connect`` jar ships in it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 15002
+DEFAULT_STATE_DIR = "./.upsert"
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+START_TIMEOUT_SECONDS = 120.0
+STOP_TIMEOUT_SECONDS = 30.0
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+# Spark settings of the server; the engine's session settings that Spark fixes at start.
+SERVER_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+    "spark.driver.host": DEFAULT_HOST,
+    "spark.driver.bindAddress": DEFAULT_HOST,
+}
+
+SERVER_LOG4J = """rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.connect.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.connect.level = info
+"""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    pid: int
+    host: str
+    port: int
+    log: str
+    started_at: float
+    driver_memory: str
+    master: str
+
+    @property
+    def address(self) -> str:
+        return f"sc://{self.host}:{self.port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "address": self.address}
+
+
+# ----------------------------------------------------------------------------- pure decisions
+
+
+def driver_memory(total_bytes: int) -> str:
+    """Driver memory for a server on a machine with ``total_bytes`` of RAM: a third of it,
+    at most 8 GiB (more only lengthens GC pauses for micro-batches), at least 1 GiB; whole
+    MiB so that ``-Xmx`` takes it as is."""
+    mib = min(8 * GIB, total_bytes // 3) // MIB
+    return f"{max(1024, mib)}m"
+
+
+def total_memory_bytes() -> int:
+    """Physical memory of this machine; 4 GiB when the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 4 * GIB
+
+
+def state_dir(base: str | None = None) -> str:
+    """Directory of the server's pid, port, log and lock files."""
+    root = base or os.environ.get("UPSERT_STATE_DIR") or DEFAULT_STATE_DIR
+    return os.path.abspath(os.path.join(root, "spark-server"))
+
+
+def check_port(port: int) -> int:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ConfigurationError(f"--port must be a TCP port (1-65535), not {port!r}", field="port")
+    return port
+
+
+def parse_remote(url: str) -> tuple[str, int]:
+    """(host, port) of a Spark Connect address ``sc://HOST:PORT[/;params]`` (port default
+    15002, as Spark's own client does); a malformed one is a ConfigurationError."""
+    if not isinstance(url, str) or not url.startswith("sc://"):
+        raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url!r}", field="remote")
+    rest = url[len("sc://"):].split("/", 1)[0].split(";", 1)[0]
+    host, sep, port_text = rest.rpartition(":")
+    if not sep:
+        host, port_text = rest, str(DEFAULT_PORT)
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():
+        raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url!r}", field="remote")
+    return host, check_port(int(port_text))
+
+
+def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections on (host, port)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require_reachable(url: str, timeout: float = 2.0) -> None:
+    """Raise :class:`SparkUnavailable` naming ``url`` unless its port accepts connections.
+
+    Spark's Connect client retries an unreachable server with backoff for minutes before it
+    gives up; a task should instead fail at once with a retryable error."""
+    host, port = parse_remote(url)
+    if not port_answers(host, port, timeout=timeout):
+        raise SparkUnavailable(
+            f"no Spark Connect server answers at {url}: start one (upsertctl spark-server start) "
+            "or fix the address; nothing was changed",
+            address=url,
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_server_process(pid: int) -> bool:
+    """Whether ``pid`` is alive and a Spark Connect server (a reused pid is not)."""
+    if pid <= 0 or not _pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (not Linux): trust the pid
+        return True
+    if cmdline == b"":  # a zombie: it exited, its parent has not reaped it
+        return False
+    return SERVER_CLASS.encode() in cmdline
+
+
+# ------------------------------------------------------------------------------- state files
+
+
+class SparkServer:
+    """The local server whose files live in :func:`state_dir`."""
+
+    def __init__(self, base_dir: str | None = None) -> None:
+        self.dir = state_dir(base_dir)
+        self.state_path = os.path.join(self.dir, "server.json")
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.lock_path = os.path.join(self.dir, "lock")
+
+    # -- state file
+
+    def read_state(self) -> ServerState | None:
+        try:
+            with open(self.state_path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            return ServerState(**{k: data[k] for k in ServerState.__dataclass_fields__})
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None  # a torn or foreign file: no server we know of
+
+    def _write_state(self, state: ServerState) -> None:
+        tmp = f"{self.state_path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(asdict(state), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.state_path)
+
+    def _clear_state(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.state_path)
+
+    @contextlib.contextmanager
+    def _locked(self, timeout: float) -> Iterator[None]:
+        """Hold the exclusive lock of the state directory; wait at most ``timeout`` seconds
+        (a start in progress holds it while its server gets ready)."""
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise SparkUnavailable(
+                            f"another upsertctl holds {self.lock_path} for more than {timeout:.0f}s "
+                            f"(a server start that hangs? see {self.log_path})",
+                            lock=self.lock_path, log=self.log_path,
+                        ) from None
+                    time.sleep(0.1)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # -- status
+
+    def status(self, *, query: bool = False, timeout: float = 2.0) -> dict[str, Any]:
+        """What runs: ``running`` (the recorded pid is a live Connect server) and
+        ``answering`` (its port accepts connections; with ``query``, a Connect client also
+        ran ``spark.range(1).count()`` on it)."""
+        state = self.read_state()
+        if state is None:
+            return {"running": False, "answering": False, "state_dir": self.dir, "log": self.log_path}
+        running = is_server_process(state.pid)
+        answering = running and port_answers(state.host, state.port, timeout=timeout)
+        out = {**state.to_dict(), "running": running, "answering": answering, "state_dir": self.dir}
+        if answering and query:
+            out["query_seconds"] = _query_server(state.address)
+        if not running:
+            out["stale"] = True  # the recorded server is gone; start replaces the record
+        return out
+
+    # -- start
+
+    def start(
+        self,
+        *,
+        port: int = DEFAULT_PORT,
+        host: str = DEFAULT_HOST,
+        master: str = "local[*]",
+        memory: str | None = None,
+        conf: dict[str, str] | None = None,
+        timeout: float = START_TIMEOUT_SECONDS,
+    ) -> dict[str, Any]:
+        """Start the server unless one runs; return its status with ``started`` (True when
+        this call started it). Safe when several processes call it at once."""
+        check_port(port)
+        with self._locked(timeout + 30):
+            state = self.read_state()
+            if state is not None and is_server_process(state.pid):
+                if port_answers(state.host, state.port):
+                    out = {**self.status(), "started": False}
+                    if state.port != port:
+                        out["note"] = f"the server already runs on port {state.port}; stop it first to move it"
+                    return out
+                # Alive but deaf: starts wait for readiness under this lock, so this server
+                # got stuck after it answered. Replace it.
+                _terminate(state.pid, STOP_TIMEOUT_SECONDS)
+            self._clear_state()
+            if port_answers(host, port):
+                raise ConfigurationError(
+                    f"port {port} on {host} is taken by another program: pass --port", field="port", port=port
+                )
+            state = self._launch(host=host, port=port, master=master, memory=memory, conf=conf or {})
+            try:
+                self._wait_ready(state, timeout)
+            except BaseException:
+                _terminate(state.pid, STOP_TIMEOUT_SECONDS)
+                self._clear_state()
+                raise
+            return {**self.status(), "started": True}
+
+    def _launch(self, *, host: str, port: int, master: str, memory: str | None, conf: dict[str, str]) -> ServerState:
+        spark_home = _spark_home()
+        memory = memory or driver_memory(total_memory_bytes())
+        settings = {
+            **SERVER_CONF,
+            "spark.master": master,
+            "spark.driver.memory": memory,
+            "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port),
+            **conf,
+        }
+        if "spark.driver.extraJavaOptions" not in settings:
+            # Warnings and errors only: a long-lived server's log would otherwise grow by
+            # several INFO lines per query.
+            log4j = os.path.join(self.dir, "log4j2.properties")
+            with open(log4j, "w", encoding="utf-8") as handle:
+                handle.write(SERVER_LOG4J)
+            settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{log4j}"
+        command = [os.path.join(spark_home, "bin", "spark-submit"), "--class", SERVER_CLASS, "--name",
+                   "upsert-spark-connect"]
+        for key, value in settings.items():
+            command += ["--conf", f"{key}={value}"]
+        command.append("spark-internal")
+        env = dict(os.environ)
+        env["SPARK_HOME"] = spark_home
+        env["SPARK_LOCAL_IP"] = DEFAULT_HOST if host in ("127.0.0.1", "localhost") else env.get("SPARK_LOCAL_IP", "")
+        if not env["SPARK_LOCAL_IP"]:
+            del env["SPARK_LOCAL_IP"]
+        # The server's Python workers (Python data sources, UDFs) run this interpreter, whose
+        # environment has pyarrow and the engine.
+        env["PYSPARK_PYTHON"] = sys.executable
+        env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(command)}\n".encode())
+            log.flush()
+            # A session of its own: the server outlives this process and a terminal's ^C.
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True, close_fds=True)
+        state = ServerState(pid=process.pid, host=host, port=port, log=self.log_path, started_at=time.time(),
+                            driver_memory=memory, master=master)
+        self._write_state(state)
+        self._process = process
+        return state
+
+    def _wait_ready(self, state: ServerState, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        process = getattr(self, "_process", None)
+        while True:
+            if port_answers(state.host, state.port, timeout=0.5) and is_server_process(state.pid):
+                return
+            code = process.poll() if process is not None else None
+            if code is not None or not _pid_alive(state.pid):
+                raise SparkUnavailable(
+                    f"the Spark Connect server exited (code {code}) before it listened on {state.address}; "
+                    f"see {state.log}: {_log_tail(state.log)}",
+                    address=state.address, log=state.log,
+                )
+            if time.monotonic() >= deadline:
+                raise SparkUnavailable(
+                    f"the Spark Connect server did not listen on {state.address} within {timeout:.0f}s; "
+                    f"it was stopped; see {state.log}",
+                    address=state.address, log=state.log,
+                )
+            time.sleep(0.2)
+
+    # -- stop
+
+    def stop(self, *, timeout: float = STOP_TIMEOUT_SECONDS) -> dict[str, Any]:
+        """Terminate the recorded server (SIGTERM, SIGKILL after ``timeout``) and remove its
+        record. Stopping a server that does not run only removes a stale record."""
+        with self._locked(START_TIMEOUT_SECONDS + 30):
+            state = self.read_state()
+            if state is None:
+                return {"stopped": False, "running": False, "state_dir": self.dir}
+            was_running = is_server_process(state.pid)
+            if was_running:
+                _terminate(state.pid, timeout)
+            self._clear_state()
+            return {"stopped": was_running, "running": False, "pid": state.pid, "address": state.address,
+                    "state_dir": self.dir}
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    """SIGTERM the server's process group (the JVM and its Python workers), SIGKILL it after
+    ``timeout``; reap it when it is our child."""
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(pid, sig)  # the server leads its own session (start_new_session)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def gone() -> bool:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        return not is_server_process(pid)
+
+    signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while not gone():
+        if time.monotonic() >= deadline:
+            signal_group(signal.SIGKILL)
+            end = time.monotonic() + 10
+            while not gone() and time.monotonic() < end:
+                time.sleep(0.1)
+            return
+        time.sleep(0.1)
+
+
+def _spark_home() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.origin:
+        raise ConfigurationError("pyspark is not installed: it carries the Spark Connect server", field="pyspark")
+    home = os.path.dirname(spec.origin)
+    jars = os.path.join(home, "jars")
+    if not any(name.startswith("spark-connect_") for name in os.listdir(jars) if name.endswith(".jar")):
+        raise ConfigurationError(
+            f"the installed pyspark at {home} has no spark-connect jar: install the full pyspark package",
+            field="pyspark",
+        )
+    return home
+
+
+def _log_tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            tail = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in tail[-lines:] if line.strip()) or "(empty log)"
+
+
+def _query_server(address: str) -> float:
+    """Seconds a fresh Connect client takes to run ``spark.range(1).count()`` on the server."""
+    from pyspark.sql import SparkSession
+
+    started = time.monotonic()
+    spark = SparkSession.builder.remote(address).create()
+    try:
+        if spark.range(1).count() != 1:  # pragma: no cover - Spark would be broken
+            raise SparkUnavailable(f"the Spark Connect server at {address} answered wrongly", address=address)
+    finally:
+        with contextlib.suppress(Exception):
+            spark.stop()
+    return round(time.monotonic() - started, 3)
