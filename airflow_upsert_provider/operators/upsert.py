@@ -306,8 +306,13 @@ class MicroBatchUpsertOperator(BaseOperator):
             self.log.info("shard %s: nothing committed, no event for asset %s", self.shard, asset.uri)
             return
         self.outlets = [*others, asset]
+        events = context.get("outlet_events")
+        if events is None:
+            # Called outside a task runner (execute() from a script or a unit test): no event
+            # is registered there, so there is no extra to set.
+            return
         batches = report.get("batches") or []
-        context["outlet_events"][asset].extra = {
+        events[asset].extra = {
             "upper": report.get("upper"),
             "committed": report.get("committed"),
             "rows_in": sum(int(b.get("rows_in") or 0) for b in batches if b.get("outcome") == "committed"),
