@@ -224,10 +224,13 @@ def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str)
     write_bucketed(latest, config, run_dir, partitioned=True)
     try:
         metrics = totals.get
+        if "rows_in" not in metrics:
+            raise LookupError("no observed metrics")  # what Spark Connect answers instead
     except Exception:
         # When every record is rejected, adaptive execution replaces the empty write by an
         # empty relation and the observation with it (Observation.get then fails an
-        # assertion): count the records instead, a second pass over a batch with no data.
+        # assertion, or through Spark Connect returns no metrics): count the records
+        # instead, a second pass over a batch with no data.
         # The hash reads every column: Spark's JSON reader parses only the columns a query
         # uses, and a mistyped value in an unread column would not mark its record.
         metrics = records.agg(
