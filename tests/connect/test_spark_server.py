@@ -1,0 +1,159 @@
+"""upsertctl spark-server: racing starts leave one server, status checks pid and port, a
+connect-mode run against a server that is down fails at once with a retryable error naming
+the address, and the pure decisions (memory, addresses, state files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
+from airflow_upsert_provider.engine.spark_server import (
+    GIB,
+    ServerState,
+    SparkServer,
+    driver_memory,
+    parse_remote,
+    require_reachable,
+)
+from airflow_upsert_provider.sample_data import SampleSpec
+from tests.connect.conftest import UPSERTCTL, free_port, spark_server_cli
+from tests.helpers import landing_env, run_cli_json
+
+
+def test_two_starts_at_once_leave_one_server(connect_server):
+    first, second = connect_server["starts"]
+    assert sorted([first["started"], second["started"]]) == [False, True]  # one started it
+    assert first["pid"] == second["pid"] and first["address"] == second["address"] == connect_server["address"]
+    assert first["running"] and first["answering"] and second["answering"]
+    state = SparkServer(connect_server["state_dir"]).read_state()
+    assert state is not None and state.pid == first["pid"] and state.port == connect_server["port"]
+    assert os.path.isfile(state.log)
+
+
+def test_start_again_reports_the_running_server(connect_server):
+    again = spark_server_cli(connect_server["state_dir"], "start", "--port", str(connect_server["port"]))
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert out["started"] is False and out["pid"] == connect_server["starts"][0]["pid"]
+    # Another port does not start a second server: the running one is reported, with a note.
+    other = json.loads(spark_server_cli(connect_server["state_dir"], "start", "--port", str(free_port())).stdout)
+    assert other["started"] is False and other["port"] == connect_server["port"] and "note" in other
+
+
+def test_status_checks_the_pid_and_a_query_through_connect(connect_server):
+    done = spark_server_cli(connect_server["state_dir"], "status", "--query")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["running"] and out["answering"] and out["query_seconds"] > 0
+
+
+def test_status_and_stop_without_a_server(tmp_path):
+    state_dir = str(tmp_path)
+    done = spark_server_cli(state_dir, "status")
+    assert done.returncode == 2 and json.loads(done.stdout)["running"] is False
+    stopped = spark_server_cli(state_dir, "stop")
+    assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is False
+    # A record whose pid is gone (or reused by another program) is stale, not a server.
+    server = SparkServer(state_dir)
+    os.makedirs(server.dir, exist_ok=True)
+    server._write_state(ServerState(pid=os.getpid(), host="127.0.0.1", port=free_port(), log=server.log_path,
+                                    started_at=time.time(), driver_memory="1024m", master="local[*]"))
+    status = server.status()
+    assert status["running"] is False and status["stale"] is True
+    assert server.stop()["stopped"] is False and server.read_state() is None
+
+
+def test_a_torn_state_file_is_no_server(tmp_path):
+    server = SparkServer(str(tmp_path))
+    os.makedirs(server.dir)
+    with open(server.state_path, "w") as handle:
+        handle.write('{"pid": 12')
+    assert server.read_state() is None and server.status()["running"] is False
+
+
+def test_state_dir_defaults(monkeypatch, tmp_path):
+    from airflow_upsert_provider.engine.spark_server import state_dir
+
+    monkeypatch.delenv("UPSERT_STATE_DIR", raising=False)
+    assert state_dir() == os.path.abspath("./.upsert/spark-server")
+    monkeypatch.setenv("UPSERT_STATE_DIR", str(tmp_path))
+    assert state_dir() == str(tmp_path / "spark-server")
+    assert state_dir("/x") == "/x/spark-server"
+
+
+@pytest.mark.parametrize(("ram_gib", "expected"), [(2, "1024m"), (6, "2048m"), (12, "4096m"), (23, "7850m"),
+                                                   (24, "8192m"), (256, "8192m")])
+def test_driver_memory_is_a_third_of_ram_between_1g_and_8g(ram_gib, expected):
+    assert driver_memory(ram_gib * GIB) == expected
+
+
+@pytest.mark.parametrize(("url", "expected"), [("sc://127.0.0.1:15002", ("127.0.0.1", 15002)),
+                                               ("sc://localhost", ("localhost", 15002)),
+                                               ("sc://h:1/;token=x", ("h", 1)), ("sc://[::1]:9", ("::1", 9))])
+def test_parse_remote(url, expected):
+    assert parse_remote(url) == expected
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:15002", "sc://", "sc://h:port", "sc://h:0", "sc://h:70000", "http://h:1"])
+def test_parse_remote_refuses_what_is_not_an_address(url):
+    with pytest.raises(ConfigurationError):
+        parse_remote(url)
+
+
+def test_bad_port_and_conf_are_usage_errors(tmp_path):
+    for argv in (["start", "--port", "0"], ["start", "--conf", "novalue"]):
+        done = spark_server_cli(str(tmp_path), *argv)
+        assert done.returncode == 2 and json.loads(done.stdout)["error"] == "ConfigurationError"
+
+
+def test_a_server_that_is_down_is_a_retryable_error_naming_the_address(connect_server, tmp_path, monkeypatch,
+                                                                       capsys):
+    down = f"sc://127.0.0.1:{free_port()}"
+    with pytest.raises(SparkUnavailable) as raised:
+        require_reachable(down)
+    assert raised.value.retryable and raised.value.exit_code == 2 and down in raised.value.message
+
+    # upsertctl in a fresh process, as a task runs it: exit 2, the error names the address,
+    # and it comes at once (Spark's client alone would retry for minutes).
+    landing = landing_env(tmp_path, monkeypatch, SampleSpec(records=50, keys=10, partitions=1,
+                                                           segments_per_partition=1, seed=1))
+    env = {**os.environ, "UPSERT_SPARK_REMOTE": down}
+    done = subprocess.run([*UPSERTCTL, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--json"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["error"] == "SparkUnavailable" and payload["retryable"] is True and payload["address"] == down
+    assert down in done.stderr
+    # The shard made through the live server; its batch then runs against the one that is down.
+    code, out, err = run_cli_json(capsys, "init", "s", "--source", f"dir:{landing}", "--key", "id",
+                                  "--schema", "id BIGINT, name STRING")
+    assert code == 0, err
+    started = time.monotonic()
+    done = subprocess.run([*UPSERTCTL, "--remote", down, "run-batch", "s", "--json"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "UPSERT_SPARK_REMOTE": ""})
+    assert time.monotonic() - started < 60
+    assert done.returncode == 2, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["error"] == "SparkUnavailable" and payload["retryable"] is True and payload["address"] == down
+
+
+def test_master_and_remote_together_are_refused(tmp_path, monkeypatch, capsys):
+    landing = landing_env(tmp_path, monkeypatch, SampleSpec(records=50, keys=10, partitions=1,
+                                                           segments_per_partition=1, seed=1))
+    code, out, _ = run_cli_json(capsys, "--master", "local[1]", "init", "s", "--source", f"dir:{landing}",
+                                "--key", "id", "--schema", "id BIGINT")
+    assert code == 2 and out["error"] == "ConfigurationError" and out["field"] == "master"
+
+
+def test_a_server_conf_a_client_cannot_change_is_named(spark, connect_server):
+    from airflow_upsert_provider.engine.spark import get_spark
+
+    with pytest.raises(ConfigurationError) as raised:
+        get_spark(remote=connect_server["address"], conf={"spark.driver.memory": "1g"})
+    assert "spark.driver.memory" in raised.value.message and connect_server["address"] in raised.value.message
