@@ -67,7 +67,7 @@ def get_spark(
     if remote:
         if master:
             raise ConfigurationError(
-                f"a Spark master ({master!r}) and a Spark Connect address ({remote!r}) were both given: "
+                f"a Spark master ({master!r}) and a Spark Connect address were both given: "
                 "the Connect server runs on its own master; give one of them",
                 field="master",
             )
@@ -127,36 +127,38 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
     session on the same address is reused; one on another address is refused."""
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark_server import parse_remote, require_reachable
+    from airflow_upsert_provider.engine.spark_server import display_remote, parse_remote, require_reachable
 
     host, port = parse_remote(remote)
+    shown = display_remote(remote)  # without parameters: a token is a secret
     active = SparkSession.getActiveSession()
     if active is not None:
         if not is_connect_session(active):
             raise ConfigurationError(
                 "an in-process SparkSession is active in this process; a Spark Connect session on "
-                f"{remote} cannot replace it: stop it first or run in a new process",
+                f"{shown} cannot replace it: stop it first or run in a new process",
                 field="remote",
             )
         if _connect_address(active) != (host, port):
+            require_reachable(remote)  # a server that is down says so first: a retry may help
             raise ConfigurationError(
                 f"a Spark Connect session on another server is active in this process; it cannot "
-                f"run on {remote}: stop it first or run in a new process",
+                f"run on {shown}: stop it first or run in a new process",
                 field="remote",
             )
-        _apply_connect_conf(active, remote, conf or {}, defaults=False)
+        _apply_connect_conf(active, shown, conf or {}, defaults=False)
         return active
     require_reachable(remote)
     try:
         spark = SparkSession.builder.remote(remote).getOrCreate()
-        _apply_connect_conf(spark, remote, conf or {}, defaults=True)
+        _apply_connect_conf(spark, shown, conf or {}, defaults=True)
     except Exception as exc:  # a server that stopped between the probe and the session
         if _is_unavailable(exc):
             from airflow_upsert_provider.engine.errors import SparkUnavailable
 
             raise SparkUnavailable(
-                f"the Spark Connect server at {remote} did not answer: {str(exc).splitlines()[0][:200]}",
-                address=remote,
+                f"the Spark Connect server at {shown} did not answer: {str(exc).splitlines()[0][:200]}",
+                address=shown,
             ) from None
         raise
     return spark

@@ -116,15 +116,27 @@ def parse_remote(url: str) -> tuple[str, int]:
     """(host, port) of a Spark Connect address ``sc://HOST:PORT[/;params]`` (port default
     15002, as Spark's own client does); a malformed one is a ConfigurationError."""
     if not isinstance(url, str) or not url.startswith("sc://"):
-        raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url!r}", field="remote")
+        raise ConfigurationError("a Spark Connect address looks like sc://HOST:PORT, not "
+                                 f"{str(url).split(';', 1)[0]!r}", field="remote")
     rest = url[len("sc://"):].split("/", 1)[0].split(";", 1)[0]
     host, sep, port_text = rest.rpartition(":")
     if not sep:
         host, port_text = rest, str(DEFAULT_PORT)
     host = host.strip("[]")
     if not host or not port_text.isdigit():
-        raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url!r}", field="remote")
+        raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url.split(';', 1)[0]!r}",
+                                 field="remote")
     return host, check_port(int(port_text))
+
+
+def display_remote(url: str) -> str:
+    """``sc://HOST:PORT`` of a Connect address, without its parameters (``token=`` is a
+    secret): what messages and logs show."""
+    try:
+        host, port = parse_remote(url)
+    except ConfigurationError:
+        return "sc://?"
+    return f"sc://[{host}]:{port}" if ":" in host else f"sc://{host}:{port}"
 
 
 def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -143,10 +155,11 @@ def require_reachable(url: str, timeout: float = 2.0) -> None:
     gives up; a task should instead fail at once with a retryable error."""
     host, port = parse_remote(url)
     if not port_answers(host, port, timeout=timeout):
+        shown = display_remote(url)
         raise SparkUnavailable(
-            f"no Spark Connect server answers at {url}: start one (upsertctl spark-server start) "
+            f"no Spark Connect server answers at {shown}: start one (upsertctl spark-server start) "
             "or fix the address; nothing was changed",
-            address=url,
+            address=shown,
         )
 
 

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 
     from airflow_upsert_provider.engine.shard import Shard
 
-SPARK_MODES = ("in_process", "submit")
+SPARK_MODES = ("in_process", "submit", "connect")
+# connect mode without a connection: the server `upsertctl spark-server start` runs by default.
+DEFAULT_CONNECT_ADDRESS = "sc://127.0.0.1:15002"
 ASSET_SCHEME = "upsert"
 
 
@@ -172,8 +174,16 @@ class MicroBatchUpsertOperator(BaseOperator):
         masked in the task log and never reach XCom or the submit command line.
     :param spark_mode: (templated) ``in_process`` (Spark in the worker process, on the Spark
         connection's master, ``local[*]`` by default) or ``submit`` (the packaged job through
-        the Spark provider's ``SparkSubmitHook`` on the Spark connection, client deploy mode).
-    :param spark_conf: Spark settings (templated), for either mode.
+        the Spark provider's ``SparkSubmitHook`` on the Spark connection, client deploy mode) or
+        ``connect`` (the engine in the worker, its Spark work on a Spark Connect server: the
+        ``spark_connect`` connection ``spark_connect_conn_id``, else the upsert connection's
+        Spark connection when it is of that type, else ``sc://127.0.0.1:15002``, the server
+        ``upsertctl spark-server start`` runs). A server that does not answer fails the try
+        with a retryable error naming its address.
+    :param spark_connect_conn_id: (templated) the ``spark_connect`` connection of ``connect``
+        mode (read through the Spark provider's ``SparkConnectHook``).
+    :param spark_conf: Spark settings (templated), for any mode (in ``connect`` mode only
+        settings a session may change; the server fixes the others).
     :param submit_options: extra keyword arguments for ``SparkSubmitHook`` in ``submit`` mode
         (e.g. ``executor_cores``, ``executor_memory``, ``total_executor_cores``). The driver
         runs in client deploy mode (``deploy_mode`` may only be ``client``); ``conf``,
@@ -190,6 +200,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         "spark_conf",
         "continuous_for",
         "kafka_conn_id",
+        "spark_connect_conn_id",
     )
     template_fields_renderers = {"spark_conf": "json"}
     ui_color = "#d9ecf2"
@@ -208,6 +219,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         submit_options: dict[str, Any] | None = None,
         continuous_for: float | int | str | datetime.timedelta | None = None,
         kafka_conn_id: str | None = None,
+        spark_connect_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -222,6 +234,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         self.submit_options = submit_options or {}
         self.continuous_for = continuous_for
         self.kafka_conn_id = kafka_conn_id
+        self.spark_connect_conn_id = spark_connect_conn_id
         if "{{" not in str(shard) and "{{" not in str(upsert_conn_id):
             # A literal shard is declared, so the DAG's graph and the asset views show it.
             asset = shard_asset(upsert_conn_id, shard)
@@ -268,6 +281,8 @@ class MicroBatchUpsertOperator(BaseOperator):
             plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record, continuous_seconds)
             if spark_mode == "submit":
                 report = self._run_submit(hook, plan, shard)
+            elif spark_mode == "connect":
+                report = self._run_in_process(hook, shard, plan, remote=self._connect_address(hook))
             else:
                 report = self._run_in_process(hook, shard, plan)
         except UpsertError as exc:
@@ -326,7 +341,44 @@ class MicroBatchUpsertOperator(BaseOperator):
             sum(batch.get("lag_offsets", {}).values()), batch["seconds"], batch.get("timings", {}),
         )
 
-    def _run_in_process(self, hook: UpsertShardHook, shard: Shard, plan: _RunPlan) -> dict[str, Any]:
+    def _connect_address(self, hook: UpsertShardHook) -> str:
+        """The Spark Connect address of ``connect`` mode, from the Spark provider's
+        ``SparkConnectHook`` (its token, if any, is masked by Airflow as a password)."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        from airflow_upsert_provider.engine.spark_server import display_remote
+
+        named = None if self.spark_connect_conn_id in (None, "", "None") else str(self.spark_connect_conn_id)
+        conn_id = named or hook.settings.spark_conn_id
+        try:
+            conn = hook.get_connection(conn_id)
+        except AirflowNotFoundException:
+            if named:
+                raise ConfigurationError(f"the spark_connect connection {named!r} is not defined",
+                                         field="spark_connect_conn_id") from None
+            conn = None
+        if conn is None or (not named and conn.conn_type != SparkConnectHook.conn_type):
+            self.log.info("connect mode: no spark_connect connection (%s is %s); using %s", conn_id,
+                          "not defined" if conn is None else f"of type {conn.conn_type!r}", DEFAULT_CONNECT_ADDRESS)
+            return DEFAULT_CONNECT_ADDRESS
+        if conn.conn_type != SparkConnectHook.conn_type:
+            raise ConfigurationError(
+                f"connection {conn_id!r} is of type {conn.conn_type!r}; connect mode needs a 'spark_connect' one",
+                field="spark_connect_conn_id",
+            )
+        try:
+            address = SparkConnectHook(conn_id=conn_id).get_connection_url()
+        except ValueError as exc:
+            raise ConfigurationError(f"connection {conn_id!r}: {exc}", field="spark_connect_conn_id") from None
+        self.log.info("connect mode: Spark Connect server %s (connection %s)", display_remote(address), conn_id)
+        return address
+
+    def _run_in_process(
+        self, hook: UpsertShardHook, shard: Shard, plan: _RunPlan, remote: str | None = None
+    ) -> dict[str, Any]:
+        """The writer in this process; its Spark in this process too, or on the Spark Connect
+        server at ``remote`` (connect mode)."""
         from airflow_upsert_provider.engine.writer import Writer
 
         spark_seconds: list[float] = []
@@ -340,7 +392,12 @@ class MicroBatchUpsertOperator(BaseOperator):
 
                 spark_started = time.monotonic()
                 owned = SparkSession.getActiveSession() is None
-                session = hook.get_spark(app_name=f"upsert-{self.shard}", conf=self.spark_conf)
+                if remote is not None:
+                    from airflow_upsert_provider.engine.spark import get_spark
+
+                    session = get_spark(remote=remote, conf=self.spark_conf)
+                else:
+                    session = hook.get_spark(app_name=f"upsert-{self.shard}", conf=self.spark_conf)
                 spark_seconds.append(time.monotonic() - spark_started)
                 self._spark = (session, owned)
             return self._spark[0]
@@ -474,6 +531,11 @@ class MicroBatchUpsertOperator(BaseOperator):
         if self._spark is not None:
             import threading
 
+            from airflow_upsert_provider.engine.spark import is_connect_session
+
+            if is_connect_session(self._spark[0]):
+                self._interrupt_connect(self._spark[0])
+                return
             context = self._spark[0].sparkContext
             self.log.info("on_kill: stopping the Spark jobs of this task")
 
@@ -488,6 +550,25 @@ class MicroBatchUpsertOperator(BaseOperator):
             stopper = threading.Thread(target=stop, name="upsert-on-kill", daemon=True)
             stopper.start()
             stopper.join(timeout=60)
+
+
+    def _interrupt_connect(self, session: Any) -> None:
+        """connect mode: interrupt every operation of this task's Connect session (the server
+        and other tasks' sessions run on), then release the session so that no later one
+        starts."""
+        import threading
+
+        self.log.info("on_kill: interrupting the Spark Connect operations of this task")
+
+        def stop() -> None:
+            try:
+                session.interruptAll()
+            finally:
+                session.stop()
+
+        stopper = threading.Thread(target=stop, name="upsert-on-kill", daemon=True)
+        stopper.start()
+        stopper.join(timeout=60)
 
 
 _ERRORS_BY_EXIT_CODE: dict[int, type[UpsertError]] = {
