@@ -20,12 +20,21 @@ check-java:
 demo: $(STAMP) check-java
 	$(BIN)/python demo/demo.py
 
+# Two pytest processes: tests/connect runs the engine through a Spark Connect server, and a
+# process that holds an in-process SparkSession cannot also hold a Connect one. Either run
+# failing, or collecting nothing (exit 5), fails the target.
 test: $(STAMP) check-java
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -ra --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest -ra tests/connect $(PYTEST_ARGS); connect=$$?; \
+	echo "make test: main suite exit $$main, tests/connect exit $$connect"; \
+	test $$main -eq 0 && test $$connect -eq 0
 
 # The fast set: no multi-process, cluster or Airflow end-to-end tests.
 test-fast: $(STAMP) check-java
-	$(BIN)/python -m pytest -ra -m "not slow" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -ra -m "not slow" --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest -ra -m "not slow" tests/connect $(PYTEST_ARGS); connect=$$?; \
+	echo "make test-fast: main suite exit $$main, tests/connect exit $$connect"; \
+	test $$main -eq 0 && test $$connect -eq 0
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/bench_upsert.py

@@ -30,11 +30,13 @@ with DAG(
             "digits, '_', '.' and '-', starting with a letter or digit, at most 128 characters.",
         ),
         "spark_mode": Param(
-            "in_process", type="string", enum=["in_process", "submit"], title="Spark mode",
+            "in_process", type="string", enum=["in_process", "submit", "connect"], title="Spark mode",
             description="Where Spark runs. in_process: a Spark session inside the worker's task "
             "process, on the master of the upsert connection's Spark connection (local[*] when it "
             "is not defined). submit: the packaged job through spark-submit on that Spark "
-            "connection (standalone, YARN or Kubernetes), driver beside the task.",
+            "connection (standalone, YARN or Kubernetes), driver beside the task. connect: the "
+            "engine in the task, its Spark work on a warm Spark Connect server "
+            "(`upsertctl spark-server start`, docs/spark-connect.md).",
         ),
         "batch_size": Param(
             256, type="integer", minimum=1, maximum=100_000, title="Files per batch",

@@ -86,3 +86,16 @@ def cli_env(consensus_url: str, blob_root: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def pytest_collection_modifyitems(config, items):
+    """tests/connect holds a Spark Connect client session, the rest an in-process SparkSession;
+    PySpark refuses both in one process, so a run that collects both is refused up front
+    (``make test`` runs tests/connect in a second pytest process)."""
+    connect_dir = os.path.join(REPO_ROOT, "tests", "connect") + os.sep
+    in_connect = {str(item.path).startswith(connect_dir) for item in items}
+    if in_connect == {True, False}:
+        raise pytest.UsageError(
+            "tests/connect must run in its own pytest process: run `pytest --ignore=tests/connect` "
+            "and `pytest tests/connect` (make test runs both)"
+        )

@@ -74,7 +74,7 @@ def test_bad_seconds(value, message):
 def test_choices_are_exact():
     assert parse_choice("submit", "spark_mode", ("in_process", "submit")) == "submit"
     for value in ("Submit", " submit", "sumbit", None):
-        with pytest.raises(AirflowFailException, match=r"spark_mode must be one of in_process, submit; got"):
+        with pytest.raises(AirflowFailException, match=r"spark_mode must be one of in_process, submit, connect; got"):
             parse_choice(value, "spark_mode", ("in_process", "submit"))
 
 
@@ -84,7 +84,7 @@ def test_choices_are_exact():
      ({"max_batches": "ten"}, "max_batches must be an integer, got 'ten'"),
      ({"max_files_per_batch": "0"}, "max_files_per_batch must be >= 1, got 0"),
      ({"on_bad_record": "quarantaine"}, "on_bad_record must be one of fail, quarantine; got 'quarantaine'"),
-     ({"spark_mode": "sumbit"}, "spark_mode must be one of in_process, submit; got 'sumbit'")],
+     ({"spark_mode": "sumbit"}, "spark_mode must be one of in_process, submit, connect; got 'sumbit'")],
 )
 def test_upsert_operator_refuses_bad_arguments_before_touching_the_store(arguments, message, monkeypatch):
     # A connection that cannot be opened: the arguments must fail first.
