@@ -74,7 +74,7 @@ def test_bad_seconds(value, message):
 def test_choices_are_exact():
     assert parse_choice("submit", "spark_mode", ("in_process", "submit")) == "submit"
     for value in ("Submit", " submit", "sumbit", None):
-        with pytest.raises(AirflowFailException, match=r"spark_mode must be one of in_process, submit, connect; got"):
+        with pytest.raises(AirflowFailException, match=r"spark_mode must be one of in_process, submit; got"):
             parse_choice(value, "spark_mode", ("in_process", "submit"))
 
 
