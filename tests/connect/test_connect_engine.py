@@ -8,7 +8,9 @@ from airflow_upsert_provider.engine.spark import is_connect_session
 
 # Imported test functions are collected here and get this directory's `spark` fixture.
 from tests.test_writer import (  # noqa: F401
+    test_batch_ahead_of_upper_is_held_not_appended,
     test_catch_up_equals_oracle_and_every_ts_committed_once,
+    test_lagging_writer_drops_persisted_batches_and_reaches_upper,
     test_read_as_of_every_ts_matches_oracle_of_bound_offsets,
 )
 from tests.test_bad_input import (  # noqa: F401

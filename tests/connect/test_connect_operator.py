@@ -79,6 +79,22 @@ def test_connect_mode_with_the_server_down_fails_retryably_naming_the_address(st
     assert shard.state().upper == 0
 
 
+def test_connect_mode_with_nothing_to_do_never_reaches_the_server(store):
+    """A task that finds the shard caught up, or only batches a peer already committed, starts
+    no Spark work: the same task against a server that is down succeeds."""
+    shard, _ = store
+    caught_up = MicroBatchUpsertOperator(task_id="upsert", shard=shard.shard_id, spark_mode="connect",
+                                         spark_connect_conn_id="warm_spark", until_caught_up=True)
+    first = caught_up.execute({"ti": TaskInstance()})
+    assert first["committed"] > 0 and first["upper"] == shard.state().upper
+    upper = shard.state().upper
+    idle = MicroBatchUpsertOperator(task_id="upsert", shard=shard.shard_id, spark_mode="connect",
+                                    spark_connect_conn_id="down_spark", until_caught_up=True)
+    report = idle.execute({"ti": TaskInstance()})
+    assert report["committed"] == 0 and report["upper"] == upper == shard.state().upper
+    assert report["spark_start_seconds"] == 0
+
+
 def test_connect_mode_with_a_missing_or_wrong_connection_fails_without_retry(store):
     shard, _ = store
     for conn_id, expected in (("no_such_conn", "is not defined"), ("spark_default", "needs a 'spark_connect' one")):
