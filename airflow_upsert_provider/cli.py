@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Sequence
 
-from airflow_upsert_provider.engine.errors import BlobWriteFailed, ConfigurationError, UpsertError
+from airflow_upsert_provider.engine.errors import BlobWriteFailed, ConfigurationError, SparkUnavailable, UpsertError
 
 DEFAULT_CONSENSUS_URL = "sqlite:///./.upsert/consensus.db"
 DEFAULT_BLOB_ROOT = "./.upsert/blob"
@@ -859,8 +859,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("UPSERT_DEBUG"):
             raise
+        from airflow_upsert_provider.engine.spark_server import display_remote, server_gone
         from airflow_upsert_provider.engine.writer import blob_write_failure
 
+        remote = getattr(args, "remote", None) or os.environ.get("UPSERT_SPARK_REMOTE")
+        if remote and server_gone(exc):
+            # Outside a batch's staging (which raises SparkUnavailable itself): a read, a
+            # compaction, a status. Every command writes its files before the commit naming them.
+            print(f"upsertctl: the Spark Connect server at {display_remote(remote)} stopped answering: "
+                  f"{_first_line(exc)[:200]}; nothing was committed: run again when it answers "
+                  "(upsertctl spark-server status)", file=sys.stderr)
+            return SparkUnavailable.exit_code
         cause = blob_write_failure(exc)
         if cause is not None:
             # A data write (a compaction's output, a checkpoint's manifest) hit the disk's

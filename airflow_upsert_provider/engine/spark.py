@@ -127,7 +127,12 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
     session on the same address is reused; one on another address is refused."""
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark_server import display_remote, parse_remote, require_reachable
+    from airflow_upsert_provider.engine.spark_server import (
+        bound_client_retries,
+        display_remote,
+        parse_remote,
+        require_reachable,
+    )
 
     host, port = parse_remote(remote)
     shown = display_remote(remote)  # without parameters: a token is a secret
@@ -151,6 +156,7 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
     require_reachable(remote)
     try:
         spark = SparkSession.builder.remote(remote).getOrCreate()
+        bound_client_retries(spark)
         _apply_connect_conf(spark, shown, conf or {}, defaults=True)
     except Exception as exc:  # a server that stopped between the probe and the session
         if _is_unavailable(exc):
@@ -162,6 +168,12 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
             ) from None
         raise
     return spark
+
+
+def connect_address(spark: "SparkSession") -> str:
+    """``sc://HOST:PORT`` of the server a Connect session talks to (never a token)."""
+    host, port = _connect_address(spark)
+    return f"sc://[{host}]:{port}" if ":" in host else f"sc://{host}:{port}"
 
 
 def _connect_address(spark: "SparkSession") -> tuple[str, int]:

@@ -28,9 +28,12 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 15002
@@ -161,6 +164,42 @@ def require_reachable(url: str, timeout: float = 2.0) -> None:
             "or fix the address; nothing was changed",
             address=shown,
         )
+
+
+# The Connect client's own policy retries a server that stopped answering for at least ten
+# minutes; a task should fail within about a minute instead (retryable: Airflow's retries and
+# backoff take over). 50 ms x 4^n, each wait at most 30 s: six retries, about 47 s.
+CLIENT_RETRIES = 6
+CLIENT_MAX_BACKOFF_MS = 30_000
+# What the client says when the server is gone (refused, reset, timed out after its retries)
+# or was restarted under the session (a new server does not know it).
+_GONE_MARKERS = ("UNAVAILABLE", "Connection refused", "failed to connect", "RetriesExceeded",
+                 "Socket closed", "INVALID_HANDLE.SESSION_NOT_FOUND", "INVALID_HANDLE.SESSION_CHANGED",
+                 "SESSION_CLOSED")
+
+
+def bound_client_retries(spark: "SparkSession") -> None:
+    """Make the Connect session ``spark`` give up on a server that stopped answering after
+    :data:`CLIENT_RETRIES` retries (about 47 s) instead of the client's ten minutes."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark.client.set_retry_policies(
+        [DefaultPolicy(max_retries=CLIENT_RETRIES, max_backoff=CLIENT_MAX_BACKOFF_MS)]
+    )
+
+
+def server_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in its chain) says the Connect server is unreachable,
+    stopped, or restarted under the session: running the step again may succeed."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = f"{type(current).__name__} {current}"
+        if any(marker in text for marker in _GONE_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _pid_alive(pid: int) -> bool:

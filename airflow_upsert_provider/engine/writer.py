@@ -27,9 +27,12 @@ from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     ConsensusUnavailable,
     IntegrityError,
+    SparkUnavailable,
     StreamFenced,
 )
 from airflow_upsert_provider.engine.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
+from airflow_upsert_provider.engine.spark import connect_address, is_connect_session
+from airflow_upsert_provider.engine.spark_server import server_gone
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -221,6 +224,7 @@ class Writer:
         nonce = uuid.uuid4().hex
         run_dir = self.shard.run_dir(ts, self.writer_id, nonce[:12])
         rejects_dir = self.shard.rejects_dir(ts, self.writer_id, nonce[:12])
+        spark = None
         try:
             spark = self._spark_factory()
             messages = None
@@ -236,6 +240,16 @@ class Writer:
                 messages=messages,
             )
         except Exception as exc:
+            if spark is not None and is_connect_session(spark) and server_gone(exc):
+                # The attempt's files are unreferenced, like a killed task's: GC removes them
+                # (the server may still be writing them if only the connection broke).
+                address = connect_address(spark)
+                raise SparkUnavailable(
+                    f"the Spark Connect server at {address} stopped answering while batch {ts} of "
+                    f"shard {self.shard.shard_id!r} was staged: nothing was committed; run again when "
+                    "the server answers (upsertctl spark-server status)",
+                    address=address, ts=ts,
+                ) from None
             cause = blob_write_failure(exc)
             if cause is None:
                 raise
