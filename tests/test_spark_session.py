@@ -3,6 +3,7 @@ and a CLI run that starts Spark prints nothing on stderr but its own lines (item
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,3 +95,41 @@ def test_a_full_disk_is_one_line_on_stderr_not_spark_stack_traces(tmp_path, tmpf
     assert batch.returncode == 2
     assert batch.stderr.count("\n") == 1 and batch.stderr.startswith("upsertctl: writing batch 0"), batch.stderr
     assert "No space left on device" in batch.stderr
+
+
+def _jvm_option(spark, name: str) -> str:
+    """The value of a HotSpot option in the session's driver JVM."""
+    jvm = spark.sparkContext._jvm
+    bean_class = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    return jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class).getVMOption(name).getValue()
+
+
+def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options(spark):
+    """The engine's log4j configuration, then its own JVM options, on the driver JVM; the JIT
+    keeps its default tiers (C1 only would slow warm work, docs/performance.md)."""
+    arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+                     .getInputArguments())
+    assert f"-Dlog4j.configurationFile=file:{spark_module.LOG4J_CONFIG}" in arguments
+    assert all(option in arguments for option in spark_module.DRIVER_JAVA_OPTIONS)
+    assert _jvm_option(spark, "TieredStopAtLevel") == "4"
+
+
+def test_a_users_driver_java_options_replace_the_engines():
+    probe = (
+        "import json\n"
+        "from airflow_upsert_provider.engine.spark import get_spark\n"
+        "from tests.test_spark_session import _jvm_option\n"
+        "spark = get_spark('local[1]', conf={'spark.driver.extraJavaOptions': '-Dupsert.probe=1 "
+        "-XX:TieredStopAtLevel=1'})\n"
+        "jvm = spark.sparkContext._jvm\n"
+        "print(json.dumps({'arguments': list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()"
+        ".getInputArguments()), 'tiered': _jvm_option(spark, 'TieredStopAtLevel')}))\n"
+        "spark.stop()\n"
+    )
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("UPSERT_SPARK_REMOTE", None)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "-Dupsert.probe=1" in seen["arguments"] and seen["tiered"] == "1"
+    assert not any(a.startswith("-Dlog4j.configurationFile=") for a in seen["arguments"])

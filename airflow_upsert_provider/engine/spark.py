@@ -23,11 +23,23 @@ DEFAULT_CONF = {
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.driver.memory": "2g",
 }
+# Options of the driver JVM beyond the log4j configuration (see driver_java_options); a
+# user's spark.driver.extraJavaOptions replaces them all. None by default: C1 only
+# (-XX:TieredStopAtLevel=1) cuts a fresh one-batch task to about 0.8x but makes warm work
+# 1.5-2.4x slower (continuous mode, compaction), and a class-data-sharing archive needs a
+# safe way to be created first (docs/performance.md, "Cold in-process task").
+DRIVER_JAVA_OPTIONS: tuple[str, ...] = ()
 # Lines the driver JVM prints on stderr by itself, not through log4j, and that say nothing to
 # a user: Spark's launcher always puts --add-modules=jdk.incubator.vector on the driver's
 # command line, and the JVM then announces the incubator module; no JVM option turns that
 # notice off. Only these exact lines are dropped; everything else the JVM writes passes.
 JVM_NOTICES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
+
+
+def driver_java_options() -> str:
+    """The driver JVM's options of a new session: the engine's log4j configuration, then
+    :data:`DRIVER_JAVA_OPTIONS`."""
+    return " ".join((f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}", *DRIVER_JAVA_OPTIONS))
 
 
 def is_local_master(master: str) -> bool:
@@ -95,7 +107,7 @@ def get_spark(
         settings["spark.driver.bindAddress"] = "127.0.0.1"
     if "spark.driver.extraJavaOptions" not in (conf or {}):
         # Only takes effect when this call launches the driver JVM (the usual case).
-        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}"
+        settings["spark.driver.extraJavaOptions"] = driver_java_options()
     settings.update(conf or {})
     _launch_driver_jvm(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
