@@ -1,6 +1,6 @@
 """Whole-process latency of one micro-batch task, as Airflow runs it (a fresh process), at
 several table sizes: Spark in the process, Spark Connect on a warm server, and a delta-rs
-MERGE of the same changes into a Delta table holding the same rows (issue 11).
+MERGE of the same changes into a Delta table holding the same rows.
 
     .venv/bin/python bench/bench_latency.py --rows 1000000,5000000,20000000 --repeat 3
     .venv/bin/python bench/bench_latency.py --rows 200000 --batch 20000   # quick
@@ -50,7 +50,7 @@ MODES = ("in_process", "connect", "delta_rs")
 # The table's columns; the changes also carry the delete marker `deleted`, which the shard
 # does not keep as a column.
 COLUMNS = ("id", "name", "amount", "updated_at")
-# Targets of issue 11 (rows: the table size they are stated at).
+# The latency targets (rows: the table size each is stated at).
 CONNECT_VS_DELTA_AT = 5_000_000
 CONNECT_SPEEDUP_AT, CONNECT_SPEEDUP = 20_000_000, 3.0
 IN_PROCESS_AT, IN_PROCESS_SECONDS = 1_000_000, 8.0
@@ -261,7 +261,7 @@ def measure_size(rows: int, args: argparse.Namespace, spark, remote: str, env: d
 
 
 def verdicts(results: dict[int, dict]) -> list[tuple[str, str, str]]:
-    """(target, measured, met / not met / not measured) for each target of issue 11."""
+    """(target, measured, met / not met / not measured) for each latency target."""
     out = []
     at = results.get(CONNECT_VS_DELTA_AT)
     if at:
