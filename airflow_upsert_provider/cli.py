@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_maintenance_commands(commands, common)
     _add_frontier_commands(commands, common)
     _add_spark_server_commands(commands, common)
+    _add_spark_archive_commands(commands, common)
     return parser
 
 
@@ -820,6 +821,56 @@ def _print_spark_server(action: str, out: dict[str, Any]) -> None:
     print(f"{out['address']} (pid {out['pid']}) {answer}{timing}; log {out['log']}")
 
 
+def _add_spark_archive_commands(commands, common: argparse.ArgumentParser) -> None:
+    archive = commands.add_parser(
+        "spark-archive", parents=[common],
+        help="build, check or remove the driver JVM's class-data-sharing archive (a faster cold task)",
+    )
+    actions = archive.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="archive under DIR/class-archive (default UPSERT_STATE_DIR, else ./.upsert; "
+                             "UPSERT_CLASS_ARCHIVE=PATH names the file, =off disables it)")
+    shared.add_argument("--json", action="store_true")
+    build = actions.add_parser("build", parents=[common, shared],
+                               help="run a sample batch that records the classes it loads (about 30 s); "
+                                    "safe to run at once from many processes")
+    build.add_argument("--force", action="store_true", help="rebuild even if a usable archive exists")
+    actions.add_parser("status", parents=[common, shared],
+                       help="the archive's path, size, Java version and whether new sessions use it (exit 2 if not)")
+    actions.add_parser("remove", parents=[common, shared], help="delete the archive and its sidecar")
+
+
+def cmd_spark_archive(ctx: Context | None, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine import class_archive
+
+    if args.archive_command == "build":
+        out = class_archive.build_archive(args.state_dir, force=args.force,
+                                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    elif args.archive_command == "remove":
+        out = class_archive.remove_archive(args.state_dir)
+    else:
+        out = class_archive.archive_status(args.state_dir)
+        if not out["used"]:
+            args.exit_code = 2
+    if not args.json:
+        _print_spark_archive(args.archive_command, out)
+        return {}
+    return out
+
+
+def _print_spark_archive(action: str, out: dict[str, Any]) -> None:
+    if action == "remove":
+        print(f"removed {out['path']}" if out.get("removed") else f"no archive to remove ({out.get('reason', 'none')})")
+        return
+    if out["path"] is None:
+        print(f"no class-data-sharing archive: {out['reason']}")
+        return
+    size = f"{out['size'] / 2**20:.0f} MB" if out["size"] else "missing"
+    used = "used by new sessions" if out["used"] else f"NOT used: {out['reason']}"
+    print(f"{out['path']} ({size}, Java {out['java_version'] or '?'}, pyspark {out['pyspark'] or '?'}): {used}")
+
+
 COMMANDS = {
     "init": cmd_init,
     "status": cmd_status,
@@ -833,6 +884,7 @@ COMMANDS = {
     "source": cmd_source,
     "frontier": cmd_frontier,
     "spark-server": cmd_spark_server,
+    "spark-archive": cmd_spark_archive,
 }
 
 
@@ -841,7 +893,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     as_json = getattr(args, "json", False)
     try:
-        ctx = Context(args) if args.command != "spark-server" else None  # no shard, no store
+        ctx = Context(args) if args.command not in ("spark-server", "spark-archive") else None  # no shard, no store
         result = COMMANDS[args.command](ctx, args)
     except UpsertError as exc:
         payload = exc.to_dict()

@@ -23,6 +23,10 @@ The ``cds`` candidates use a class-data-sharing archive of the driver JVM: one u
 with ``-XX:ArchiveClassesAtExit=F`` writes it, later runs map it with
 ``-XX:SharedArchiveFile=F``. ``cds_missing`` points at a file that does not exist and
 ``cds_stale`` at an archive written by another classpath (checks that the JVM keeps working).
+``engine_archive`` is the engine's own path: ``upsertctl spark-archive build`` (its generic
+sample batch, not this shard's) into a state directory of the work directory, then the
+engine's defaults, which add the archive's options themselves. Every other candidate runs
+with ``UPSERT_CLASS_ARCHIVE=off``, so an archive built on this machine never leaks in.
 """
 
 from __future__ import annotations
@@ -69,17 +73,22 @@ BASELINE_CONF = {
 
 
 def candidates(work: str) -> dict[str, dict]:
-    """name -> {"conf": DEFAULT_CONF, "java": JVM options}; all start from the baseline."""
+    """name -> {"conf": DEFAULT_CONF, "java": JVM options, "env": environment}; all start from
+    the baseline."""
     archive = os.path.join(work, "driver.jsa")
     stale = os.path.join(work, "stale.jsa")
 
     def make(java: tuple[str, ...] = (), **conf: str) -> dict:
-        return {"conf": {**BASELINE_CONF, **{k.replace("__", "."): v for k, v in conf.items()}}, "java": list(java)}
+        return {"conf": {**BASELINE_CONF, **{k.replace("__", "."): v for k, v in conf.items()}}, "java": list(java),
+                "env": {"UPSERT_CLASS_ARCHIVE": "off"}}
 
     shuffle = "spark__sql__shuffle__partitions"
     return {
         "baseline": make(),
-        "adopted": {"conf": dict(engine_spark.DEFAULT_CONF), "java": list(engine_spark.DRIVER_JAVA_OPTIONS)},
+        "adopted": {"conf": dict(engine_spark.DEFAULT_CONF), "java": list(engine_spark.DRIVER_JAVA_OPTIONS),
+                    "env": {"UPSERT_CLASS_ARCHIVE": "off"}},
+        "engine_archive": {"conf": dict(engine_spark.DEFAULT_CONF), "java": list(engine_spark.DRIVER_JAVA_OPTIONS),
+                           "env": {"UPSERT_STATE_DIR": os.path.join(work, "state")}},
         "tiered1": make(("-XX:TieredStopAtLevel=1",)),
         "serialgc": make(("-XX:+UseSerialGC",)),
         "parallelgc": make(("-XX:+UseParallelGC",)),
@@ -109,7 +118,8 @@ def clone_db(source: str, target: str) -> None:
 
 def sample_env(base_env: dict[str, str], copy: str, candidate: dict) -> dict[str, str]:
     return {**base_env, "UPSERT_CONSENSUS_URL": f"sqlite:///{copy}/consensus.db",
-            "UPSERT_BLOB_ROOT": os.path.join(copy, "blob"), "COLD_START_CANDIDATE": json.dumps(candidate)}
+            "UPSERT_BLOB_ROOT": os.path.join(copy, "blob"), "COLD_START_CANDIDATE": json.dumps(candidate),
+            **candidate.get("env", {})}
 
 
 def run_sample(template: str, copy: str, base_env: dict[str, str], candidate: dict,
@@ -157,7 +167,7 @@ def build_template(template: str, landing: str, base_env: dict[str, str], rows: 
     """The shard with its base committed and ``batch`` changes pending (not measured)."""
     os.makedirs(template, exist_ok=True)
     env = {**base_env, "UPSERT_CONSENSUS_URL": f"sqlite:///{template}/consensus.db",
-           "UPSERT_BLOB_ROOT": os.path.join(template, "blob")}
+           "UPSERT_BLOB_ROOT": os.path.join(template, "blob"), "UPSERT_CLASS_ARCHIVE": "off"}
     upsertctl = [sys.executable, "-m", "airflow_upsert_provider.cli"]
     # Random keys: about 80% of the key space appears in 1.6 x rows records.
     generate(landing, SampleSpec(records=int(rows * 1.6), keys=rows, partitions=4, segments_per_partition=8,
@@ -180,7 +190,8 @@ def write_archives(work: str, template: str, base_env: dict[str, str], batch: in
     shard; ``stale.jsa`` from a JVM whose classpath differs (a JDK tool), to see what a
     stale archive does."""
     archive = os.path.join(work, "driver.jsa")
-    dump = {"conf": BASELINE_CONF, "java": ["-Xlog:disable", f"-XX:ArchiveClassesAtExit={archive}"]}
+    dump = {"conf": BASELINE_CONF, "java": ["-Xlog:disable", f"-XX:ArchiveClassesAtExit={archive}"],
+            "env": {"UPSERT_CLASS_ARCHIVE": "off"}}
     seconds, _, stderr = run_sample(template, os.path.join(work, "dump"), base_env, dump, batch)
     shutil.rmtree(os.path.join(work, "dump"), ignore_errors=True)
     if not os.path.exists(archive):
@@ -191,6 +202,21 @@ def write_archives(work: str, template: str, base_env: dict[str, str], batch: in
     subprocess.run([java, f"-XX:ArchiveClassesAtExit={stale}", "-cp", REPO, "-version"],
                    capture_output=True, timeout=120)
     return {"dump_run_seconds": round(seconds, 2), "archive_mb": round(os.path.getsize(archive) / 2**20, 1)}
+
+
+def build_engine_archive(work: str, base_env: dict[str, str]) -> dict:
+    """``upsertctl spark-archive build`` into the work directory's state directory (not measured
+    against the candidates; its wall time is reported)."""
+    env = {**base_env, "UPSERT_STATE_DIR": os.path.join(work, "state")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "airflow_upsert_provider.cli", "spark-archive", "build", "--json"],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"upsertctl spark-archive build failed: {done.stderr[-3000:]}")
+    out = json.loads(done.stdout)
+    if not out["used"]:
+        raise SystemExit(f"the built archive would not be used: {out}")
+    return {"build_seconds": round(time.monotonic() - started, 2), "archive_mb": round(out["size"] / 2**20, 1)}
 
 
 def main() -> None:
@@ -207,7 +233,7 @@ def main() -> None:
     os.makedirs(work, exist_ok=True)
     template, landing = os.path.join(work, "template"), os.path.join(work, "landing")
     base_env = {**os.environ, "PYTHONPATH": REPO}
-    for key in ("UPSERT_SPARK_REMOTE", "UPSERT_SPARK_MASTER", "PYSPARK_SUBMIT_ARGS"):
+    for key in ("UPSERT_SPARK_REMOTE", "UPSERT_SPARK_MASTER", "PYSPARK_SUBMIT_ARGS", "UPSERT_CLASS_ARCHIVE"):
         base_env.pop(key, None)
     chosen = candidates(work)
     if args.only:
@@ -225,6 +251,9 @@ def main() -> None:
         if any("SharedArchiveFile" in " ".join(c["java"]) for c in chosen.values()):
             results["archive"] = write_archives(work, template, base_env, args.batch)
             print(f"class-data-sharing archive: {results['archive']}", flush=True)
+        if "engine_archive" in chosen:
+            results["engine_archive"] = build_engine_archive(work, base_env)
+            print(f"upsertctl spark-archive build: {results['engine_archive']}", flush=True)
         timings: dict[str, list[float]] = {name: [] for name in chosen}
         steps: dict[str, list[float]] = {name: [] for name in chosen}
         warnings: dict[str, str] = {}

@@ -26,8 +26,9 @@ DEFAULT_CONF = {
 # Options of the driver JVM beyond the log4j configuration (see driver_java_options); a
 # user's spark.driver.extraJavaOptions replaces them all. None by default: C1 only
 # (-XX:TieredStopAtLevel=1) cuts a fresh one-batch task to about 0.8x but makes warm work
-# 1.5-2.4x slower (continuous mode, compaction), and a class-data-sharing archive needs a
-# safe way to be created first (docs/performance.md, "Cold in-process task").
+# 1.5-2.4x slower (continuous mode, compaction). The class-data-sharing archive's options
+# are added when one is built (engine/class_archive.py; docs/performance.md, "Cold
+# in-process task").
 DRIVER_JAVA_OPTIONS: tuple[str, ...] = ()
 # Lines the driver JVM prints on stderr by itself, not through log4j, and that say nothing to
 # a user: Spark's launcher always puts --add-modules=jdk.incubator.vector on the driver's
@@ -38,8 +39,13 @@ JVM_NOTICES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vecto
 
 def driver_java_options() -> str:
     """The driver JVM's options of a new session: the engine's log4j configuration, then
-    :data:`DRIVER_JAVA_OPTIONS`."""
-    return " ".join((f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}", *DRIVER_JAVA_OPTIONS))
+    :data:`DRIVER_JAVA_OPTIONS`, then the class-data-sharing archive's options when a usable
+    archive is built (decided from files, without starting a JVM; an invalid
+    ``UPSERT_CLASS_ARCHIVE`` is a :class:`ConfigurationError`)."""
+    from airflow_upsert_provider.engine.class_archive import session_java_options
+
+    return " ".join((f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}", *DRIVER_JAVA_OPTIONS,
+                     *session_java_options()))
 
 
 def is_local_master(master: str) -> bool:

@@ -1,0 +1,334 @@
+"""A class-data-sharing (CDS) archive of the driver JVM, so that a fresh task maps the classes
+a batch loads instead of loading and verifying them from the jars (docs/performance.md,
+"Cold in-process task").
+
+The archive is keyed by the pyspark version and the Java version
+(``spark-<pyspark>-java-<java.version>.jsa`` under ``<state dir>/class-archive/``, the state
+dir being ``UPSERT_STATE_DIR`` or ``./.upsert``); ``UPSERT_CLASS_ARCHIVE`` names another file,
+or ``off`` disables it. Next to it a JSON sidecar (``<archive>.json``) records what it was
+built with: the java binary (resolved as Spark does: ``JAVA_HOME/bin/java``, else ``java`` on
+PATH), that binary's mtime and size, the pyspark version and installation, the archive's size
+and mtime. A new session uses the archive only when the sidecar matches all of them, which a
+few ``stat`` calls decide: no JVM starts to decide. A JVM would ignore a stale archive anyway
+(-Xshare:auto), but a missing or unusable ``SharedArchiveFile`` also turns off the JDK's own
+default archive, so the option is given only when it can work.
+
+Building (:func:`build_archive`) runs a small representative batch in a child process whose
+driver JVM writes the archive at exit (``-XX:ArchiveClassesAtExit``) to a temporary name in
+the same directory; only after that JVM exited cleanly is it renamed into place, then the
+sidecar. Builds hold an ``fcntl`` lock on ``<archive>.lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+OVERRIDE_ENV = "UPSERT_CLASS_ARCHIVE"
+DEFAULT_STATE_DIR = "./.upsert"
+ARCHIVE_SUBDIR = "class-archive"
+# The JVM prints hundreds of [warning][cds] lines (classes it cannot archive) on stdout while
+# dumping, and would print any CDS warning there when mapping: stdout is a --json output.
+QUIET_CDS_LOGGING = "-Xlog:cds*=off"
+# Values that look like a switch rather than a path: refused, so a typo of "off" never
+# becomes a file name.
+_SWITCH_WORDS = frozenset({"on", "true", "false", "yes", "no", "1", "0", "none", "disable", "disabled", "enabled"})
+
+
+def state_dir(base: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The engine's state directory: ``base``, else ``UPSERT_STATE_DIR``, else ``./.upsert``."""
+    env = os.environ if environ is None else environ
+    return os.path.abspath(base or env.get("UPSERT_STATE_DIR") or DEFAULT_STATE_DIR)
+
+
+def archive_setting(environ: Mapping[str, str] | None = None) -> str | None:
+    """``UPSERT_CLASS_ARCHIVE``: ``"off"``, an absolute file path, or None (the default
+    location). Anything else is a :class:`ConfigurationError` naming the variable."""
+    raw = (os.environ if environ is None else environ).get(OVERRIDE_ENV)
+    if raw is None:
+        return None
+    value = raw.strip()
+    if value.lower() == "off":
+        return "off"
+    if not value or value.lower() in _SWITCH_WORDS or value.endswith(("/", os.sep)) or os.path.isdir(value):
+        raise ConfigurationError(
+            f"{OVERRIDE_ENV}={raw!r} is neither 'off' nor the path of an archive file "
+            "(unset it for the default under the state directory)",
+            field=OVERRIDE_ENV,
+        )
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def archive_name(pyspark_version: str, java_version: str) -> str:
+    """The archive's file name for these versions."""
+    safe = [re.sub(r"[^A-Za-z0-9._+-]", "_", v) for v in (pyspark_version, java_version)]
+    return f"spark-{safe[0]}-java-{safe[1]}.jsa"
+
+
+def sidecar_path(archive: str) -> str:
+    return archive + ".json"
+
+
+def resolve_java(environ: Mapping[str, str] | None = None) -> str | None:
+    """The java binary Spark's launcher runs (``JAVA_HOME/bin/java``, else ``java`` on PATH),
+    symlinks resolved; None if there is none."""
+    env = os.environ if environ is None else environ
+    home = env.get("JAVA_HOME")
+    found = os.path.join(home, "bin", "java") if home else shutil.which("java", path=env.get("PATH"))
+    return os.path.realpath(found) if found and os.path.isfile(found) else None
+
+
+def runtime_identity(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What an archive must have been built with to be used here: the java binary (path,
+    mtime, size) and the pyspark version and installation. Costs a few ``stat`` calls."""
+    import pyspark
+
+    identity: dict[str, Any] = {"pyspark": pyspark.__version__,
+                                "spark_home": os.path.dirname(os.path.abspath(pyspark.__file__))}
+    java = resolve_java(environ)
+    if java is not None:
+        info = os.stat(java)
+        identity.update(java=java, java_mtime_ns=info.st_mtime_ns, java_size=info.st_size)
+    return identity
+
+
+_IDENTITY_KEYS = ("java", "java_mtime_ns", "java_size", "pyspark", "spark_home")
+
+
+def archive_usable(archive: str, sidecar: Mapping[str, Any] | None, current: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether ``archive`` may be given to a new driver JVM, and why not: the file exists and
+    is not empty, its size and mtime are those its sidecar recorded (not a half-written or
+    replaced file), and the sidecar's java binary and pyspark are ``current``'s."""
+    try:
+        info = os.stat(archive)
+    except OSError:
+        return False, "no archive"
+    if info.st_size == 0:
+        return False, "the archive is empty"
+    if not sidecar:
+        return False, f"no readable sidecar {sidecar_path(archive)}"
+    if (sidecar.get("archive_size"), sidecar.get("archive_mtime_ns")) != (info.st_size, info.st_mtime_ns):
+        return False, "the archive is not the file its sidecar describes"
+    if "java" not in current:
+        return False, "no java binary found (JAVA_HOME, PATH)"
+    stale = [key for key in _IDENTITY_KEYS if sidecar.get(key) != current.get(key)]
+    if stale:
+        return False, f"built for another {', '.join(stale)}: rebuild it (upsertctl spark-archive build)"
+    return True, "usable"
+
+
+def read_sidecar(archive: str) -> dict[str, Any] | None:
+    try:
+        with open(sidecar_path(archive), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def locate(base: str | None = None, environ: Mapping[str, str] | None = None,
+           current: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The archive a new session would use: ``{"path", "usable", "reason", "sidecar"}``
+    (``path`` None when disabled or when no archive of this pyspark version is built). At
+    the default location the Java version is not known without a JVM: every archive of this
+    pyspark version is considered and the one whose sidecar matches the java binary wins."""
+    setting = archive_setting(environ)
+    if setting == "off":
+        return {"path": None, "usable": False, "reason": f"disabled ({OVERRIDE_ENV}=off)", "sidecar": None}
+    current = runtime_identity(environ) if current is None else current
+    if setting is not None:
+        candidates = [setting]
+    else:
+        directory = os.path.join(state_dir(base, environ), ARCHIVE_SUBDIR)
+        prefix = archive_name(str(current["pyspark"]), "").removesuffix(".jsa")
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".jsa"))
+        except OSError:
+            names = []
+        candidates = [os.path.join(directory, n) for n in names]
+    found: dict[str, Any] = {"path": None, "usable": False, "reason": "no archive built", "sidecar": None}
+    for path in candidates:
+        sidecar = read_sidecar(path)
+        usable, reason = archive_usable(path, sidecar, current)
+        if usable or found["path"] is None:
+            found = {"path": path, "usable": usable, "reason": reason, "sidecar": sidecar}
+        if usable:
+            break
+    return found
+
+
+def session_java_options(base: str | None = None, environ: Mapping[str, str] | None = None,
+                         current: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The driver JVM options for the archive: ``-XX:SharedArchiveFile=P`` and the quiet
+    CDS logging when an archive is usable, nothing otherwise."""
+    found = locate(base, environ, current)
+    if not found["usable"]:
+        return ()
+    return (f"-XX:SharedArchiveFile={found['path']}", QUIET_CDS_LOGGING)
+
+
+# -- building
+
+# The child that dumps: the engine's driver JVM options plus ArchiveClassesAtExit, then
+# upsertctl's commands in one process (one JVM), then a clean JVM exit, waited for: the
+# archive is complete only once the JVM has exited.
+_DUMP_CHILD = """
+import json, sys
+from airflow_upsert_provider.engine import spark
+target, commands = sys.argv[1], json.loads(sys.argv[2])
+spark.DRIVER_JAVA_OPTIONS = (*spark.DRIVER_JAVA_OPTIONS, "-XX:ArchiveClassesAtExit=" + target, "%s")
+from airflow_upsert_provider.cli import main
+for argv in commands:
+    code = main(argv)
+    if code:
+        sys.exit(code)
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+SparkSession.getActiveSession().stop()
+proc = SparkContext._gateway.proc
+proc.stdin.close()
+sys.exit(proc.wait(timeout=600))
+""" % QUIET_CDS_LOGGING
+
+
+def java_version(java: str) -> str:
+    """``java.version`` of a java binary (starts a JVM: used only when building)."""
+    done = subprocess.run([java, "-XshowSettings:properties", "-version"], capture_output=True, text=True, timeout=120)
+    match = re.search(r"^\s*java\.version = (\S+)", done.stderr, re.MULTILINE)
+    if not match:
+        raise ConfigurationError(f"could not read the Java version of {java}: {done.stderr[-300:]}", field="java")
+    return match.group(1)
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a build in progress takes about half a minute
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomically(path: str, data: Mapping[str, Any]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def target_path(base: str | None = None, environ: Mapping[str, str] | None = None,
+                java: str | None = None) -> str:
+    """Where :func:`build_archive` writes: the override, else the keyed name under the
+    state directory (starts a JVM to learn the Java version)."""
+    setting = archive_setting(environ)
+    if setting == "off":
+        raise ConfigurationError(f"{OVERRIDE_ENV}=off: the class archive is disabled, nothing to build",
+                                 field=OVERRIDE_ENV)
+    if setting is not None:
+        return setting
+    import pyspark
+
+    java = java or resolve_java(environ)
+    if java is None:
+        raise ConfigurationError("no java binary found (JAVA_HOME, PATH)", field="java")
+    return os.path.join(state_dir(base, environ), ARCHIVE_SUBDIR, archive_name(pyspark.__version__, java_version(java)))
+
+
+def build_archive(base: str | None = None, *, force: bool = False,
+                  progress: Callable[[str], None] = lambda line: None,
+                  rows: int = 20_000) -> dict[str, Any]:
+    """Build the archive unless a usable one exists (``force`` rebuilds). Returns
+    :func:`archive_status`'s fields plus ``built`` and ``seconds``."""
+    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+
+    java = resolve_java()
+    if java is None:
+        raise ConfigurationError("no java binary found (JAVA_HOME, PATH)", field="java")
+    version = java_version(java)
+    target = target_path(base, java=java)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    started = time.monotonic()
+    with _locked(target + ".lock"):
+        # A build that waited for another one finds its archive and reports it.
+        if not force and archive_usable(target, read_sidecar(target), runtime_identity())[0]:
+            progress(f"a usable archive exists: {target}")
+            return {**archive_status(base), "built": False, "seconds": round(time.monotonic() - started, 2)}
+        tmp = f"{target}.tmp-{os.getpid()}"
+        work = tempfile.mkdtemp(prefix="class-archive-", dir=os.path.dirname(target))
+        try:
+            landing = os.path.join(work, "landing")
+            # Two batches: one into an empty shard, one merged into the rows it wrote.
+            generate(landing, SampleSpec(records=rows, keys=rows // 2, partitions=2, segments_per_partition=2, seed=7))
+            shard = "class-archive"
+            common = ["--consensus", f"sqlite:///{work}/consensus.db", "--blob-root", os.path.join(work, "blob"),
+                      "--master", "local[*]"]
+            commands = [
+                ["init", shard, "--source", f"dir:{landing}", "--key", "id", "--order-by", "updated_at",
+                 "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL, "--max-files-per-batch", "2", *common],
+                ["run-batch", shard, "--until-caught-up", "--json", *common],
+            ]
+            env = {**os.environ, OVERRIDE_ENV: "off"}  # the dumping JVM maps no dynamic archive
+            for key in ("UPSERT_SPARK_REMOTE", "PYSPARK_SUBMIT_ARGS"):
+                env.pop(key, None)
+            progress(f"running a sample batch with Java {version} to record the classes it loads (about 30 s)")
+            done = subprocess.run([sys.executable, "-c", _DUMP_CHILD, tmp, json.dumps(commands)], env=env,
+                                  capture_output=True, text=True, timeout=1800)
+            size = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+            if done.returncode != 0 or size == 0:
+                raise ConfigurationError(
+                    f"the sample batch that records the archive failed (exit {done.returncode}, archive "
+                    f"{size} bytes); nothing was replaced: {done.stderr.strip()[-600:]}",
+                    field="class_archive",
+                )
+            os.replace(tmp, target)
+            info = os.stat(target)
+            _write_json_atomically(sidecar_path(target), {
+                **runtime_identity(), "java_version": version, "archive_size": info.st_size,
+                "archive_mtime_ns": info.st_mtime_ns, "created_at": time.time(),
+            })
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            shutil.rmtree(work, ignore_errors=True)
+    seconds = round(time.monotonic() - started, 2)
+    progress(f"archive written: {target} ({info.st_size / 2**20:.0f} MB) in {seconds} s")
+    return {**archive_status(base), "built": True, "seconds": seconds}
+
+
+def archive_status(base: str | None = None) -> dict[str, Any]:
+    """The archive a new session would use: path, size, Java version, whether it is used."""
+    found = locate(base)
+    path, sidecar = found["path"], found["sidecar"] or {}
+    size = os.path.getsize(path) if path and os.path.exists(path) else None
+    return {"path": path, "size": size, "java_version": sidecar.get("java_version"),
+            "java": sidecar.get("java"), "pyspark": sidecar.get("pyspark"),
+            "used": found["usable"], "reason": found["reason"]}
+
+
+def remove_archive(base: str | None = None) -> dict[str, Any]:
+    """Delete the archive a session would consider and its sidecar (under the build lock)."""
+    found = locate(base)
+    path = found["path"]
+    if path is None:
+        return {"removed": False, "path": None, "reason": found["reason"]}
+    with _locked(path + ".lock"):
+        removed = False
+        for name in (path, sidecar_path(path)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+                removed = True
+    return {"removed": removed, "path": path}

@@ -1,0 +1,218 @@
+"""The driver JVM's class-data-sharing archive: which archive a new session uses (decided from
+files, no JVM), and a real build whose archive a fresh `upsertctl` process maps."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from airflow_upsert_provider.engine import class_archive as ca
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+from tests.conftest import cli_env
+
+CURRENT = {"java": "/opt/jdk/bin/java", "java_mtime_ns": 111, "java_size": 222, "pyspark": "4.2.0",
+           "spark_home": "/site-packages/pyspark"}
+
+
+def _archive(directory, name: str = "spark-4.2.0-java-17.0.15.jsa", content: bytes = b"x" * 64,
+             **sidecar_changes) -> str:
+    """An archive file and a sidecar describing it as built by CURRENT, then ``sidecar_changes``."""
+    path = os.path.join(str(directory), name)
+    with open(path, "wb") as handle:
+        handle.write(content)
+    info = os.stat(path)
+    sidecar = {**CURRENT, "java_version": "17.0.15", "archive_size": info.st_size, "archive_mtime_ns": info.st_mtime_ns,
+               **sidecar_changes}
+    with open(ca.sidecar_path(path), "w") as handle:
+        json.dump(sidecar, handle)
+    return path
+
+
+def _state(tmp_path):
+    directory = tmp_path / "state" / ca.ARCHIVE_SUBDIR
+    directory.mkdir(parents=True)
+    return str(tmp_path / "state"), directory
+
+
+def test_a_matching_archive_gives_the_option_and_quiet_cds_logging(tmp_path):
+    base, directory = _state(tmp_path)
+    path = _archive(directory)
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == (
+        f"-XX:SharedArchiveFile={path}", "-Xlog:cds*=off")
+
+
+def test_no_archive_gives_no_option(tmp_path):
+    base, _ = _state(tmp_path)
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+    assert ca.locate(str(tmp_path / "nowhere"), environ={}, current=CURRENT)["reason"] == "no archive built"
+
+
+def test_an_empty_archive_is_not_used(tmp_path):
+    base, directory = _state(tmp_path)
+    _archive(directory, content=b"")
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+    assert ca.locate(base, environ={}, current=CURRENT)["reason"] == "the archive is empty"
+
+
+def test_an_archive_without_sidecar_or_replaced_after_its_sidecar_is_not_used(tmp_path):
+    base, directory = _state(tmp_path)
+    path = _archive(directory)
+    with open(path, "ab") as handle:  # a rebuild that died after the archive, before the sidecar
+        handle.write(b"more")
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+    os.remove(ca.sidecar_path(path))
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+
+
+@pytest.mark.parametrize("key, value", [("java_mtime_ns", 999), ("java", "/other/bin/java"), ("java_size", 1),
+                                        ("pyspark", "4.1.0"), ("spark_home", "/other/pyspark")])
+def test_a_stale_sidecar_disables_the_archive(tmp_path, key, value):
+    base, directory = _state(tmp_path)
+    _archive(directory, **{key: value})
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+    assert key in ca.locate(base, environ={}, current=CURRENT)["reason"]
+
+
+def test_the_archive_matching_this_java_wins_among_versions(tmp_path):
+    base, directory = _state(tmp_path)
+    _archive(directory, name="spark-4.2.0-java-11.0.2.jsa", java="/jdk11/bin/java")
+    current = _archive(directory, name="spark-4.2.0-java-17.0.15.jsa")
+    _archive(directory, name="spark-4.1.0-java-17.0.15.jsa")  # another pyspark: never considered
+    assert ca.session_java_options(base, environ={}, current=CURRENT)[0] == f"-XX:SharedArchiveFile={current}"
+
+
+def test_override_off_disables_even_a_usable_archive(tmp_path):
+    base, directory = _state(tmp_path)
+    _archive(directory)
+    assert ca.session_java_options(base, environ={"UPSERT_CLASS_ARCHIVE": "off"}, current=CURRENT) == ()
+    assert ca.session_java_options(base, environ={"UPSERT_CLASS_ARCHIVE": " OFF "}, current=CURRENT) == ()
+
+
+def test_override_path_names_the_archive_file(tmp_path):
+    path = _archive(tmp_path, name="mine.jsa")
+    assert ca.session_java_options(None, environ={"UPSERT_CLASS_ARCHIVE": path}, current=CURRENT)[0] == \
+        f"-XX:SharedArchiveFile={path}"
+    missing = str(tmp_path / "missing.jsa")
+    assert ca.session_java_options(None, environ={"UPSERT_CLASS_ARCHIVE": missing}, current=CURRENT) == ()
+
+
+@pytest.mark.parametrize("value", ["", "  ", "on", "true", "0", "disabled", "/tmp/"])
+def test_an_invalid_override_is_a_configuration_error_naming_the_variable(value):
+    with pytest.raises(ConfigurationError, match="UPSERT_CLASS_ARCHIVE"):
+        ca.session_java_options(None, environ={"UPSERT_CLASS_ARCHIVE": value}, current=CURRENT)
+
+
+def test_a_directory_override_is_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match="UPSERT_CLASS_ARCHIVE"):
+        ca.archive_setting({"UPSERT_CLASS_ARCHIVE": str(tmp_path)})
+
+
+def test_java_resolves_like_spark_java_home_first_then_path(tmp_path):
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "java").write_text("#!/bin/sh\n")
+    (home / "bin" / "java").chmod(0o755)
+    assert ca.resolve_java({"JAVA_HOME": str(home), "PATH": "/usr/bin"}) == str(home / "bin" / "java")
+    assert ca.resolve_java({"JAVA_HOME": str(tmp_path / "none")}) is None
+    assert ca.resolve_java({"PATH": str(home / "bin")}) == str(home / "bin" / "java")
+
+
+def test_a_newer_java_binary_makes_the_archive_stale(tmp_path):
+    """The real identity: the same files, then the java binary touched (an upgrade in place)."""
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text("#!/bin/sh\n")
+    env = {"JAVA_HOME": str(home)}
+    base, directory = _state(tmp_path)
+    _archive(directory, **ca.runtime_identity(env))
+    assert ca.session_java_options(base, environ=env) != ()
+    os.utime(java, ns=(1, 1))
+    assert ca.session_java_options(base, environ=env) == ()
+
+
+def test_the_name_keys_pyspark_and_java_versions():
+    assert ca.archive_name("4.2.0", "17.0.15") == "spark-4.2.0-java-17.0.15.jsa"
+    assert ca.archive_name("4.2.0.dev1", "21/ea") == "spark-4.2.0.dev1-java-21_ea.jsa"
+
+
+# -- a real archive
+
+
+def _upsertctl(argv, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "airflow_upsert_provider.cli", *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _loaded_from_dynamic_archive(logs: str) -> int:
+    """Classes a JVM's class+load log says came from the top (dynamic) CDS layer."""
+    count = 0
+    for path in glob.glob(logs):
+        with open(path, errors="replace") as handle:
+            count += sum("source: shared objects file (top)" in line for line in handle)
+    return count
+
+
+@pytest.mark.slow
+def test_a_built_archive_is_mapped_by_a_fresh_run_batch(tmp_path, sqlite_url):
+    state = str(tmp_path / "state")
+    env = cli_env(sqlite_url, str(tmp_path / "blob"), UPSERT_STATE_DIR=state)
+    for key in ("UPSERT_CLASS_ARCHIVE", "UPSERT_SPARK_REMOTE", "JAVA_TOOL_OPTIONS"):
+        env.pop(key, None)
+
+    build = _upsertctl(["spark-archive", "build", "--json"], env, timeout=900)
+    assert build.returncode == 0, build.stderr[-3000:]
+    built = json.loads(build.stdout)
+    assert built["built"] and built["used"] and built["size"] > 10 * 2**20, built
+    assert built["path"].startswith(os.path.join(state, ca.ARCHIVE_SUBDIR) + os.sep)
+    assert not glob.glob(built["path"] + ".tmp-*") and not glob.glob(os.path.join(state, ca.ARCHIVE_SUBDIR, "class-archive-*"))
+    again = _upsertctl(["spark-archive", "build", "--json"], env)
+    assert again.returncode == 0 and json.loads(again.stdout)["built"] is False, again.stderr[-2000:]
+
+    landing = tmp_path / "landing"
+    generate(str(landing), SampleSpec(records=2000, keys=500, partitions=2, segments_per_partition=2))
+    init = _upsertctl(["init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "updated_at",
+                       "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL], {**env, "UPSERT_CLASS_ARCHIVE": "off"})
+    assert init.returncode == 0, init.stderr[-2000:]
+
+    # The driver JVM logs where each class came from; the launcher JVM logs too (%p: one file each).
+    logs = str(tmp_path / "classes-%p.log")
+    batch = _upsertctl(["run-batch", "s", "--json"], {**env, "JAVA_TOOL_OPTIONS": f"-Xlog:class+load=info:file={logs}"})
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    out = json.loads(batch.stdout)  # nothing else on stdout: the CDS logging is off
+    assert out["batches"][0]["outcome"] == "committed"
+    assert _loaded_from_dynamic_archive(logs.replace("%p", "*")) > 1000
+
+    # The same with the archive disabled: nothing comes from a dynamic archive.
+    control = str(tmp_path / "control-%p.log")
+    status = _upsertctl(["status", "s", "--json"],
+                        {**env, "UPSERT_CLASS_ARCHIVE": "off", "JAVA_TOOL_OPTIONS": f"-Xlog:class+load=info:file={control}"})
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert json.loads(status.stdout)["upper"] == 1
+    assert glob.glob(control.replace("%p", "*")) and _loaded_from_dynamic_archive(control.replace("%p", "*")) == 0
+
+    probe = (
+        "import json\n"
+        "from airflow_upsert_provider.engine.spark import get_spark\n"
+        "spark = get_spark('local[1]')\n"
+        "jvm = spark.sparkContext._jvm\n"
+        "print(json.dumps(list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())))\n"
+        "spark.stop()\n"
+    )
+    seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert seen.returncode == 0, seen.stderr[-3000:]
+    assert f"-XX:SharedArchiveFile={built['path']}" in json.loads(seen.stdout.strip().splitlines()[-1])
+
+    status = _upsertctl(["spark-archive", "status", "--json"], env)
+    assert status.returncode == 0 and json.loads(status.stdout)["used"] is True
+    removed = _upsertctl(["spark-archive", "remove", "--json"], env)
+    assert removed.returncode == 0 and json.loads(removed.stdout)["removed"] is True
+    assert not os.path.exists(built["path"]) and not os.path.exists(ca.sidecar_path(built["path"]))
+    status = _upsertctl(["spark-archive", "status"], env)
+    assert status.returncode == 2 and "no archive built" in status.stdout
