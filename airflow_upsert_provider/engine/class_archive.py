@@ -34,9 +34,9 @@ import time
 from typing import Any, Callable, Iterator, Mapping
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.spark_server import state_root
 
 OVERRIDE_ENV = "UPSERT_CLASS_ARCHIVE"
-DEFAULT_STATE_DIR = "./.upsert"
 ARCHIVE_SUBDIR = "class-archive"
 # The JVM prints hundreds of [warning][cds] lines (classes it cannot archive) on stdout while
 # dumping, and would print any CDS warning there when mapping: stdout is a --json output.
@@ -44,12 +44,6 @@ QUIET_CDS_LOGGING = "-Xlog:cds*=off"
 # Values that look like a switch rather than a path: refused, so a typo of "off" never
 # becomes a file name.
 _SWITCH_WORDS = frozenset({"on", "true", "false", "yes", "no", "1", "0", "none", "disable", "disabled", "enabled"})
-
-
-def state_dir(base: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """The engine's state directory: ``base``, else ``UPSERT_STATE_DIR``, else ``./.upsert``."""
-    env = os.environ if environ is None else environ
-    return os.path.abspath(base or env.get("UPSERT_STATE_DIR") or DEFAULT_STATE_DIR)
 
 
 def archive_setting(environ: Mapping[str, str] | None = None) -> str | None:
@@ -150,7 +144,7 @@ def locate(base: str | None = None, environ: Mapping[str, str] | None = None,
     if setting is not None:
         candidates = [setting]
     else:
-        directory = os.path.join(state_dir(base, environ), ARCHIVE_SUBDIR)
+        directory = os.path.join(state_root(base, environ), ARCHIVE_SUBDIR)
         prefix = archive_name(str(current["pyspark"]), "").removesuffix(".jsa")
         try:
             names = sorted(n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".jsa"))
@@ -245,7 +239,7 @@ def target_path(base: str | None = None, environ: Mapping[str, str] | None = Non
     java = java or resolve_java(environ)
     if java is None:
         raise ConfigurationError("no java binary found (JAVA_HOME, PATH)", field="java")
-    return os.path.join(state_dir(base, environ), ARCHIVE_SUBDIR, archive_name(pyspark.__version__, java_version(java)))
+    return os.path.join(state_root(base, environ), ARCHIVE_SUBDIR, archive_name(pyspark.__version__, java_version(java)))
 
 
 def build_archive(base: str | None = None, *, force: bool = False,

@@ -150,6 +150,7 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
         display_remote,
         parse_remote,
         require_reachable,
+        server_gone,
     )
 
     host, port = parse_remote(remote)
@@ -177,7 +178,7 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
         bound_client_retries(spark)
         _apply_connect_conf(spark, shown, conf or {}, defaults=True)
     except Exception as exc:  # a server that stopped between the probe and the session
-        if _is_unavailable(exc):
+        if server_gone(exc):
             from airflow_upsert_provider.engine.errors import SparkUnavailable
 
             raise SparkUnavailable(
@@ -190,8 +191,9 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
 
 def connect_address(spark: "SparkSession") -> str:
     """``sc://HOST:PORT`` of the server a Connect session talks to (never a token)."""
-    host, port = _connect_address(spark)
-    return f"sc://[{host}]:{port}" if ":" in host else f"sc://{host}:{port}"
+    from airflow_upsert_provider.engine.spark_server import format_remote
+
+    return format_remote(*_connect_address(spark))
 
 
 def _connect_address(spark: "SparkSession") -> tuple[str, int]:
@@ -219,11 +221,6 @@ def _apply_connect_conf(spark: "SparkSession", remote: str, conf: Mapping[str, s
             "--conf) or drop them",
             field="spark_conf",
         )
-
-
-def _is_unavailable(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__} {exc}"
-    return any(marker in text for marker in ("UNAVAILABLE", "Connection refused", "failed to connect", "RetriesExceeded"))
 
 
 def _check_active(active: "SparkSession", master: str | None, conf: Mapping[str, str]) -> None:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
 
@@ -103,10 +103,15 @@ def total_memory_bytes() -> int:
         return 4 * GIB
 
 
+def state_root(base: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The engine's state directory: ``base``, else ``UPSERT_STATE_DIR``, else ``./.upsert``."""
+    env = os.environ if environ is None else environ
+    return os.path.abspath(base or env.get("UPSERT_STATE_DIR") or DEFAULT_STATE_DIR)
+
+
 def state_dir(base: str | None = None) -> str:
     """Directory of the server's pid, port, log and lock files."""
-    root = base or os.environ.get("UPSERT_STATE_DIR") or DEFAULT_STATE_DIR
-    return os.path.abspath(os.path.join(root, "spark-server"))
+    return os.path.join(state_root(base), "spark-server")
 
 
 def check_port(port: int) -> int:
@@ -139,6 +144,11 @@ def display_remote(url: str) -> str:
         host, port = parse_remote(url)
     except ConfigurationError:
         return "sc://?"
+    return format_remote(host, port)
+
+
+def format_remote(host: str, port: int) -> str:
+    """``sc://HOST:PORT``, an IPv6 host in brackets."""
     return f"sc://[{host}]:{port}" if ":" in host else f"sc://{host}:{port}"
 
 
