@@ -180,6 +180,63 @@ def test_fast_reader_agrees_with_exact_path(shape, spark, tmp_path):
     assert sorted(((r["id"], r["v"], r["d"], r["b"], r["_reason"] is None) for r in fast.collect()), key=repr) == verdicts
 
 
+# Shapes whose every line the driver's scan decides alone (no Spark job).
+DRIVER_DECIDES = {
+    "lf", "no_final_newline", "crlf", "cr_only", "blank_and_whitespace_lines", "integer_into_double",
+    "replacement_char_is_valid", "null_into_string", "duplicate_name_last_wins",
+    # Every line one flat object: the driver passes them to the JSON reader, which rejects
+    # the record (and the exact path then says why).
+    "nan", "infinity", "nan_as_string", "number_beyond_double", "single_quotes", "array_into_string",
+    "number_into_string", "boolean_into_string", "string_into_boolean",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_driver_scan_never_passes_what_the_spark_scan_refuses(shape, spark, tmp_path):
+    """A batch the driver's line scan passes is one the Spark scan passes too: the driver
+    only ever saves the Spark job, it never changes which path stages a batch."""
+    content = SHAPES[shape][0]
+    path = tmp_path / "0.jsonl"
+    path.write_bytes(content)
+    assert R.simple_jsonl(content) == (shape in DRIVER_DECIDES)
+    if R.simple_jsonl(content):
+        assert R.spark_scan_decides(spark, [str(path)])
+
+
+def test_a_clean_batch_is_decided_without_a_spark_job(monkeypatch, tmp_path):
+    """Lines the driver passes start no Spark scan; past DRIVER_SCAN_BYTES, or with a line it
+    cannot judge, the Spark scan decides."""
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b'{"id":1,"v":"a"}\r\n\n  {"id":2}\t\n')
+    nested = tmp_path / "nested.jsonl"
+    nested.write_bytes(b'{"id":3,"v":{"a":1}}\n')
+    asked = []
+    monkeypatch.setattr(R, "spark_scan_decides", lambda spark, paths: asked.append(paths) or "spark")
+    segment = lambda path: Segment(0, "p0", str(path))  # noqa: E731
+    assert R.jsonl_fast_path_decides(None, [segment(clean)]) is True
+    assert asked == []
+    assert R.jsonl_fast_path_decides(None, [segment(clean), segment(nested)]) == "spark"
+    assert asked == [[str(clean), str(nested)]]
+    monkeypatch.setattr(R, "DRIVER_SCAN_BYTES", clean.stat().st_size - 1)
+    assert R.jsonl_fast_path_decides(None, [segment(clean)]) == "spark"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'\xef\xbb\xbf{"id":1}\n',  # a byte order mark: Spark's text source decides
+        b'{"id":1}\n{"id":2,"v":"caf\xe9"}\n',  # invalid UTF-8 on any line
+        b'{"id":1}\x0c\n',  # a form feed is not a blank for Spark's trim
+        b'{"id":1,"v":"}"}\n',  # a '}' before the last character
+        b'{"id":1}}\n',
+        b'["x"]\n',
+        b'{"id":1}\x0b{"id":2}\n',  # a vertical tab does not end a line for Spark
+    ],
+)
+def test_driver_scan_leaves_what_it_cannot_judge_to_spark(content):
+    assert R.simple_jsonl(content) is False
+
+
 def test_line_numbers_across_file_splits(spark, sqlite_consensus, blob, tmp_path):
     """A file read in several blocks still reports the line number of each rejected record."""
     lines = [json.dumps({"id": i, "v": "x" * 40}) if i % 37 else "not json" for i in range(1, 400)]
