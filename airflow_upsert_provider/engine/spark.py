@@ -134,6 +134,45 @@ def is_connect_session(spark: "SparkSession") -> bool:
 _SERVER_ONLY_PREFIXES = ("spark.ui.", "spark.driver.", "spark.executor.", "spark.master")
 
 
+# Fresh task processes with the engine's default settings share one server session per
+# half hour: a batch in a new Connect session pays about 0.5 s more on the server than one in
+# a session that ran a batch before (docs/performance.md, "Spark Connect: one task's whole
+# process"). A window is never asked for again once it has passed, so a session the server
+# closed after its idle timeout (60 min by default), whose id it then refuses for good, is not
+# asked for either.
+SHARED_SESSION_WINDOW_SECONDS = 1800
+SESSION_ID_PARAM = "session_id"
+
+
+def shared_session_id(now: float, window_seconds: int = SHARED_SESSION_WINDOW_SECONDS) -> str:
+    """The server session every task with the engine's default settings uses at ``now``
+    (seconds since the epoch): the same id within a window, another in the next one."""
+    import hashlib
+    import uuid
+
+    window = int(now // window_seconds)
+    digest = hashlib.sha256(f"airflow-upsert-provider shared session {window_seconds} {window}".encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))
+
+
+def named_session_id(remote: str) -> str | None:
+    """The ``session_id`` parameter of a Connect address, if it names one."""
+    params = remote.split("/", 3)[3] if remote.count("/") >= 3 else ""
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name == SESSION_ID_PARAM and value:
+            return value
+    return None
+
+
+def with_session_id(remote: str, session_id: str) -> str:
+    """``remote`` with its server session named ``session_id`` (its other parameters kept)."""
+    head, slash, params = remote[len("sc://"):].partition("/")
+    params = params.lstrip(";") if slash else ""
+    kept = [p for p in params.split(";") if p and not p.startswith(f"{SESSION_ID_PARAM}=")]
+    return f"sc://{head}/;" + ";".join([*kept, f"{SESSION_ID_PARAM}={session_id}"])
+
+
 def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "SparkSession":
     """A Spark Connect session on the server at ``remote`` (``sc://HOST:PORT``).
 
@@ -142,11 +181,16 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
     runtime settings (:data:`DEFAULT_CONF` SQL keys, then ``conf``) are set on the session; a
     key of ``conf`` that only the server fixes and whose value there differs is a
     :class:`ConfigurationError` naming the keys, never silently ignored. An active Connect
-    session on the same address is reused; one on another address is refused."""
+    session on the same address is reused; one on another address is refused.
+
+    Without ``conf`` and without a ``session_id`` in ``remote``, the server session is the
+    shared one of :func:`shared_session_id`; with ``conf`` it is a new one of its own (a
+    setting must not reach another task). A named session, shared or the address's own, is
+    never released when the session stops: the next task uses it. A shared session the server
+    has closed is replaced by a new one."""
     from pyspark.sql import SparkSession
 
     from airflow_upsert_provider.engine.spark_server import (
-        bound_client_retries,
         display_remote,
         parse_remote,
         require_reachable,
@@ -173,10 +217,20 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
         _apply_connect_conf(active, shown, conf or {}, defaults=False)
         return active
     require_reachable(remote)
+    shared = not conf and named_session_id(remote) is None
     try:
-        spark = SparkSession.builder.remote(remote).getOrCreate()
-        bound_client_retries(spark)
-        _apply_connect_conf(spark, shown, conf or {}, defaults=True)
+        if not shared:
+            return _open_connect(remote, shown, conf or {}, named=named_session_id(remote) is not None)
+        import time
+
+        try:
+            return _open_connect(with_session_id(remote, shared_session_id(time.time())), shown, {}, named=True)
+        except Exception as exc:
+            if "SESSION_CLOSED" not in str(exc):
+                raise
+            # Released by another client, or expired under a shorter idle timeout: the id
+            # stays refused until the window passes.
+            return _open_connect(remote, shown, {}, named=False)
     except Exception as exc:  # a server that stopped between the probe and the session
         if server_gone(exc):
             from airflow_upsert_provider.engine.errors import SparkUnavailable
@@ -185,6 +239,23 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
                 f"the Spark Connect server at {shown} did not answer: {str(exc).splitlines()[0][:200]}",
                 address=shown,
             ) from None
+        raise
+
+
+def _open_connect(url: str, shown: str, conf: Mapping[str, str], *, named: bool) -> "SparkSession":
+    from pyspark.sql import SparkSession
+
+    from airflow_upsert_provider.engine.spark_server import bound_client_retries
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    # stop() releases the server session, after which the server refuses its id for good.
+    spark.release_session_on_close = not named
+    try:
+        bound_client_retries(spark)
+        _apply_connect_conf(spark, shown, conf, defaults=True)
+    except Exception:
+        spark.release_session_on_close = False
+        spark.stop()  # this client only: the default session of the process is free again
         raise
     return spark
 

@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -243,6 +244,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         self._spark = None
         self._submit_hook = None
         self._killed = False
+        # The tag of this task's Spark Connect operations (connect mode).
+        self._connect_tag = f"upsert-task-{uuid.uuid4().hex}"
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -400,6 +403,11 @@ class MicroBatchUpsertOperator(BaseOperator):
                     session = hook.get_spark(app_name=f"upsert-{self.shard}", conf=self.spark_conf)
                 spark_seconds.append(time.monotonic() - spark_started)
                 self._spark = (session, owned)
+            if remote is not None:
+                # Tags belong to a thread: every thread that runs this task's Spark work (the
+                # writer's, continuous mode's prefetch) tags its operations for on_kill, which
+                # must not interrupt other tasks sharing the server session.
+                self._spark[0].addTag(self._connect_tag)
             return self._spark[0]
 
         writer = Writer(
@@ -553,16 +561,16 @@ class MicroBatchUpsertOperator(BaseOperator):
 
 
     def _interrupt_connect(self, session: Any) -> None:
-        """connect mode: interrupt every operation of this task's Connect session (the server
-        and other tasks' sessions run on), then release the session so that no later one
-        starts."""
+        """connect mode: interrupt this task's Connect operations (by their tag: the server
+        session may be shared with other tasks, which run on), then close this client so that
+        no later operation starts."""
         import threading
 
         self.log.info("on_kill: interrupting the Spark Connect operations of this task")
 
         def stop() -> None:
             try:
-                session.interruptAll()
+                session.interruptTag(self._connect_tag)
             finally:
                 session.stop()
 

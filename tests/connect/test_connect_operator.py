@@ -104,29 +104,53 @@ def test_connect_mode_with_a_missing_or_wrong_connection_fails_without_retry(sto
             operator.execute({"ti": TaskInstance()})
 
 
-def test_on_kill_interrupts_the_tasks_connect_operations(connect_server):
+def test_on_kill_interrupts_only_the_tasks_own_connect_operations(connect_server):
+    """Two tasks in one shared server session: on_kill stops the killed task's job, and the
+    other task's job runs on."""
     from pyspark.sql import SparkSession
 
-    # A session of its own: on_kill releases it, and the fixture's session stays usable.
-    session = SparkSession.builder.remote(connect_server["address"]).create()
+    from airflow_upsert_provider.engine.spark import shared_session_id, with_session_id
+
+    address = with_session_id(connect_server["address"], shared_session_id(time.time()))
+    killed, other = (SparkSession.builder.remote(address).create() for _ in range(2))
+    for session in (killed, other):
+        session.release_session_on_close = False  # the shared session outlives these clients
     operator = MicroBatchUpsertOperator(task_id="upsert", shard="any", spark_mode="connect")
-    operator._spark = (session, True)
+    operator._spark = (killed, True)
+    other_tag = "other-task"
+    running = {name: threading.Event() for name in ("killed", "other")}
     outcome: dict = {}
 
-    def long_job() -> None:
-        started = time.monotonic()
+    def long_job(name: str, session, tag: str) -> None:
+        session.addTag(tag)
+        # The server reports progress only once the job runs: then its tag can be interrupted.
+        session.registerProgressHandler(lambda stages, **_: stages and running[name].set())
         try:
             session.range(0, 10**13, numPartitions=64).selectExpr("sum(id * 7 % 13)").collect()
-            outcome["error"] = None
-        except Exception as exc:  # the interrupt
-            outcome["error"] = exc
-        outcome["seconds"] = time.monotonic() - started
+            outcome[name] = None
+        except Exception as exc:  # an interrupt
+            outcome[name] = exc
 
-    worker = threading.Thread(target=long_job)
-    worker.start()
-    time.sleep(4)
-    assert worker.is_alive()
+    workers = {
+        "killed": threading.Thread(target=long_job, args=("killed", killed, operator._connect_tag)),
+        "other": threading.Thread(target=long_job, args=("other", other, other_tag)),
+    }
+    for worker in workers.values():
+        worker.start()
+    assert all(event.wait(60) for event in running.values())
     operator.on_kill()
-    worker.join(60)
-    assert not worker.is_alive() and outcome["error"] is not None and outcome["seconds"] < 60
+    workers["killed"].join(60)
+    assert not workers["killed"].is_alive() and outcome["killed"] is not None
+    assert workers["other"].is_alive(), "on_kill interrupted another task's job"
+    other.interruptTag(other_tag)
+    workers["other"].join(60)
+    assert not workers["other"].is_alive() and "other" in outcome
     assert operator._killed
+    # The shared session itself was not released: a new client runs in it.
+    after = SparkSession.builder.remote(address).create()
+    after.release_session_on_close = False
+    try:
+        assert after.range(3).count() == 3
+    finally:
+        after.stop()
+        other.stop()
