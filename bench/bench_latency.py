@@ -217,7 +217,9 @@ def measure_size(rows: int, args: argparse.Namespace, spark, remote: str, env: d
         first_seq = 100_000 + 1000 * attempt
         segments = generate(landing, SampleSpec(records=args.batch, keys=keys, partitions=4, segments_per_partition=2,
                                                 delete_ratio=0.02, first_seq=first_seq, seed=2 + attempt))
-        for mode in MODES:
+        # The order of the modes rotates with each batch, so that none always runs right
+        # after another's process (its exit, its writes still being flushed).
+        for mode in MODES[attempt % len(MODES):] + MODES[:attempt % len(MODES)]:
             if mode == "delta_rs":
                 argv = [sys.executable, os.path.abspath(__file__), "delta-merge", delta_uri, *segments]
                 seconds, out = run_process(argv, env)

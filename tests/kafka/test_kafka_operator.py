@@ -160,8 +160,10 @@ def test_the_submitted_job_reads_the_client_config_file_and_runs_continuously(sp
     ])
     result = json.loads(result_file.read_text())
     assert code == 0 and result["ok"], result
-    # The duration passed during the first batch: continuous mode starts no other.
-    assert [b["outcome"] for b in result["batches"]] == ["committed"] and result["upper"] == 1
+    # Continuous mode: the first batch commits every change; whether another starts before
+    # the half second passes depends on the machine's speed, and it would find nothing to do.
+    outcomes = [b["outcome"] for b in result["batches"]]
+    assert outcomes[0] == "committed" and set(outcomes[1:]) <= {"nothing_to_do"} and result["upper"] == 1
     out, err = capfd.readouterr()
     assert SECRET not in result_file.read_text() + out + err
     hook.close()
