@@ -20,6 +20,11 @@ later clock than the base) land and each mode applies them in a fresh process:
   new keys) into the Delta table with the ``deltalake`` package (``pip install -e
   '.[bench]'``).
 
+Before the first size, ``--warmup`` unmeasured one-batch tasks (default 5) run through the
+server into a scratch shard, and their times are printed: a server that serves a schedule
+has run many batches, one just started runs its first ones slower while its JIT compiles.
+The order of the modes rotates from batch to batch.
+
 The wall time of each process is what a task pays. At the end the three tables are read
 into Arrow and compared row for row (EQUAL / DIFFERENT; a difference fails the run). The
 server is started by this script (``upsertctl spark-server start``, its own state
@@ -288,6 +293,28 @@ def verdicts(results: dict[int, dict]) -> list[tuple[str, str, str]]:
     return out
 
 
+def warm_up(count: int, args: argparse.Namespace, remote: str, env: dict[str, str], work: str) -> list[float]:
+    """``count`` one-batch tasks of ``--batch`` changes into a scratch shard through the
+    server, each in a fresh process as a measured one: a server that has just started runs
+    its first batches slower (its JIT still compiling), one that serves a schedule does
+    not. Returns each task's wall time."""
+    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+
+    landing = os.path.join(work, "landing_warmup")
+    os.makedirs(landing)
+    upsertctl(env, "--remote", remote, "init", "lat_warmup", "--source", f"dir:{landing}", "--key", "id",
+              "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL)
+    seconds = []
+    for n in range(count):
+        generate(landing, SampleSpec(records=args.batch, keys=args.batch * 10, partitions=4, segments_per_partition=2,
+                                     delete_ratio=0.02, first_seq=1000 * n, seed=100 + n))
+        wall, _ = upsertctl(env, "--remote", remote, "run-batch", "lat_warmup", "--max-batches", "1")
+        seconds.append(round(wall, 2))
+        log(f"server warm-up: batch {n + 1}/{count}: {wall:.2f} s")
+    shutil.rmtree(landing, ignore_errors=True)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1000000",
@@ -297,6 +324,8 @@ def main() -> None:
     parser.add_argument("--remote", default=None, help="a running server (default: start one for this run)")
     parser.add_argument("--memory", default=None, help="driver memory of the server this run starts")
     parser.add_argument("--work", default=None, help="work directory (default: a temporary one, removed)")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="unmeasured one-batch tasks through the server before the sizes (default 5)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.replace("_", "").split(",")]
@@ -326,6 +355,7 @@ def main() -> None:
         elif not port_answers(*parse_remote(remote)):
             raise SystemExit(f"no server answers at {remote}")
         spark = get_spark(remote=remote)
+        run["warmup_seconds"] = warm_up(args.warmup, args, remote, env, work)
         for rows in sizes:
             results[rows] = measure_size(rows, args, spark, remote, env, work)
     finally:
@@ -344,7 +374,8 @@ def main() -> None:
         print(json.dumps(run))
         sys.exit(1 if failed else 0)
     print(f"batch {args.batch:,} changes, median of {args.repeat}; server start {run.get('server_start_seconds')} s "
-          f"(driver memory {run.get('server_driver_memory')})")
+          f"(driver memory {run.get('server_driver_memory')}); server warm-up tasks (s): "
+          f"{', '.join(str(w) for w in run['warmup_seconds']) or 'none'}")
     for rows, r in results.items():
         print(f"{size_label(rows)}: {r['table_rows']['in_process']:,} rows, {r['delta_files']} Delta files: "
               f"{'EQUAL' if r['equal'] else 'DIFFERENT'} (base: generate {r['generate_seconds']} s, commit "
