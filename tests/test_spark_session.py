@@ -104,6 +104,32 @@ def _jvm_option(spark, name: str) -> str:
     return jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class).getVMOption(name).getValue()
 
 
+def test_the_driver_jvm_holds_none_of_the_process_output_streams():
+    """What the JVM prints on its stdout reaches the process's stderr, never its stdout (an
+    `upsertctl --json` result stays valid), and the JVM holds neither of the process's own
+    output streams, so a reader of them is done when the process exits, not when the JVM
+    has shut down."""
+    probe = (
+        "import json, os\n"
+        "from airflow_upsert_provider.engine.spark import get_spark\n"
+        "spark = get_spark('local[1]')\n"
+        "jvm = spark.sparkContext._jvm\n"
+        "jvm.java.lang.System.out.println('jvm-stdout-marker')\n"
+        "jvm.java.lang.System.out.flush()\n"
+        "pid = int(jvm.java.lang.ProcessHandle.current().pid())\n"
+        "mine = {os.readlink(f'/proc/self/fd/{fd}') for fd in (1, 2)}\n"
+        "held = {os.readlink(f'/proc/{pid}/fd/{fd}') for fd in (1, 2)}\n"
+        "print(json.dumps({'mine': sorted(mine), 'jvm': sorted(held)}))\n"
+    )
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("UPSERT_SPARK_REMOTE", None)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "jvm-stdout-marker" in done.stderr and "jvm-stdout-marker" not in done.stdout
+    streams = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not set(streams["mine"]) & set(streams["jvm"]), streams
+
+
 def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options(spark):
     """The engine's log4j configuration, then its own JVM options, on the driver JVM; the JIT
     keeps its default tiers (C1 only would slow warm work, docs/performance.md)."""

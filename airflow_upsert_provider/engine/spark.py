@@ -321,9 +321,16 @@ def _check_active(active: "SparkSession", master: str | None, conf: Mapping[str,
 
 
 def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) -> None:
-    """Start the driver JVM (the Py4J gateway) as pyspark would, with its stderr through
-    :func:`_forward_stderr`. Nothing to do when this process has a gateway already, or when
-    ``spark-submit`` started this process next to its JVM."""
+    """Start the driver JVM (the Py4J gateway) as pyspark would, with its stdout and stderr
+    both through :func:`_forward_stderr` to this process's stderr. Nothing to do when this
+    process has a gateway already, or when ``spark-submit`` started this process next to its
+    JVM.
+
+    The JVM holds none of this process's own output streams: stdout carries only the
+    process's own output (``upsertctl --json``), and a caller that reads this process's output
+    to its end (Airflow's task runner, a shell pipe) is done when this process exits, not
+    after the JVM's shutdown (stopping the SparkContext, deleting its temporary
+    directories: about 0.45 s), which runs on after it."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
@@ -337,14 +344,14 @@ def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) 
     reader = os.fdopen(read_end, "rb", buffering=0)
     threading.Thread(target=_forward_stderr, args=(reader,), name="spark-driver-stderr", daemon=True).start()
     try:
-        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_end})
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": write_end, "stderr": write_end})
     finally:
         os.close(write_end)  # the JVM holds its own copy; EOF comes when it exits
     SparkContext._ensure_initialized(gateway=gateway)
 
 
 def _forward_stderr(stream: BinaryIO) -> None:
-    """Copy the JVM's stderr to this process's stderr line by line, without the notices."""
+    """Copy the JVM's output to this process's stderr line by line, without the notices."""
     with stream:
         for line in iter(stream.readline, b""):
             if line.rstrip(b"\r\n") in JVM_NOTICES:
