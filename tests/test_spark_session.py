@@ -104,6 +104,15 @@ def _jvm_option(spark, name: str) -> str:
     return jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class).getVMOption(name).getValue()
 
 
+def run_probe(probe: str) -> subprocess.CompletedProcess:
+    """``probe`` in a fresh interpreter with a local session of its own; it must exit 0."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("UPSERT_SPARK_REMOTE", None)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def test_the_driver_jvm_holds_none_of_the_process_output_streams():
     """What the JVM prints on its stdout reaches the process's stderr, never its stdout (an
     `upsertctl --json` result stays valid), and the JVM holds neither of the process's own
@@ -121,10 +130,7 @@ def test_the_driver_jvm_holds_none_of_the_process_output_streams():
         "held = {os.readlink(f'/proc/{pid}/fd/{fd}') for fd in (1, 2)}\n"
         "print(json.dumps({'mine': sorted(mine), 'jvm': sorted(held)}))\n"
     )
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    env.pop("UPSERT_SPARK_REMOTE", None)
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_probe(probe)
     assert "jvm-stdout-marker" in done.stderr and "jvm-stdout-marker" not in done.stdout
     streams = json.loads(done.stdout.strip().splitlines()[-1])
     assert not set(streams["mine"]) & set(streams["jvm"]), streams
@@ -152,10 +158,7 @@ def test_a_users_driver_java_options_replace_the_engines():
         ".getInputArguments()), 'tiered': _jvm_option(spark, 'TieredStopAtLevel')}))\n"
         "spark.stop()\n"
     )
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    env.pop("UPSERT_SPARK_REMOTE", None)
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_probe(probe)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert "-Dupsert.probe=1" in seen["arguments"] and seen["tiered"] == "1"
     assert not any(a.startswith("-Dlog4j.configurationFile=") for a in seen["arguments"])
