@@ -224,22 +224,15 @@ def _write_json_atomically(path: str, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def target_path(base: str | None = None, environ: Mapping[str, str] | None = None,
-                java: str | None = None) -> str:
-    """Where :func:`build_archive` writes: the override, else the keyed name under the
-    state directory (starts a JVM to learn the Java version)."""
+def target_path(version: str, base: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """Where :func:`build_archive` writes for Java ``version``: the file
+    ``UPSERT_CLASS_ARCHIVE`` names, else the keyed name under the state directory."""
     setting = archive_setting(environ)
-    if setting == "off":
-        raise ConfigurationError(f"{OVERRIDE_ENV}=off: the class archive is disabled, nothing to build",
-                                 field=OVERRIDE_ENV)
-    if setting is not None:
+    if setting not in (None, "off"):
         return setting
     import pyspark
 
-    java = java or resolve_java(environ)
-    if java is None:
-        raise ConfigurationError("no java binary found (JAVA_HOME, PATH)", field="java")
-    return os.path.join(state_root(base, environ), ARCHIVE_SUBDIR, archive_name(pyspark.__version__, java_version(java)))
+    return os.path.join(state_root(base, environ), ARCHIVE_SUBDIR, archive_name(pyspark.__version__, version))
 
 
 def build_archive(base: str | None = None, *, force: bool = False,
@@ -249,11 +242,14 @@ def build_archive(base: str | None = None, *, force: bool = False,
     :func:`archive_status`'s fields plus ``built`` and ``seconds``."""
     from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 
+    if archive_setting() == "off":
+        raise ConfigurationError(f"{OVERRIDE_ENV}=off: the class archive is disabled, nothing to build",
+                                 field=OVERRIDE_ENV)
     java = resolve_java()
     if java is None:
         raise ConfigurationError("no java binary found (JAVA_HOME, PATH)", field="java")
-    version = java_version(java)
-    target = target_path(base, java=java)
+    version = java_version(java)  # starts a JVM: once per build
+    target = target_path(version, base)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     started = time.monotonic()
     with _locked(target + ".lock"):

@@ -217,10 +217,10 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
         _apply_connect_conf(active, shown, conf or {}, defaults=False)
         return active
     require_reachable(remote)
-    shared = not conf and named_session_id(remote) is None
+    named = named_session_id(remote) is not None
     try:
-        if not shared:
-            return _open_connect(remote, shown, conf or {}, named=named_session_id(remote) is not None)
+        if conf or named:
+            return _open_connect(remote, shown, conf or {}, named=named)
         import time
 
         try:
