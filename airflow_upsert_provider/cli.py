@@ -56,8 +56,30 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
+def _spark_conf_option() -> argparse.ArgumentParser:
+    # On the commands that run Spark only, after the command: a setting given to a command
+    # that starts no session would be ignored without a word.
+    option = argparse.ArgumentParser(add_help=False)
+    option.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", dest="spark_conf",
+                        help="a Spark setting for this command's session, e.g. spark.sql.shuffle.partitions=4 "
+                             "(repeatable); with --remote the command gets a server session of its own")
+    return option
+
+
+def parse_key_values(items: Sequence[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` items of a repeatable option as a dict (the value may hold '=')."""
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"{option} takes KEY=VALUE, not {item!r}", field=option.lstrip("-"))
+        settings[key.strip()] = value
+    return settings
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
+    spark_conf = _spark_conf_option()
     parser = argparse.ArgumentParser(
         prog="upsertctl",
         description="Micro-batch upserts on Spark into a keyed table with a durable frontier.",
@@ -67,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    init = commands.add_parser("init", parents=[common], help="create a shard")
+    init = commands.add_parser("init", parents=[common, spark_conf], help="create a shard")
     init.add_argument("shard")
     init.add_argument("--source", required=True, help="dir:/path/to/landing or kafka:TOPIC (with --kafka-config)")
     init.add_argument("--key", action="append", required=True, help="key column (repeat for a compound key)")
@@ -86,12 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "else upsert-SHARD)")
     init.add_argument("--json", action="store_true")
 
-    status = commands.add_parser("status", parents=[common], help="frontier, source lag and row count")
+    status = commands.add_parser("status", parents=[common, spark_conf], help="frontier, source lag and row count")
     status.add_argument("shard")
     status.add_argument("--json", action="store_true")
     status.add_argument("--no-rows", action="store_true", help="skip the row count (no Spark job)")
 
-    run = commands.add_parser("run-batch", parents=[common], help="run micro-batches")
+    run = commands.add_parser("run-batch", parents=[common, spark_conf], help="run micro-batches")
     run.add_argument("shard")
     amount = run.add_mutually_exclusive_group()
     amount.add_argument("--max-batches", type=int, default=1)
@@ -105,20 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
     run.add_argument("--json", action="store_true")
 
-    read = commands.add_parser("read", parents=[common], help="print the table, sorted by key")
+    read = commands.add_parser("read", parents=[common, spark_conf], help="print the table, sorted by key")
     read.add_argument("shard")
     read.add_argument("--as-of", type=int, default=None)
     read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
     read.add_argument("--out", help="write to this file instead of stdout")
-    _add_maintenance_commands(commands, common)
+    _add_maintenance_commands(commands, common, spark_conf)
     _add_frontier_commands(commands, common)
     _add_spark_server_commands(commands, common)
     _add_spark_archive_commands(commands, common)
     return parser
 
 
-def _add_maintenance_commands(commands, common: argparse.ArgumentParser) -> None:
-    compact = commands.add_parser("compact", parents=[common], help="merge runs below a new since into one run per bucket")
+def _add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
+    compact = commands.add_parser("compact", parents=[common, spark_conf], help="merge runs below a new since into one run per bucket")
     compact.add_argument("shard")
     compact.add_argument("--since", type=int, default=None, help="the new since (default: the upper)")
     compact.add_argument("--json", action="store_true")
@@ -256,6 +278,8 @@ class Context:
         from airflow_upsert_provider.engine.blob import open_blob
         from airflow_upsert_provider.engine.consensus import open_consensus
 
+        # A malformed setting is a usage error, found before the store or the blob root is touched.
+        self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
         url = getattr(args, "consensus", None) or os.environ.get("UPSERT_CONSENSUS_URL") or DEFAULT_CONSENSUS_URL
         root = getattr(args, "blob_root", None) or os.environ.get("UPSERT_BLOB_ROOT") or DEFAULT_BLOB_ROOT
         self.blob = open_blob(root)
@@ -279,7 +303,7 @@ class Context:
         if self._spark is None:
             from airflow_upsert_provider.engine.spark import get_spark
 
-            self._spark = get_spark(self.master, remote=self.remote)
+            self._spark = get_spark(self.master, conf=self.spark_conf or None, remote=self.remote)
         return self._spark
 
     def kafka_config(self):
@@ -784,12 +808,7 @@ def cmd_spark_server(ctx: Context | None, args: argparse.Namespace) -> dict[str,
 
     server = SparkServer(args.state_dir)
     if args.server_command == "start":
-        conf = {}
-        for item in args.conf:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ConfigurationError(f"--conf takes KEY=VALUE, not {item!r}", field="conf")
-            conf[key.strip()] = value
+        conf = parse_key_values(args.conf, "--conf")
         out = server.start(port=args.port, memory=args.memory, conf=conf, timeout=args.timeout)
     elif args.server_command == "stop":
         out = server.stop()

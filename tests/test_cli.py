@@ -101,3 +101,33 @@ def test_exit_codes(spark, env, capsys, tmp_path):
     assert json.loads(run(capsys, "status", "orders", "--json", "--no-rows")[1])["upper"] == 0
     code, out, _ = run(capsys, "run-batch", "orders", "--json", "--on-bad-record", "quarantine")
     assert code == 0 and json.loads(out)["batches"][0]["rejected"] == 1
+
+
+def test_conf_sets_the_spark_settings_of_the_commands_session(spark, env, capsys):
+    init(capsys, env)
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        code, out, err = run(capsys, "run-batch", "orders", "--conf", "spark.sql.shuffle.partitions=3", "--json")
+        assert code == 0, err
+        assert json.loads(out)["batches"][0]["outcome"] == "committed"
+        # A setting Spark takes at runtime is set on the session the batch ran in.
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    upper = json.loads(run(capsys, "status", "orders", "--no-rows", "--json")[1])["upper"]
+
+    # Malformed: a usage error naming the option, and nothing ran.
+    code, out, err = run(capsys, "run-batch", "orders", "--conf", "spark.sql.shuffle.partitions", "--json")
+    assert code == 2 and json.loads(out)["field"] == "conf"
+    assert "--conf takes KEY=VALUE, not 'spark.sql.shuffle.partitions'" in err
+    # A setting Spark fixes when a session starts, with another value than the running one:
+    # refused, naming the key (not the value).
+    code, _, err = run(capsys, "run-batch", "orders", "--conf", "spark.driver.memory=123m")
+    assert code == 2 and "spark.driver.memory" in err and "123m" not in err
+    assert json.loads(run(capsys, "status", "orders", "--no-rows", "--json")[1])["upper"] == upper
+
+    # A command that starts no Spark session takes no Spark settings.
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["gc", "orders", "--conf", "spark.sql.shuffle.partitions=3"])
+    assert usage.value.code == 2
+    assert "unrecognized arguments: --conf" in capsys.readouterr().err
