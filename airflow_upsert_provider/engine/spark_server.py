@@ -343,7 +343,7 @@ class SparkServer:
                     return out
                 # Alive but deaf: starts wait for readiness under this lock, so this server
                 # got stuck after it answered. Replace it.
-                _terminate(state.pid, STOP_TIMEOUT_SECONDS)
+                _terminate(state.pid, STOP_TIMEOUT_SECONDS, port=(state.host, state.port))
             self._clear_state()
             if port_answers(host, port):
                 raise ConfigurationError(
@@ -434,15 +434,18 @@ class SparkServer:
                 return {"stopped": False, "running": False, "state_dir": self.dir}
             was_running = is_server_process(state.pid)
             if was_running:
-                _terminate(state.pid, timeout)
+                _terminate(state.pid, timeout, port=(state.host, state.port))
             self._clear_state()
             return {"stopped": was_running, "running": False, "pid": state.pid, "address": state.address,
                     "state_dir": self.dir}
 
 
-def _terminate(pid: int, timeout: float) -> None:
+def _terminate(pid: int, timeout: float, *, port: tuple[str, int] | None = None) -> None:
     """SIGTERM the server's process group (the JVM and its Python workers), SIGKILL it after
-    ``timeout``; reap it when it is our child."""
+    ``timeout``; reap it when it is our child. With ``port`` (host, port), return only once
+    the server's port is closed: an exiting JVM frees its memory before its sockets, so its
+    command line reads empty while the port still accepts, and a start right after the stop
+    would find the port taken."""
     def signal_group(sig: int) -> None:
         try:
             os.killpg(pid, sig)  # the server leads its own session (start_new_session)
@@ -456,13 +459,16 @@ def _terminate(pid: int, timeout: float) -> None:
                 return True
         return not is_server_process(pid)
 
+    def closed() -> bool:
+        return port is None or not port_answers(*port, timeout=0.5)
+
     signal_group(signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while not gone():
+    while not (gone() and closed()):
         if time.monotonic() >= deadline:
             signal_group(signal.SIGKILL)
             end = time.monotonic() + 10
-            while not gone() and time.monotonic() < end:
+            while not (gone() and closed()) and time.monotonic() < end:
                 time.sleep(0.1)
             return
         time.sleep(0.1)

@@ -53,6 +53,42 @@ def test_status_checks_the_pid_and_a_query_through_connect(connect_server):
     assert out["running"] and out["answering"] and out["query_seconds"] > 0
 
 
+@pytest.mark.slow
+def test_a_start_right_after_a_stop_gets_the_same_port(tmp_path, monkeypatch):
+    """A stop returns once the port is closed, not only once the pid looks gone: an exiting
+    JVM unmaps its memory (its command line then reads empty, as a zombie's does) before it
+    closes its sockets, which takes long with a large heap. The test opens that window from
+    the moment the stop has signalled the server, by reporting the pid as gone from then on."""
+    from airflow_upsert_provider.engine import spark_server
+    from airflow_upsert_provider.engine.spark_server import port_answers
+
+    server = SparkServer(str(tmp_path))
+    port = free_port()
+    real_is_server_process = spark_server.is_server_process
+    signalled = []
+    real_killpg = os.killpg
+
+    def killpg(pid, sig):
+        signalled.append(pid)
+        real_killpg(pid, sig)
+
+    monkeypatch.setattr(spark_server.os, "killpg", killpg)
+    monkeypatch.setattr(spark_server, "is_server_process",
+                        lambda pid: False if signalled else real_is_server_process(pid))
+    try:
+        started = server.start(port=port, master="local[1]", memory="1g")
+        assert started["started"] is True and started["answering"] is True
+        stopped = server.stop()
+        assert stopped["stopped"] is True and signalled == [started["pid"]]
+        assert not port_answers("127.0.0.1", port)
+        signalled.clear()
+        again = server.start(port=port, master="local[1]", memory="1g")
+        assert again["started"] is True and again["port"] == port
+    finally:
+        signalled.clear()
+        server.stop(timeout=5)
+
+
 def test_status_and_stop_without_a_server(tmp_path):
     state_dir = str(tmp_path)
     done = spark_server_cli(state_dir, "status")
