@@ -172,6 +172,33 @@ def test_a_batch_of_empty_segments_commits_an_empty_run(spark, consensus, blob, 
     assert table(spark, shard) == {(1,): {"id": 1, "v": "a", "ts": 1}}
 
 
+def test_a_run_carries_its_batch_ts_and_a_new_ts_compiles_no_code(spark, consensus, blob, tmp_path):
+    """Every row of a batch's run holds the batch's ts; and the next batches of the same shape
+    compile no class of generated code: the ts reaches that code by reference (a long literal
+    would be compiled into it, and every batch would compile its last stage again)."""
+    import pyarrow.parquet as pq
+
+    landing = str(tmp_path / "landing")
+    os.makedirs(landing)
+    # Three buckets, which no other test here uses: a shape this session has not compiled.
+    shard = new_shard(consensus, blob, landing, "s", max_files_per_batch=1, buckets=3)
+    compilations = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    writer = Writer(shard, "w", spark_factory=lambda: spark)
+    compiled = []
+    for seq in range(3):
+        write_segment(landing, "p0", seq, [{"id": i, "v": f"v{seq}", "ts": seq, "deleted": False} for i in range(40)])
+        before = compilations.getCount()
+        assert writer.step().outcome == "committed"
+        compiled.append(compilations.getCount() - before)
+    assert compiled[1:] == [0, 0], compiled  # the first may compile what this session had not run yet
+    for ts in range(3):
+        files = consensus.get_batch("s", ts).run["files"]
+        stamps = set()
+        for f in files:
+            stamps |= set(pq.read_table(blob.path(f["path"]), columns=["_ts"]).column("_ts").to_pylist())
+        assert files and stamps == {ts}
+
+
 # -- a committed run file deleted (finding F5) -----------------------------------------------
 
 

@@ -37,7 +37,7 @@ from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 @dataclass(frozen=True)
 class StagedOutput:
@@ -288,9 +288,27 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
         *keys,
         *[F.col(f"`{v}`") for v in values],
         deleted.alias("_deleted"),
-        F.lit(ts).cast("long").alias("_ts"),
+        batch_ts_column(ts).alias("_ts"),
         "_bucket",
     )
+
+
+def batch_ts_column(ts: int) -> "Column":
+    """The batch's ``ts`` on every row, handed to Spark's generated code by reference rather
+    than written into it.
+
+    Code generation writes a long literal into the Java source it compiles, so a new ts made
+    every batch compile the classes of its last stage again (two, about 0.1 s of a warm batch:
+    docs/performance.md). A decimal literal is passed by reference: the same source every
+    batch, compiled once per session. Any expression of literals alone would be folded back
+    into a long literal: adding ``spark_partition_id() * 0`` (zero on every row, and never
+    folded, being nondeterministic) keeps it an expression of a column. The fixed precision
+    keeps the source the same when ts gains a digit."""
+    from decimal import Decimal
+
+    from pyspark.sql import functions as F
+
+    return (F.lit(Decimal(int(ts))).cast("decimal(20,0)") + F.spark_partition_id() * 0).cast("long")
 
 
 def _relative(shard: Shard, path: str) -> str:
