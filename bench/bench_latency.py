@@ -20,9 +20,10 @@ later clock than the base) land and each mode applies them in a fresh process:
   new keys) into the Delta table with the ``deltalake`` package (``pip install -e
   '.[bench]'``).
 
-Before the first size, ``--warmup`` unmeasured one-batch tasks (default 5) run through the
+Before the first size, ``--warmup`` unmeasured one-batch tasks (default 20) run through the
 server into a scratch shard, and their times are printed: a server that serves a schedule
-has run many batches, one just started runs its first ones slower while its JIT compiles.
+has run many batches, one just started runs its first ones slower while its JIT compiles
+(the printed times show how many it takes to level off).
 The order of the modes rotates from batch to batch.
 
 The wall time of each process is what a task pays. At the end the three tables are read
@@ -324,8 +325,8 @@ def main() -> None:
     parser.add_argument("--remote", default=None, help="a running server (default: start one for this run)")
     parser.add_argument("--memory", default=None, help="driver memory of the server this run starts")
     parser.add_argument("--work", default=None, help="work directory (default: a temporary one, removed)")
-    parser.add_argument("--warmup", type=int, default=5,
-                        help="unmeasured one-batch tasks through the server before the sizes (default 5)")
+    parser.add_argument("--warmup", type=int, default=20,
+                        help="unmeasured one-batch tasks through the server before the sizes (default 20)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.replace("_", "").split(",")]
