@@ -15,9 +15,9 @@ and its table compared with the baseline's (row count and a sum of row hashes).
 
 A candidate is a set of defaults for a new session: :data:`DEFAULT_CONF` entries and driver
 JVM options (:data:`DRIVER_JAVA_OPTIONS`) that the sample process installs in
-``engine.spark`` before ``upsertctl`` runs (``upsertctl run-batch`` has no ``--conf``; a key
-given through PYSPARK_SUBMIT_ARGS would lose to the engine's defaults). The log4j option
-the engine sets stays on every candidate.
+``engine.spark`` before ``upsertctl`` runs: a candidate replaces the defaults themselves,
+which ``upsertctl --conf`` (settings added to them) and PYSPARK_SUBMIT_ARGS (which loses to
+them) cannot. The log4j option the engine sets stays on every candidate.
 
 The ``cds`` candidates use a class-data-sharing archive of the driver JVM: one unmeasured run
 with ``-XX:ArchiveClassesAtExit=F`` writes it, later runs map it with
