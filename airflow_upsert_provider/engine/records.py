@@ -67,6 +67,11 @@ class BatchRecords:
     records: "DataFrame"
     # Every line of the JSON segments, blank ones included, to number the lines of rejects.
     lines: "DataFrame | None" = None
+    # The records also carry ``_delete`` (a delete whatever the marker column says) and
+    # ``_srcpos`` (a source position that orders a key's changes before the offset does):
+    # a Kafka batch. Said here rather than read from the schema, which through Spark
+    # Connect is one more round trip to the server per batch.
+    change_events: bool = False
 
     def rejected(self) -> "DataFrame":
         """The rejected records with ``_file``, ``_partition``, ``_offset``, ``_line`` (the

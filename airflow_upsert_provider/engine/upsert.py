@@ -89,16 +89,16 @@ def stage_batch(
         batch = None
         if jsonl_fast_path_decides(spark, segments):
             batch = jsonl_records_fast(spark, config, segments, _segment_columns)
-            rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
+            rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
             if rejected:
                 shard.blob.delete_tree(run_dir)
                 batch = None
         if batch is None:
             batch = jsonl_records(spark, config, segments, _segment_columns)
-            rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
+            rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
     else:
         batch = parquet_records(spark, config, segments, _segment_columns)
-        rows_in, rejected = _write_run(batch.records, config, binding.ts, run_dir)
+        rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
     return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
                    run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
 
@@ -126,7 +126,7 @@ def _stage_kafka(
     batch = kafka_batch_records(
         spark, shard.config, messages, topic=shard.source.topic, envelope=shard.kafka_options.envelope
     )
-    rows_in, rejected = _write_run(batch.records, shard.config, binding.ts, run_dir)
+    rows_in, rejected = _write_run(batch, shard.config, binding.ts, run_dir)
     return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
                    run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
 
@@ -208,9 +208,9 @@ def _where(entry: dict[str, Any]) -> str:
     return f"{entry['file']} line {entry['line']}"
 
 
-def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str) -> tuple[int, int]:
-    """Reduce ``records`` to the latest per key and write them as the run of batch ``ts``;
-    return (records read, records rejected).
+def _write_run(batch: "BatchRecords", config: ShardConfig, ts: int, run_dir: str) -> tuple[int, int]:
+    """Reduce the batch's records to the latest per key and write them as the run of batch
+    ``ts``; return (records read, records rejected).
 
     One Spark job: the records are validated, reduced and written in a single pass, and the
     totals are observed on the way instead of counted by a pre-pass.
@@ -218,9 +218,11 @@ def _write_run(records: "DataFrame", config: ShardConfig, ts: int, run_dir: str)
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    records = batch.records
     totals = Observation(f"batch-{ts}-{uuid.uuid4().hex[:8]}")
     observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
-    latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts)
+    latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts,
+                             change_events=batch.change_events)
     write_bucketed(latest, config, run_dir, partitioned=True)
     try:
         metrics = totals.get
@@ -251,10 +253,11 @@ def _segment_columns(file_column: str) -> dict[str, str]:
     }
 
 
-def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFrame":
+def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int, *, change_events: bool) -> "DataFrame":
     """Within a key the latest record wins by (order column, partition, offset, line):
     the same total order on every writer (invariant 5). A record whose order column is null
-    is older than one that has a value."""
+    is older than one that has a value. ``change_events``: the records carry ``_delete`` and
+    ``_srcpos`` (:class:`BatchRecords`)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -264,11 +267,11 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int) -> "DataFra
     deleted = (
         F.coalesce(F.col(f"`{config.delete_marker}`"), F.lit(False)) if config.delete_marker else F.lit(False)
     )
-    if "_delete" in good.columns:
+    if change_events:
         # A Kafka tombstone or a Debezium delete: a delete whatever the marker column says.
         deleted = deleted | F.col("_delete")
     rank = [F.col("_partition"), F.col("_offset"), F.col("_line")]
-    if "_srcpos" in good.columns:
+    if change_events:
         # Debezium's source position (LSN, or binlog file and position) orders a key's changes
         # before the Kafka offset does.
         rank.insert(0, F.col("_srcpos"))

@@ -431,7 +431,7 @@ def kafka_batch_records(
         "_delete",
         "_srcpos",
     )
-    return BatchRecords(records, lines=None)
+    return BatchRecords(records, lines=None, change_events=True)
 
 
 def infer_kafka_schema(
