@@ -131,6 +131,14 @@ def upsertctl(env: dict[str, str], *argv: str) -> tuple[float, dict]:
     return run_process([*UPSERTCTL, *argv, "--json"], env)
 
 
+def init_sample_shard(env: dict[str, str], remote: str, shard_id: str, landing: str, *extra: str) -> None:
+    """``upsertctl init`` of a shard over ``landing``, which holds ``sample_data`` records."""
+    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL
+
+    upsertctl(env, "--remote", remote, "init", shard_id, "--source", f"dir:{landing}", "--key", "id",
+              "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL, *extra)
+
+
 def free_port() -> int:
     import socket
 
@@ -177,7 +185,7 @@ def measure_size(rows: int, args: argparse.Namespace, spark, remote: str, env: d
     import pyarrow.dataset as ds
     from deltalake import DeltaTable, write_deltalake
 
-    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+    from airflow_upsert_provider.sample_data import SampleSpec, generate
 
     label = size_label(rows)
     landing = os.path.join(work, f"landing_{label}")
@@ -196,9 +204,7 @@ def measure_size(rows: int, args: argparse.Namespace, spark, remote: str, env: d
 
     step = time.monotonic()
     log(f"{label}: committing the base to {shards['in_process']} through the server")
-    upsertctl(env, "--remote", remote, "init", shards["in_process"], "--source", f"dir:{landing}", "--key", "id",
-              "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL,
-              "--max-files-per-batch", "100000")
+    init_sample_shard(env, remote, shards["in_process"], landing, "--max-files-per-batch", "100000")
     upsertctl(env, "--remote", remote, "run-batch", shards["in_process"], "--max-batches", "1")
     result["base_commit_seconds"] = round(time.monotonic() - step, 1)
     # The second shard holds the same files: a checkpoint restored under another id.
@@ -299,12 +305,11 @@ def warm_up(count: int, args: argparse.Namespace, remote: str, env: dict[str, st
     server, each in a fresh process as a measured one: a server that has just started runs
     its first batches slower (its JIT still compiling), one that serves a schedule does
     not. Returns each task's wall time."""
-    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+    from airflow_upsert_provider.sample_data import SampleSpec, generate
 
     landing = os.path.join(work, "landing_warmup")
     os.makedirs(landing)
-    upsertctl(env, "--remote", remote, "init", "lat_warmup", "--source", f"dir:{landing}", "--key", "id",
-              "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL)
+    init_sample_shard(env, remote, "lat_warmup", landing)
     seconds = []
     for n in range(count):
         generate(landing, SampleSpec(records=args.batch, keys=args.batch * 10, partitions=4, segments_per_partition=2,

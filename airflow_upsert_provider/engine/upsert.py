@@ -267,11 +267,10 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int, *, change_e
     deleted = (
         F.coalesce(F.col(f"`{config.delete_marker}`"), F.lit(False)) if config.delete_marker else F.lit(False)
     )
+    rank = [F.col("_partition"), F.col("_offset"), F.col("_line")]
     if change_events:
         # A Kafka tombstone or a Debezium delete: a delete whatever the marker column says.
         deleted = deleted | F.col("_delete")
-    rank = [F.col("_partition"), F.col("_offset"), F.col("_line")]
-    if change_events:
         # Debezium's source position (LSN, or binlog file and position) orders a key's changes
         # before the Kafka offset does.
         rank.insert(0, F.col("_srcpos"))
