@@ -7,14 +7,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from airflow_upsert_provider.engine.consensus import Consensus
+from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown
 
 
 class StoreOutage:
     """Makes ``consensus`` behave as if its connection dropped at chosen moments.
 
     - ``drop_after_next_append(then_fail_reads=n)``: the next ``compare_and_append`` commits
-      for real, then raises the driver's own "connection lost" error (the client never sees
-      the result), and the next ``n`` SELECT statements after it fail the same way (the store
+      for real, then raises what the store raises when the connection drops while it commits
+      (:class:`ConsensusOutcomeUnknown`: the client never sees the result), and the next ``n`` SELECT statements after it fail the same way (the store
       is down while the writer reads the outcome back), through an engine event hook, so
       every code path that reads sees it.
     """
@@ -39,7 +40,10 @@ class StoreOutage:
         if self._drop_next_append:
             self._drop_next_append = False
             self._reads_to_fail = self._reads_after_drop
-            raise sa.exc.OperationalError("COMMIT", {}, self._lost())
+            raise ConsensusOutcomeUnknown(
+                "consensus store failed while committing, so the change may or may not have landed: "
+                "server closed the connection unexpectedly"
+            ) from sa.exc.OperationalError("COMMIT", {}, self._lost())
         return result
 
     def _before_execute(self, conn, cursor, statement, parameters, context, executemany):

@@ -136,3 +136,74 @@ def test_cli_exits_5_when_the_store_drops_while_an_append_is_resolved(
     assert cli.main(["run-batch", "s", "--until-caught-up", "--json"]) == 0
     assert store.get_shard("s").upper == 2
     store.dispose()
+
+
+# -- compare_and_append splits its failures at the store -------------------------------------------
+
+
+def _record(ts: int, token: str = "tok") -> consensus_module.BatchRecord:
+    return consensus_module.BatchRecord(ts, "w", token, {"path": "s/runs/ts=0/w", "files": [], "rows": 0}, {})
+
+
+def test_compare_and_append_splits_determinate_from_indeterminate_failures(consensus):
+    consensus.create_shard("s", "{}")
+
+    def fail_update(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE"):
+            raise consensus.engine.dialect.loaded_dbapi.OperationalError("server closed the connection")
+
+    event.listen(consensus.engine, "before_cursor_execute", fail_update)
+    try:
+        with pytest.raises(ConsensusUnavailable) as before:
+            consensus.compare_and_append("s", 0, 1, _record(0))
+    finally:
+        event.remove(consensus.engine, "before_cursor_execute", fail_update)
+    # A statement failed before the commit: nothing changed, and the store says so.
+    assert not isinstance(before.value, ConsensusOutcomeUnknown) and before.value.exit_code == 2
+    assert isinstance(before.value.__cause__, sa.exc.DBAPIError)  # the driver's error is kept
+    assert consensus.get_shard("s").upper == 0
+
+    def fail_commit(conn):
+        raise sa.exc.OperationalError("COMMIT", {}, consensus.engine.dialect.loaded_dbapi.OperationalError("lost"))
+
+    event.listen(consensus.engine, "commit", fail_commit)
+    try:
+        with pytest.raises(ConsensusOutcomeUnknown) as during:
+            consensus.compare_and_append("s", 0, 1, _record(0))
+    finally:
+        event.remove(consensus.engine, "commit", fail_commit)
+    assert during.value.exit_code == 5 and during.value.details["ts"] == 0
+
+
+def test_compare_and_append_maps_an_exhausted_pool_to_unavailable(sqlite_url):
+    engine = sa.create_engine(sqlite_url, poolclass=sa.pool.QueuePool, pool_size=1, max_overflow=0, pool_timeout=0.01)
+    store = consensus_module.Consensus(engine, sqlite_url)
+    store.create_schema()
+    store.create_shard("s", "{}")
+    with engine.connect():  # the pool's only connection, held
+        with pytest.raises(ConsensusUnavailable) as info:
+            store.compare_and_append("s", 0, 1, _record(0))
+    assert not isinstance(info.value, ConsensusOutcomeUnknown)
+    assert "nothing was committed" in info.value.message and isinstance(info.value.__cause__, sa.exc.TimeoutError)
+    assert store.get_shard("s").upper == 0
+    engine.dispose()
+
+
+def test_a_catalog_change_whose_lock_release_failed_is_outcome_unknown(sqlite_url):
+    from airflow_upsert_provider.engine.catalog_lock import catalog_lock
+
+    store = consensus_module.open_consensus(sqlite_url)
+    changed = []
+
+    def fail_commit(conn):
+        raise sa.exc.OperationalError("COMMIT", {}, store.engine.dialect.loaded_dbapi.OperationalError("disk I/O error"))
+
+    event.listen(store.engine, "commit", fail_commit)
+    try:
+        with pytest.raises(ConsensusOutcomeUnknown) as info:
+            with catalog_lock(store, "s"):
+                changed.append("CATALOG.json rewritten")  # the body's change is already made
+    finally:
+        event.remove(store.engine, "commit", fail_commit)
+        store.dispose()
+    assert changed and info.value.exit_code == 5 and "may or may not" in info.value.message

@@ -16,8 +16,8 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import Consensus, insert_ignore, metadata, redact_url
-from airflow_upsert_provider.engine.errors import ConsensusUnavailable
+from airflow_upsert_provider.engine.consensus import Consensus, _short, insert_ignore, metadata, redact_url
+from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown, ConsensusUnavailable
 
 catalog_locks_table = sa.Table(
     "upsert_catalog_locks",
@@ -33,7 +33,13 @@ catalog_locks_table = sa.Table(
 def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]:
     """Hold the catalog lock of ``shard_id`` for the body (one consensus transaction, yielded
     for checks of its own: the lock row of PostgreSQL, the write lock of SQLite). An exception
-    in the body releases it without counting a change."""
+    in the body releases it without counting a change.
+
+    A store failure while taking the lock changed nothing (:class:`ConsensusUnavailable`).
+    Once the body ran, the catalog file may have changed: a store failure then (the body's
+    own checks, counting the change, releasing the lock) is :class:`ConsensusOutcomeUnknown`,
+    never "nothing changed"."""
+    body_started = False
     try:
         with consensus.engine.begin() as conn:
             insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=time.time())
@@ -41,15 +47,25 @@ def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]
             if consensus.dialect == "postgresql":
                 locked = locked.with_for_update()
             conn.execute(locked).scalar_one()
+            body_started = True
             yield conn
             conn.execute(
                 sa.update(catalog_locks_table)
                 .where(catalog_locks_table.c.shard_id == shard_id)
                 .values(version=catalog_locks_table.c.version + 1, changed_at=time.time())
             )
-    except sa.exc.OperationalError as exc:
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:
+        where = redact_url(consensus.url)
+        reason_line = _short(exc, consensus.url)
+        if body_started:
+            raise ConsensusOutcomeUnknown(
+                f"consensus store {where} failed while the checkpoint catalog of shard {shard_id!r} was "
+                f"changed under its lock, so the change may or may not have been made: {reason_line}; "
+                "check it with `upsertctl checkpoint list` (running the same step again is safe)",
+                shard=shard_id, consensus=where,
+            ) from exc
         raise ConsensusUnavailable(
-            f"consensus store {redact_url(consensus.url)} failed while holding the checkpoint catalog lock "
-            f"of shard {shard_id!r}: {str(getattr(exc, 'orig', exc)).strip().splitlines()[0]}",
-            shard=shard_id,
-        ) from None
+            f"consensus store {where} failed while taking the checkpoint catalog lock of shard {shard_id!r}: "
+            f"{reason_line}; nothing was changed",
+            shard=shard_id, consensus=where,
+        ) from exc

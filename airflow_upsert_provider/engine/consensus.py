@@ -502,41 +502,74 @@ class Consensus:
 
         One transaction: a conditional UPDATE checked by rowcount, the commit hooks (which may
         refuse: CommitRefused or the hook's own error, nothing committed), then the batch row.
-        ``epoch`` is the stream epoch the writer started under (fencing, invariant 16). Any
-        driver error while it runs is re-raised as-is: the caller cannot know whether the
-        commit landed and must treat the outcome as unknown.
+        ``epoch`` is the stream epoch the writer started under (fencing, invariant 16).
+
+        Store failures come out split as persist splits them, so that callers need no driver
+        types: a failure before the transaction's commit (connecting, waiting for a pooled
+        connection, any statement: the store rolls an unfinished transaction back) changed
+        nothing, :class:`ConsensusUnavailable`; a failure of the commit itself may or may not
+        have landed, :class:`ConsensusOutcomeUnknown` (retry with the same token).
         """
         if new_upper != expected_upper + 1 or batch.ts != expected_upper:
             raise IntegrityError(
                 f"an append covers exactly one ts: got {expected_upper}->{new_upper} for ts {batch.ts}",
                 shard=shard_id,
             )
-        with self.engine.begin() as conn:
-            updated = conn.execute(
-                sa.update(shards_table)
-                .where(
-                    shards_table.c.shard_id == shard_id,
-                    shards_table.c.upper == expected_upper,
-                )
-                .values(upper=new_upper, seqno=shards_table.c.seqno + 1)
-            ).rowcount
+        updated = 0
+        committing = False
+        try:
+            with self.engine.begin() as conn:
+                updated = self._append_in(conn, shard_id, expected_upper, new_upper, batch, epoch)
+                committing = True
             if updated == 1:
-                runs = (batch.run,) + ((batch.stats["rejects"],) if batch.stats.get("rejects") else ())
-                _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id, epoch))
-                conn.execute(
-                    sa.insert(batches_table).values(
-                        shard_id=shard_id,
-                        ts=batch.ts,
-                        writer_id=batch.writer_id,
-                        token=batch.token,
-                        run=json.dumps(batch.run, sort_keys=True),
-                        stats=json.dumps(batch.stats, sort_keys=True),
-                        committed_at=time.time(),
-                    )
-                )
+                return AppendResult(AppendOutcome.COMMITTED, new_upper)
+            return self.resolve_append(shard_id, expected_upper, batch.token)
+        except sa.exc.TimeoutError as exc:
+            # The pool had no connection to give within its timeout: nothing was sent.
+            raise ConsensusUnavailable(
+                f"consensus store {redact_url(self.url)} gave no connection for the commit of batch "
+                f"{batch.ts} of shard {shard_id!r} in time (pool exhausted); nothing was committed",
+                consensus=redact_url(self.url), shard=shard_id, ts=batch.ts,
+            ) from exc
+        except sa.exc.DBAPIError as exc:
+            # A commit of a transaction whose UPDATE matched nothing changed nothing either.
+            if committing and updated == 1:
+                raise ConsensusOutcomeUnknown(
+                    f"consensus store {redact_url(self.url)} failed while committing batch {batch.ts} of "
+                    f"shard {shard_id!r}, so it may or may not have landed: {_short(exc, self.url)}; "
+                    "retrying with the same token is safe",
+                    consensus=redact_url(self.url), shard=shard_id, ts=batch.ts,
+                ) from exc
+            raise self.store_error(exc, "consensus store {where} failed before an append committed (nothing was "
+                                   "committed)") from exc
+
+    def _append_in(
+        self, conn, shard_id: str, expected_upper: int, new_upper: int, batch: BatchRecord, epoch: int | None
+    ) -> int:
+        """The statements of one compare-and-append; the rowcount of its conditional UPDATE."""
+        updated = conn.execute(
+            sa.update(shards_table)
+            .where(
+                shards_table.c.shard_id == shard_id,
+                shards_table.c.upper == expected_upper,
+            )
+            .values(upper=new_upper, seqno=shards_table.c.seqno + 1)
+        ).rowcount
         if updated == 1:
-            return AppendResult(AppendOutcome.COMMITTED, new_upper)
-        return self.resolve_append(shard_id, expected_upper, batch.token)
+            runs = (batch.run,) + ((batch.stats["rejects"],) if batch.stats.get("rejects") else ())
+            _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id, epoch))
+            conn.execute(
+                sa.insert(batches_table).values(
+                    shard_id=shard_id,
+                    ts=batch.ts,
+                    writer_id=batch.writer_id,
+                    token=batch.token,
+                    run=json.dumps(batch.run, sort_keys=True),
+                    stats=json.dumps(batch.stats, sort_keys=True),
+                    committed_at=time.time(),
+                )
+            )
+        return updated
 
     def resolve_append(self, shard_id: str, expected_upper: int, token: str) -> AppendResult:
         """What became of an append of ts == expected_upper with ``token``, read from the

@@ -83,7 +83,7 @@ class _StreamOperator(BaseOperator):
         try:
             result = self.run(hook, actor)
         except UpsertError as exc:
-            raise to_airflow_error(exc) from None
+            raise to_airflow_error(exc) from exc
         finally:
             hook.close()
         stream = result.get("stream", {})

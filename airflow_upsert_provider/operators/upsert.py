@@ -289,7 +289,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             else:
                 report = self._run_in_process(hook, shard, plan)
         except UpsertError as exc:
-            raise to_airflow_error(exc) from None
+            raise to_airflow_error(exc) from exc
         finally:
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)

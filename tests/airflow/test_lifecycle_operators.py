@@ -249,3 +249,16 @@ def test_a_killed_stop_ends_its_drain_and_finalizes(consensus, consensus_url, bl
     assert (report["from"], report["status"]) == ("READY", "STOPPED")
     assert history(consensus) == [("stop", "STOPPING", actor("stop")), ("finalize", "STOPPED", actor("stop"))]
     assert shard.state().upper == 0 and consensus.get_binding("orders", 0) is not None
+
+
+def test_a_failed_task_keeps_the_engine_error_as_its_cause(sqlite_url, blob, monkeypatch):
+    from airflow_upsert_provider.engine.errors import ShardNotFound
+
+    use_store(monkeypatch, sqlite_url, blob.root)
+    with pytest.raises(AirflowFailException) as resumed:
+        ResumeStreamOperator(task_id="resume", shard="nosuch").execute(context("resume"))
+    with pytest.raises(AirflowFailException) as upserted:
+        MicroBatchUpsertOperator(task_id="upsert", shard="nosuch").execute(context("upsert"))
+    # The traceback of the engine's error stays attached for the task log.
+    assert isinstance(resumed.value.__cause__, ShardNotFound)
+    assert isinstance(upserted.value.__cause__, ShardNotFound)
