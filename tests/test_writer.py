@@ -6,10 +6,9 @@ import json
 import os
 
 import pytest
-import sqlalchemy as sa
 
 from airflow_upsert_provider.engine import writer as writer_module
-from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown
+from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown, ConsensusOutcomeUnknown
 from airflow_upsert_provider.engine.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, write_segment
 from tests.helpers import make_shard
@@ -130,7 +129,8 @@ def test_lost_connection_after_commit_reports_already_committed(spark, consensus
         result = real(*args, **kwargs)
         calls.append(result.outcome)
         if len(calls) == 1:
-            raise sa.exc.OperationalError("COMMIT", {}, ConnectionResetError("server closed the connection"))
+            # What the store raises when the connection drops while the commit lands.
+            raise ConsensusOutcomeUnknown("consensus store failed while committing batch 0: server closed the connection")
         return result
 
     monkeypatch.setattr(shard.consensus, "compare_and_append", commit_then_drop)
@@ -149,7 +149,7 @@ def test_unknown_outcome_keeps_files_and_a_new_writer_proceeds(spark, consensus,
     monkeypatch.setattr(writer_module, "APPEND_RETRY_DELAY_SECONDS", 0)
 
     def unreachable(*args, **kwargs):
-        raise sa.exc.OperationalError("UPDATE", {}, ConnectionRefusedError("connection refused"))
+        raise ConsensusOutcomeUnknown("consensus store failed while committing batch 0: connection reset")
 
     broken = Writer(shard, "broken", spark_factory=lambda: spark)
     monkeypatch.setattr(shard, "compare_and_append", unreachable)
@@ -227,3 +227,168 @@ def test_status_reports_frontier_lag_and_rows(spark, consensus, blob, tmp_path):
     assert after["source"]["bound"] == {"p0": 11, "p1": 1, "p2": 1}
     assert after["source"]["pending_segments"] == 8
     assert after["rows"] == len(table(shard, spark))
+
+
+# -- a staging directory deleted under the writer (GC with a short grace period) -----------------
+
+
+@pytest.fixture
+def store(sqlite_url):
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus = open_consensus(sqlite_url)
+    yield consensus
+    consensus.dispose()
+
+
+def spark_error_naming(path: str) -> Exception:
+    """What a Spark write whose directory GC removed raises (a Py4JJavaError's text)."""
+    return RuntimeError(
+        "An error occurred while calling o278.parquet.\n: ExitCodeException exitCode=1: "
+        f"chmod: cannot access '{path}/_SUCCESS': No such file or directory"
+    )
+
+
+def fake_stage(outcomes: list[str], calls: list[str]):
+    """A stand-in for the Spark batch: per attempt, "lost" has the attempt's directory removed
+    while it writes (the error names it), "ok" writes one file and describes it."""
+    from airflow_upsert_provider.engine.upsert import StagedOutput
+
+    def stage(spark, shard, binding, *, run_dir, rejects_dir, on_bad_record, messages=None):
+        calls.append(run_dir)
+        os.makedirs(os.path.join(run_dir, "_temporary"))
+        if outcomes.pop(0) == "lost":
+            import shutil
+
+            shutil.rmtree(run_dir)
+            raise spark_error_naming(run_dir)
+        with open(os.path.join(run_dir, "part-0.parquet"), "wb") as handle:
+            handle.write(b"x")
+        shutil_free = os.path.join(run_dir, "_temporary")
+        os.rmdir(shutil_free)
+        return StagedOutput({"path": os.path.relpath(run_dir, shard.blob.root), "files": [], "rows": 0}, None, 0, 0, 0)
+
+    return stage
+
+
+def test_a_staging_directory_deleted_while_spark_writes_is_restaged(store, blob, tmp_path, monkeypatch):
+    from airflow_upsert_provider.engine import upsert as upsert_module
+
+    shard = make_shard(store, blob, tmp_path, spec=SMALL)
+    calls: list[str] = []
+    monkeypatch.setattr(upsert_module, "stage_batch", fake_stage(["lost", "ok"], calls))
+    result = Writer(shard, "w", spark_factory=object).step()
+    assert result.outcome == "committed" and shard.state().upper == 1
+    assert len(calls) == 2 and calls[0] != calls[1]  # a new path for the second attempt
+    assert shard.consensus.get_batch(shard.shard_id, 0).run["path"] == os.path.relpath(calls[1], blob.root)
+    assert not os.path.exists(calls[0])
+
+
+def test_a_staging_directory_lost_on_every_attempt_is_a_retryable_error_naming_it(store, blob, tmp_path, monkeypatch):
+    from airflow_upsert_provider.engine import upsert as upsert_module
+    from airflow_upsert_provider.engine.errors import StagingLost
+
+    shard = make_shard(store, blob, tmp_path, spec=SMALL)
+    calls: list[str] = []
+    monkeypatch.setattr(upsert_module, "stage_batch", fake_stage(["lost"] * 10, calls))
+    with pytest.raises(StagingLost) as info:
+        Writer(shard, "w", spark_factory=object).step()
+    assert len(calls) == writer_module.MAX_RESTAGES + 1
+    assert info.value.exit_code == 2 and info.value.retryable
+    assert info.value.details["path"] == calls[-1] and calls[-1] in info.value.message
+    assert shard.state().upper == 0
+
+
+def test_staging_lost_is_decided_by_the_error_naming_the_attempt_or_by_a_gc_claim():
+    from airflow_upsert_provider.engine.writer import staging_lost
+
+    run_dir, rejects_dir = "/b/s/runs/ts=000000000000/w-abc", "/b/s/rejects/ts=000000000000/w-abc"
+    dirs = (run_dir, rejects_dir)
+    assert staging_lost(spark_error_naming(run_dir), dirs, claimed=False)
+    temporary = RuntimeError(f"[TASK_WRITE_FAILED] Task failed while writing rows to file:{run_dir}. "
+                             f"Caused by: java.io.FileNotFoundException: File file:{run_dir}/_temporary/0 does not exist")
+    assert staging_lost(temporary, dirs, claimed=False)
+    described = FileNotFoundError(2, "No such file or directory")
+    described.filename = f"{run_dir}/_bucket=1/part-0.parquet"
+    try:
+        raise RuntimeError("describing the run failed") from described
+    except RuntimeError as chained:
+        assert staging_lost(chained, dirs, claimed=False)
+    # Another attempt's directory, or a failure that says nothing about a missing file: reported as it is.
+    assert not staging_lost(spark_error_naming("/b/s/runs/ts=000000000000/w-other"), dirs, claimed=False)
+    assert not staging_lost(RuntimeError(f"OutOfMemoryError while writing {run_dir}"), dirs, claimed=False)
+    assert staging_lost(RuntimeError("anything"), dirs, claimed=True)
+
+
+# -- the store's failures, split at the store ------------------------------------------------------
+
+
+def staged_by_hand(shard, ts: int, token: str) -> "writer_module.StagedBatch":
+    run_dir = shard.run_dir(ts, "w", token[:12])
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "part-0.parquet"), "wb") as handle:
+        handle.write(b"x")
+    run = {"path": os.path.relpath(run_dir, shard.blob.root), "files": [], "rows": 0}
+    return writer_module.StagedBatch(ts, token, run, None, 0, 0, 0, [], 0.0)
+
+
+def test_the_writer_imports_no_sqlalchemy():
+    import ast
+
+    tree = ast.parse(open(writer_module.__file__, encoding="utf-8").read())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in imported if m.split(".")[0] == "sqlalchemy"}
+
+
+def test_a_store_that_fails_before_every_commit_is_determinate_exit_2(store, blob, tmp_path, monkeypatch):
+    from airflow_upsert_provider.engine.errors import ConsensusUnavailable
+
+    shard = make_shard(store, blob, tmp_path, spec=SMALL)
+    monkeypatch.setattr(writer_module, "APPEND_RETRY_DELAY_SECONDS", 0)
+    writer = Writer(shard, "w", spark_factory=no_spark)
+    staged = staged_by_hand(shard, 0, "a" * 32)
+    attempts = []
+
+    def refused(*args, **kwargs):
+        attempts.append(1)
+        raise ConsensusUnavailable("consensus store sqlite:///c.db failed: database is locked")
+
+    monkeypatch.setattr(shard, "compare_and_append", refused)
+    with pytest.raises(ConsensusUnavailable) as info:
+        writer.append(staged)
+    assert not isinstance(info.value, CommitOutcomeUnknown)
+    assert info.value.exit_code == 2 and info.value.retryable and info.value.details["ts"] == 0
+    assert "nothing was committed" in info.value.message
+    assert len(attempts) == writer_module.APPEND_RETRIES + 1
+
+
+def test_a_new_epoch_keeps_the_files_of_a_held_batch_whose_commit_may_have_landed(store, blob, tmp_path, monkeypatch):
+    from airflow_upsert_provider.engine import streams
+    from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown
+
+    shard = make_shard(store, blob, tmp_path, spec=SMALL)
+    monkeypatch.setattr(writer_module, "APPEND_RETRY_DELAY_SECONDS", 0)
+    writer = Writer(shard, "w", spark_factory=no_spark)
+    writer.start()
+    staged = staged_by_hand(shard, 0, "b" * 32)
+    writer.held[0] = staged
+    real = shard.compare_and_append
+
+    def lands_then_drops(*args, **kwargs):
+        real(*args, **kwargs)
+        raise ConsensusOutcomeUnknown("consensus store failed while committing batch 0")
+
+    monkeypatch.setattr(shard, "compare_and_append", lands_then_drops)
+    with pytest.raises(CommitOutcomeUnknown):
+        writer.append(staged)
+    monkeypatch.undo()
+    # A recovery: the next run of this writer starts in a new epoch.
+    streams.begin_recovery(store, shard.shard_id, "ops")
+    streams.record_seek(store, shard.shard_id, None, {}, "ops")
+    streams.resume_after_recovery(store, shard.shard_id, None, "ops")
+    writer.start()
+    assert writer.epoch != 0
+    assert shard.consensus.get_batch(shard.shard_id, 0).token == staged.token
+    assert os.listdir(shard.blob.path(staged.run["path"]))  # the committed batch's files are still there
+    assert not writer.held

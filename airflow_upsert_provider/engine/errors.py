@@ -107,6 +107,16 @@ class CommitRefused(UpsertError):
     retryable = True
 
 
+class StagingLost(UpsertError):
+    """A batch's staging directory was deleted while Spark wrote into it (GC with a grace
+    period shorter than a batch takes), on every restage the writer tried. Nothing was
+    committed (exit 2); ``details["path"]`` names the last staging directory. Retryable: the
+    next run stages under a new path."""
+
+    exit_code = 2
+    retryable = True
+
+
 class StreamNotWritable(UpsertError):
     """The shard's stream does not let this writer write (exit 6): it is not READY when a
     run starts, or a commit was fenced because the stream stopped or a recovery began after

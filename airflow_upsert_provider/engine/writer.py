@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import sqlalchemy as sa
 import tenacity
 
 from airflow_upsert_provider.engine.consensus import AppendOutcome, BatchRecord
@@ -25,10 +25,13 @@ from airflow_upsert_provider.engine.errors import (
     CommitOutcomeUnknown,
     CommitRefused,
     ConfigurationError,
+    ConsensusOutcomeUnknown,
     ConsensusUnavailable,
     IntegrityError,
     SparkUnavailable,
+    StagingLost,
     StreamFenced,
+    UpsertError,
 )
 from airflow_upsert_provider.engine.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
 from airflow_upsert_provider.engine.spark import connect_address, is_connect_session
@@ -74,6 +77,38 @@ def blob_write_failure(exc: BaseException) -> str | None:
                 return reason
         current = current.__cause__ or current.__context__
     return None
+
+
+# How a filesystem (the OS, Hadoop, Spark's output committer) says that a file or directory
+# it was working on is gone.
+MISSING_FILE_MARKERS = (
+    "No such file or directory",
+    "FileNotFoundException",
+    "does not exist",
+    "cannot access",
+)
+
+
+def staging_lost(exc: BaseException, staging_dirs: tuple[str, ...], *, claimed: bool) -> bool:
+    """Whether a failed staging attempt failed because its staging directory was deleted
+    under it: GC claimed the directory, or the error (Python's, or the JVM's in its text)
+    says that a path inside it is missing. Any other failure is reported as it is."""
+    if claimed:
+        return True
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if isinstance(current, OSError) and current.filename:
+            text += f" {current.filename}"
+        # A staging directory's name is unique to its attempt (a nonce): naming it is enough.
+        if any(marker in text for marker in MISSING_FILE_MARKERS) and any(
+            d.rstrip(os.sep) in text for d in staging_dirs
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 # Retries of an append whose outcome is unknown, with the same token: exponential backoff
@@ -170,6 +205,9 @@ class Writer:
         self.max_files_per_batch = max_files_per_batch
         self._spark_factory = spark_factory
         self.held: dict[int, StagedBatch] = {}
+        # Tokens of held batches an append of which may have landed (the store failed while
+        # committing it): their files are never deleted by this writer (invariant 7).
+        self._outcome_unknown: set[str] = set()
         # This writer's own frontier: never below the upper it last read (invariant 4).
         self.progress = 0
         self.converged = 0
@@ -194,7 +232,9 @@ class Writer:
         """Drop every held batch below ``upper`` and bring progress up to it."""
         for ts in sorted(self.held):
             if classify(ts, upper) is Disposition.DROP:
-                self._discard_lost(self.held.pop(ts))
+                staged = self.held.pop(ts)
+                self._discard_lost(staged)
+                self._outcome_unknown.discard(staged.token)
                 self.converged += 1
         self.progress = max(self.progress, upper)
 
@@ -205,6 +245,19 @@ class Writer:
             # Invariant 7: a peer's token committed this ts, so ours provably lost.
             self._delete_staged(staged)
 
+    def _release_held(self) -> None:
+        """Give up every held batch (a new epoch began). Files are deleted only where that is
+        provably safe: a batch never appended, or one a peer's token beat (the token check of
+        :meth:`_discard_lost`). A batch whose append may have landed keeps its files: if it did
+        land they are the committed ones; if not, GC removes them after its grace period."""
+        for staged in list(self.held.values()):
+            if staged.token in self._outcome_unknown:
+                self._discard_lost(staged)
+            else:
+                self._delete_staged(staged)
+        self.held.clear()
+        self._outcome_unknown.clear()
+
     def _delete_staged(self, staged: StagedBatch) -> None:
         blob = self.shard.blob
         blob.delete_tree(blob.path(staged.run["path"]))
@@ -214,57 +267,46 @@ class Writer:
     # -- staging and appending ---------------------------------------------------------------
 
     def stage(self, ts: int) -> StagedBatch:
-        """Stage batch ``ts`` (its binding must exist) and hold it."""
-        from airflow_upsert_provider.engine.upsert import stage_batch
+        """Stage batch ``ts`` (its binding must exist) and hold it.
 
+        An attempt whose staging directory was deleted under it (GC, run with a grace period
+        shorter than the attempt, removed it while Spark wrote) is restaged under a new path,
+        at most ``MAX_RESTAGES`` times; then :class:`StagingLost` (retryable)."""
         binding = self.shard.binding(ts)
         if binding is None:
             raise ConfigurationError(f"batch {ts} of shard {self.shard.shard_id!r} is not bound yet")
-        started = time.monotonic()
-        nonce = uuid.uuid4().hex
-        run_dir = self.shard.run_dir(ts, self.writer_id, nonce[:12])
-        rejects_dir = self.shard.rejects_dir(ts, self.writer_id, nonce[:12])
-        spark = None
-        try:
-            spark = self._spark_factory()
-            messages = None
-            if self.prefetched is not None and self.shard.is_kafka and self.epoch is not None:
-                messages = self.prefetched(self.epoch, binding)
-            output = stage_batch(
-                spark,
-                self.shard,
-                binding,
-                run_dir=run_dir,
-                rejects_dir=rejects_dir,
-                on_bad_record=self.on_bad_record,
-                messages=messages,
-            )
-        except Exception as exc:
-            if spark is not None and is_connect_session(spark) and server_gone(exc):
-                # The attempt's files are unreferenced, like a killed task's: GC removes them
-                # (the server may still be writing them if only the connection broke).
-                address = connect_address(spark)
-                raise SparkUnavailable(
-                    f"the Spark Connect server at {address} stopped answering while batch {ts} of "
-                    f"shard {self.shard.shard_id!r} was staged: nothing was committed; run again when "
-                    "the server answers (upsertctl spark-server status)",
-                    address=address, ts=ts,
-                ) from None
-            cause = blob_write_failure(exc)
-            if cause is None:
+        messages = None
+        for restage in range(MAX_RESTAGES + 1):
+            started = time.monotonic()
+            nonce = uuid.uuid4().hex
+            run_dir = self.shard.run_dir(ts, self.writer_id, nonce[:12])
+            rejects_dir = self.shard.rejects_dir(ts, self.writer_id, nonce[:12])
+            spark = None
+            try:
+                spark = self._spark_factory()
+                if messages is None and self.prefetched is not None and self.shard.is_kafka and self.epoch is not None:
+                    messages = self.prefetched(self.epoch, binding)
+                output = self._stage_batch(spark, binding, run_dir, rejects_dir, messages)
+                break
+            except UpsertError:
                 raise
-            # Nothing names this attempt's files yet (no append was tried): remove them, so
-            # that a full disk is not left fuller by a half-written batch.
-            for directory in (run_dir, rejects_dir):
-                self.shard.blob.delete_tree(directory)
-            raise BlobWriteFailed(
-                f"writing batch {ts} of shard {self.shard.shard_id!r} under blob root "
-                f"{self.shard.blob.root} failed: {cause}; nothing was committed and the files of "
-                "this attempt were removed: free space or fix the mount, then run again",
-                shard=self.shard.shard_id,
-                ts=ts,
-                cause=cause,
-            ) from None
+            except Exception as exc:
+                self._raise_mapped_staging_error(exc, spark, ts, run_dir, rejects_dir)
+                # Only a lost attempt gets here: nothing names its files (no append was
+                # tried), so what is left of them goes before the next attempt.
+                for directory in (run_dir, rejects_dir):
+                    self.shard.blob.delete_tree(directory)
+                if restage == MAX_RESTAGES:
+                    raise StagingLost(
+                        f"the staging directory {run_dir} of batch {ts} of shard {self.shard.shard_id!r} "
+                        f"was deleted while the batch was written, {MAX_RESTAGES + 1} times in a row (is GC "
+                        "running with a grace period shorter than a batch takes?); nothing was committed "
+                        "and a retry is safe",
+                        shard=self.shard.shard_id, ts=ts, path=run_dir,
+                    ) from exc
+                log.warning("shard %s: the staging directory %s of batch %s was deleted while the batch "
+                            "was written (%s); restaging batch %s", self.shard.shard_id, run_dir, ts,
+                            type(exc).__name__, ts)
         staged = StagedBatch(
             ts=ts,
             token=nonce,
@@ -279,6 +321,59 @@ class Writer:
         )
         self.held[ts] = staged
         return staged
+
+    def _stage_batch(self, spark: "SparkSession", binding: "Binding", run_dir: str, rejects_dir: str,
+                     messages: "DataFrame | None") -> Any:
+        from airflow_upsert_provider.engine.upsert import stage_batch
+
+        return stage_batch(spark, self.shard, binding, run_dir=run_dir, rejects_dir=rejects_dir,
+                           on_bad_record=self.on_bad_record, messages=messages)
+
+    def _raise_mapped_staging_error(
+        self, exc: Exception, spark: "SparkSession | None", ts: int, run_dir: str, rejects_dir: str
+    ) -> None:
+        """Raise the error a failed staging attempt stands for; return only when the attempt
+        was lost to a deletion of its staging directory (restage it)."""
+        if spark is not None and is_connect_session(spark) and server_gone(exc):
+            # The attempt's files are unreferenced, like a killed task's: GC removes them
+            # (the server may still be writing them if only the connection broke).
+            address = connect_address(spark)
+            raise SparkUnavailable(
+                f"the Spark Connect server at {address} stopped answering while batch {ts} of "
+                f"shard {self.shard.shard_id!r} was staged: nothing was committed; run again when "
+                "the server answers (upsertctl spark-server status)",
+                address=address, ts=ts,
+            ) from exc
+        staging_dirs = (run_dir, rejects_dir)
+        if staging_lost(exc, staging_dirs, claimed=self._claimed(staging_dirs)):
+            return
+        cause = blob_write_failure(exc)
+        if cause is None:
+            raise exc
+        # Nothing names this attempt's files yet (no append was tried): remove them, so
+        # that a full disk is not left fuller by a half-written batch.
+        for directory in staging_dirs:
+            self.shard.blob.delete_tree(directory)
+        raise BlobWriteFailed(
+            f"writing batch {ts} of shard {self.shard.shard_id!r} under blob root "
+            f"{self.shard.blob.root} failed: {cause}; nothing was committed and the files of "
+            "this attempt were removed: free space or fix the mount, then run again",
+            shard=self.shard.shard_id,
+            ts=ts,
+            cause=cause,
+        ) from exc
+
+    def _claimed(self, staging_dirs: tuple[str, ...]) -> bool:
+        """Whether GC claimed one of an attempt's staging directories for deletion; a store
+        that cannot say counts as no (the error is then reported as it is)."""
+        from airflow_upsert_provider.engine.gc_claims import claims
+
+        try:
+            claimed = set(claims(self.shard.consensus, self.shard.shard_id))
+        except UpsertError:
+            return False
+        root = self.shard.blob.root
+        return any(os.path.relpath(d, root) in claimed for d in staging_dirs)
 
     def append(self, staged: StagedBatch) -> str:
         """compare_and_append(ts -> ts+1) of a held batch; the outcome as a result word."""
@@ -295,11 +390,18 @@ class Writer:
                 "quarantined_files": staged.quarantined_files,
             },
         )
-        # Every store failure while committing or while reading the outcome back leaves the
-        # outcome unknown (the commit may have landed before the connection dropped): retry
-        # with the same token, which the store recognises as ours if it did land.
+        # The store says which failures changed nothing (ConsensusUnavailable) and which may
+        # have landed (ConsensusOutcomeUnknown). Either way the same token is safe to retry:
+        # the store recognises it as ours if an earlier attempt did land.
+        def attempt():
+            try:
+                return self.shard.compare_and_append(staged.ts, staged.ts + 1, record, epoch=self.epoch)
+            except ConsensusOutcomeUnknown:
+                self._outcome_unknown.add(staged.token)
+                raise
+
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type((sa.exc.DBAPIError, OSError, ConsensusUnavailable)),
+            retry=tenacity.retry_if_exception_type(ConsensusUnavailable),
             stop=tenacity.stop_after_attempt(APPEND_RETRIES + 1),
             wait=tenacity.wait_exponential(multiplier=APPEND_RETRY_DELAY_SECONDS, max=APPEND_RETRY_MAX_DELAY_SECONDS),
             before_sleep=lambda state: log.warning(
@@ -309,16 +411,25 @@ class Writer:
             reraise=True,
         )
         try:
-            result = retrying(self.shard.compare_and_append, staged.ts, staged.ts + 1, record, epoch=self.epoch)
-        except (sa.exc.DBAPIError, OSError, ConsensusUnavailable) as exc:
-            reason = exc.message if isinstance(exc, ConsensusUnavailable) else type(exc).__name__
+            result = retrying(attempt)
+        except ConsensusUnavailable as exc:
+            if staged.token not in self._outcome_unknown:
+                # Every attempt failed before its commit: nothing landed. The files stay held
+                # (nothing names them; GC removes them if no retry of this writer commits them).
+                raise ConsensusUnavailable(
+                    f"commit of batch {staged.ts} of shard {self.shard.shard_id!r} failed "
+                    f"{APPEND_RETRIES + 1} times before committing ({exc.message}); nothing was committed "
+                    "and a retry is safe",
+                    shard=self.shard.shard_id, ts=staged.ts, **{k: v for k, v in exc.details.items()
+                                                                  if k not in ("shard", "ts")},
+                ) from exc
             raise CommitOutcomeUnknown(
                 f"commit of batch {staged.ts} of shard {self.shard.shard_id!r} has an unknown outcome "
-                f"after {APPEND_RETRIES + 1} attempts ({reason}); its files are kept and a retry is safe",
+                f"after {APPEND_RETRIES + 1} attempts ({exc.message}); its files are kept and a retry is safe",
                 shard=self.shard.shard_id,
                 ts=staged.ts,
                 token=staged.token,
-            ) from None
+            ) from exc
         return self._settle(staged, result.outcome, result.upper)
 
     def _settle(self, staged: StagedBatch, outcome: AppendOutcome, upper: int) -> str:
@@ -327,6 +438,7 @@ class Writer:
             self.progress = max(self.progress, upper)
             return "held"
         self.held.pop(staged.ts, None)
+        self._outcome_unknown.discard(staged.token)
         if outcome is AppendOutcome.UPPER_MOVED:
             self._delete_staged(staged)
             self.converged += 1
@@ -346,9 +458,7 @@ class Writer:
         epoch = require_ready(self.shard.consensus, self.shard.shard_id).epoch
         if self.epoch is not None and epoch != self.epoch:
             # Batches staged under an earlier epoch may not be committed in this one.
-            for staged in list(self.held.values()):
-                self._delete_staged(staged)
-            self.held.clear()
+            self._release_held()
         self.epoch = epoch
         if self.shard.is_kafka:
             self._follow_upstream(epoch)
