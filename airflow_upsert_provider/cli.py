@@ -632,7 +632,8 @@ def _stop(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     # time.sleep looked up now, not when the engine was imported: tests drive the drain.
     result = streams.stop_and_finalize(ctx.consensus, args.shard, actor, args.reason,
-                                       drain_seconds=args.drain, sleep=time.sleep, on_wait=on_wait)
+                                       drain_seconds=args.drain, sleep=time.sleep, on_wait=on_wait,
+                                       staging_written_at=streams.staging_written_at(ctx.blob, args.shard))
     if tty and waited:
         print(file=sys.stderr)
     out = result.to_dict()

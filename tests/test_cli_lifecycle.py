@@ -325,3 +325,43 @@ def test_run_batch_on_a_stopped_shard_and_the_disaster_runbook(spark, tmp_path, 
     assert code == 0 and out["upper"] == 4 and out["stopped_because"] is None
     rows = [json.loads(line) for line in run(capsys, "read", "orders")[1].splitlines()]
     assert {(r["id"],): r for r in rows} == oracle_table(str(landing))
+
+
+def test_a_stop_superseded_by_a_resume_exits_7_and_stops_waiting(store_shard, capsys, monkeypatch):
+    shard = store_shard
+    shard.mint_binding(0, minted_by="w")  # a writer holds batch 0
+    waits = []
+
+    def resumed_by_someone_else(seconds: float) -> None:
+        waits.append(seconds)
+        assert len(waits) == 1, "the drain went on waiting after the stream was resumed"
+        streams.finalize_stop(shard.consensus, streams.read_stream(shard.consensus, "orders"), "other")
+        streams.resume(shard.consensus, "orders", "other", "done already")
+
+    monkeypatch.setattr(time, "sleep", resumed_by_someone_else)
+    code, out, err = run(capsys, "stream", "stop", "orders", "--drain", "600")
+    assert code == 7 and len(waits) == 1
+    assert "superseded" in err and "READY" in err and "writers may run" in err
+    assert streams.read_stream(shard.consensus, "orders").status.value == "READY"
+
+
+def test_a_batch_left_by_a_killed_writer_does_not_make_the_stop_wait(store_shard, capsys, monkeypatch):
+    import sqlalchemy as sa
+
+    from airflow_upsert_provider.engine.consensus import bindings_table
+
+    shard = store_shard
+    shard.mint_binding(0, minted_by="killed-writer")
+    # The writer died an hour ago, before writing any staging file.
+    with shard.consensus.engine.begin() as conn:
+        conn.execute(sa.update(bindings_table).values(minted_at=time.time() - 3600))
+    waits = []
+
+    def no_writer_will_come(seconds: float) -> None:
+        waits.append(seconds)
+        assert len(waits) < 3, "the stop waited on a batch no writer holds"
+
+    monkeypatch.setattr(time, "sleep", no_writer_will_come)
+    code, text, _ = run(capsys, "stream", "stop", "orders", "--drain", "600")
+    assert code == 0 and waits == [] and text.startswith("shard orders: STOPPED (epoch 0)")
+    assert "a batch was still in hand when the drain ended" in text

@@ -172,3 +172,9 @@ class SparkUnavailable(UpsertError):
 
     exit_code = 2
     retryable = True
+
+
+class StopSuperseded(TransitionRefused):
+    """A stop that wrote STOPPING was overtaken before it finished: someone finalized it and
+    resumed the stream (or began a recovery). The stream is not STOPPED: writers may run, so a
+    step gated on the stop must not go ahead (exit 7). ``details`` hold the stream's state."""

@@ -30,6 +30,12 @@ class Status(str, enum.Enum):
 # How long a stop waits for the batch in hand to commit before it finalizes.
 DEFAULT_DRAIN_SECONDS = 60.0
 
+# A batch in hand with no sign of a writer for this long (since its binding was minted, or
+# since the newest file of its staging directories was written) is taken as left by a killed
+# writer: a stop does not wait for it. A writer that is in fact still working is fenced at its
+# commit, as at the end of any drain: nothing is lost.
+DRAIN_IDLE_SECONDS = 120.0
+
 # A writer may commit while the stream is in one of these (a stop lets the batch in hand finish).
 COMMITTABLE = frozenset({Status.READY, Status.STOPPING})
 
@@ -224,3 +230,23 @@ def refuse_start(current: StreamState) -> str | None:
     if current.status is Status.READY:
         return None
     return f"shard {current.shard_id!r} is not READY: the stream is {current.describe()}"
+
+
+def stop_superseded(read: StreamState, current: StreamState) -> str | None:
+    """Why a stop that wrote STOPPING at ``read.version`` no longer stands, or None: the stream
+    is still that STOPPING (the stop's to finish) or is STOPPED (what was asked for, whoever
+    finalized it). Anything else (resumed to READY, a recovery began) supersedes the stop:
+    writers may run, so nothing that needs a stopped stream may go ahead."""
+    if current.status is Status.STOPPED:
+        return None
+    if current.status is Status.STOPPING and current.version == read.version:
+        return None
+    return (f"the stop of shard {read.shard_id!r} (version {read.version}) was superseded: the stream is "
+            f"{current.describe()}; writers may run")
+
+
+def writer_may_be_working(last_sign: float, now: float, idle_seconds: float = DRAIN_IDLE_SECONDS) -> bool:
+    """Whether a batch in hand may still have a writer: its last sign of one (``last_sign``:
+    the binding's mint, or the newest file of its staging directories) is younger than
+    ``idle_seconds``."""
+    return now - last_sign < idle_seconds

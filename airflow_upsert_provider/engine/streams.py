@@ -36,9 +36,17 @@ from airflow_upsert_provider.engine.consensus import (
     restore_hooks,
     shard_exists,
 )
-from airflow_upsert_provider.engine.errors import ShardNotFound, StreamFenced, StreamNotReady, TransitionRefused
+from airflow_upsert_provider.engine.errors import (
+    ShardNotFound,
+    StopSuperseded,
+    StreamFenced,
+    StreamNotReady,
+    TransitionRefused,
+)
 from airflow_upsert_provider.engine.lifecycle import (
     DEFAULT_DRAIN_SECONDS,
+    stop_superseded,
+    writer_may_be_working,
     Decision,
     Status,
     StreamState,
@@ -347,8 +355,39 @@ DRAIN_POLL_SECONDS = 1.0
 
 def batch_in_hand(consensus: Consensus, shard_id: str) -> bool:
     """Whether a writer may be working on a batch: the batch at the upper is bound."""
-    upper = consensus.get_shard(shard_id).upper
-    return consensus.get_binding(shard_id, upper) is not None
+    return bound_at_upper(consensus, shard_id) is not None
+
+
+def bound_at_upper(consensus: Consensus, shard_id: str) -> tuple[int, float] | None:
+    """(ts, when its binding was minted) of the batch at the upper, if it is bound."""
+    from airflow_upsert_provider.engine.consensus import bindings_table, shards_table
+
+    def txn(conn):
+        upper = conn.execute(
+            sa.select(shards_table.c.upper).where(shards_table.c.shard_id == shard_id)
+        ).scalar_one_or_none()
+        if upper is None:
+            raise _not_found(shard_id)
+        minted_at = conn.execute(
+            sa.select(bindings_table.c.minted_at).where(
+                bindings_table.c.shard_id == shard_id, bindings_table.c.ts == upper
+            )
+        ).scalar_one_or_none()
+        return None if minted_at is None else (int(upper), float(minted_at))
+
+    return consensus._run_snapshot(txn)
+
+
+def staging_written_at(blob: Any, shard_id: str) -> Callable[[int], float | None]:
+    """For a stop's drain: when the newest file of batch ts's staging directories (runs and
+    rejects of every attempt, laid out as ``Shard.run_dir`` does) was written; None if none."""
+
+    def newest(ts: int) -> float | None:
+        group = f"ts={ts:012d}"
+        times = [f.mtime for kind in ("runs", "rejects") for f in blob.walk_files(blob.path(shard_id, kind, group))]
+        return max(times, default=None)
+
+    return newest
 
 
 def stop_and_finalize(
@@ -361,18 +400,38 @@ def stop_and_finalize(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     on_wait: Callable[[float], None] | None = None,
+    staging_written_at: Callable[[int], float | None] | None = None,
+    wall_clock: Callable[[], float] = time.time,
 ) -> TransitionResult:
     """Stop the stream, let the batch in hand commit (at most ``drain_seconds``), then
     finalize STOPPING -> STOPPED at the version the stop wrote. A writer still working when
     the drain ends is fenced at its commit: nothing is lost, its batch runs after the resume.
-    If the stream moved on meanwhile (someone resumed it), the finalizer changes nothing."""
+
+    The drain ends early when no writer shows a sign of work on the batch in hand for
+    ``DRAIN_IDLE_SECONDS`` (a killed writer's binding; ``staging_written_at(ts)``: when the
+    newest file of that batch's staging directories was written), and at once when the stop
+    is superseded. A superseded stop (someone finalized it and resumed the stream, or began a
+    recovery) raises :class:`StopSuperseded`: the stream is not STOPPED."""
     stopped = stop(consensus, shard_id, actor, reason)
     if stopped.state.status is not Status.STOPPING:
         return stopped
     deadline = clock() + drain_seconds
-    while batch_in_hand(consensus, shard_id) and clock() < deadline:
+    while clock() < deadline:
+        if stop_superseded(stopped.state, read_stream(consensus, shard_id)) is not None:
+            break
+        in_hand = bound_at_upper(consensus, shard_id)
+        if in_hand is None:
+            break
+        ts, minted_at = in_hand
+        written_at = staging_written_at(ts) if staging_written_at is not None else None
+        if not writer_may_be_working(max(minted_at, written_at or 0.0), wall_clock()):
+            break
         if on_wait is not None:
             on_wait(max(0.0, deadline - clock()))
         sleep(min(DRAIN_POLL_SECONDS, max(0.0, deadline - clock())))
     finalized = finalize_stop(consensus, stopped.state, actor)
+    why = stop_superseded(stopped.state, finalized.state)
+    if why is not None:
+        raise StopSuperseded(f"{why}: nothing that needs a stopped stream may go ahead; stop it again",
+                             **finalized.state.to_dict())
     return TransitionResult("stop", True, finalized.state, stopped.before)

@@ -155,6 +155,7 @@ class StopStreamOperator(_StreamOperator):
             sleep=self._drain_sleep,
             clock=clock,
             on_wait=on_wait,
+            staging_written_at=streams.staging_written_at(hook.get_blob(), self.shard),
         )
         return transition_report(result)
 

@@ -262,3 +262,24 @@ def test_a_failed_task_keeps_the_engine_error_as_its_cause(sqlite_url, blob, mon
     # The traceback of the engine's error stays attached for the task log.
     assert isinstance(resumed.value.__cause__, ShardNotFound)
     assert isinstance(upserted.value.__cause__, ShardNotFound)
+
+
+def test_a_stop_superseded_by_a_resume_fails_the_task(sqlite_url, blob, tmp_path, monkeypatch):
+    consensus = open_consensus(sqlite_url)
+    make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2).mint_binding(0, minted_by="w")
+    use_store(monkeypatch, sqlite_url, blob.root)
+    stop = StopStreamOperator(task_id="stop", shard="orders", reason="maintenance", drain_seconds=600)
+    naps: list[float] = []
+
+    def resumed_meanwhile(seconds: float) -> None:
+        assert not naps, "the drain went on waiting after the stream was resumed"
+        naps.append(seconds)
+        streams.finalize_stop(consensus, streams.read_stream(consensus, "orders"), "other")
+        streams.resume(consensus, "orders", "other", "done already")
+
+    stop._drain_sleep = resumed_meanwhile
+    # A DAG gating maintenance on this task must not go on: the stream is READY, writers may run.
+    with pytest.raises(AirflowFailException, match="superseded.*READY"):
+        stop.execute(context("stop"))
+    assert naps == [1.0] and streams.read_stream(consensus, "orders").status.value == "READY"
+    consensus.dispose()

@@ -9,6 +9,8 @@ races between processes driven by ``streams.between_read_and_write`` and barrier
 from __future__ import annotations
 
 import multiprocessing
+import os
+import time
 from dataclasses import replace
 
 import pytest
@@ -253,3 +255,75 @@ def test_finalizer_of_a_deleted_shard_is_refused_cleanly(two_shards, no_hook):
         streams.finalize_stop(consensus, streams.read_stream(consensus, "b"), "late-finalizer")
     assert gone.value.exit_code == 2
     assert stream_row(consensus, "b") is None
+
+
+# -- a stop superseded while it drains, and a batch left by a killed writer ---------------------------
+
+
+class FakeClock:
+    """The drain's clock: advanced only by the drain's own sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_a_stop_superseded_while_draining_stops_waiting_and_fails(sqlite_url, blob, tmp_path):
+    from airflow_upsert_provider.engine.errors import StopSuperseded
+    from tests.test_cli_lifecycle import SPEC
+
+    consensus = open_consensus(sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    shard.mint_binding(0, minted_by="w")  # a writer holds batch 0
+    clock = FakeClock()
+
+    def meanwhile(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 1:
+            # Someone else finalizes this stop and resumes the stream while it drains.
+            streams.finalize_stop(consensus, streams.read_stream(consensus, "orders"), "other")
+            streams.resume(consensus, "orders", "other", "done already")
+
+    with pytest.raises(StopSuperseded) as info:
+        streams.stop_and_finalize(consensus, "orders", "ops", "maintenance", drain_seconds=600,
+                                  sleep=meanwhile, clock=clock)
+    assert clock.sleeps == [1.0]  # the next poll saw the resume and stopped waiting
+    assert info.value.exit_code == 7 and info.value.details["status"] == "READY"
+    assert "superseded" in info.value.message and "writers may run" in info.value.message
+    assert streams.read_stream(consensus, "orders").status is Status.READY
+    consensus.dispose()
+
+
+def test_a_batch_left_by_a_killed_writer_does_not_hold_the_stop_for_the_whole_drain(sqlite_url, blob, tmp_path):
+    from airflow_upsert_provider.engine.lifecycle import DRAIN_IDLE_SECONDS
+    from tests.test_cli_lifecycle import SPEC
+
+    consensus = open_consensus(sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    shard.mint_binding(0, minted_by="killed-writer")
+    clock = FakeClock()
+    later = lambda: time.time() + DRAIN_IDLE_SECONDS  # noqa: E731 - the writer was killed that long ago
+    result = streams.stop_and_finalize(consensus, "orders", "ops", drain_seconds=600, sleep=clock.sleep,
+                                       clock=clock, wall_clock=later,
+                                       staging_written_at=streams.staging_written_at(blob, "orders"))
+    assert result.state.status is Status.STOPPED and clock.sleeps == []
+
+    # A writer writing its staging files is waited for, however old its binding.
+    streams.resume(consensus, "orders", "ops")
+    staging = shard.run_dir(0, "live-writer", "abc")
+    os.makedirs(staging)
+    with open(os.path.join(staging, "part-0.parquet"), "wb") as handle:
+        handle.write(b"x")
+    os.utime(os.path.join(staging, "part-0.parquet"), (later(), later()))
+    result = streams.stop_and_finalize(consensus, "orders", "ops", drain_seconds=3, sleep=clock.sleep,
+                                       clock=clock, wall_clock=later,
+                                       staging_written_at=streams.staging_written_at(blob, "orders"))
+    assert result.state.status is Status.STOPPED and clock.sleeps == [1.0, 1.0, 1.0]
+    consensus.dispose()

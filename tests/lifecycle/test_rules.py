@@ -262,3 +262,30 @@ def test_restore_opens_a_recovery_above_every_previous_epoch():
     assert restored.version == 10
     assert (restored.seeked_epoch, restored.seek_position) == (None, None)
     assert decide_resume_after_recovery(restored, None, ACTOR, NOW).refusal is not None
+
+
+def test_a_stop_stands_while_its_stopping_is_current_or_the_stream_is_stopped():
+    from airflow_upsert_provider.engine.lifecycle import stop_superseded
+
+    ready = replace(initial_state("s"), version=3)
+    stopping = decide_stop(ready, ACTOR, NOW).new
+    assert stop_superseded(stopping, stopping) is None
+    stopped = decide_finalize(stopping, stopping, "someone else", NOW).new
+    assert stop_superseded(stopping, stopped) is None  # what was asked for, whoever finalized it
+    resumed = decide_resume(stopped, "other", NOW + 1, "back").new
+    why = stop_superseded(stopping, resumed)
+    assert why is not None and "superseded" in why and "READY" in why and "writers may run" in why
+    recovering = decide_begin_recovery(stopped, "other", NOW + 1).new
+    assert "RECOVERING" in stop_superseded(stopping, recovering)
+    # Another stop's STOPPING (a later version) is not this stop's.
+    restopped = decide_stop(resumed, "other", NOW + 2).new
+    assert stop_superseded(stopping, restopped) is not None
+
+
+def test_a_batch_in_hand_with_no_sign_of_a_writer_for_the_idle_time_is_not_waited_for():
+    from airflow_upsert_provider.engine.lifecycle import DRAIN_IDLE_SECONDS, writer_may_be_working
+
+    assert writer_may_be_working(NOW - 1, NOW)
+    assert writer_may_be_working(NOW - DRAIN_IDLE_SECONDS + 1, NOW)
+    assert not writer_may_be_working(NOW - DRAIN_IDLE_SECONDS, NOW)
+    assert not writer_may_be_working(NOW - 3600, NOW, idle_seconds=60)
