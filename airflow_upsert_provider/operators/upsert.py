@@ -59,6 +59,27 @@ def writer_id_for(dag_id: str, run_id: str, task_id: str, map_index: int, try_nu
     return f"airflow:{dag_id}:{run_id}:{task_id}{mapped}:try{try_number}"
 
 
+def is_earlier_try(writer_id: str, of: str) -> bool:
+    """Whether ``writer_id`` is an earlier try of the same task instance as ``of`` (both as
+    :func:`writer_id_for` makes them)."""
+    task, _, try_number = writer_id.rpartition(":try")
+    own_task, _, own_try = of.rpartition(":try")
+    if not (task and task == own_task and try_number.isdigit() and own_try.isdigit()):
+        return False
+    return int(try_number) < int(own_try)
+
+
+def asset_event_due(upper_at_start: int, upper_after: int, newest_batch_writer: str | None, writer_id: str) -> bool:
+    """Whether a successful try emits the shard's Asset event: the upper advanced during the
+    run (a commit, an ``already_committed``, a batch a peer persisted meanwhile), or the newest
+    batch when the try started was committed by an earlier try of this task instance. That try
+    failed after its commit (an unknown outcome that had landed, a failure after the commit),
+    and a failed try registers no event: this retry, which finds the batch persisted, does."""
+    if upper_after > upper_at_start:
+        return True
+    return newest_batch_writer is not None and is_earlier_try(newest_batch_writer, writer_id)
+
+
 def to_airflow_error(exc: UpsertError) -> AirflowException:
     """The engine's error as Airflow understands it, decided by ``exc.retryable``.
 
@@ -270,9 +291,11 @@ class MicroBatchUpsertOperator(BaseOperator):
             # The writer checks the stream again when it starts, and fences every commit.
             shard = hook.open_shard(self.shard, kafka_conn_id=kafka_conn_id, require_kafka_config=True)
             stream = require_ready(shard.consensus, self.shard)
+            upper_at_start = shard.state().upper
+            newest = shard.consensus.get_batch(self.shard, upper_at_start - 1) if upper_at_start > 0 else None
             self.log.info(
                 "shard %s: upper %s; stream %s (epoch %s); writer %s; consensus %s; blob %s; spark %s",
-                self.shard, shard.state().upper, stream.status.value, stream.epoch, writer_id,
+                self.shard, upper_at_start, stream.status.value, stream.epoch, writer_id,
                 hook.settings.redacted_consensus_url, hook.settings.blob_root, spark_mode,
             )
             if shard.is_kafka:
@@ -294,7 +317,9 @@ class MicroBatchUpsertOperator(BaseOperator):
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)
         report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
-        self._set_asset_event(context, report)
+        due = asset_event_due(upper_at_start, int(report.get("upper") or 0),
+                              newest.writer_id if newest is not None else None, writer_id)
+        self._set_asset_event(context, report, due=due, upper_at_start=upper_at_start)
         if report.get("stopped_because"):
             # A stop or a recovery began during the run: the batch in hand finished, no other started.
             self.log.warning("shard %s: run ended early, no further batch started: %s",
@@ -306,22 +331,24 @@ class MicroBatchUpsertOperator(BaseOperator):
         )
         return report
 
-    def _set_asset_event(self, context: Context, report: dict[str, Any]) -> None:
-        """The shard's Asset event: with the run's numbers when it committed a batch, none when
-        it committed nothing.
+    def _set_asset_event(
+        self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int
+    ) -> None:
+        """The shard's Asset event, when ``due`` (:func:`asset_event_due`), with the run's
+        numbers; none otherwise.
 
         Airflow registers an event for every Asset in the task's outlets when the task
         succeeds (the task runner sends ``ti.task.outlets`` as they are then); there is no
         supported way to succeed with an outlet and skip its event. So the rendered shard's
-        asset is in this try's outlets exactly when something was committed: added for a
-        templated shard (an event is registered once some DAG declares the asset, e.g. a DAG
-        scheduled on it), removed for a literal one when nothing was committed.
+        asset is in this try's outlets exactly when the event is due: added for a templated
+        shard (an event is registered once some DAG declares the asset, e.g. a DAG scheduled
+        on it), removed for a literal one otherwise.
         """
         asset = shard_asset(self.upsert_conn_id, self.shard)
         others = [o for o in self.outlets if getattr(o, "uri", None) != asset.uri]
-        if not report.get("committed"):
+        if not due:
             self.outlets = others
-            self.log.info("shard %s: nothing committed, no event for asset %s", self.shard, asset.uri)
+            self.log.info("shard %s: the upper did not advance, no event for asset %s", self.shard, asset.uri)
             return
         self.outlets = [*others, asset]
         events = context.get("outlet_events")
@@ -330,11 +357,13 @@ class MicroBatchUpsertOperator(BaseOperator):
             # is registered there, so there is no extra to set.
             return
         batches = report.get("batches") or []
+        mine = ("committed", "already_committed")
         events[asset].extra = {
             "upper": report.get("upper"),
+            "upper_before": upper_at_start,
             "committed": report.get("committed"),
-            "rows_in": sum(int(b.get("rows_in") or 0) for b in batches if b.get("outcome") == "committed"),
-            "rows_out": sum(int(b.get("rows_out") or 0) for b in batches if b.get("outcome") == "committed"),
+            "rows_in": sum(int(b.get("rows_in") or 0) for b in batches if b.get("outcome") in mine),
+            "rows_out": sum(int(b.get("rows_out") or 0) for b in batches if b.get("outcome") in mine),
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:

@@ -12,7 +12,6 @@ from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, s
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.airflow.conftest import failure_text, init_shard
 
-pytestmark = pytest.mark.slow
 
 SPEC = SampleSpec(records=600, keys=150, partitions=2, segments_per_partition=2, seed=12)
 URI = "upsert://upsert_default/orders"
@@ -37,6 +36,7 @@ def test_the_shard_asset_is_declared_for_a_literal_shard_only():
     assert MicroBatchUpsertOperator(task_id="b", shard="{{ params.shard }}").outlets == []
 
 
+@pytest.mark.slow
 def test_a_committing_run_emits_one_event_with_its_numbers_and_queues_the_consumer(airflow_home, tmp_path):
     home = airflow_home.clone(str(tmp_path / "home"))
     landing = str(tmp_path / "landing")
@@ -59,7 +59,7 @@ def test_a_committing_run_emits_one_event_with_its_numbers_and_queues_the_consum
     assert report["committed"] == 2, report
     committed = [b for b in report["batches"] if b["outcome"] == "committed"]
     assert _events(home) == [(URI, {
-        "upper": report["upper"], "committed": 2,
+        "upper": report["upper"], "upper_before": 0, "committed": 2,
         "rows_in": sum(b["rows_in"] for b in committed), "rows_out": sum(b["rows_out"] for b in committed),
     })]
     # The DAG scheduled on the asset is queued for its next run by that event.
@@ -71,4 +71,76 @@ def test_a_committing_run_emits_one_event_with_its_numbers_and_queues_the_consum
     report = home.xcom("upsert_microbatch", home.latest_run("upsert_microbatch"), "upsert")
     assert report["committed"] == 0, report
     assert len(_events(home)) == 1
-    assert "nothing committed, no event for asset upsert://upsert_default/orders" in proc.stdout + proc.stderr
+    assert "the upper did not advance, no event for asset upsert://upsert_default/orders" in proc.stdout + proc.stderr
+
+
+# -- when an event is due (pure), and a retry that finds its batch persisted -------------------------
+
+TRY = "airflow:upsert_microbatch:manual__1:upsert:try{}"
+
+
+def test_is_earlier_try_compares_tries_of_one_task_instance():
+    from airflow_upsert_provider.operators.upsert import is_earlier_try
+
+    assert is_earlier_try(TRY.format(1), TRY.format(2))
+    assert not is_earlier_try(TRY.format(2), TRY.format(2)) and not is_earlier_try(TRY.format(3), TRY.format(2))
+    assert not is_earlier_try("airflow:upsert_microbatch:manual__0:upsert:try1", TRY.format(2))  # another run
+    assert not is_earlier_try("upsertctl:host:42", TRY.format(2)) and not is_earlier_try("", TRY.format(2))
+
+
+@pytest.mark.parametrize(
+    "start, after, newest, due",
+    [
+        (3, 4, None, True),  # committed (or already_committed: the own token found landed)
+        (3, 5, TRY.format(1), True),
+        (3, 3, None, False),  # nothing to do
+        (3, 3, "upsertctl:host:42", False),  # a peer's batch, announced by the peer
+        (3, 3, TRY.format(1), True),  # a retry that finds its earlier try's batch persisted
+        (3, 3, TRY.format(2), False),  # its own try cannot have committed before it started
+    ],
+)
+def test_an_event_is_due_when_the_upper_advanced_or_an_earlier_try_committed_unannounced(start, after, newest, due):
+    from airflow_upsert_provider.operators.upsert import asset_event_due
+
+    assert asset_event_due(start, after, newest, TRY.format(2)) is due
+
+
+class OutletEvents(dict):
+    """What the task runner hands an operator as ``context["outlet_events"]``."""
+
+    def __missing__(self, asset):
+        from types import SimpleNamespace
+
+        self[asset] = SimpleNamespace(extra={})
+        return self[asset]
+
+
+def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from airflow_upsert_provider.engine.consensus import open_consensus
+    from tests.helpers import batch, make_shard
+
+    consensus = open_consensus(sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=SampleSpec(records=40, keys=10, partitions=1,
+                                                                   segments_per_partition=2, seed=3))
+    # Try 1 committed the only batch, then failed (its last append's outcome was unknown).
+    assert shard.mint_binding(0, minted_by="try1") is not None
+    shard.compare_and_append(0, 1, batch(0, token="t1", writer_id=TRY.format(1)), epoch=0)
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
+        {"conn_type": "upsert", "extra": {"consensus_url": sqlite_url, "blob_root": blob.root}}))
+    ti = SimpleNamespace(dag_id="upsert_microbatch", run_id="manual__1", task_id="upsert", map_index=-1, try_number=2)
+    events = OutletEvents()
+    op = MicroBatchUpsertOperator(task_id="upsert", shard="orders")
+    report = op.execute({"ti": ti, "outlet_events": events})
+    assert report["committed"] == 0 and report["upper"] == 1  # nothing left to do: no Spark
+    asset = shard_asset("upsert_default", "orders")
+    assert [o.uri for o in op.outlets] == [asset.uri]
+    assert events[asset].extra == {"upper": 1, "upper_before": 1, "committed": 0, "rows_in": 0, "rows_out": 0}
+
+    # The next run finds nothing new and its newest batch is no try of its own: no event.
+    ti.run_id, ti.try_number = "manual__2", 1
+    op = MicroBatchUpsertOperator(task_id="upsert", shard="orders")
+    op.execute({"ti": ti, "outlet_events": OutletEvents()})
+    assert op.outlets == []
+    consensus.dispose()
