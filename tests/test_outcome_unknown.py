@@ -160,7 +160,7 @@ def test_compare_and_append_splits_determinate_from_indeterminate_failures(conse
         event.remove(consensus.engine, "before_cursor_execute", fail_update)
     # A statement failed before the commit: nothing changed, and the store says so.
     assert not isinstance(before.value, ConsensusOutcomeUnknown) and before.value.exit_code == 2
-    assert isinstance(before.value.__cause__, sa.exc.DBAPIError)  # the driver's error is kept
+    assert "server closed the connection" in before.value.message  # the driver's first line, masked
     assert consensus.get_shard("s").upper == 0
 
     def fail_commit(conn):

@@ -55,6 +55,7 @@ def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]
                 .values(version=catalog_locks_table.c.version + 1, changed_at=time.time())
             )
     except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:
+        # Not chained: a driver's error may echo the URL's password (its first line, masked, is kept).
         where = redact_url(consensus.url)
         reason_line = _short(exc, consensus.url)
         if body_started:
@@ -63,9 +64,9 @@ def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]
                 f"changed under its lock, so the change may or may not have been made: {reason_line}; "
                 "check it with `upsertctl checkpoint list` (running the same step again is safe)",
                 shard=shard_id, consensus=where,
-            ) from exc
+            ) from None
         raise ConsensusUnavailable(
             f"consensus store {where} failed while taking the checkpoint catalog lock of shard {shard_id!r}: "
             f"{reason_line}; nothing was changed",
             shard=shard_id, consensus=where,
-        ) from exc
+        ) from None

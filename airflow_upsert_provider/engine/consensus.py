@@ -532,6 +532,8 @@ class Consensus:
                 consensus=redact_url(self.url), shard=shard_id, ts=batch.ts,
             ) from exc
         except sa.exc.DBAPIError as exc:
+            # Not chained (as in _run): a driver's error may echo the URL's password; the
+            # message carries its first line, masked.
             # A commit of a transaction whose UPDATE matched nothing changed nothing either.
             if committing and updated == 1:
                 raise ConsensusOutcomeUnknown(
@@ -539,9 +541,9 @@ class Consensus:
                     f"shard {shard_id!r}, so it may or may not have landed: {_short(exc, self.url)}; "
                     "retrying with the same token is safe",
                     consensus=redact_url(self.url), shard=shard_id, ts=batch.ts,
-                ) from exc
+                ) from None
             raise self.store_error(exc, "consensus store {where} failed before an append committed (nothing was "
-                                   "committed)") from exc
+                                   "committed)") from None
 
     def _append_in(
         self, conn, shard_id: str, expected_upper: int, new_upper: int, batch: BatchRecord, epoch: int | None

@@ -86,6 +86,7 @@ MISSING_FILE_MARKERS = (
     "FileNotFoundException",
     "does not exist",
     "cannot access",
+    "Mkdirs failed",
 )
 
 
@@ -343,7 +344,7 @@ class Writer:
                 f"shard {self.shard.shard_id!r} was staged: nothing was committed; run again when "
                 "the server answers (upsertctl spark-server status)",
                 address=address, ts=ts,
-            ) from exc
+            ) from None  # the client's error may name the server's token
         staging_dirs = (run_dir, rejects_dir)
         if staging_lost(exc, staging_dirs, claimed=self._claimed(staging_dirs)):
             return
