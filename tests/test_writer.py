@@ -1,9 +1,11 @@
-"""The writer on a real SparkSession: catch-up, determinism, convergence and commit faults."""
+"""The writer: on a real SparkSession (catch-up, determinism, convergence, commit faults) and,
+without Spark, a staging directory deleted under it and the store's failures as it sees them."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -258,14 +260,11 @@ def fake_stage(outcomes: list[str], calls: list[str]):
         calls.append(run_dir)
         os.makedirs(os.path.join(run_dir, "_temporary"))
         if outcomes.pop(0) == "lost":
-            import shutil
-
             shutil.rmtree(run_dir)
             raise spark_error_naming(run_dir)
         with open(os.path.join(run_dir, "part-0.parquet"), "wb") as handle:
             handle.write(b"x")
-        shutil_free = os.path.join(run_dir, "_temporary")
-        os.rmdir(shutil_free)
+        os.rmdir(os.path.join(run_dir, "_temporary"))
         return StagedOutput({"path": os.path.relpath(run_dir, shard.blob.root), "files": [], "rows": 0}, None, 0, 0, 0)
 
     return stage
