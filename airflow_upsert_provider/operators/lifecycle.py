@@ -155,9 +155,21 @@ class StopStreamOperator(_StreamOperator):
             sleep=self._drain_sleep,
             clock=clock,
             on_wait=on_wait,
-            staging_written_at=streams.staging_written_at(hook.get_blob(), self.shard),
+            staging_written_at=lambda ts: self._staging_written_at(hook, ts),
         )
         return transition_report(result)
+
+    def _staging_written_at(self, hook: UpsertShardHook, ts: int) -> float | None:
+        """For the drain: when batch ``ts``'s staging files were last written. A blob root the
+        stop cannot use only takes that sign away (the binding's age still counts): a stop does
+        not depend on the blob."""
+        from airflow_upsert_provider.engine import streams
+
+        try:
+            blob = hook.get_blob()
+        except UpsertError:
+            return None
+        return streams.staging_written_at(blob, self.shard)(ts)
 
     def _drain_sleep(self, seconds: float) -> None:
         time.sleep(seconds)
