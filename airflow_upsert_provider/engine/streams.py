@@ -384,7 +384,10 @@ def staging_written_at(blob: Any, shard_id: str) -> Callable[[int], float | None
 
     def newest(ts: int) -> float | None:
         group = f"ts={ts:012d}"
-        times = [f.mtime for kind in ("runs", "rejects") for f in blob.walk_files(blob.path(shard_id, kind, group))]
+        try:
+            times = [f.mtime for kind in ("runs", "rejects") for f in blob.walk_files(blob.path(shard_id, kind, group))]
+        except OSError:
+            return None  # an unreadable blob takes this sign away; the binding's age still counts
         return max(times, default=None)
 
     return newest
