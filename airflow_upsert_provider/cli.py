@@ -13,13 +13,15 @@ import argparse
 import atexit
 import csv
 import json
+import math
 import os
+import re
 import socket
 import sys
 import threading
 import time
 import uuid
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from airflow_upsert_provider.engine.errors import BlobWriteFailed, ConfigurationError, SparkUnavailable, UpsertError
 
@@ -77,6 +79,65 @@ def parse_key_values(items: Sequence[str], option: str) -> dict[str, str]:
     return settings
 
 
+# Integers go to SQLite / PostgreSQL BIGINT columns and Spark longs: 64 bits, signed.
+INT64_MAX = 2**63 - 1
+_DIGITS = re.compile(r"[+-]?[0-9_]+")
+
+
+def _shown(text: str) -> str:
+    """A value as an error message quotes it: repr (control characters escaped), cut short."""
+    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+
+
+def integer_option(minimum: int, maximum: int = INT64_MAX) -> Callable[[str], int]:
+    """The argparse ``type=`` of every integer option: an integer from ``minimum`` to
+    ``maximum`` (at most 2**63-1, what the store and Spark hold), else a usage error naming
+    the option (exit 2) before anything is opened."""
+    bounds = f"from {minimum} to {'2**63-1' if maximum == INT64_MAX else maximum}"
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            if not _DIGITS.fullmatch(text.strip()):
+                raise argparse.ArgumentTypeError(f"expected an integer {bounds}, not {_shown(text)}") from None
+            value = None  # more digits than int() converts: out of any range here
+        if value is None or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, not {_shown(text)}")
+        return value
+
+    return integer
+
+
+def finite_number(*, above_zero: bool, unit: str = "seconds") -> Callable[[str], float]:
+    """The argparse ``type=`` of every number option: a finite number, above zero or zero
+    or more, else a usage error naming the option (exit 2). ``nan`` compares false with
+    every bound, and ``inf`` (also from a number too long for a float) never ends a wait."""
+    wanted = f"a finite number{' of ' + unit if unit else ''} {'above zero' if above_zero else '>= 0'}"
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, not {_shown(text)}") from None
+        if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, not {_shown(text)}")
+        return value
+
+    return number
+
+
+def duration_option(text: str) -> float:
+    """The argparse ``type=`` of a duration option (``90``, ``90s``, ``10m``, ``1h30m``):
+    seconds, positive and finite, else a usage error naming the option (exit 2)."""
+    from airflow_upsert_provider.engine.config import duration_seconds
+
+    try:
+        return duration_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     spark_conf = _spark_conf_option()
@@ -96,12 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--order-by", help="order column: within a key the highest wins")
     init.add_argument("--delete-marker", help="boolean column: true deletes the key")
     init.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", dest="source_format")
-    init.add_argument("--buckets", type=int, default=None)
-    init.add_argument("--max-files-per-batch", type=int, default=None)
+    init.add_argument("--buckets", type=integer_option(1, 4096), default=None)
+    init.add_argument("--max-files-per-batch", type=integer_option(1), default=None)
     init.add_argument("--schema", help="column types as DDL ('id BIGINT, name STRING'); inferred from the source if omitted")
     init.add_argument("--envelope", choices=("json", "debezium"), default=None,
                       help="kafka: each message value is the record (json, default) or a Debezium change event")
-    init.add_argument("--max-records-per-batch", type=int, default=None,
+    init.add_argument("--max-records-per-batch", type=integer_option(1), default=None,
                       help="kafka: offsets one batch reads at most over all partitions (default 100000)")
     init.add_argument("--group-id", default=None,
                       help="kafka: consumer group whose offsets follow the shard (default: the config's group.id, "
@@ -116,12 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run-batch", parents=[common, spark_conf], help="run micro-batches")
     run.add_argument("shard")
     amount = run.add_mutually_exclusive_group()
-    amount.add_argument("--max-batches", type=int, default=1)
+    amount.add_argument("--max-batches", type=integer_option(1), default=1)
     amount.add_argument("--until-caught-up", action="store_true")
     amount.add_argument("--continuous", action="store_true",
                         help="one Spark session, batches back to back (the next slice fetched while one commits) "
                              "until --for ends or a stop or recovery is requested")
-    run.add_argument("--for", dest="run_for", metavar="DURATION", default=None,
+    run.add_argument("--for", dest="run_for", metavar="DURATION", default=None, type=duration_option,
                      help="how long --continuous runs: seconds, or e.g. 90s, 10m, 1h")
     run.add_argument("--writer-id", help="identity recorded with each commit (default: host, pid and a random part)")
     run.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
@@ -129,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     read = commands.add_parser("read", parents=[common, spark_conf], help="print the table, sorted by key")
     read.add_argument("shard")
-    read.add_argument("--as-of", type=int, default=None)
+    read.add_argument("--as-of", type=integer_option(0), default=None)
     read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
     read.add_argument("--out", help="write to this file instead of stdout")
     _add_maintenance_commands(commands, common, spark_conf)
@@ -142,15 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
     compact = commands.add_parser("compact", parents=[common, spark_conf], help="merge runs below a new since into one run per bucket")
     compact.add_argument("shard")
-    compact.add_argument("--since", type=int, default=None, help="the new since (default: the upper)")
+    compact.add_argument("--since", type=integer_option(0), default=None, help="the new since (default: the upper)")
     compact.add_argument("--json", action="store_true")
 
     checkpoint = commands.add_parser("checkpoint", parents=[common], help="create, list, verify or restore checkpoints")
     actions = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", parents=[common], help="checkpoint the shard at its upper (metadata only)")
     create.add_argument("shard")
-    create.add_argument("--keep-last", type=int, default=None, metavar="N", help="then keep only the last N checkpoints")
-    create.add_argument("--keep-within", type=float, default=None, metavar="SECONDS",
+    create.add_argument("--keep-last", type=integer_option(1), default=None, metavar="N", help="then keep only the last N checkpoints")
+    create.add_argument("--keep-within", type=finite_number(above_zero=True), default=None, metavar="SECONDS",
                         help="then keep only checkpoints newer than this (with --keep-last: either keeps)")
     create.add_argument("--json", action="store_true")
     listing = actions.add_parser("list", parents=[common], help="the checkpoints in the shard's catalog")
@@ -170,7 +231,7 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_c
     gc = commands.add_parser("gc", parents=[common], help="delete files nothing references")
     gc.add_argument("shard")
     gc.add_argument("--dry-run", action="store_true", help="list what would go and its bytes; delete nothing")
-    gc.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+    gc.add_argument("--grace", type=finite_number(above_zero=False), default=None, metavar="SECONDS",
                     help="keep files younger than this whatever references them (default 6 hours)")
     gc.add_argument("--json", action="store_true")
     _add_lifecycle_commands(commands, common)
@@ -187,20 +248,20 @@ def _add_lifecycle_commands(commands, common: argparse.ArgumentParser) -> None:
     reason = argparse.ArgumentParser(add_help=False)
     reason.add_argument("--reason", default="", help="why, recorded in the stream's history")
     epoch = argparse.ArgumentParser(add_help=False)
-    epoch.add_argument("--epoch", type=int, default=None,
+    epoch.add_argument("--epoch", type=integer_option(0), default=None,
                        help="the recovery epoch you began (default: the open one); another epoch is refused")
 
     stream = commands.add_parser("stream", parents=[common], help="stop, resume or inspect a shard's stream")
     actions = stream.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
     stop = actions.add_parser("stop", parents=[common, shared, acting, reason],
                               help="let the batch in hand commit, start no other, then STOPPED")
-    stop.add_argument("--drain", type=float, default=DEFAULT_DRAIN_SECONDS, metavar="SECONDS",
+    stop.add_argument("--drain", type=finite_number(above_zero=False), default=DEFAULT_DRAIN_SECONDS, metavar="SECONDS",
                       help=f"wait at most this long for the batch in hand (default {DEFAULT_DRAIN_SECONDS:g})")
     stop.add_argument("--no-wait", action="store_true", help="leave the stream STOPPING; do not finalize")
     actions.add_parser("resume", parents=[common, shared, acting, reason], help="STOPPED -> READY")
     actions.add_parser("status", parents=[common, shared], help="the stream's status, epoch, who set it, when, why")
     history = actions.add_parser("history", parents=[common, shared], help="every change of the stream, oldest first")
-    history.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N changes")
+    history.add_argument("--limit", type=integer_option(1), default=None, metavar="N", help="only the last N changes")
 
     recover = commands.add_parser("recover", parents=[common], help="recovery in order: begin, seek, resume")
     steps = recover.add_subparsers(dest="recover_command", required=True, metavar="ACTION")
@@ -246,16 +307,19 @@ def _add_frontier_commands(commands, common: argparse.ArgumentParser) -> None:
 
 
 # (option, StallSettings field, type, help) of `upsertctl frontier status`.
+# The bounds are StallSettings' own, checked here too so that the message names the option.
 FRONTIER_SETTING_OPTIONS = (
-    ("--window", "window_seconds", float, "seconds of observations looked at"),
-    ("--cadence", "cadence_seconds", float, "seconds between the batches the schedule runs"),
-    ("--stall-multiplier", "stall_multiplier", float, "stalled after this many cadences without an advance"),
-    ("--min-stall", "min_stall_seconds", float, "stalled after at least these seconds"),
-    ("--stale-after", "stale_after_seconds", float, "STALE when the newest observation is older"),
-    ("--lag-objective", "lag_seconds_objective", float, "LAGGING when lag_seconds is above it"),
+    ("--window", "window_seconds", finite_number(above_zero=True), "seconds of observations looked at"),
+    ("--cadence", "cadence_seconds", finite_number(above_zero=True), "seconds between the batches the schedule runs"),
+    ("--stall-multiplier", "stall_multiplier", finite_number(above_zero=True, unit=""),
+     "stalled after this many cadences without an advance"),
+    ("--min-stall", "min_stall_seconds", finite_number(above_zero=False), "stalled after at least these seconds"),
+    ("--stale-after", "stale_after_seconds", finite_number(above_zero=True), "STALE when the newest observation is older"),
+    ("--lag-objective", "lag_seconds_objective", finite_number(above_zero=True), "LAGGING when lag_seconds is above it"),
     ("--page-on-lagging", "page_on_lagging", bool, "LAGGING breaches (pages) too"),
-    ("--max-stopped", "max_stopped_seconds", float, "STOPPED/RECOVERING longer than this breaches"),
-    ("--consecutive-breaches", "consecutive_breaches", int, "breaching evaluations in a row before a page"),
+    ("--max-stopped", "max_stopped_seconds", finite_number(above_zero=False),
+     "STOPPED/RECOVERING longer than this breaches"),
+    ("--consecutive-breaches", "consecutive_breaches", integer_option(1), "breaching evaluations in a row before a page"),
 )
 
 
@@ -394,13 +458,11 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.config import parse_duration
     from airflow_upsert_provider.engine.writer import Writer
 
     if args.continuous != (args.run_for is not None):
         raise ConfigurationError("--continuous and --for DURATION go together", field="--for")
-    # Checked before anything is opened: a typo is not an unknown shard.
-    run_for = parse_duration(args.run_for, field="--for") if args.continuous else None
+    run_for = args.run_for if args.continuous else None
     shard = ctx.shard(args.shard)
     writer_id = args.writer_id or f"{_actor(args)}:{uuid.uuid4().hex[:8]}"
     writer = Writer(shard, writer_id, spark_factory=ctx.spark, on_bad_record=args.on_bad_record)
@@ -581,8 +643,6 @@ def cmd_stream(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             return {}
         return out
     if action == "history":
-        if args.limit is not None and args.limit < 1:
-            raise ConfigurationError("--limit must be >= 1", field="limit")
         rows = streams.stream_history(ctx.consensus, shard_id, limit=args.limit)
         if not args.json:
             for row in rows:
@@ -609,8 +669,6 @@ def _stop(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine import streams
     from airflow_upsert_provider.engine.lifecycle import Status
 
-    if args.drain < 0:
-        raise ConfigurationError("--drain must be >= 0 seconds", field="drain")
     actor = _actor(args)
     if args.no_wait:
         out = streams.stop(ctx.consensus, args.shard, actor, args.reason).to_dict()
@@ -792,11 +850,11 @@ def _add_spark_server_commands(commands, common: argparse.ArgumentParser) -> Non
     shared.add_argument("--json", action="store_true")
     start = actions.add_parser("start", parents=[common, shared],
                                help="start the server unless it runs (then report it); safe to run at once from many tasks")
-    start.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT})")
+    start.add_argument("--port", type=integer_option(1, 65535), default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT})")
     start.add_argument("--memory", default=None, metavar="SIZE",
                        help="driver memory, e.g. 4g (default: a third of the machine's RAM, at most 8g)")
     start.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting of the server")
-    start.add_argument("--timeout", type=float, default=START_TIMEOUT_SECONDS, metavar="SECONDS",
+    start.add_argument("--timeout", type=finite_number(above_zero=True), default=START_TIMEOUT_SECONDS, metavar="SECONDS",
                        help=f"wait this long for the port to accept (default {START_TIMEOUT_SECONDS:g})")
     status = actions.add_parser("status", parents=[common, shared],
                                 help="whether the recorded server runs and its port answers (exit 2 if not)")

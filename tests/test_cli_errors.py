@@ -3,6 +3,9 @@ message, never a traceback (issue 7 items 8 and 12, sweep rows I6-I17, F2, F3)."
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import os
 import subprocess
@@ -12,13 +15,16 @@ import pytest
 
 from airflow_upsert_provider import cli
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
-from tests.helpers import landing_env, sample_config
+from tests.helpers import batch, cli_store, landing_env, make_shard, sample_config
 from tests.helpers import run_cli as run
+from tests.maintenance.support import tree
 
 SPEC = SampleSpec(records=200, keys=40, partitions=1, segments_per_partition=2, seed=7)
+# Offsets 0, 10, 20, 30 in p0 and p1; two files a batch.
+PRUNE_SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=5)
 
 
 @pytest.fixture
@@ -32,6 +38,12 @@ def assert_clean_error(code, err, expected_code, *fragments):
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in err, err
+
+
+def commit(shard, ts: int) -> None:
+    """Bind batch ``ts`` and commit it with an empty run (no Spark): what a prune looks at."""
+    assert shard.mint_binding(ts, minted_by="test") is not None
+    assert shard.compare_and_append(ts, ts + 1, batch(ts, token=f"t{ts}"), epoch=0).upper == ts + 1
 
 
 # -- ShardConfig: refused at init, not at the first run (I15, I16) ---------------------------
@@ -62,11 +74,12 @@ def test_init_refuses_a_string_delete_marker_and_duplicate_columns(spark, env, c
 
 # -- no silent defaults (I17) -------------------------------------------------------------------
 
-@pytest.mark.parametrize("option, field", [("--buckets", "buckets"), ("--max-files-per-batch", "max files per batch")])
-def test_zero_is_refused_not_replaced_by_the_default(spark, env, capsys, option, field):
-    code, _, err = run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id",
-                       "--schema", SAMPLE_SCHEMA_DDL, option, "0")
-    assert_clean_error(code, err, 2, field)
+@pytest.mark.parametrize("option", ["--buckets", "--max-files-per-batch"])
+def test_zero_is_refused_not_replaced_by_the_default(env, capsys, option):
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["init", "s", "--source", f"dir:{env}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL, option, "0"])
+    assert usage.value.code == 2
+    assert f"argument {option}: expected an integer from 1 to " in capsys.readouterr().err
     assert run(capsys, "status", "s", "--no-rows")[0] == 2
 
 
@@ -246,3 +259,117 @@ def test_a_full_disk_in_any_command_is_exit_2_not_unexpected(env, capsys, monkey
     monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
     code, _, err = run(capsys, "compact", "s")
     assert_clean_error(code, err, 2, "writing under the blob root failed: No space left on device")
+
+
+
+# -- every number option: 64 bits, finite, in range; else a usage error naming it -----------------
+
+TOO_BIG = "9" * 20  # above 2**63-1
+NOT_A_FLOAT = "9" * 400  # float() makes it infinite
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["stream", "history", "s", "--limit", TOO_BIG], "--limit"),
+    (["read", "s", "--as-of", TOO_BIG], "--as-of"),
+    (["compact", "s", "--since", TOO_BIG], "--since"),
+    (["compact", "s", "--since", "-1"], "--since"),
+    (["recover", "seek", "s", "--epoch", "1" + "0" * 23], "--epoch"),
+    (["init", "s", "--source", "dir:/x", "--key", "id", "--buckets", TOO_BIG], "--buckets"),
+    (["init", "s", "--source", "dir:/x", "--key", "id", "--max-files-per-batch", TOO_BIG], "--max-files-per-batch"),
+    (["init", "s", "--source", "kafka:t", "--key", "id", "--max-records-per-batch", TOO_BIG], "--max-records-per-batch"),
+    (["run-batch", "s", "--max-batches", TOO_BIG], "--max-batches"),
+    (["checkpoint", "create", "s", "--keep-last", TOO_BIG], "--keep-last"),
+    (["checkpoint", "create", "s", "--keep-within", "nan"], "--keep-within"),
+    (["checkpoint", "create", "s", "--keep-within", NOT_A_FLOAT], "--keep-within"),
+    (["gc", "s", "--grace", "nan"], "--grace"),
+    (["gc", "s", "--grace", "inf"], "--grace"),
+    (["stream", "stop", "s", "--drain", "nan"], "--drain"),
+    (["stream", "stop", "s", "--drain", "inf"], "--drain"),
+    (["spark-server", "start", "--timeout", "-1"], "--timeout"),
+    (["spark-server", "start", "--port", TOO_BIG], "--port"),
+    (["frontier", "status", "s", "--window", "nan"], "--window"),
+    (["frontier", "status", "s", "--consecutive-breaches", TOO_BIG], "--consecutive-breaches"),
+])
+def test_a_number_option_out_of_range_is_a_usage_error_naming_it(env, capsys, monkeypatch, argv, option):
+    monkeypatch.setattr(cli.Context, "spark", lambda self: pytest.fail("a Spark session was started"))
+    with pytest.raises(SystemExit) as usage:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert usage.value.code == 2, err
+    assert f"argument {option}: expected " in err and "Traceback" not in err, err
+    assert not os.path.exists(os.environ["UPSERT_BLOB_ROOT"])  # nothing was opened
+
+
+def exit_code(*argv: str) -> tuple[int, str]:
+    """``upsertctl ARGV``'s exit code, also of a usage error (SystemExit), and its stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as usage:
+            code = usage.code
+    return code, err.getvalue()
+
+
+def test_a_long_number_is_quoted_short(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["gc", "s", "--grace", NOT_A_FLOAT])
+    err = capsys.readouterr().err
+    assert "(400 characters)" in err and NOT_A_FLOAT not in err
+
+
+def test_a_limit_beyond_64_bits_on_a_real_shard_is_refused_not_unexpected(tmp_path, monkeypatch, sqlite_url, capsys):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC)
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["stream", "history", "orders", "--limit", TOO_BIG])
+    assert usage.value.code == 2
+    assert "argument --limit: expected an integer from 1 to 2**63-1" in capsys.readouterr().err
+    code, out, _ = run(capsys, "stream", "history", "orders", "--limit", str(2**63 - 1), "--json")
+    assert code == 0 and json.loads(out)["shard"] == "orders"
+    consensus.dispose()
+
+
+def test_keep_within_nan_keeps_every_checkpoint(tmp_path, monkeypatch, sqlite_url, capsys):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC)
+    for ts in range(2):
+        commit(shard, ts)
+        assert run(capsys, "checkpoint", "create", "orders")[0] == 0
+    code, err = exit_code("checkpoint", "create", "orders", "--keep-within", "nan")
+    capsys.readouterr()
+    listed, _ = run(capsys, "checkpoint", "list", "orders", "--json")[1:]
+    assert [c["upper"] for c in json.loads(listed)["checkpoints"]] == [1, 2]
+    assert code == 2
+    assert "argument --keep-within: expected a finite number of seconds above zero, not 'nan'" in err
+    consensus.dispose()
+
+
+def test_grace_nan_deletes_nothing_in_the_grace_period(tmp_path, monkeypatch, sqlite_url, capsys):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC)
+    # A writer's staging directory of a moment ago: no commit names it yet.
+    staged = tmp_path / "blob" / "orders" / "runs" / "ts=000000000000" / "w-1234" / "part-0.parquet"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"staging")
+    code, out, _ = run(capsys, "gc", "orders", "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["items"] == []
+    code, err = exit_code("gc", "orders", "--grace", "nan")
+    assert staged.read_bytes() == b"staging"
+    assert code == 2
+    assert "argument --grace: expected a finite number of seconds >= 0, not 'nan'" in err
+    consensus.dispose()
+
+
+def test_a_duration_too_long_to_be_finite_is_refused(env, capsys):
+    from airflow_upsert_provider.engine.config import parse_duration
+
+    for text in (NOT_A_FLOAT, NOT_A_FLOAT + "h", "1" + "0" * 306 + "h"):
+        with pytest.raises(ConfigurationError) as raised:
+            parse_duration(text, field="--for")
+        assert "--for: the duration of " in raised.value.message and "is too long to be finite" in raised.value.message
+    assert parse_duration("9" * 300) == float("9" * 300)  # long, still finite
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["run-batch", "s", "--continuous", "--for", NOT_A_FLOAT])
+    assert usage.value.code == 2
+    assert "argument --for: the duration of 400 characters is too long to be finite" in capsys.readouterr().err
