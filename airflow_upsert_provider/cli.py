@@ -623,7 +623,7 @@ def _stream_line(state: dict[str, Any]) -> str:
         shard_id=state["shard"], status=Status(state["status"]), version=state["version"], epoch=state["epoch"],
         changed_by=state["changed_by"], changed_at=state["changed_at"], reason=state["reason"],
     ).describe()
-    return f"shard {state['shard']}: {described}"
+    return _printable(f"shard {state['shard']}: {described}")
 
 
 def _print_transition(result: dict[str, Any]) -> None:
@@ -662,7 +662,7 @@ def cmd_stream(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 def _history_line(row: dict[str, Any]) -> str:
     line = (f"{_iso(row['at'])}  v{row['version']}  {row['action']}: {row['from'] or '-'} -> {row['to']} "
             f"(epoch {row['epoch']}) by {row['actor']}")
-    return line + (f": {row['reason']}" if row["reason"] else "")
+    return _printable(line + (f": {row['reason']}" if row["reason"] else ""))
 
 
 def _stop(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -979,7 +979,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = exc.to_dict()
         if as_json:
             print(json.dumps(payload, default=str))
-        print(f"upsertctl: {exc.message}", file=sys.stderr)
+        # One line, as errors.md promises, whatever file name or reason the message quotes.
+        print(f"upsertctl: {_printable(exc.message)}", file=sys.stderr)
         for item in payload.get("records", [])[:5]:
             print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
         return exc.exit_code
@@ -1062,6 +1063,15 @@ def _reader_went_away() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return EXIT_BROKEN_PIPE
+
+
+def _printable(text: str) -> str:
+    """``text`` with control and other unprintable characters escaped as Python writes them
+    (``\\n``, ``\\x1b``): a file name, a reason or an actor given by someone else cannot
+    forge a line of output or move the terminal's cursor."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -373,3 +373,38 @@ def test_a_duration_too_long_to_be_finite_is_refused(env, capsys):
         cli.main(["run-batch", "s", "--continuous", "--for", NOT_A_FLOAT])
     assert usage.value.code == 2
     assert "argument --for: the duration of 400 characters is too long to be finite" in capsys.readouterr().err
+
+
+# -- text given by someone else cannot forge a line of output -------------------------------------
+
+def test_control_characters_of_a_reason_or_an_actor_are_escaped_in_human_output(
+        tmp_path, monkeypatch, sqlite_url, capsys):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC)
+    reason = "maintenance\n2026-11-25T00:00:00+00:00  v9  resume: STOPPED -> READY (epoch 0) by ops\x1b[2K"
+    code, out, err = run(capsys, "stream", "stop", "orders", "--reason", reason, "--actor", "ops\r")
+    assert code == 0, err
+    assert "\x1b" not in out and "\r" not in out
+    assert out.splitlines()[0].endswith(": maintenance\\n2026-11-25T00:00:00+00:00  v9  resume: STOPPED -> READY "
+                                        "(epoch 0) by ops\\x1b[2K")
+    assert "set by ops\\r at " in out
+    code, out, _ = run(capsys, "stream", "history", "orders")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and lines[-1] == "2 change(s)"  # stop, finalize: one line each
+    assert "\x1b" not in out and "\r" not in out
+    # The JSON keeps what was given, for programs.
+    code, out, _ = run(capsys, "stream", "history", "orders", "--json")
+    assert {(h["reason"], h["actor"]) for h in json.loads(out)["history"]} == {(reason, "ops\r")}
+    consensus.dispose()
+
+
+def test_an_error_message_quoting_a_file_name_stays_one_line(env, capsys, monkeypatch):
+    def a_segment_named_with_a_newline(ctx, args):
+        raise BadInputError(f"segment {env}/p0/1.jsonl\n: not a segment name", file=f"{env}/p0/1.jsonl\n")
+
+    monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
+    monkeypatch.setitem(cli.COMMANDS, "run-batch", a_segment_named_with_a_newline)
+    code, out, err = run(capsys, "run-batch", "s", "--json")
+    assert_clean_error(code, err, 3, f"upsertctl: segment {env}/p0/1.jsonl\\n: not a segment name\n")
+    assert err.count("\n") == 1
+    assert json.loads(out)["file"] == f"{env}/p0/1.jsonl\n"
