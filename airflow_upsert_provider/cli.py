@@ -80,7 +80,7 @@ def parse_key_values(items: Sequence[str], option: str) -> dict[str, str]:
 
 
 # Integers go to SQLite / PostgreSQL BIGINT columns and Spark longs: 64 bits, signed.
-INT64_MAX = 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DIGITS = re.compile(r"[+-]?[0-9_]+")
 
 
@@ -89,53 +89,60 @@ def _shown(text: str) -> str:
     return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
 
 
-def integer_option(minimum: int, maximum: int = INT64_MAX) -> Callable[[str], int]:
-    """The argparse ``type=`` of every integer option: an integer from ``minimum`` to
-    ``maximum`` (at most 2**63-1, what the store and Spark hold), else a usage error naming
-    the option (exit 2) before anything is opened."""
-    bounds = f"from {minimum} to {'2**63-1' if maximum == INT64_MAX else maximum}"
+def _field(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def integer_option(option: str, minimum: int = INT64_MIN, maximum: int = INT64_MAX) -> Callable[[str], int]:
+    """The ``type=`` of every integer option: an integer from ``minimum`` to ``maximum``,
+    never beyond 64 bits (what the store and Spark hold)."""
+    low = "-2**63" if minimum == INT64_MIN else str(minimum)
+    high = "2**63-1" if maximum == INT64_MAX else str(maximum)
 
     def integer(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             if not _DIGITS.fullmatch(text.strip()):
-                raise argparse.ArgumentTypeError(f"expected an integer {bounds}, not {_shown(text)}") from None
-            value = None  # more digits than int() converts: out of any range here
+                value = minimum - 1  # not an integer at all: refused below
+            else:
+                value = None  # more digits than int() converts: beyond 64 bits
         if value is None or not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, not {_shown(text)}")
+            raise ConfigurationError(f"{option} takes an integer from {low} to {high}, not {_shown(text)}",
+                                     field=_field(option))
         return value
 
     return integer
 
 
-def finite_number(*, above_zero: bool, unit: str = "seconds") -> Callable[[str], float]:
-    """The argparse ``type=`` of every number option: a finite number, above zero or zero
-    or more, else a usage error naming the option (exit 2). ``nan`` compares false with
-    every bound, and ``inf`` (also from a number too long for a float) never ends a wait."""
-    wanted = f"a finite number{' of ' + unit if unit else ''} {'above zero' if above_zero else '>= 0'}"
+def finite_number(option: str, *, above_zero: bool) -> Callable[[str], float]:
+    """The ``type=`` of every option of seconds: a finite number, above zero or zero or more.
+    ``nan`` compares false with every bound, and ``inf`` (also what float() makes of a number
+    with too many digits) never ends a wait."""
+    wanted = f"a finite number of seconds {'above zero' if above_zero else '>= 0'}"
 
     def number(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, not {_shown(text)}") from None
+            value = math.nan
         if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, not {_shown(text)}")
+            raise ConfigurationError(f"{option} takes {wanted}, not {_shown(text)}", field=_field(option))
         return value
 
     return number
 
 
-def duration_option(text: str) -> float:
-    """The argparse ``type=`` of a duration option (``90``, ``90s``, ``10m``, ``1h30m``):
-    seconds, positive and finite, else a usage error naming the option (exit 2)."""
-    from airflow_upsert_provider.engine.config import duration_seconds
+def duration_option(option: str) -> Callable[[str], float]:
+    """The ``type=`` of an option of a duration (``90``, ``90s``, ``10m``, ``1h30m``):
+    :func:`~airflow_upsert_provider.engine.config.parse_duration`, positive and finite."""
 
-    try:
-        return duration_seconds(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    def duration(text: str) -> float:
+        from airflow_upsert_provider.engine.config import parse_duration
+
+        return parse_duration(text, field=option)
+
+    return duration
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,12 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--order-by", help="order column: within a key the highest wins")
     init.add_argument("--delete-marker", help="boolean column: true deletes the key")
     init.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", dest="source_format")
-    init.add_argument("--buckets", type=integer_option(1, 4096), default=None)
-    init.add_argument("--max-files-per-batch", type=integer_option(1), default=None)
+    init.add_argument("--buckets", type=integer_option("--buckets", 1, 4096), default=None)
+    init.add_argument("--max-files-per-batch", type=integer_option("--max-files-per-batch", 1), default=None)
     init.add_argument("--schema", help="column types as DDL ('id BIGINT, name STRING'); inferred from the source if omitted")
     init.add_argument("--envelope", choices=("json", "debezium"), default=None,
                       help="kafka: each message value is the record (json, default) or a Debezium change event")
-    init.add_argument("--max-records-per-batch", type=integer_option(1), default=None,
+    init.add_argument("--max-records-per-batch", type=integer_option("--max-records-per-batch", 1), default=None,
                       help="kafka: offsets one batch reads at most over all partitions (default 100000)")
     init.add_argument("--group-id", default=None,
                       help="kafka: consumer group whose offsets follow the shard (default: the config's group.id, "
@@ -177,12 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run-batch", parents=[common, spark_conf], help="run micro-batches")
     run.add_argument("shard")
     amount = run.add_mutually_exclusive_group()
-    amount.add_argument("--max-batches", type=integer_option(1), default=1)
+    amount.add_argument("--max-batches", type=integer_option("--max-batches", 1), default=1)
     amount.add_argument("--until-caught-up", action="store_true")
     amount.add_argument("--continuous", action="store_true",
                         help="one Spark session, batches back to back (the next slice fetched while one commits) "
                              "until --for ends or a stop or recovery is requested")
-    run.add_argument("--for", dest="run_for", metavar="DURATION", default=None, type=duration_option,
+    run.add_argument("--for", dest="run_for", metavar="DURATION", default=None, type=duration_option("--for"),
                      help="how long --continuous runs: seconds, or e.g. 90s, 10m, 1h")
     run.add_argument("--writer-id", help="identity recorded with each commit (default: host, pid and a random part)")
     run.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
@@ -190,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     read = commands.add_parser("read", parents=[common, spark_conf], help="print the table, sorted by key")
     read.add_argument("shard")
-    read.add_argument("--as-of", type=integer_option(0), default=None)
+    read.add_argument("--as-of", type=integer_option("--as-of", 0), default=None)
     read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
     read.add_argument("--out", help="write to this file instead of stdout")
     _add_maintenance_commands(commands, common, spark_conf)
@@ -203,15 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
     compact = commands.add_parser("compact", parents=[common, spark_conf], help="merge runs below a new since into one run per bucket")
     compact.add_argument("shard")
-    compact.add_argument("--since", type=integer_option(0), default=None, help="the new since (default: the upper)")
+    compact.add_argument("--since", type=integer_option("--since", 0), default=None, help="the new since (default: the upper)")
     compact.add_argument("--json", action="store_true")
 
     checkpoint = commands.add_parser("checkpoint", parents=[common], help="create, list, verify or restore checkpoints")
     actions = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", parents=[common], help="checkpoint the shard at its upper (metadata only)")
     create.add_argument("shard")
-    create.add_argument("--keep-last", type=integer_option(1), default=None, metavar="N", help="then keep only the last N checkpoints")
-    create.add_argument("--keep-within", type=finite_number(above_zero=True), default=None, metavar="SECONDS",
+    create.add_argument("--keep-last", type=integer_option("--keep-last", 1), default=None, metavar="N", help="then keep only the last N checkpoints")
+    create.add_argument("--keep-within", type=finite_number("--keep-within", above_zero=True), default=None, metavar="SECONDS",
                         help="then keep only checkpoints newer than this (with --keep-last: either keeps)")
     create.add_argument("--json", action="store_true")
     listing = actions.add_parser("list", parents=[common], help="the checkpoints in the shard's catalog")
@@ -231,7 +238,7 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_c
     gc = commands.add_parser("gc", parents=[common], help="delete files nothing references")
     gc.add_argument("shard")
     gc.add_argument("--dry-run", action="store_true", help="list what would go and its bytes; delete nothing")
-    gc.add_argument("--grace", type=finite_number(above_zero=False), default=None, metavar="SECONDS",
+    gc.add_argument("--grace", type=finite_number("--grace", above_zero=False), default=None, metavar="SECONDS",
                     help="keep files younger than this whatever references them (default 6 hours)")
     gc.add_argument("--json", action="store_true")
     _add_lifecycle_commands(commands, common)
@@ -248,20 +255,20 @@ def _add_lifecycle_commands(commands, common: argparse.ArgumentParser) -> None:
     reason = argparse.ArgumentParser(add_help=False)
     reason.add_argument("--reason", default="", help="why, recorded in the stream's history")
     epoch = argparse.ArgumentParser(add_help=False)
-    epoch.add_argument("--epoch", type=integer_option(0), default=None,
+    epoch.add_argument("--epoch", type=integer_option("--epoch", 0), default=None,
                        help="the recovery epoch you began (default: the open one); another epoch is refused")
 
     stream = commands.add_parser("stream", parents=[common], help="stop, resume or inspect a shard's stream")
     actions = stream.add_subparsers(dest="stream_command", required=True, metavar="ACTION")
     stop = actions.add_parser("stop", parents=[common, shared, acting, reason],
                               help="let the batch in hand commit, start no other, then STOPPED")
-    stop.add_argument("--drain", type=finite_number(above_zero=False), default=DEFAULT_DRAIN_SECONDS, metavar="SECONDS",
+    stop.add_argument("--drain", type=finite_number("--drain", above_zero=False), default=DEFAULT_DRAIN_SECONDS, metavar="SECONDS",
                       help=f"wait at most this long for the batch in hand (default {DEFAULT_DRAIN_SECONDS:g})")
     stop.add_argument("--no-wait", action="store_true", help="leave the stream STOPPING; do not finalize")
     actions.add_parser("resume", parents=[common, shared, acting, reason], help="STOPPED -> READY")
     actions.add_parser("status", parents=[common, shared], help="the stream's status, epoch, who set it, when, why")
     history = actions.add_parser("history", parents=[common, shared], help="every change of the stream, oldest first")
-    history.add_argument("--limit", type=integer_option(1), default=None, metavar="N", help="only the last N changes")
+    history.add_argument("--limit", type=integer_option("--limit", 1), default=None, metavar="N", help="only the last N changes")
 
     recover = commands.add_parser("recover", parents=[common], help="recovery in order: begin, seek, resume")
     steps = recover.add_subparsers(dest="recover_command", required=True, metavar="ACTION")
@@ -307,19 +314,19 @@ def _add_frontier_commands(commands, common: argparse.ArgumentParser) -> None:
 
 
 # (option, StallSettings field, type, help) of `upsertctl frontier status`.
-# The bounds are StallSettings' own, checked here too so that the message names the option.
+# StallSettings checks each value (finite, in range) and names its field; the integer is
+# kept to 64 bits here, as every integer option is.
 FRONTIER_SETTING_OPTIONS = (
-    ("--window", "window_seconds", finite_number(above_zero=True), "seconds of observations looked at"),
-    ("--cadence", "cadence_seconds", finite_number(above_zero=True), "seconds between the batches the schedule runs"),
-    ("--stall-multiplier", "stall_multiplier", finite_number(above_zero=True, unit=""),
-     "stalled after this many cadences without an advance"),
-    ("--min-stall", "min_stall_seconds", finite_number(above_zero=False), "stalled after at least these seconds"),
-    ("--stale-after", "stale_after_seconds", finite_number(above_zero=True), "STALE when the newest observation is older"),
-    ("--lag-objective", "lag_seconds_objective", finite_number(above_zero=True), "LAGGING when lag_seconds is above it"),
+    ("--window", "window_seconds", float, "seconds of observations looked at"),
+    ("--cadence", "cadence_seconds", float, "seconds between the batches the schedule runs"),
+    ("--stall-multiplier", "stall_multiplier", float, "stalled after this many cadences without an advance"),
+    ("--min-stall", "min_stall_seconds", float, "stalled after at least these seconds"),
+    ("--stale-after", "stale_after_seconds", float, "STALE when the newest observation is older"),
+    ("--lag-objective", "lag_seconds_objective", float, "LAGGING when lag_seconds is above it"),
     ("--page-on-lagging", "page_on_lagging", bool, "LAGGING breaches (pages) too"),
-    ("--max-stopped", "max_stopped_seconds", finite_number(above_zero=False),
-     "STOPPED/RECOVERING longer than this breaches"),
-    ("--consecutive-breaches", "consecutive_breaches", integer_option(1), "breaching evaluations in a row before a page"),
+    ("--max-stopped", "max_stopped_seconds", float, "STOPPED/RECOVERING longer than this breaches"),
+    ("--consecutive-breaches", "consecutive_breaches", integer_option("--consecutive-breaches"),
+     "breaching evaluations in a row before a page"),
 )
 
 
@@ -850,11 +857,11 @@ def _add_spark_server_commands(commands, common: argparse.ArgumentParser) -> Non
     shared.add_argument("--json", action="store_true")
     start = actions.add_parser("start", parents=[common, shared],
                                help="start the server unless it runs (then report it); safe to run at once from many tasks")
-    start.add_argument("--port", type=integer_option(1, 65535), default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT})")
+    start.add_argument("--port", type=integer_option("--port", 1, 65535), default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT})")
     start.add_argument("--memory", default=None, metavar="SIZE",
                        help="driver memory, e.g. 4g (default: a third of the machine's RAM, at most 8g)")
     start.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting of the server")
-    start.add_argument("--timeout", type=finite_number(above_zero=True), default=START_TIMEOUT_SECONDS, metavar="SECONDS",
+    start.add_argument("--timeout", type=finite_number("--timeout", above_zero=True), default=START_TIMEOUT_SECONDS, metavar="SECONDS",
                        help=f"wait this long for the port to accept (default {START_TIMEOUT_SECONDS:g})")
     status = actions.add_parser("status", parents=[common, shared],
                                 help="whether the recorded server runs and its port answers (exit 2 if not)")
@@ -970,20 +977,17 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except ConfigurationError as exc:
+        # A bad option value (the type= functions above); the command is not known yet.
+        return _report(exc, "--json" in (sys.argv[1:] if argv is None else argv))
     as_json = getattr(args, "json", False)
     try:
         ctx = Context(args) if args.command not in ("spark-server", "spark-archive") else None  # no shard, no store
         result = COMMANDS[args.command](ctx, args)
     except UpsertError as exc:
-        payload = exc.to_dict()
-        if as_json:
-            print(json.dumps(payload, default=str))
-        # One line, as errors.md promises, whatever file name or reason the message quotes.
-        print(f"upsertctl: {_printable(exc.message)}", file=sys.stderr)
-        for item in payload.get("records", [])[:5]:
-            print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
-        return exc.exit_code
+        return _report(exc, as_json)
     except KeyboardInterrupt:
         print("upsertctl: interrupted", file=sys.stderr)
         return 130
@@ -1077,6 +1081,19 @@ def _printable(text: str) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return (lines[0] if lines else "")[:300]
+
+def _report(exc: UpsertError, as_json: bool) -> int:
+    """Print an error as errors.md describes (the object on stdout with --json, one line on
+    stderr) and return its exit code."""
+    payload = exc.to_dict()
+    if as_json:
+        print(json.dumps(payload, default=str))
+    # One line, as errors.md promises, whatever file name or reason the message quotes.
+    print(f"upsertctl: {_printable(exc.message)}", file=sys.stderr)
+    for item in payload.get("records", [])[:5]:
+        print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
+    return exc.exit_code
+
 
 
 def _print_human(result: dict[str, Any]) -> None:

@@ -91,7 +91,7 @@ def test_stop_status_resume_history(store_shard, capsys):
     assert lines[-1] == "3 change(s)"
 
     code, out, err = cli(capsys, "stream", "history", "orders", "--limit", "0")
-    assert code == 2 and out["field"] == "limit" and "--limit must be >= 1" in err
+    assert code == 2 and out["field"] == "limit" and "--limit takes an integer from 1 to 2**63-1, not '0'" in err
     code, out, _ = cli(capsys, "stream", "status", "nope")
     assert code == 2 and out["error"] == "ShardNotFound"
     code, out, _ = cli(capsys, "stream", "stop", "orders", "--drain", "-1")

@@ -24,31 +24,22 @@ INTERNAL_COLUMNS = (
 DURATION_PATTERN = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 
 
-def duration_seconds(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``1.5h``; positive and finite.
-    Anything else raises ``ValueError`` saying why, quoting ``text`` (cut short)."""
+def parse_duration(text: str, *, field: str = "duration") -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``1.5h``; positive and finite."""
     text = str(text)
     shown = repr(text) if len(text) <= 40 else f"of {len(text)} characters"
     cleaned = text.strip().lower()
     match = DURATION_PATTERN.fullmatch(cleaned) if cleaned else None
     if match is None or not any(match.groups()):
-        raise ValueError(f"{shown} is not a duration (seconds, or e.g. 90s, 10m, 1h30m)")
+        raise ConfigurationError(f"{field}: {shown} is not a duration (seconds, or e.g. 90s, 10m, 1h30m)", field=field)
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
-        raise ValueError(f"{shown} must be longer than zero")
+        raise ConfigurationError(f"{field}: {shown} must be longer than zero", field=field)
     if not math.isfinite(total):
         # Enough digits make float() infinite: a run that would never end by itself.
-        raise ValueError(f"the duration {shown} is too long to be finite")
+        raise ConfigurationError(f"{field}: the duration {shown} is too long to be finite", field=field)
     return total
-
-
-def parse_duration(text: str, *, field: str = "duration") -> float:
-    """:func:`duration_seconds`, with a :class:`ConfigurationError` naming ``field``."""
-    try:
-        return duration_seconds(text)
-    except ValueError as exc:
-        raise ConfigurationError(f"{field}: {exc}", field=field) from None
 
 
 def validate_shard_id(shard_id: str) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.helpers import cli_store, run_cli, run_cli_json
 from tests.kafka.conftest import produce_changes
 
@@ -82,6 +80,5 @@ def test_continuous_and_for_go_together(tmp_path, monkeypatch, capsys):
     assert code == 2 and "--continuous and --for DURATION go together" in err
     code, _, err = run_cli(capsys, "run-batch", "k", "--for", "10m")
     assert code == 2 and "go together" in err
-    with pytest.raises(SystemExit) as usage:  # refused by the argument parser, naming the option
-        run_cli(capsys, "run-batch", "k", "--continuous", "--for", "soon")
-    assert usage.value.code == 2 and "argument --for: 'soon' is not a duration" in capsys.readouterr().err
+    code, _, err = run_cli(capsys, "run-batch", "k", "--continuous", "--for", "soon")
+    assert code == 2 and "'soon' is not a duration" in err
