@@ -83,6 +83,11 @@ def parse_key_values(items: Sequence[str], option: str) -> dict[str, str]:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DIGITS = re.compile(r"[+-]?[0-9_]+")
 
+# The argparse ``type=`` functions below raise ConfigurationError, which argparse lets through
+# (it turns only ValueError and TypeError into a usage line): a bad value is then reported as
+# every bad value is (exit 2, the option named, an error object with --json), before any store,
+# blob root or Spark session is opened.
+
 
 def _shown(text: str) -> str:
     """A value as an error message quotes it: repr (control characters escaped), cut short."""
@@ -101,7 +106,7 @@ def integer_option(option: str, minimum: int = INT64_MIN, maximum: int = INT64_M
 
     def integer(text: str) -> int:
         try:
-            value = int(text)
+            value: int | None = int(text)
         except ValueError:
             if not _DIGITS.fullmatch(text.strip()):
                 value = minimum - 1  # not an integer at all: refused below
@@ -1031,6 +1036,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return getattr(args, "exit_code", 0)
 
 
+def _report(exc: UpsertError, as_json: bool) -> int:
+    """Print an error as errors.md describes (the object on stdout with --json, one line on
+    stderr) and return its exit code."""
+    payload = exc.to_dict()
+    if as_json:
+        print(json.dumps(payload, default=str))
+    # One line, as errors.md promises, whatever file name or reason the message quotes.
+    print(f"upsertctl: {_printable(exc.message)}", file=sys.stderr)
+    for item in payload.get("records", [])[:5]:
+        print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
+    return exc.exit_code
+
+
 def run() -> NoReturn:
     """The ``upsertctl`` program: :func:`main`, then an exit that skips tearing down the
     interpreter's modules.
@@ -1081,19 +1099,6 @@ def _printable(text: str) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return (lines[0] if lines else "")[:300]
-
-def _report(exc: UpsertError, as_json: bool) -> int:
-    """Print an error as errors.md describes (the object on stdout with --json, one line on
-    stderr) and return its exit code."""
-    payload = exc.to_dict()
-    if as_json:
-        print(json.dumps(payload, default=str))
-    # One line, as errors.md promises, whatever file name or reason the message quotes.
-    print(f"upsertctl: {_printable(exc.message)}", file=sys.stderr)
-    for item in payload.get("records", [])[:5]:
-        print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
-    return exc.exit_code
-
 
 
 def _print_human(result: dict[str, Any]) -> None:
