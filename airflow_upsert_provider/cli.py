@@ -347,6 +347,10 @@ def blob_access(args: argparse.Namespace) -> str:
     return "read"
 
 
+def _blob_root(args: argparse.Namespace) -> str:
+    return getattr(args, "blob_root", None) or os.environ.get("UPSERT_BLOB_ROOT") or DEFAULT_BLOB_ROOT
+
+
 class Context:
     """Engine objects built from the global options, Spark only on demand."""
 
@@ -357,8 +361,7 @@ class Context:
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
         url = getattr(args, "consensus", None) or os.environ.get("UPSERT_CONSENSUS_URL") or DEFAULT_CONSENSUS_URL
-        root = getattr(args, "blob_root", None) or os.environ.get("UPSERT_BLOB_ROOT") or DEFAULT_BLOB_ROOT
-        self.blob = open_blob(root)
+        self.blob = open_blob(_blob_root(args))
         # Checked up front, with a message naming the root, before any Spark job writes there.
         access = blob_access(args)
         if access == "create":
@@ -980,6 +983,46 @@ COMMANDS = {
 }
 
 
+# Commands that open no shard, no store and no blob root.
+NO_STORE_COMMANDS = ("spark-server", "spark-archive")
+
+
+def failed_write_path(exc: BaseException) -> str | None:
+    """The file or directory whose write failed for a reason of the filesystem: the filename
+    of an ``OSError`` in the exception chain, or the path a JVM error names in java.io's
+    ``<path> (<reason>)`` form; None if neither names one."""
+    from airflow_upsert_provider.engine.writer import BLOB_WRITE_FAILURES
+
+    java_path = re.compile(r"(\S+) \((?:" + "|".join(map(re.escape, BLOB_WRITE_FAILURES.values())) + r")\)")
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in BLOB_WRITE_FAILURES and current.filename:
+            return os.fsdecode(current.filename)
+        match = java_path.search(str(current))
+        if match:
+            return match.group(1)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def write_failure_line(exc: BaseException, cause: str, args: argparse.Namespace) -> str:
+    """What a write that hit the filesystem's limits (full, over quota, read-only) reports:
+    the path that failed, which may be under the blob root (a compaction's output, a
+    checkpoint's manifest) or not (a source's retention log, a state directory)."""
+    path = failed_write_path(exc)
+    if path is not None:
+        what = f"writing {path} failed: {cause}"
+    elif args.command in NO_STORE_COMMANDS:
+        what = f"a write failed: {cause} (no path was named)"
+    else:
+        what = (f"a write failed: {cause} (no path was named: Spark writes under the blob root "
+                f"{_blob_root(args)} and its local directories)")
+    # Every command writes its files before the commit that names them.
+    return f"{what}; nothing was committed: free space or fix the mount, then run again"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -989,7 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(exc, "--json" in (sys.argv[1:] if argv is None else argv))
     as_json = getattr(args, "json", False)
     try:
-        ctx = Context(args) if args.command not in ("spark-server", "spark-archive") else None  # no shard, no store
+        ctx = Context(args) if args.command not in NO_STORE_COMMANDS else None
         result = COMMANDS[args.command](ctx, args)
     except UpsertError as exc:
         return _report(exc, as_json)
@@ -1014,10 +1057,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return SparkUnavailable.exit_code
         cause = blob_write_failure(exc)
         if cause is not None:
-            # A data write (a compaction's output, a checkpoint's manifest) hit the disk's
-            # limits; every command writes its files before the commit that names them.
-            print(f"upsertctl: writing under the blob root failed: {cause}; nothing was committed: "
-                  "free space or fix the mount, then run again", file=sys.stderr)
+            print(f"upsertctl: {_printable(write_failure_line(exc, cause, args))}", file=sys.stderr)
             return BlobWriteFailed.exit_code
         print(f"upsertctl: unexpected error: {type(exc).__name__}: {_first_line(exc)} "
               "(a bug or an unmapped failure: set UPSERT_DEBUG=1 for the traceback and report it; "

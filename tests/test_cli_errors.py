@@ -256,7 +256,61 @@ def test_a_full_disk_in_any_command_is_exit_2_not_unexpected(env, capsys, monkey
     monkeypatch.setitem(cli.COMMANDS, "compact", compaction_on_a_full_disk)
     monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
     code, _, err = run(capsys, "compact", "s")
-    assert_clean_error(code, err, 2, "writing under the blob root failed: No space left on device")
+    # The JVM named no file: the line says so and where Spark writes, without claiming which.
+    assert_clean_error(code, err, 2, "a write failed: No space left on device (no path was named: Spark writes "
+                       f"under the blob root {os.environ['UPSERT_BLOB_ROOT']} and its local directories)")
+
+
+def test_a_write_failure_names_the_path_the_jvm_or_the_os_names(env, capsys, monkeypatch):
+    def jvm_write_to_a_read_only_mount(ctx, args):
+        raise RuntimeError("An error occurred while calling o51.parquet.\n: java.io.FileNotFoundException: "
+                           "/mnt/scratch/blockmgr-1/0e/shuffle_0_1_0.data (Read-only file system)")
+
+    def os_write_to_a_full_disk(ctx, args):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/srv/landing/p0/.retention.jsonl")
+        except OSError as exc:
+            raise RuntimeError("while pruning") from exc
+
+    monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
+    monkeypatch.setitem(cli.COMMANDS, "compact", jvm_write_to_a_read_only_mount)
+    code, _, err = run(capsys, "compact", "s")
+    assert_clean_error(code, err, 2, "writing /mnt/scratch/blockmgr-1/0e/shuffle_0_1_0.data failed: "
+                       "Read-only file system; nothing was committed")
+    assert "blob root" not in err
+    monkeypatch.setitem(cli.COMMANDS, "source", os_write_to_a_full_disk)
+    code, _, err = run(capsys, "source", "prune", "s")
+    assert_clean_error(code, err, 2, "writing /srv/landing/p0/.retention.jsonl failed: No space left on device")
+    assert "blob root" not in err
+
+
+# -- a directory that is not the blob root, read-only ----------------------------------------------
+
+def test_a_read_only_landing_directory_is_named_by_source_prune(tmp_path, monkeypatch, sqlite_url, capsys, tmpfs):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    landing = tmpfs("4m", name="landing")
+    shard = make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC, max_files_per_batch=2)
+    for ts in range(3):
+        commit(shard, ts)
+    remount(landing, "ro")
+    before = tree(str(landing))
+    code, _, err = run(capsys, "source", "prune", "orders", "--below", "committed")
+    assert_clean_error(code, err, 2, f"writing {landing}/p0/", "failed: Read-only file system",
+                       "nothing was committed")
+    assert "blob root" not in err
+    assert tree(str(landing)) == before
+    consensus.dispose()
+
+
+@pytest.mark.parametrize("command", [["spark-server", "start"], ["spark-archive", "build"]])
+def test_a_read_only_state_directory_is_named(tmp_path, monkeypatch, capsys, tmpfs, command):
+    state = tmpfs("1m", name="state")
+    remount(state, "ro")
+    subdir = "spark-server" if command[0] == "spark-server" else "class-archive"
+    code, _, err = run(capsys, *command, "--state-dir", str(state))
+    assert_clean_error(code, err, 2, f"writing {state}/{subdir} failed: Read-only file system")
+    assert "blob root" not in err
+    assert os.listdir(state) == []
 
 
 # -- every number option: 64 bits, finite, in range; else an error naming it (exit 2) --------------
