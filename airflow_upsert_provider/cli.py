@@ -397,7 +397,11 @@ class Context:
     def shard(self, shard_id: str):
         from airflow_upsert_provider.engine.shard import Shard
 
-        return Shard.open(self.consensus, self.blob, shard_id, kafka_config=self.kafka_config())
+        shard = Shard.open(self.consensus, self.blob, shard_id)
+        if shard.is_kafka and self.kafka_config_path:
+            # Read only for a Kafka shard: a directory shard does not depend on a Kafka setting.
+            shard = Shard(self.consensus, self.blob, shard_id, shard.config, kafka_config=self.kafka_config())
+        return shard
 
 
 def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -412,7 +416,8 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.upsert import infer_schema, parse_schema
 
     validate_shard_id(args.shard)
-    source = open_source(args.source, args.source_format, kafka_config=ctx.kafka_config())
+    source = open_source(args.source, args.source_format,
+                         kafka_config=ctx.kafka_config() if is_kafka_uri(args.source) else None)
     extra = _kafka_init_options(args, is_kafka_uri(source.uri))
     source.check()
     spark = ctx.spark()
@@ -438,7 +443,8 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         ),
         extra=extra,
     )
-    shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config, kafka_config=ctx.kafka_config())
+    shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config,
+                         kafka_config=ctx.kafka_config() if is_kafka_uri(source.uri) else None)
     return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0}
 
 

@@ -405,6 +405,37 @@ def test_a_duration_too_long_to_be_finite_is_refused(env, capsys):
     assert json.loads(out)["field"] == "--for"
 
 
+# -- the Kafka client config file ----------------------------------------------------------------
+
+def test_a_kafka_config_that_is_not_utf8_names_the_file_never_its_content(tmp_path, monkeypatch, capsys):
+    cli_store(tmp_path, monkeypatch, f"sqlite:///{tmp_path / 'c.db'}")
+    raw = b'{"bootstrap.servers": "127.0.0.1:9092", "sasl.password": "hunter2\xe9"}'  # Latin-1, not UTF-8
+    config = tmp_path / "k.json"
+    config.write_bytes(raw)
+    code, out, err = run(capsys, "init", "ko", "--source", "kafka:orders", "--key", "id", "--schema", "id BIGINT",
+                         "--kafka-config", str(config), "--json")
+    position = raw.index(b"\xe9")
+    assert_clean_error(code, err, 2, f"kafka client config {config}: not valid UTF-8 (byte {position})")
+    assert json.loads(out)["field"] == "kafka_config"
+    assert "hunter2" not in out + err
+
+
+def test_a_broken_kafka_config_does_not_break_a_directory_shard(tmp_path, monkeypatch, sqlite_url, capsys):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC)
+    absent = tmp_path / "absent.json"
+    monkeypatch.setenv("UPSERT_KAFKA_CONFIG", str(absent))
+    code, out, err = run(capsys, "status", "orders", "--no-rows", "--json")
+    assert code == 0, err
+    assert json.loads(out)["upper"] == 0
+    code, out, err = run(capsys, "source", "prune", "orders", "--below", "committed", "--dry-run", "--json")
+    assert code == 0, err
+    # A Kafka shard still needs it, and says which file it could not read.
+    code, _, err = run(capsys, "init", "k", "--source", "kafka:orders", "--key", "id", "--schema", "id BIGINT")
+    assert_clean_error(code, err, 2, f"kafka client config {absent}: cannot read it")
+    consensus.dispose()
+
+
 # -- text given by someone else cannot forge a line of output -------------------------------------
 
 def test_control_characters_of_a_reason_or_an_actor_are_escaped_in_human_output(

@@ -72,6 +72,12 @@ def load_kafka_config(path: str) -> KafkaConfig:
         raise ConfigurationError(
             f"kafka client config {path}: cannot read it ({exc.strerror or exc})", field="kafka_config"
         ) from None
+    except UnicodeDecodeError as exc:
+        # The byte's position only: the text around it could be a password.
+        raise ConfigurationError(
+            f"kafka client config {path}: not valid UTF-8 (byte {exc.start}); save it as UTF-8 JSON",
+            field="kafka_config",
+        ) from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
