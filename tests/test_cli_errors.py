@@ -469,3 +469,10 @@ def test_an_error_message_quoting_a_file_name_stays_one_line(env, capsys, monkey
     assert_clean_error(code, err, 3, f"upsertctl: segment {env}/p0/1.jsonl\\n: not a segment name\n")
     assert err.count("\n") == 1
     assert json.loads(out)["file"] == f"{env}/p0/1.jsonl\n"
+
+
+def test_a_schema_that_does_not_parse_says_why(spark, env, capsys):
+    code, _, err = run(capsys, "init", "s", "--source", f"dir:{env}", "--key", "id", "--schema", "garbage")
+    assert_clean_error(code, err, 2, "invalid --schema 'garbage': ")
+    reason = err.split("invalid --schema 'garbage': ", 1)[1].strip()
+    assert reason, err

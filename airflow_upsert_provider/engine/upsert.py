@@ -332,7 +332,9 @@ def parse_schema(spark: "SparkSession", ddl: str) -> str:
     try:
         parsed = _parse_datatype_string(ddl)
     except Exception as exc:
-        raise ConfigurationError(f"invalid --schema {ddl!r}: {str(exc).splitlines()[0]}", field="schema") from None
+        # Spark's parse errors start with an empty line: the reason is the first line with text.
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ConfigurationError(f"invalid --schema {ddl!r}: {reason}", field="schema") from None
     if not isinstance(parsed, StructType):
         raise ConfigurationError(f"--schema {ddl!r} is not a list of columns", field="schema")
     return parsed.json()
