@@ -81,7 +81,6 @@ def parse_key_values(items: Sequence[str], option: str) -> dict[str, str]:
 
 # Integers go to SQLite / PostgreSQL BIGINT columns and Spark longs: 64 bits, signed.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_DIGITS = re.compile(r"[+-]?[0-9_]+")
 
 # The argparse ``type=`` functions below raise ConfigurationError, which argparse lets through
 # (it turns only ValueError and TypeError into a usage line): a bad value is then reported as
@@ -108,10 +107,7 @@ def integer_option(option: str, minimum: int = INT64_MIN, maximum: int = INT64_M
         try:
             value: int | None = int(text)
         except ValueError:
-            if not _DIGITS.fullmatch(text.strip()):
-                value = minimum - 1  # not an integer at all: refused below
-            else:
-                value = None  # more digits than int() converts: beyond 64 bits
+            value = None  # not an integer, or more digits than int() converts (far beyond 64 bits)
         if value is None or not minimum <= value <= maximum:
             raise ConfigurationError(f"{option} takes an integer from {low} to {high}, not {_shown(text)}",
                                      field=_field(option))
