@@ -517,7 +517,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         print(f"upper: {report.upper} ({out['committed']} committed, {len(report.results)} step(s))")
         if report.stopped_because:
-            print(f"stopped early: {report.stopped_because}; no further batch started")
+            print(_printable(f"stopped early: {report.stopped_because}; no further batch started"))
         return {}
     return out
 
@@ -605,7 +605,7 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         print(f"restored shard {record.shard_id} from checkpoint {checkpoint_id} of shard {shard_id}: "
               f"upper {record.upper}, since {record.since}")
-        print(f"shard {record.shard_id}: {state.describe()}")
+        print(_printable(f"shard {record.shard_id}: {state.describe()}"))
         print(f"next: {next_step}, then upsertctl recover resume {record.shard_id} (docs/recovery.md)")
         return {}
     return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since,

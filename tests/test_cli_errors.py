@@ -476,3 +476,14 @@ def test_a_schema_that_does_not_parse_says_why(spark, env, capsys):
     assert_clean_error(code, err, 2, "invalid --schema 'garbage': ")
     reason = err.split("invalid --schema 'garbage': ", 1)[1].strip()
     assert reason, err
+
+
+def test_a_restore_prints_its_actor_escaped(tmp_path, monkeypatch, sqlite_url, capsys):
+    consensus, blob = cli_store(tmp_path, monkeypatch, sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=PRUNE_SPEC)
+    commit(shard, 0)
+    assert run(capsys, "checkpoint", "create", "orders")[0] == 0
+    code, out, err = run(capsys, "checkpoint", "restore", "orders", "--as", "copy", "--actor", "ops\x1b[2K")
+    assert code == 0, err
+    assert "\x1b" not in out and "set by ops\\x1b[2K at " in out
+    consensus.dispose()
