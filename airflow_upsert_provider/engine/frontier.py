@@ -77,8 +77,16 @@ PAGE_SOURCE = "airflow-upsert-provider"
 DEDUP_PREFIX = "airflow-upsert"
 
 WRITER_OBSERVER_PREFIX = "writer:"
-# Outcomes of writer steps that move the upper; anything else is a step that committed nothing.
-ADVANCING_OUTCOMES = frozenset({"committed"})
+# Outcomes of writer steps that brought the upper to where the step left it (its own commit, its
+# own commit found on a retry, a peer's commit of the same batch); anything else committed nothing.
+ADVANCING_OUTCOMES = frozenset({"committed", "already_committed", "already_persisted"})
+# A writer step that raised is recorded with the outcome "failed:<error class>".
+FAILED_OUTCOME_PREFIX = "failed:"
+
+
+def failed_outcome(exc: BaseException) -> str:
+    """The writer outcome recorded for a step that raised ``exc``."""
+    return FAILED_OUTCOME_PREFIX + type(exc).__name__
 
 
 def _value(x: Any) -> Any:
@@ -421,14 +429,21 @@ def _kendall_trend(values: Sequence[float]) -> float:
     return score / pairs
 
 
-def _writer_summary(samples: Sequence[Observation]) -> tuple[list[str], dict[str, int]]:
-    writers = sorted({o.observer for o in samples if o.is_writer})
+def _writer_summary(samples: Sequence[Observation]) -> tuple[list[str], dict[str, int], dict[str, int]]:
+    """The writers whose steps committed nothing among ``samples``, what they reported (outcome:
+    count), and of that the failures (error class: count). A step that brought the upper to the
+    current one (the commit that set it) is progress, not "committing nothing"."""
+    idle = [o for o in samples if o.is_writer and (o.writer_outcome or "unknown") not in ADVANCING_OUTCOMES]
+    writers = sorted({o.observer for o in idle})
     outcomes: dict[str, int] = {}
-    for o in samples:
-        if o.is_writer:
-            key = o.writer_outcome or "unknown"
-            outcomes[key] = outcomes.get(key, 0) + 1
-    return writers, outcomes
+    failures: dict[str, int] = {}
+    for o in idle:
+        key = o.writer_outcome or "unknown"
+        outcomes[key] = outcomes.get(key, 0) + 1
+        if key.startswith(FAILED_OUTCOME_PREFIX):
+            error = key[len(FAILED_OUTCOME_PREFIX):] or "unknown error"
+            failures[error] = failures.get(error, 0) + 1
+    return writers, outcomes, failures
 
 
 def upstream_reasons(obs: Observation | None) -> list[str]:
@@ -597,14 +612,24 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     else:
         last_advance_at = None
 
-    # When did records become pending at this upper? From the first sample at the upper that
-    # saw any (a later zero-lag sample cannot undo that: the bound has not moved, so the
-    # records are still there), dated back by lag_seconds, the age of the oldest of them.
+    # When did records become pending at this upper? From when an observation first saw them:
+    # the first sample of the run of pending samples that reaches the first pending sample at
+    # this upper (a later zero-lag sample cannot undo that: the bound has not moved, so the
+    # records are still there). A segment's landing time (lag_seconds) may date it earlier only
+    # between the last look that saw nothing pending and the first that did: a file moved or
+    # copied with its old mtime (mv, cp -p, rsync -a, tar) says nothing of when it arrived.
     pending_since: float | None = None
-    for o in at_upper:
-        if o.lag_records > 0:
-            since = o.observed_at - o.lag_seconds if o.lag_seconds is not None else o.observed_at
-            pending_since = since if pending_since is None else min(pending_since, since)
+    first_pending = next((suffix_start + i for i, o in enumerate(at_upper) if o.lag_records > 0), None)
+    if first_pending is not None:
+        first_seen = first_pending
+        while first_seen > 0 and samples[first_seen - 1].lag_records > 0:
+            first_seen -= 1
+        seen = samples[first_seen]
+        pending_since = seen.observed_at
+        if first_seen > 0 and seen.lag_seconds is not None:
+            dated = seen.observed_at - seen.lag_seconds
+            if samples[first_seen - 1].observed_at < dated:
+                pending_since = dated
     hw_grew = any(
         o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
         for prev, o in zip(at_upper, at_upper[1:]) for p in o.high_watermark
@@ -614,25 +639,36 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
                              if any(o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
                                     for p in o.high_watermark))
 
+    # Stuck time starts at the latest of: when records became pending, the last advance, and
+    # when the stream last became READY (a resume): time spent STOPPED or RECOVERING is a
+    # person's doing, never stall time.
+    ready_since = max((o.stream_changed_at for o in samples if str(_value(o.stream_status)) == "READY"),
+                      default=0.0)
+    stall_start: float | None = None
+    if pending_since is not None:
+        stall_start = max(t for t in (pending_since, last_advance_at, ready_since) if t is not None)
+
     # STALLED: the source grew and the upper has not moved since, for longer than the stall
     # threshold. Stuck time counts from when the source grew, not from the last advance: an
     # upper has no reason to move while its source is idle.
     stall_seconds = settings.stall_seconds
-    if pending_since is not None:
-        stall_start = max(pending_since, last_advance_at) if last_advance_at is not None else pending_since
+    if stall_start is not None:
         stuck = newest.observed_at - stall_start
         if stuck >= stall_seconds:
             in_stall = [o for o in at_upper if o.observed_at >= stall_start]
-            writers, outcomes = _writer_summary(in_stall)
+            writers, outcomes, failures = _writer_summary(in_stall)
             reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} "
                        f"(since {_iso(stall_start)}) while {newest.lag_records:,} records are pending"
                        + (f", the oldest waiting {format_duration(newest.lag_seconds)}"
                           if newest.lag_seconds is not None else "")]
-            if writers:
+            if failures:
+                reasons.append(f"writer failing: {', '.join(sorted(failures))} ({sum(failures.values())} failed "
+                               f"run(s) since the stall began, by {', '.join(writers)})")
+            if writers and len(failures) < len(outcomes):
                 listed = ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items()))
                 reasons.append(f"writers running and committing nothing: {', '.join(writers)} reported {listed} "
                                f"since the stall began")
-            else:
+            elif not writers:
                 last_writer = next((o for o in reversed(samples) if o.is_writer), None)
                 reasons.append("no writer observed since the stall began"
                                + (f" (last writer observation {format_duration(newest.observed_at - last_writer.observed_at)}"
@@ -683,9 +719,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
 
     reasons = [f"upper {newest.upper}, {newest.lag_records:,} records pending"]
     rule = "ok: the upper follows the source"
-    if pending_since is not None:
-        waited = newest.observed_at - (max(pending_since, last_advance_at) if last_advance_at is not None
-                                       else pending_since)
+    if stall_start is not None:
+        waited = newest.observed_at - stall_start
         rule = f"ok: records pending for {format_duration(waited)} < {_stall_formula(settings)} = {stall_seconds:g}s"
         reasons.append(f"records pending for {format_duration(waited)}; stalled only after {format_duration(stall_seconds)}")
     return result(FrontierStatus.OK, rule, reasons, last_advance_at=last_advance_at)

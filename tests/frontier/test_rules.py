@@ -575,3 +575,72 @@ def test_resolve_when_a_human_stops_the_stream_or_the_shard_is_gone(
     assert action == "resolve"
     event = page_event(e, state, action, settings)
     assert event["summary"] == summary and event["dedup_key"] == dedup_key(SHARD)
+
+
+# --- no false pages: a resumed stop, a segment with an old mtime; a writer that fails -------------
+
+
+def test_stall_time_starts_at_the_resume_not_while_the_stream_was_stopped() -> None:
+    # Stopped for an hour with records pending, resumed 19 s before NOW; the stall threshold is 20 s.
+    settings = StallSettings(cadence_seconds=5, stall_multiplier=4, min_stall_seconds=20, window_seconds=900)
+    resumed_at = NOW - 19
+    rows = []
+    for i in range(15):
+        t = NOW - 60 * (14 - i) if i < 14 else NOW
+        ready = t >= resumed_at
+        rows.append((42, 1000, 1000 + 50 * (i + 1),
+                     {"stream_status": "READY" if ready else "STOPPED",
+                      "stream_changed_at": resumed_at if ready else NOW - 3600}))
+    window = series(rows, commit_before=7200)
+    window[-1] = replace(window[-1], observed_at=NOW)
+    e = evaluate(SHARD, window, settings, NOW, fresh())
+    assert e.status is FrontierStatus.OK and not e.breach, e.rule
+    assert "records pending for 19s" in e.rule
+    # Still unmoved 21 s after the resume: a stall, counted from the resume.
+    later = window + [replace(window[-1], observed_at=resumed_at + 21)]
+    e = evaluate(SHARD, later, settings, resumed_at + 21, fresh())
+    assert e.status is FrontierStatus.STALLED and e.stuck_seconds == pytest.approx(21)
+    assert e.thresholds["stall_started_at"] == resumed_at
+
+
+def test_a_segment_with_an_old_mtime_is_not_stalled_at_the_first_look() -> None:
+    # A segment moved in with `cp -p`: it claims to have landed a day ago. The first two looks
+    # see it pending; nothing says it was there before the first of them.
+    first, second = NOW - 60, NOW
+    day = 86400.0
+    window = [obs(first, 42, 1000, 1500, lag_seconds=day, last_commit_at=NOW - 2 * day),
+              obs(second, 42, 1000, 1500, lag_seconds=day + 60, last_commit_at=NOW - 2 * day)]
+    e = evaluate(SHARD, window, SETTINGS, NOW, fresh())
+    assert e.status is FrontierStatus.OK and not e.breach, e.rule
+    assert "records pending for 1m" in e.rule
+    # It counts from the first look that saw it: stalled 300 s after that look.
+    later = window + [obs(first + 300, 42, 1000, 1500, lag_seconds=day + 300, last_commit_at=NOW - 2 * day)]
+    e = evaluate(SHARD, later, SETTINGS, first + 300, fresh())
+    assert e.status is FrontierStatus.STALLED and e.stuck_seconds == pytest.approx(300)
+    # After a look that saw nothing pending, an old mtime is no earlier than the first look that saw it.
+    clean = [obs(first - 60, 42, 1000, 1000, last_commit_at=NOW - 2 * day)] + window
+    e = evaluate(SHARD, clean, SETTINGS, NOW, fresh())
+    assert e.status is FrontierStatus.OK and "records pending for 1m" in e.rule
+
+
+def test_the_commit_that_set_the_upper_is_not_a_writer_committing_nothing() -> None:
+    rows = [(41, 900, 900)] + [(42, 1000, 1000 + 100 * i) for i in range(1, 15)]
+    window = series(rows, commit_before=600)
+    # The writer's own commit of batch 41 (upper 41 -> 42) is observed right after it.
+    window[1] = replace(window[1], observer=WRITER, writer_outcome="committed")
+    e = run(window)
+    assert e.status is FrontierStatus.STALLED, e.rule
+    assert e.writers_running is False
+    assert not any("committing nothing" in r for r in e.reasons), e.reasons
+    assert any(r.startswith("no writer observed since the stall began") for r in e.reasons), e.reasons
+
+
+def test_a_writer_failing_on_every_run_is_named_with_its_error_class() -> None:
+    window = [replace(o, observer=WRITER, writer_outcome="failed:SparkUnavailable") if i % 2 else o
+              for i, o in enumerate(STUCK_GROWING)]
+    e = run(window)
+    assert e.status is FrontierStatus.STALLED and e.writers_running is True
+    failing = [r for r in e.reasons if r.startswith("writer failing: SparkUnavailable")]
+    assert failing and "(7 failed run(s) since the stall began" in failing[0] and "writer:w1" in failing[0], e.reasons
+    assert not any("no writer observed" in r or "committing nothing" in r for r in e.reasons), e.reasons
+    assert page_event(e, fresh(), "trigger", SETTINGS)["custom_details"]["reasons"][1].startswith("writer failing:")
