@@ -490,7 +490,15 @@ class Writer:
         return False
 
     def step(self) -> BatchResult:
-        """Advance the shard by one batch if the source holds one."""
+        """Advance the shard by one batch if the source holds one. A step that raises is
+        recorded as a frontier observation before the error goes on."""
+        try:
+            return self._step()
+        except Exception as exc:
+            self.record_failed_step(exc)
+            raise
+
+    def _step(self) -> BatchResult:
         if self.epoch is None:
             self.start()
         started = time.monotonic()
@@ -598,6 +606,18 @@ class Writer:
             log.warning("shard %s: frontier observation after batch %s not recorded (%s: %s); "
                         "the batch is unaffected", self.shard.shard_id, result.ts, type(exc).__name__,
                         (str(exc).splitlines() or [""])[0][:300])
+
+    def record_failed_step(self, exc: BaseException) -> None:
+        """Record an observation for a step that raised (outcome "failed:<error class>"): a
+        writer failing on every run leaves a trail that says so, not the silence of no writer."""
+        from airflow_upsert_provider.engine.frontier import failed_outcome
+
+        upper = self.progress
+        try:
+            upper = self.shard.state().upper
+        except Exception:  # noqa: BLE001 - the store may be what failed; observe() says so below
+            pass
+        self.record_observation(BatchResult(upper, failed_outcome(exc), upper=upper))
 
     def run(
         self,

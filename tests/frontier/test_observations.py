@@ -353,3 +353,33 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
         assert recorded[-1].lag_seconds is None
     finally:
         consensus.dispose()
+
+
+def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_names_it(sqlite_url, blob, tmp_path):
+    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.errors import SparkUnavailable
+
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+
+        def no_spark():
+            raise SparkUnavailable("the Spark Connect server at sc://127.0.0.1:1 did not answer")
+
+        started = time.time()
+        for attempt in range(3):
+            with pytest.raises(SparkUnavailable):
+                Writer(shard, f"failing-{attempt}", spark_factory=no_spark).run(max_batches=1)
+        recorded = observations.observation_window(consensus, "orders", started - 1)
+        assert [(o.observer, o.writer_outcome, o.upper, o.lag_records) for o in recorded] == [
+            (f"writer:failing-{i}", "failed:SparkUnavailable", 0, 62) for i in range(3)]
+        # A look past the stall threshold after the first failure: the page says what fails.
+        settings = StallSettings(cadence_seconds=1, min_stall_seconds=1, window_seconds=60)
+        evaluation = observations.peek_shard(consensus, blob, "orders", settings, observer="test",
+                                             now=recorded[0].observed_at + 5).evaluation
+        assert evaluation.status is FrontierStatus.STALLED, evaluation.rule
+        assert any(r.startswith("writer failing: SparkUnavailable (3 failed run(s)") for r in evaluation.reasons), \
+            evaluation.reasons
+        assert not any("no writer observed" in r for r in evaluation.reasons)
+    finally:
+        consensus.dispose()
