@@ -806,21 +806,28 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine import observations
 
     if args.frontier_command == "observe":
-        recorded = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=_actor(args))
-        out = [o.to_dict() for o in recorded]
+        report = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=_actor(args),
+                                             open_shard=ctx.shard)
+        out = [o.to_dict() for o in report.observations]
+        if report.unobservable:
+            # Every other shard was observed and recorded; these are named, and the exit says so.
+            for shard_id, reason in report.unobservable.items():
+                print(f"upsertctl: shard {shard_id}: not observable: {reason}", file=sys.stderr)
+            args.exit_code = 2
         if not args.json:
             for obs in out:
                 print(_observation_line(obs))
-            print(f"{len(out)} observation(s) recorded")
+            print(f"{len(out)} observation(s) recorded"
+                  + (f", {len(report.unobservable)} shard(s) not observable" if report.unobservable else ""))
             return {}
-        return {"observations": out}
+        return {"observations": out, "unobservable": report.unobservable}
     from airflow_upsert_provider.engine.frontier import StallSettings
 
     given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
              if getattr(args, field) is not None}
     settings = StallSettings(**given)
     result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=_actor(args),
-                                     observe_first=not args.no_observe)
+                                     observe_first=not args.no_observe, open_shard=ctx.shard)
     out = result.to_dict()
     if result.evaluation.status.value == "NOT_FOUND":
         # The same shape as for a known shard (status NOT_FOUND), and exit 2: nothing to watch.

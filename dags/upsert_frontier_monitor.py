@@ -15,6 +15,11 @@ Each poke records an observation and applies the stall rules (docs/frontier.md):
 - IDLE (nothing new in the source) and STOPPED/RECOVERING streams (a person stopped them) do
   not page.
 
+A Kafka shard is observed with the client config of the `kafka_conn_id` param's connection
+(blank: the `kafka_conn_id` in the upsert connection's extra); one that cannot be observed is
+judged on what its writers record, its watch says why, and with nothing recorded it is STALE
+and pages. Each shard has its own watch task: one that cannot be observed hides no other.
+
 Connections: `upsert_default` (embedded defaults when it is not defined); the PagerDuty
 (`pagerduty_events`, integration key in the password) and Slack (`slackwebhook`) connection
 ids are params; blank, the page is only logged and the task still fails.
@@ -88,6 +93,11 @@ with DAG(
             description="Id of a pagerduty_events connection whose password is the service's Events API "
             "v2 integration key; blank: no PagerDuty page.",
         ),
+        "kafka_conn_id": Param(
+            "", type="string", pattern=CONN_ID_PATTERN, title="Kafka connection",
+            description="Id of a kafka connection whose extra is the client config of the Kafka shards' "
+            "cluster; blank: the kafka_conn_id of the upsert connection's extra.",
+        ),
         "slack_conn_id": Param(
             "", type="string", pattern=CONN_ID_PATTERN, title="Slack connection",
             description="Id of a slackwebhook connection whose password is the incoming webhook; blank: "
@@ -126,5 +136,6 @@ with DAG(
         namespace="{{ params.namespace }}",
         pagerduty_events_conn_id="{{ params.pagerduty_conn_id }}",
         slack_webhook_conn_id="{{ params.slack_conn_id }}",
+        kafka_conn_id="{{ params.kafka_conn_id }}",
         timeout=timedelta(minutes=20),
     ).expand(shard=shards())

@@ -65,7 +65,7 @@ def test_status_shape_and_that_it_pages_nobody(store, capsys):
     code, out, err = cli(capsys, "frontier", "status", "a", "--window", "600", "--cadence", "10",
                          "--min-stall", "60")
     assert (code, err) == (0, "")
-    assert set(out) == {"shard", "status", "action", "evaluation", "state", "observation"}
+    assert set(out) == {"shard", "status", "action", "evaluation", "state", "observation", "observe_error"}
     assert out["shard"] == "a" and out["action"] is None
     ev = out["evaluation"]
     # One observation is no trend: STALE, with the rule and the numbers it compared.

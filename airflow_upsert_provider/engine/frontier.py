@@ -464,11 +464,13 @@ def upstream_reasons(obs: Observation | None) -> list[str]:
 
 
 def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettings, now: float,
-             state: AlertState, *, shard_exists: bool = True) -> Evaluation:
+             state: AlertState, *, shard_exists: bool = True, unobservable: str | None = None) -> Evaluation:
     """The frontier status of ``shard_id`` from the observations of the window ending at ``now``.
 
     ``window`` may hold observations older than ``now - settings.window_seconds``: they are
-    ignored. ``state`` gives the maxima seen by earlier evaluations (REWOUND)."""
+    ignored. ``state`` gives the maxima seen by earlier evaluations (REWOUND). ``unobservable``:
+    why the evaluator could not observe the shard itself; it is the first reason given (the
+    rules judge what others recorded, and with nothing recorded the shard is STALE)."""
     for o in window:
         if o.shard_id != shard_id:
             raise ConfigurationError(f"an observation of shard {o.shard_id!r} is in the window of shard {shard_id!r}",
@@ -504,7 +506,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             rule=rule,
             # The group's gap does not change the frontier's status (the shard is not behind),
             # but an on-call engineer reading the evaluation must see it.
-            reasons=tuple(reasons) + tuple(upstream_reasons(newest)),
+            reasons=(((f"not observable: {unobservable}",) if unobservable and shard_exists else ())
+                     + tuple(reasons) + tuple(upstream_reasons(newest))),
             evaluated_at=now,
             upper=newest.upper if newest else None,
             last_advance_at=last_advance_at,

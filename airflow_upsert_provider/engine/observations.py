@@ -116,6 +116,44 @@ def observe(
     )
 
 
+# Opens a shard by id with what reaching its source needs (a Kafka shard's client config):
+# upsertctl's --kafka-config, the hook's kafka connection. The default opens it without one.
+ShardOpener = Callable[[str], "Shard"]
+
+
+def _opener(consensus: Consensus, blob: "LocalBlob", open_shard: ShardOpener | None) -> ShardOpener:
+    if open_shard is not None:
+        return open_shard
+    from airflow_upsert_provider.engine.shard import Shard
+
+    return lambda shard_id: Shard.open(consensus, blob, shard_id)
+
+
+def _error_text(exc: BaseException, shard: "Shard | None" = None) -> str:
+    """One line on why a look failed, with any Kafka secret scrubbed."""
+    text = getattr(exc, "message", None) or (str(exc).splitlines() or [""])[0] or type(exc).__name__
+    if shard is not None and getattr(shard, "is_kafka", False):
+        try:
+            text = shard.source.config.scrub(text)
+        except Exception:  # no client config to scrub with: the error came before any was used
+            pass
+    return f"{type(exc).__name__}: {text[:500]}"
+
+
+def _try_observe(open_shard: ShardOpener, shard_id: str, *, observer: str,
+                 now: float) -> tuple[Observation | None, str | None]:
+    """An observation of ``shard_id``, or why none could be made (the shard could not be opened,
+    its source could not be read): one shard that cannot be observed never hides the others."""
+    shard = None
+    try:
+        shard = open_shard(shard_id)
+        return observe(shard, observer=observer, now=now), None
+    except Exception as exc:
+        error = _error_text(exc, shard)
+        log.warning("shard %s: not observable: %s", shard_id, error)
+        return None, error
+
+
 def _upstream(shard: "Shard", now: float) -> dict[str, Any]:
     """The Kafka group against the shard (group_offsets.group_status). An observation is
     never lost to the group: a failure to read it is recorded as {"error": ...} instead."""
@@ -234,6 +272,8 @@ class EvaluationRound:
     state: AlertState
     action: str | None
     observation: Observation | None
+    # Why this round could not observe the shard (it then judged the recorded observations).
+    observe_error: str | None = None
 
     @property
     def shard_id(self) -> str:
@@ -247,6 +287,7 @@ class EvaluationRound:
             "evaluation": self.evaluation.to_dict(),
             "state": self.state.to_dict(),
             "observation": None if self.observation is None else self.observation.to_dict(),
+            "observe_error": self.observe_error,
         }
 
 
@@ -267,6 +308,7 @@ def evaluate_shard(
     observer: str,
     now: float | None = None,
     observe_first: bool = True,
+    open_shard: ShardOpener | None = None,
 ) -> EvaluationRound:
     """One round: observe the shard (if it exists and ``observe_first``), read the window,
     evaluate, advance the alert state, then record the observation and save the state by
@@ -276,14 +318,16 @@ def evaluate_shard(
     decision stands and this round returns the stored state with no action (two sensors never
     both page, and one moment is not counted as two breaches); otherwise this round decides
     again on the fresh state. A shard that does not exist is NOT_FOUND; its alert state is
-    written only if one was stored before (a typo leaves no row behind)."""
-    from airflow_upsert_provider.engine.shard import Shard
+    written only if one was stored before (a typo leaves no row behind).
 
+    ``open_shard`` opens the shard with what its source needs (a Kafka shard's client config).
+    A shard that cannot be observed is judged on the observations recorded so far (writers
+    record theirs), with the reason among the evaluation's; with none it is STALE and pages."""
     now = time.time() if now is None else float(now)
     exists = _shard_exists(consensus, shard_id)
-    obs = None
+    obs = error = None
     if exists and observe_first:
-        obs = observe(Shard.open(consensus, blob, shard_id), observer=observer, now=now)
+        obs, error = _try_observe(_opener(consensus, blob, open_shard), shard_id, observer=observer, now=now)
     window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
     if obs is not None:
         # The newest of the window (it is stamped ``now``, the window's end); recorded below in
@@ -295,12 +339,12 @@ def evaluate_shard(
     for attempt in range(MAX_CAS_ATTEMPTS):
         if attempt and state.last_evaluated_at is not None and state.last_evaluated_at >= now:
             # The evaluator that beat us evaluated this moment (or a later one) already.
-            return EvaluationRound(evaluate(shard_id, window, settings, now, state, shard_exists=exists),
-                                   state, None, obs)
-        evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists)
+            return EvaluationRound(evaluate(shard_id, window, settings, now, state, shard_exists=exists,
+                                            unobservable=error), state, None, obs, error)
+        evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists, unobservable=error)
         new_state, action = advance_alert(state, evaluation, settings)
         if not exists and version == 0:
-            return EvaluationRound(evaluation, new_state, action, obs)
+            return EvaluationRound(evaluation, new_state, action, obs, error)
         if between_load_and_save is not None:
             between_load_and_save(shard_id, state, version)
 
@@ -312,12 +356,12 @@ def evaluate_shard(
         saved = consensus._run(record_and_save)
         unrecorded = None
         if saved:
-            return EvaluationRound(evaluation, new_state, action, obs)
+            return EvaluationRound(evaluation, new_state, action, obs, error)
         state, version = load_alert_state(consensus, shard_id)
     log.warning("shard %s: alert state lost %s compare-and-sets in a row; no page action from this round",
                 shard_id, MAX_CAS_ATTEMPTS)
     assert evaluation is not None
-    return EvaluationRound(evaluation, state, None, obs)
+    return EvaluationRound(evaluation, state, None, obs, error)
 
 
 def peek_shard(
@@ -329,21 +373,23 @@ def peek_shard(
     observer: str,
     now: float | None = None,
     observe_first: bool = True,
+    open_shard: ShardOpener | None = None,
 ) -> EvaluationRound:
     """An evaluation that changes no alert state and owns no page action (``upsertctl frontier
     status``): a look by hand must neither count as a breaching evaluation nor take the page
-    away from the sensor that would send it. It records its observation (if it observes)."""
-    from airflow_upsert_provider.engine.shard import Shard
-
+    away from the sensor that would send it. It records its observation (if it observes); a
+    shard that cannot be observed is judged as ``evaluate_shard`` judges it."""
     now = time.time() if now is None else float(now)
     exists = _shard_exists(consensus, shard_id)
-    obs = None
+    obs = error = None
     if exists and observe_first:
-        obs = observe(Shard.open(consensus, blob, shard_id), observer=observer, now=now)
-        record_observation(consensus, obs)
+        obs, error = _try_observe(_opener(consensus, blob, open_shard), shard_id, observer=observer, now=now)
+        if obs is not None:
+            record_observation(consensus, obs)
     window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
     state, _ = load_alert_state(consensus, shard_id)
-    return EvaluationRound(evaluate(shard_id, window, settings, now, state, shard_exists=exists), state, None, obs)
+    evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists, unobservable=error)
+    return EvaluationRound(evaluation, state, None, obs, error)
 
 
 def evaluate_shards(
@@ -354,25 +400,43 @@ def evaluate_shards(
     observer: str,
     *,
     now: float | None = None,
+    open_shard: ShardOpener | None = None,
 ) -> list[EvaluationRound]:
-    """A round for each of ``shard_ids`` (None: every shard in the store), in order."""
+    """A round for each of ``shard_ids`` (None: every shard in the store), in order; a shard
+    that cannot be observed has its round too (``observe_error``) and stops no other."""
     ids = [r.shard_id for r in consensus.list_shards()] if shard_ids is None else list(shard_ids)
-    return [evaluate_shard(consensus, blob, shard_id, settings, observer=observer, now=now) for shard_id in ids]
+    return [evaluate_shard(consensus, blob, shard_id, settings, observer=observer, now=now, open_shard=open_shard)
+            for shard_id in ids]
+
+
+@dataclass(frozen=True)
+class ObserveReport:
+    """What ``observe_shards`` recorded, and the shards it could not observe with the reason."""
+
+    observations: list[Observation]
+    unobservable: dict[str, str]
 
 
 def observe_shards(
     consensus: Consensus, blob: "LocalBlob", shard_ids: Sequence[str] | None, *, observer: str,
-    now: float | None = None,
-) -> list[Observation]:
-    """Observe and record each of ``shard_ids`` (None: every shard); unknown shards raise
-    ShardNotFound before anything is recorded."""
-    from airflow_upsert_provider.engine.shard import Shard
-
+    now: float | None = None, open_shard: ShardOpener | None = None,
+) -> ObserveReport:
+    """Observe and record each of ``shard_ids`` (None: every shard). Unknown shards raise
+    ShardNotFound before anything is recorded; a shard that cannot be observed (its source
+    cannot be read, a Kafka shard without its client config) is reported with the reason and
+    the others are observed all the same."""
     ids = [r.shard_id for r in consensus.list_shards()] if shard_ids is None else list(shard_ids)
-    shards = [Shard.open(consensus, blob, shard_id) for shard_id in ids]
-    observations = []
-    for shard in shards:
-        obs = observe(shard, observer=observer, now=now)
+    for shard_id in ids:
+        consensus.get_shard(shard_id)  # ShardNotFound, before anything is recorded
+    opener = _opener(consensus, blob, open_shard)
+    recorded: list[Observation] = []
+    unobservable: dict[str, str] = {}
+    for shard_id in ids:
+        obs, error = _try_observe(opener, shard_id, observer=observer,
+                                  now=time.time() if now is None else float(now))
+        if obs is None:
+            unobservable[shard_id] = error or "unknown error"
+            continue
         record_observation(consensus, obs)
-        observations.append(obs)
-    return observations
+        recorded.append(obs)
+    return ObserveReport(recorded, unobservable)

@@ -89,15 +89,19 @@ def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
 
 
 def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, observer: str,
-                   now: float | None = None) -> EvaluationRound:
-    """One evaluation round of ``shard`` on the `upsert` connection (no Spark)."""
+                   now: float | None = None, kafka_conn_id: str | None = None) -> EvaluationRound:
+    """One evaluation round of ``shard`` on the `upsert` connection (no Spark). A Kafka shard
+    is observed with the client config of ``kafka_conn_id`` (default: the upsert connection's
+    ``kafka_conn_id``); when it cannot be observed the round says why and judges what writers
+    recorded."""
     from airflow_upsert_provider.engine.errors import UpsertError
     from airflow_upsert_provider.engine.observations import evaluate_shard
     from airflow_upsert_provider.operators.upsert import to_airflow_error
 
     hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
     try:
-        return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now)
+        return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now,
+                              open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id))
     except UpsertError as exc:
         raise to_airflow_error(exc) from None
     finally:
@@ -217,6 +221,9 @@ class FrontierStallSensor(BaseSensorOperator):
 
     :param shard: the shard id (templated).
     :param upsert_conn_id: the `upsert` connection.
+    :param kafka_conn_id: the `kafka` connection whose extra is the client config of a Kafka
+        shard's topic (templated; default: the upsert connection's ``kafka_conn_id``). Without
+        one a Kafka shard cannot be observed: the round says so and judges what writers record.
     :param window_seconds: observations the rules look at (templated; default 900).
     :param cadence_seconds: how often batches are expected, the micro-batch schedule (default 60).
     :param stall_multiplier: stalled after ``max(stall_multiplier * cadence, min_stall)`` without
@@ -238,7 +245,7 @@ class FrontierStallSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = (
         "shard", *SECONDS_SETTINGS, "page_on_lagging", "consecutive_breaches", "watch_seconds", "namespace",
-        "pagerduty_events_conn_id", "slack_webhook_conn_id",
+        "pagerduty_events_conn_id", "slack_webhook_conn_id", "kafka_conn_id",
     )
     ui_color = "#f7d9d9"
 
@@ -247,6 +254,7 @@ class FrontierStallSensor(BaseSensorOperator):
         *,
         shard: str,
         upsert_conn_id: str = DEFAULT_CONN_ID,
+        kafka_conn_id: str | None = None,
         window_seconds: Any = None,
         cadence_seconds: Any = None,
         stall_multiplier: Any = None,
@@ -272,6 +280,7 @@ class FrontierStallSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id
+        self.kafka_conn_id = kafka_conn_id
         self.window_seconds = window_seconds
         self.cadence_seconds = cadence_seconds
         self.stall_multiplier = stall_multiplier
@@ -327,7 +336,8 @@ class FrontierStallSensor(BaseSensorOperator):
 
     def _round(self, context: Context) -> Decision:
         settings = self.settings
-        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=self.clock())
+        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=self.clock(),
+                                kafka_conn_id=self._optional(self.kafka_conn_id))
         evaluation = round_.evaluation
         self.log.info(
             "shard %s: %s (upper %s, lag %s records / %s s, breaches in a row %s, page %s)%s",
@@ -409,6 +419,7 @@ class FrontierStallSensor(BaseSensorOperator):
         self.defer(
             trigger=FrontierTrigger(
                 shard=self.shard, upsert_conn_id=self.upsert_conn_id, settings=settings_to_dict(self.settings),
+                kafka_conn_id=self._optional(self.kafka_conn_id),
                 observer=self.observer(context), watch_until=watch_until, poke_interval=self.poke_interval,
                 namespace=self.namespace or "", links=self._links(context), run_ids=self._run_ids(context),
                 last_round=dict(last_round),

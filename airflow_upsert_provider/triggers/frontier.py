@@ -32,6 +32,7 @@ class FrontierTrigger(BaseTrigger):
     :param namespace, links, run_ids: what the page carries.
     :param last_round: the round the worker made before deferring (the event's round when the
         watch ends before any round here).
+    :param kafka_conn_id: the `kafka` connection of a Kafka shard (None: the upsert connection's).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class FrontierTrigger(BaseTrigger):
         links: Sequence[dict] = (),
         run_ids: Sequence[str] = (),
         last_round: Mapping[str, Any] | None = None,
+        kafka_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.shard = shard
@@ -59,6 +61,7 @@ class FrontierTrigger(BaseTrigger):
         self.links = [dict(link) for link in links]
         self.run_ids = list(run_ids)
         self.last_round = dict(last_round) if last_round is not None else None
+        self.kafka_conn_id = kafka_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -67,7 +70,7 @@ class FrontierTrigger(BaseTrigger):
                 "shard": self.shard, "upsert_conn_id": self.upsert_conn_id, "settings": self.settings,
                 "observer": self.observer, "watch_until": self.watch_until, "poke_interval": self.poke_interval,
                 "namespace": self.namespace, "links": self.links, "run_ids": self.run_ids,
-                "last_round": self.last_round,
+                "last_round": self.last_round, "kafka_conn_id": self.kafka_conn_id,
             },
         )
 
@@ -76,7 +79,8 @@ class FrontierTrigger(BaseTrigger):
         from airflow_upsert_provider.sensors.frontier import decide, evaluate_round, settings_from_dict
 
         settings = settings_from_dict(self.settings)
-        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer, now=now)
+        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer, now=now,
+                                kafka_conn_id=self.kafka_conn_id)
         return decide(round_, settings, namespace=self.namespace, links=self.links, run_ids=self.run_ids).to_dict()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
