@@ -273,6 +273,10 @@ class AlertState:
     last_status: str | None = None
     last_evaluated_at: float | None = None
     pages_sent: int = 0
+    # Pages decided and not yet confirmed delivered, oldest first: {"id", "leased_until",
+    # "event"} (see enqueue_page / take_pages). Saved with the decision that made them, so a
+    # worker that dies before sending leaves them for the next round.
+    outbox: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -286,6 +290,7 @@ class AlertState:
             "last_status": self.last_status,
             "last_evaluated_at": self.last_evaluated_at,
             "pages_sent": self.pages_sent,
+            "outbox": [dict(entry) for entry in self.outbox],
         }
 
     @classmethod
@@ -305,9 +310,15 @@ class AlertState:
                 last_status=d.get("last_status"),
                 last_evaluated_at=None if evaluated is None else float(evaluated),
                 pages_sent=int(d.get("pages_sent", 0)),
+                outbox=tuple(_outbox_entry(entry) for entry in d.get("outbox") or ()),
             )
-        except (TypeError, ValueError, AttributeError) as e:
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
             raise ConfigurationError(f"{owner}: unreadable alert state: {e}", field="alert_state") from e
+
+
+def _outbox_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": str(entry["id"]), "leased_until": float(entry.get("leased_until") or 0.0),
+            "event": dict(entry["event"])}
 
 
 @dataclass(frozen=True)
@@ -853,3 +864,47 @@ def page_event(evaluation: Evaluation, state: AlertState, action: str, settings:
         },
         "links": list(links),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The outbox: a page is decided, saved, then sent
+
+
+# How long the round that took a page from the outbox has to deliver it before another round
+# may take it (the sender's retries of one page last about a minute at most).
+OUTBOX_LEASE_SECONDS = 120.0
+# An outbox never grows beyond this many pages (the oldest go first): a channel that refuses
+# every page must not grow the alert row without bound.
+MAX_OUTBOX = 20
+
+
+def enqueue_page(state: AlertState, event: Mapping[str, Any], page_id: str) -> AlertState:
+    """``state`` with ``event`` added to its outbox, due at once."""
+    entry = {"id": page_id, "leased_until": 0.0, "event": dict(event)}
+    return replace(state, outbox=(tuple(state.outbox) + (entry,))[-MAX_OUTBOX:])
+
+
+def take_pages(state: AlertState, now: float,
+               lease_seconds: float = OUTBOX_LEASE_SECONDS) -> tuple[AlertState, tuple[dict, ...]]:
+    """The pages of the outbox that are due at ``now`` (new ones, and those whose taker's lease
+    ran out: it died, or it could not deliver), leased to the caller until ``now +
+    lease_seconds``; and the state recording those leases. Whoever saves that state by
+    compare-and-set owns their delivery, in order."""
+    taken: list[dict] = []
+    outbox: list[dict] = []
+    for entry in state.outbox:
+        if entry.get("leased_until", 0.0) <= now:
+            entry = {**entry, "leased_until": now + lease_seconds}
+            taken.append(entry)
+        outbox.append(entry)
+    if not taken:
+        return state, ()
+    return replace(state, outbox=tuple(outbox)), tuple(taken)
+
+
+def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Sequence[str] = ()) -> AlertState:
+    """``state`` without the ``delivered`` pages, and with the ``released`` ones due again at
+    once (their delivery failed: the next round sends them)."""
+    outbox = tuple({**entry, "leased_until": 0.0} if entry["id"] in released else entry
+                   for entry in state.outbox if entry["id"] not in delivered)
+    return replace(state, outbox=outbox)

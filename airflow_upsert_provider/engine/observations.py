@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -31,7 +32,10 @@ from airflow_upsert_provider.engine.frontier import (
     Observation,
     StallSettings,
     advance_alert,
+    enqueue_page,
     evaluate,
+    settle_pages,
+    take_pages,
 )
 
 if TYPE_CHECKING:
@@ -274,6 +278,9 @@ class EvaluationRound:
     observation: Observation | None
     # Why this round could not observe the shard (it then judged the recorded observations).
     observe_error: str | None = None
+    # Outbox pages this round took to deliver, oldest first (its own page last, if it made one);
+    # each is {"id", "leased_until", "event"}. Confirm each with settle_outbox.
+    pages: tuple[dict, ...] = ()
 
     @property
     def shard_id(self) -> str:
@@ -309,6 +316,7 @@ def evaluate_shard(
     now: float | None = None,
     observe_first: bool = True,
     open_shard: ShardOpener | None = None,
+    compose_page: Callable[[Evaluation, AlertState, str], dict] | None = None,
 ) -> EvaluationRound:
     """One round: observe the shard (if it exists and ``observe_first``), read the window,
     evaluate, advance the alert state, then record the observation and save the state by
@@ -322,7 +330,12 @@ def evaluate_shard(
 
     ``open_shard`` opens the shard with what its source needs (a Kafka shard's client config).
     A shard that cannot be observed is judged on the observations recorded so far (writers
-    record theirs), with the reason among the evaluation's; with none it is STALE and pages."""
+    record theirs), with the reason among the evaluation's; with none it is STALE and pages.
+
+    ``compose_page`` (a sender's: evaluation, new state, action -> page event) puts the page
+    of a trigger or resolve into the alert state's outbox, saved with the decision, and makes
+    the round take every due page of the outbox (``pages``): a page decided by a worker that
+    died before sending it is sent by the next round, once its lease ran out."""
     now = time.time() if now is None else float(now)
     exists = _shard_exists(consensus, shard_id)
     obs = error = None
@@ -345,6 +358,11 @@ def evaluate_shard(
         new_state, action = advance_alert(state, evaluation, settings)
         if not exists and version == 0:
             return EvaluationRound(evaluation, new_state, action, obs, error)
+        pages: tuple[dict, ...] = ()
+        if compose_page is not None:
+            if action is not None:
+                new_state = enqueue_page(new_state, compose_page(evaluation, new_state, action), uuid.uuid4().hex)
+            new_state, pages = take_pages(new_state, now)
         if between_load_and_save is not None:
             between_load_and_save(shard_id, state, version)
 
@@ -356,12 +374,26 @@ def evaluate_shard(
         saved = consensus._run(record_and_save)
         unrecorded = None
         if saved:
-            return EvaluationRound(evaluation, new_state, action, obs, error)
+            return EvaluationRound(evaluation, new_state, action, obs, error, pages)
         state, version = load_alert_state(consensus, shard_id)
     log.warning("shard %s: alert state lost %s compare-and-sets in a row; no page action from this round",
                 shard_id, MAX_CAS_ATTEMPTS)
     assert evaluation is not None
     return EvaluationRound(evaluation, state, None, obs, error)
+
+
+def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[str] = (),
+                  released: Sequence[str] = ()) -> bool:
+    """After a delivery: drop the ``delivered`` pages from the shard's outbox and make the
+    ``released`` ones (not delivered) due again, by compare-and-set against concurrent rounds.
+    False when it lost MAX_CAS_ATTEMPTS races in a row (a delivered page is then sent again
+    once its lease runs out: a page is delivered at least once)."""
+    for _ in range(MAX_CAS_ATTEMPTS):
+        state, version = load_alert_state(consensus, shard_id)
+        settled = settle_pages(state, delivered, released)
+        if settled == state or save_alert_state(consensus, settled, version):
+            return True
+    return False
 
 
 def peek_shard(

@@ -16,13 +16,16 @@ What the sensor does with a round:
 - a shard that does not exist: fail without retry (a typo would otherwise watch nothing).
 - otherwise keep watching; after ``watch_seconds`` succeed with the last round (XCom).
 
-A page that could not be delivered re-arms the alert (the next round pages again) and fails
-the task with a retryable error.
+A page is decided, saved, then sent: the round that decides a trigger or resolve puts its page
+into the shard's outbox in consensus in the same compare-and-set as the decision, and the task
+delivers it and takes it out. A page that could not be delivered stays in the outbox, released
+for the next round, and the task fails with a retryable error; a worker that died between the
+decision and the delivery leaves it leased, and the first round after the lease
+(``frontier.OUTBOX_LEASE_SECONDS``) sends it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,11 +92,12 @@ def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
 
 
 def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, observer: str,
-                   now: float | None = None, kafka_conn_id: str | None = None) -> EvaluationRound:
+                   now: float | None = None, kafka_conn_id: str | None = None,
+                   compose_page: Callable[..., dict] | None = None) -> EvaluationRound:
     """One evaluation round of ``shard`` on the `upsert` connection (no Spark). A Kafka shard
     is observed with the client config of ``kafka_conn_id`` (default: the upsert connection's
     ``kafka_conn_id``); when it cannot be observed the round says why and judges what writers
-    recorded."""
+    recorded. ``compose_page``: see ``observations.evaluate_shard`` (the outbox)."""
     from airflow_upsert_provider.engine.errors import UpsertError
     from airflow_upsert_provider.engine.observations import evaluate_shard
     from airflow_upsert_provider.operators.upsert import to_airflow_error
@@ -101,7 +105,8 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
     hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
     try:
         return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now,
-                              open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id))
+                              open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
+                              compose_page=compose_page)
     except UpsertError as exc:
         raise to_airflow_error(exc) from None
     finally:
@@ -149,71 +154,62 @@ def describe_breach(evaluation: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    """What one round means for the task, with the page to send (``frontier.page_event``) and
-    the failure message. JSON-able (``to_dict``): the trigger hands it to the worker."""
+    """What one round means for the task, with the page it made (``frontier.page_event``), the
+    outbox pages it must deliver (``pages``: {"id", "leased_until", "event"}, oldest first, its
+    own page last) and the failure message. JSON-able (``to_dict``): the trigger hands it to
+    the worker."""
 
     kind: str
     round: dict[str, Any]
     page: dict[str, Any] | None = None
     message: str = ""
+    pages: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "round": self.round, "page": self.page, "message": self.message}
+        return {"kind": self.kind, "round": self.round, "page": self.page, "message": self.message,
+                "pages": [dict(entry) for entry in self.pages]}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Decision:
-        return cls(values["kind"], values["round"], values.get("page"), values.get("message", ""))
+        return cls(values["kind"], values["round"], values.get("page"), values.get("message", ""),
+                   tuple(values.get("pages") or ()))
+
+
+def page_composer(settings: StallSettings, *, namespace: str = "", links: Sequence[dict] = (),
+                  run_ids: Sequence[str] = ()) -> Callable[..., dict]:
+    """What a round puts into the outbox for a trigger or resolve (``frontier.page_event``)."""
+    from airflow_upsert_provider.engine.frontier import page_event
+
+    def compose(evaluation: Any, state: Any, action: str) -> dict:
+        return page_event(evaluation, state, action, settings, namespace=namespace, links=links, run_ids=run_ids)
+
+    return compose
 
 
 def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str = "",
            links: Sequence[dict] = (), run_ids: Sequence[str] = ()) -> Decision:
     """The task's reading of one evaluation round (pure)."""
-    from airflow_upsert_provider.engine.frontier import FrontierStatus, page_event
+    from airflow_upsert_provider.engine.frontier import FrontierStatus
 
     evaluation = round_.evaluation
     as_dict = round_.to_dict()
+    pages = tuple(round_.pages)
     if round_.action in ("trigger", "resolve"):
-        page = page_event(evaluation, round_.state, round_.action, settings, namespace=namespace,
-                          links=links, run_ids=run_ids)
+        # The round's own page is the newest of the outbox it took (a round made without an
+        # outbox composes it here).
+        page = pages[-1]["event"] if pages else page_composer(
+            settings, namespace=namespace, links=links, run_ids=run_ids)(evaluation, round_.state, round_.action)
         if round_.action == "trigger":
-            return Decision(PAGE, as_dict, page, describe_breach(evaluation.to_dict()))
-        return Decision(RESOLVE, as_dict, page, page["summary"])
+            return Decision(PAGE, as_dict, page, describe_breach(evaluation.to_dict()), pages)
+        return Decision(RESOLVE, as_dict, page, page["summary"], pages)
     if evaluation.status == FrontierStatus.NOT_FOUND:
         return Decision(NOT_FOUND, as_dict, None,
-                        f"shard {evaluation.shard_id!r} does not exist in the consensus store (shard)")
+                        f"shard {evaluation.shard_id!r} does not exist in the consensus store (shard)", pages)
     if evaluation.breach and round_.state.firing:
-        return Decision(FIRING, as_dict, None,
-                        f"{describe_breach(evaluation.to_dict())}; its page is open since "
-                        f"{_iso(round_.state.incident_started_at)} (same incident: not paged again)")
-    return Decision(WATCH, as_dict)
-
-
-def rearm_alert(upsert_conn_id: str, round_dict: Mapping[str, Any], settings: StallSettings) -> bool:
-    """Undo the page action a round wrote, because its page was not delivered: the next round
-    decides it again (a trigger pages, a resolve resolves). Only if nobody changed the alert
-    state since (compare-and-set); returns whether it was undone."""
-    from airflow_upsert_provider.engine.frontier import AlertState
-    from airflow_upsert_provider.engine.observations import load_alert_state, save_alert_state
-
-    written = AlertState.from_dict(round_dict["state"])
-    hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
-    try:
-        consensus = hook.get_consensus()
-        current, version = load_alert_state(consensus, written.shard_id)
-        if current.to_dict() != written.to_dict():
-            return False
-        if round_dict["action"] == "trigger":
-            undone = dataclasses.replace(
-                current, firing=False, firing_status=None,
-                consecutive_breaches=max(0, settings.consecutive_breaches - 1),
-                pages_sent=max(0, current.pages_sent - 1),
-            )
-        else:
-            undone = dataclasses.replace(current, firing=True,
-                                         firing_status=current.firing_status or round_dict.get("status"))
-        return save_alert_state(consensus, undone, version)
-    finally:
-        hook.close()
+        page_note = ("its page, decided earlier and left undelivered, is sent now" if pages else
+                     f"its page is open since {_iso(round_.state.incident_started_at)} (same incident: not paged again)")
+        return Decision(FIRING, as_dict, None, f"{describe_breach(evaluation.to_dict())}; {page_note}", pages)
+    return Decision(WATCH, as_dict, None, "", pages)
 
 
 class FrontierStallSensor(BaseSensorOperator):
@@ -336,8 +332,10 @@ class FrontierStallSensor(BaseSensorOperator):
 
     def _round(self, context: Context) -> Decision:
         settings = self.settings
+        page_args = dict(namespace=self.namespace or "", links=self._links(context), run_ids=self._run_ids(context))
         round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=self.clock(),
-                                kafka_conn_id=self._optional(self.kafka_conn_id))
+                                kafka_conn_id=self._optional(self.kafka_conn_id),
+                                compose_page=page_composer(settings, **page_args))
         evaluation = round_.evaluation
         self.log.info(
             "shard %s: %s (upper %s, lag %s records / %s s, breaches in a row %s, page %s)%s",
@@ -345,40 +343,62 @@ class FrontierStallSensor(BaseSensorOperator):
             evaluation.lag_records, evaluation.lag_seconds, round_.state.consecutive_breaches,
             "open" if round_.state.firing else "none", f": {evaluation.rule}" if evaluation.breach else "",
         )
-        return decide(round_, settings, namespace=self.namespace or "", links=self._links(context),
-                      run_ids=self._run_ids(context))
+        return decide(round_, settings, **page_args)
 
     def act(self, decision: Decision) -> None:
-        """Send what the decision says and fail the task when it says so."""
-        if decision.kind in (PAGE, RESOLVE):
-            self._send(decision)
-        if decision.kind == PAGE:
-            raise AirflowFailException(decision.message)
-        if decision.kind in (FIRING, NOT_FOUND):
+        """Deliver the decision's outbox pages, then fail the task when it says so."""
+        if decision.pages:
+            self._deliver(decision)
+        if decision.kind in (PAGE, FIRING, NOT_FOUND):
             raise AirflowFailException(decision.message)
 
-    def _send(self, decision: Decision) -> None:
+    def _deliver(self, decision: Decision) -> None:
+        """Send the outbox pages in order; each delivered one leaves the outbox. One that
+        fails is released (with those after it) for the next round, and the task fails with a
+        retryable error."""
         from airflow_upsert_provider.notifications.frontier import PageDeliveryError, channels, send_page
 
-        assert decision.page is not None
         pagerduty = self._optional(self.pagerduty_events_conn_id)
         slack = self._optional(self.slack_webhook_conn_id)
+        entries = list(decision.pages)
         if not channels(pagerduty, slack):
-            self.log.warning("shard %s: %s, but no PagerDuty or Slack connection is configured: %s",
-                             self.shard, decision.page["action"], decision.page["summary"])
+            for entry in entries:
+                self.log.warning("shard %s: %s, but no PagerDuty or Slack connection is configured: %s",
+                                 self.shard, entry["event"]["action"], entry["event"]["summary"])
+            self._settle([entry["id"] for entry in entries], [])
             return
+        delivered: list[str] = []
+        for i, entry in enumerate(entries):
+            event = entry["event"]
+            try:
+                deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+            except (PageDeliveryError, AirflowException) as exc:
+                released = self._settle(delivered, [e["id"] for e in entries[i:]])
+                raise AirflowException(
+                    f"{decision.message or event['summary']}; the {event['action']} was NOT delivered ({exc}); "
+                    + ("it stays in the outbox, re-armed: the next round sends it again" if released
+                       else "it stays in the outbox: a round sends it again once its lease runs out")
+                ) from None
+            delivered.append(entry["id"])
+            for delivery in deliveries:
+                self.log.info("shard %s: %s sent to %s (dedup key %s, %d attempt(s))", self.shard, delivery.action,
+                              delivery.channel, delivery.dedup_key, delivery.attempts)
+        self._settle(delivered, [])
+
+    def _settle(self, delivered: list[str], released: list[str]) -> bool:
+        """Record in the outbox what was delivered and what goes back; never raises: a page
+        whose delivery could not be recorded is sent again later (at least once)."""
+        from airflow_upsert_provider.engine.observations import settle_outbox
+
+        hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
-            deliveries = send_page(decision.page, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
-        except (PageDeliveryError, AirflowException) as exc:
-            rearmed = rearm_alert(self.upsert_conn_id, decision.round, self.settings)
-            raise AirflowException(
-                f"{decision.message}; the {decision.page['action']} was NOT delivered ({exc}); "
-                + ("the alert is re-armed: the next round sends it again" if rearmed
-                   else "another evaluator changed the alert state since")
-            ) from None
-        for delivery in deliveries:
-            self.log.info("shard %s: %s sent to %s (dedup key %s, %d attempt(s))", self.shard, delivery.action,
-                          delivery.channel, delivery.dedup_key, delivery.attempts)
+            return settle_outbox(hook.get_consensus(), self.shard, delivered=delivered, released=released)
+        except Exception as exc:  # noqa: BLE001 - the delivery happened (or not) whatever the store says
+            self.log.warning("shard %s: the outbox could not be updated (%s: %s); its pages are sent again once "
+                             "their lease runs out", self.shard, type(exc).__name__, exc)
+            return False
+        finally:
+            hook.close()
 
     # -- poke and reschedule -------------------------------------------------------------------
 
@@ -434,7 +454,7 @@ class FrontierStallSensor(BaseSensorOperator):
             raise AirflowException(f"shard {self.shard}: frontier evaluation failed in the trigger: {event['message']}")
         decision = Decision.from_dict(event)
         self.act(decision)
-        if decision.kind == RESOLVE and watch_until is not None and time.time() < watch_until:
+        if decision.kind in (RESOLVE, WATCH) and watch_until is not None and time.time() < watch_until:
             self._defer(context, watch_until, decision.round)
         self.log.info("shard %s: watch over; frontier %s", self.shard, decision.round["status"])
         return decision.round

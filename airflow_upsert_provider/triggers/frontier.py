@@ -76,12 +76,13 @@ class FrontierTrigger(BaseTrigger):
 
     def _evaluate(self, now: float) -> dict[str, Any]:
         # Blocking: the store and the source directory. Runs in a worker thread.
-        from airflow_upsert_provider.sensors.frontier import decide, evaluate_round, settings_from_dict
+        from airflow_upsert_provider.sensors.frontier import decide, evaluate_round, page_composer, settings_from_dict
 
         settings = settings_from_dict(self.settings)
+        page_args = dict(namespace=self.namespace, links=self.links, run_ids=self.run_ids)
         round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer, now=now,
-                                kafka_conn_id=self.kafka_conn_id)
-        return decide(round_, settings, namespace=self.namespace, links=self.links, run_ids=self.run_ids).to_dict()
+                                kafka_conn_id=self.kafka_conn_id, compose_page=page_composer(settings, **page_args))
+        return decide(round_, settings, **page_args).to_dict()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_upsert_provider.sensors.frontier import WATCH
@@ -96,7 +97,8 @@ class FrontierTrigger(BaseTrigger):
                 yield TriggerEvent({"kind": "error", "message": f"{type(exc).__name__}: {exc}", "round": last})
                 return
             last = decision["round"]
-            if decision["kind"] != WATCH:
+            if decision["kind"] != WATCH or decision.get("pages"):
+                # Something to act on, or outbox pages to deliver: the worker sends pages.
                 yield TriggerEvent(decision)
                 return
             if time.time() >= self.watch_until:

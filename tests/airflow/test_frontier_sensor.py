@@ -348,7 +348,10 @@ def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sql
         landed = time.time() - 600
         for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
             os.utime(path, (landed, landed))
-        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=landed + 1))
+        # A writer saw the records pending a moment ago (stall time counts from the first look
+        # that saw them, not from the files' mtime).
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w",
+                                                                        now=time.time() - 5))
         task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
                                    pagerduty_events_conn_id="pagerduty_test", **dict(QUICK, consecutive_breaches=1))
         # The Events API refuses the event (400): not retried, not delivered.
@@ -359,12 +362,74 @@ def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sql
         assert "the trigger was NOT delivered" in str(undelivered.value)
         assert "re-armed" in str(undelivered.value) and INTEGRATION_KEY not in str(undelivered.value)
         assert pager.statuses() == [400]
+        # The page stays in the outbox, due again at once.
         state, _ = observations.load_alert_state(consensus, "orders")
-        assert (state.firing, state.pages_sent) == (False, 0)
+        assert (state.firing, state.pages_sent) == (True, 1)
+        assert [(e["event"]["action"], e["leased_until"]) for e in state.outbox] == [("trigger", 0.0)]
         # The retry pages at once.
         with pytest.raises(AirflowFailException, match="frontier STALLED"):
             task.execute(sensor_context("scheduled__1"))
         assert pager.statuses() == [400, 202] and pager.events()[0]["event_action"] == "trigger"
+        assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+    finally:
+        consensus.dispose()
+
+
+class WorkerKilled(BaseException):
+    """The worker dies (SIGKILL, OOM) between the round's decision and the page's delivery."""
+
+
+def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(sqlite_url, blob, tmp_path,
+                                                                                      pager, monkeypatch):
+    from airflow_upsert_provider.engine import frontier
+    from airflow_upsert_provider.notifications import frontier as notifications
+
+    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        now = time.time()
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
+
+        def sensor(run_id: str, at: float) -> FrontierStallSensor:
+            task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
+                                       pagerduty_events_conn_id="pagerduty_test", namespace="test",
+                                       **dict(QUICK, consecutive_breaches=1, window_seconds=600))
+            task.clock = lambda: at
+            return task
+
+        def killed(*args, **kwargs):
+            raise WorkerKilled()
+
+        with monkeypatch.context() as kill:
+            kill.setattr(notifications, "send_page", killed)
+            with pytest.raises(WorkerKilled):
+                sensor("scheduled__1", now).execute(sensor_context("scheduled__1"))
+        assert pager.requests == []
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert state.firing is True
+
+        # A round while the dead worker's lease runs: the page is not sent twice at once.
+        with pytest.raises(AirflowFailException, match="same incident"):
+            sensor("scheduled__1", now + 1).execute(sensor_context("scheduled__1"))
+        assert pager.requests == []
+
+        # The first round after the lease sends it: the incident pages after all, once.
+        lease = getattr(frontier, "OUTBOX_LEASE_SECONDS", 120.0)
+        with pytest.raises(AirflowFailException) as failed:
+            sensor("scheduled__2", now + lease + 1).execute(sensor_context("scheduled__2"))
+        assert "its page, decided earlier and left undelivered, is sent now" in str(failed.value)
+        [page] = pager.events()
+        assert (page["event_action"], page["dedup_key"]) == ("trigger", dedup_key("orders", "test"))
+        assert page["payload"]["summary"].startswith("STALLED: orders stuck")
+        assert page["payload"]["custom_details"]["run_ids"] == ["scheduled__1"]  # the round that decided it
+        assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+
+        # Delivered: later rounds of the same incident page nobody.
+        with pytest.raises(AirflowFailException, match="same incident"):
+            sensor("scheduled__3", now + lease + 2).execute(sensor_context("scheduled__3"))
+        assert len(pager.requests) == 1
     finally:
         consensus.dispose()
 
@@ -394,7 +459,10 @@ def test_trigger_round_trips_and_yields_the_page_of_a_real_stalled_shard(sqlite_
         landed = time.time() - 600
         for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
             os.utime(path, (landed, landed))
-        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=landed + 1))
+        # A writer saw the records pending a moment ago (stall time counts from the first look
+        # that saw them, not from the files' mtime).
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w",
+                                                                        now=time.time() - 5))
         settings = StallSettings(**QUICK)
         trigger = FrontierTrigger(shard="orders", upsert_conn_id="upsert_default", settings=settings.to_dict(),
                                   observer="sensor:monitor/r1/watch", watch_until=time.time() + 60,
@@ -437,7 +505,7 @@ from airflow.sdk import DAG
 
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 
-QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=60,
+QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=600,
              consecutive_breaches=2, watch_seconds=120, poke_interval=1, namespace="modes",
              pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test")
 
@@ -458,9 +526,10 @@ def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, lande
     landed = time.time() - landed_ago
     for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
         os.utime(path, (landed, landed))
+    # A writer saw the records pending moments ago: stall time counts from that look.
     for shard in shards:
         observations.record_observation(consensus, observations.observe(
-            shard, observer="writer:w", writer_outcome="nothing_to_do", now=landed + 1))
+            shard, observer="writer:w", writer_outcome="nothing_to_do", now=time.time() - 5))
     return shards
 
 

@@ -644,3 +644,34 @@ def test_a_writer_failing_on_every_run_is_named_with_its_error_class() -> None:
     assert failing and "(7 failed run(s) since the stall began" in failing[0] and "writer:w1" in failing[0], e.reasons
     assert not any("no writer observed" in r or "committing nothing" in r for r in e.reasons), e.reasons
     assert page_event(e, fresh(), "trigger", SETTINGS)["custom_details"]["reasons"][1].startswith("writer failing:")
+
+
+def test_the_outbox_leases_a_page_until_it_is_delivered_or_released() -> None:
+    from airflow_upsert_provider.engine.frontier import (
+        MAX_OUTBOX,
+        OUTBOX_LEASE_SECONDS,
+        enqueue_page,
+        settle_pages,
+        take_pages,
+    )
+
+    event = page_event(run(STUCK_GROWING), fresh(), "trigger", SETTINGS)
+    state = enqueue_page(fresh(), event, "p1")
+    # Due at once; taken with a lease; not due again while it runs.
+    state, taken = take_pages(state, NOW)
+    assert [(p["id"], p["leased_until"], p["event"]) for p in taken] == [("p1", NOW + OUTBOX_LEASE_SECONDS, event)]
+    assert take_pages(state, NOW + OUTBOX_LEASE_SECONDS - 1) == (state, ())
+    # The taker died: after the lease the next round takes it.
+    later, again = take_pages(state, NOW + OUTBOX_LEASE_SECONDS)
+    assert [p["id"] for p in again] == ["p1"]
+    # A failed delivery releases it (due at once); a delivered one leaves the outbox.
+    released = settle_pages(later, released=["p1"])
+    assert [p["id"] for p in take_pages(released, NOW + OUTBOX_LEASE_SECONDS + 1)[1]] == ["p1"]
+    assert settle_pages(later, delivered=["p1"]).outbox == ()
+    # It survives the store: the alert state round-trips through JSON with its outbox.
+    assert AlertState.from_dict(json.loads(json.dumps(later.to_dict()))) == later
+    # Bounded: the oldest pages go first.
+    many = fresh()
+    for i in range(MAX_OUTBOX + 3):
+        many = enqueue_page(many, event, f"p{i}")
+    assert [p["id"] for p in many.outbox] == [f"p{i}" for i in range(3, MAX_OUTBOX + 3)]
