@@ -27,6 +27,7 @@ decision and the delivery leaves it leased, and the first round after the lease
 from __future__ import annotations
 
 import time
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -36,6 +37,7 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_upsert_provider.engine.frontier import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
 
@@ -57,6 +59,7 @@ PAGE = "page"            # a page was triggered: send it, fail the task
 RESOLVE = "resolve"      # the open page is resolved: send it, keep watching
 FIRING = "firing"        # the incident's page is already open and the breach persists: fail, no page
 NOT_FOUND = "not_found"  # no such shard: fail
+BLIND = "blind"          # (trigger events) evaluations keep failing, or work again: the monitor's own page
 
 
 def stall_settings(values: Mapping[str, Any]) -> StallSettings:
@@ -108,7 +111,7 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
                               open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
                               compose_page=compose_page)
     except UpsertError as exc:
-        raise to_airflow_error(exc) from None
+        raise to_airflow_error(exc) from exc
     finally:
         hook.close()
 
@@ -231,6 +234,10 @@ class FrontierStallSensor(BaseSensorOperator):
     :param page_on_lagging: LAGGING pages (severity warning); default false.
     :param max_stopped_seconds: a stream STOPPED or RECOVERING longer than this pages.
     :param consecutive_breaches: breaching rounds in a row before a page (default 2).
+    :param blind_page_seconds: when every evaluation fails this long (the consensus store is
+        down, the connection is broken), the monitor pages that under its own dedup key
+        (``frontier.MONITOR_KEY``) and keeps trying; the first evaluation that works again
+        resolves it (templated; default: the stale limit, ``max(2 * cadence, 120)``).
     :param watch_seconds: how long one run watches before it succeeds healthy (default 900; 0: one
         evaluation).
     :param pagerduty_events_conn_id: `pagerduty_events` connection (integration key); none: no page.
@@ -241,6 +248,7 @@ class FrontierStallSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = (
         "shard", *SECONDS_SETTINGS, "page_on_lagging", "consecutive_breaches", "watch_seconds", "namespace",
+        "blind_page_seconds",
         "pagerduty_events_conn_id", "slack_webhook_conn_id", "kafka_conn_id",
     )
     ui_color = "#f7d9d9"
@@ -260,6 +268,7 @@ class FrontierStallSensor(BaseSensorOperator):
         page_on_lagging: Any = None,
         max_stopped_seconds: Any = None,
         consecutive_breaches: Any = None,
+        blind_page_seconds: Any = None,
         watch_seconds: Any = DEFAULT_WATCH_SECONDS,
         pagerduty_events_conn_id: str | None = None,
         slack_webhook_conn_id: str | None = None,
@@ -286,6 +295,7 @@ class FrontierStallSensor(BaseSensorOperator):
         self.page_on_lagging = page_on_lagging
         self.max_stopped_seconds = max_stopped_seconds
         self.consecutive_breaches = consecutive_breaches
+        self.blind_page_seconds = blind_page_seconds
         self.watch_seconds = watch_seconds
         self.pagerduty_events_conn_id = pagerduty_events_conn_id
         self.slack_webhook_conn_id = slack_webhook_conn_id
@@ -294,6 +304,7 @@ class FrontierStallSensor(BaseSensorOperator):
         # Wall clock of the rounds; tests inject their own (not a DAG argument: not serialized).
         self.clock: Callable[[], float] = time.time
         self._watch_started: float | None = None
+        self._blind = BlindState()
 
     # -- arguments -----------------------------------------------------------------------------
 
@@ -308,6 +319,11 @@ class FrontierStallSensor(BaseSensorOperator):
         if seconds is None:
             raise AirflowFailException(f"watch_seconds must be a number of seconds >= 0, got {self.watch_seconds!r}")
         return seconds
+
+    def blind_limit(self, settings: StallSettings) -> float:
+        """How long every evaluation may fail before the monitor pages that."""
+        seconds = parse_seconds(self.blind_page_seconds, "blind_page_seconds")
+        return settings.stale_limit_seconds if seconds is None else seconds
 
     def _optional(self, value: Any) -> str | None:
         # A templated optional connection id renders as "" or "None" when unset.
@@ -330,12 +346,43 @@ class FrontierStallSensor(BaseSensorOperator):
 
     # -- rounds ------------------------------------------------------------------------------
 
-    def _round(self, context: Context) -> Decision:
+    def _round(self, context: Context, deadline: float | None = None) -> Decision:
+        """One evaluation round. While evaluations fail it tries again every poke_interval
+        until ``deadline`` (unix seconds; None: it fails at once), paging once the failures
+        last ``blind_page_seconds`` and resolving that page when an evaluation works again."""
         settings = self.settings
+        limit = self.blind_limit(settings)
         page_args = dict(namespace=self.namespace or "", links=self._links(context), run_ids=self._run_ids(context))
-        round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=self.clock(),
-                                kafka_conn_id=self._optional(self.kafka_conn_id),
-                                compose_page=page_composer(settings, **page_args))
+        while True:
+            now = self.clock()
+            try:
+                round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=now,
+                                        kafka_conn_id=self._optional(self.kafka_conn_id),
+                                        compose_page=page_composer(settings, **page_args))
+            except Exception as exc:  # noqa: BLE001 - a monitor that cannot evaluate must say so, and page
+                cause = exc.__cause__ if exc.__cause__ is not None else exc  # the engine's error, if any
+                text = getattr(cause, "message", None) or str(cause)
+                error = f"{type(cause).__name__}: {(text.splitlines() or [''])[0][:300]}"
+                self._blind, action = advance_blind(self._blind, now, error, limit)
+                self.log.warning("shard %s: frontier evaluation failed since %s (%s); %s", self.shard,
+                                 _iso(self._blind.since), error,
+                                 "paged" if self._blind.paged else f"pages after {limit:g}s of failures")
+                if action is not None:
+                    self._send_blind(blind_page_event(self._blind, action, now, namespace=self.namespace or "",
+                                                      shard_id=self.shard, limit_seconds=limit))
+                if deadline is None or time.time() >= deadline:
+                    raise AirflowException(
+                        f"shard {self.shard}: the frontier cannot be evaluated since {_iso(self._blind.since)} "
+                        f"({error}); " + ("the monitor's page was sent" if self._blind.paged
+                                          else f"the monitor pages after {limit:g}s of failures")) from exc
+                time.sleep(self.poke_interval)
+                continue
+            blind = self._blind
+            self._blind, action = advance_blind(blind, now, None, limit)
+            if action is not None:
+                self._send_blind(blind_page_event(blind, action, now, namespace=self.namespace or "",
+                                                  shard_id=self.shard, limit_seconds=limit))
+            break
         evaluation = round_.evaluation
         self.log.info(
             "shard %s: %s (upper %s, lag %s records / %s s, breaches in a row %s, page %s)%s",
@@ -385,6 +432,21 @@ class FrontierStallSensor(BaseSensorOperator):
                               delivery.channel, delivery.dedup_key, delivery.attempts)
         self._settle(delivered, [])
 
+    def _send_blind(self, event: dict[str, Any]) -> None:
+        """Deliver the monitor's own page (not in the outbox: the store may be what is down)."""
+        from airflow_upsert_provider.notifications.frontier import PageDeliveryError, channels, send_page
+
+        pagerduty = self._optional(self.pagerduty_events_conn_id)
+        slack = self._optional(self.slack_webhook_conn_id)
+        if not channels(pagerduty, slack):
+            self.log.warning("%s, but no PagerDuty or Slack connection is configured", event["summary"])
+            return
+        try:
+            send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+        except (PageDeliveryError, AirflowException) as exc:
+            raise AirflowException(f"{event['summary']}; the {event['action']} was NOT delivered ({exc})") from None
+        self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
+
     def _settle(self, delivered: list[str], released: list[str]) -> bool:
         """Record in the outbox what was delivered and what goes back; never raises: a page
         whose delivery could not be recorded is sent again later (at least once)."""
@@ -414,7 +476,7 @@ class FrontierStallSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         started = self._watch_start(context)
-        decision = self._round(context)
+        decision = self._round(context, deadline=started + self.watch)
         self.act(decision)
         done = time.time() - started >= self.watch
         if done:
@@ -426,9 +488,17 @@ class FrontierStallSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        decision = self._round(context)
+        watch_until = time.time() + self.watch
+        try:
+            decision = self._round(context)
+        except AirflowException:
+            if self._blind.since is None:
+                raise
+            # Evaluation failed: the trigger keeps trying, and pages if it keeps failing.
+            self._defer(context, watch_until, {})
+            return None  # pragma: no cover - defer() raises
         self.act(decision)
-        self._defer(context, time.time() + self.watch, decision.round)
+        self._defer(context, watch_until, decision.round)
         return None  # pragma: no cover - defer() raises
 
     def _defer(self, context: Context, watch_until: float, last_round: Mapping[str, Any]) -> None:
@@ -442,7 +512,8 @@ class FrontierStallSensor(BaseSensorOperator):
                 kafka_conn_id=self._optional(self.kafka_conn_id),
                 observer=self.observer(context), watch_until=watch_until, poke_interval=self.poke_interval,
                 namespace=self.namespace or "", links=self._links(context), run_ids=self._run_ids(context),
-                last_round=dict(last_round),
+                last_round=dict(last_round), blind=dataclasses.asdict(self._blind),
+                blind_limit=self.blind_limit(self.settings),
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=max(self.timeout, self.watch + 4 * self.poke_interval)),
@@ -452,6 +523,16 @@ class FrontierStallSensor(BaseSensorOperator):
     def execute_complete(self, context: Context, event: dict[str, Any], watch_until: float | None = None) -> Any:
         if event.get("kind") == "error":
             raise AirflowException(f"shard {self.shard}: frontier evaluation failed in the trigger: {event['message']}")
+        if event.get("kind") == BLIND:
+            # The trigger's evaluations failed long enough (or work again after that): the
+            # monitor's own page, then the watch goes on with the trigger's count of failures.
+            self._blind = BlindState(**event["blind"])
+            self._send_blind(event["page"])
+            if watch_until is not None and time.time() < watch_until:
+                self._defer(context, watch_until, event.get("round") or {})
+            if event["page"]["action"] == "trigger":
+                raise AirflowException(event["message"])
+            return event.get("round")
         decision = Decision.from_dict(event)
         self.act(decision)
         if decision.kind in (RESOLVE, WATCH) and watch_until is not None and time.time() < watch_until:

@@ -33,6 +33,8 @@ class FrontierTrigger(BaseTrigger):
     :param last_round: the round the worker made before deferring (the event's round when the
         watch ends before any round here).
     :param kafka_conn_id: the `kafka` connection of a Kafka shard (None: the upsert connection's).
+    :param blind: the failed evaluations so far (``frontier.BlindState`` as a dict).
+    :param blind_limit: how long evaluations may fail before the monitor's own page.
     """
 
     def __init__(
@@ -49,6 +51,8 @@ class FrontierTrigger(BaseTrigger):
         run_ids: Sequence[str] = (),
         last_round: Mapping[str, Any] | None = None,
         kafka_conn_id: str | None = None,
+        blind: Mapping[str, Any] | None = None,
+        blind_limit: float | None = None,
     ) -> None:
         super().__init__()
         self.shard = shard
@@ -62,6 +66,8 @@ class FrontierTrigger(BaseTrigger):
         self.run_ids = list(run_ids)
         self.last_round = dict(last_round) if last_round is not None else None
         self.kafka_conn_id = kafka_conn_id
+        self.blind = dict(blind or {})
+        self.blind_limit = blind_limit
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -70,7 +76,8 @@ class FrontierTrigger(BaseTrigger):
                 "shard": self.shard, "upsert_conn_id": self.upsert_conn_id, "settings": self.settings,
                 "observer": self.observer, "watch_until": self.watch_until, "poke_interval": self.poke_interval,
                 "namespace": self.namespace, "links": self.links, "run_ids": self.run_ids,
-                "last_round": self.last_round, "kafka_conn_id": self.kafka_conn_id,
+                "last_round": self.last_round, "kafka_conn_id": self.kafka_conn_id, "blind": self.blind,
+                "blind_limit": self.blind_limit,
             },
         )
 
@@ -84,17 +91,51 @@ class FrontierTrigger(BaseTrigger):
                                 kafka_conn_id=self.kafka_conn_id, compose_page=page_composer(settings, **page_args))
         return decide(round_, settings, **page_args).to_dict()
 
+    def _blind_event(self, blind: Any, action: str, now: float, limit: float,
+                     last: Mapping[str, Any] | None) -> dict[str, Any]:
+        import dataclasses
+
+        from airflow_upsert_provider.engine.frontier import BlindState, blind_page_event
+        from airflow_upsert_provider.sensors.frontier import BLIND
+
+        page = blind_page_event(blind, action, now, namespace=self.namespace, shard_id=self.shard,
+                                limit_seconds=limit)
+        after = blind if action == "trigger" else BlindState()
+        return {"kind": BLIND, "page": page, "blind": dataclasses.asdict(after), "round": last,
+                "message": page["summary"]}
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_upsert_provider.sensors.frontier import WATCH
 
+        from airflow_upsert_provider.engine.frontier import BlindState, advance_blind
+        from airflow_upsert_provider.sensors.frontier import settings_from_dict
+
         last = self.last_round
+        blind = BlindState(**self.blind)
+        limit = (self.blind_limit if self.blind_limit is not None
+                 else settings_from_dict(self.settings).stale_limit_seconds)
         while True:
             started = time.time()
             try:
                 decision = await asyncio.to_thread(self._evaluate, started)
-            except Exception as exc:  # the worker turns it into a retryable failure
-                self.log.warning("shard %s: frontier evaluation failed: %s", self.shard, exc)
-                yield TriggerEvent({"kind": "error", "message": f"{type(exc).__name__}: {exc}", "round": last})
+            except Exception as exc:  # noqa: BLE001 - retried here; paged when it lasts (the monitor is blind)
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                text = getattr(cause, "message", None) or str(cause)
+                error = f"{type(cause).__name__}: {(text.splitlines() or [''])[0][:300]}"
+                self.log.warning("shard %s: frontier evaluation failed: %s", self.shard, error)
+                blind, action = advance_blind(blind, started, error, limit)
+                if action is not None:
+                    yield TriggerEvent(self._blind_event(blind, action, started, limit, last))
+                    return
+                if time.time() >= self.watch_until:  # the worker turns it into a retryable failure
+                    yield TriggerEvent({"kind": "error", "message": error, "round": last})
+                    return
+                await asyncio.sleep(self.poke_interval)
+                continue
+            previous = blind
+            blind, action = advance_blind(blind, started, None, limit)
+            if action is not None:
+                yield TriggerEvent(self._blind_event(previous, action, started, limit, decision["round"]))
                 return
             last = decision["round"]
             if decision["kind"] != WATCH or decision.get("pages"):

@@ -298,11 +298,15 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     # The stall crossed its threshold at source_grew_at + 2 s; the task failed at the second
     # round after it (two breaching rounds in a row), not before the threshold. The wall-clock
     # bound leaves room for slow rounds on a loaded machine (poke mode sleeps after each round).
+    # Stall time counts from the first look that saw the records pending (the pinned writer's
+    # first run), not from the files' mtime.
+    first_seen = observations.observation_window(consensus, "orders", source_grew_at)[0]
+    assert first_seen.observer == "writer:pinned" and first_seen.lag_records == 62
     rounds = sensor_observations(consensus, source_grew_at)
-    assert len([o for o in rounds if o.observed_at >= source_grew_at + stall_seconds]) == 2
+    assert len([o for o in rounds if o.observed_at >= first_seen.observed_at + stall_seconds]) == 2
     assert stall_seconds <= detected_at - source_grew_at <= stall_seconds + 2 * POKE + 2
     message = str(failed.value)
-    assert message.startswith(f"shard orders: frontier STALLED; upper 0 stuck since {iso(source_grew_at)} (")
+    assert message.startswith(f"shard orders: frontier STALLED; upper 0 stuck since {iso(first_seen.observed_at)} (")
     assert "last advance never" in message and "62 records and" in message and "seconds behind" in message
     assert "window 60.0s from" in message and "rule: stalled: source grew" in message
     assert "writers running and committing nothing: writer:pinned" in message
@@ -607,5 +611,89 @@ def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(ai
         # It caught up within the window: the upper moved, nothing is pending.
         assert (watched["shard"], watched["status"], watched["action"]) == ("customers", "OK", None)
         assert watched["evaluation"]["lag_records"] == 0 and watched["state"]["firing"] is False
+    finally:
+        consensus.dispose()
+
+
+def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_when_it_can_again(
+        sqlite_url, blob, tmp_path, pager, monkeypatch):
+    from airflow_upsert_provider.engine.frontier import MONITOR_KEY
+
+    password = "monitor-db-pw-never-shown"
+    down = json.dumps({"conn_type": "upsert", "password": password, "extra": {
+        "consensus_url": "postgresql://monitor@127.0.0.1:1/upsert", "blob_root": blob.root}})
+    up = upsert_env(sqlite_url, blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"]
+    for name, value in conn_env(pager).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", down)  # the consensus store is down
+    consensus = open_consensus(sqlite_url)
+    try:
+        make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        start = time.time()
+        attempts: list[float] = []
+
+        def clock() -> float:
+            # Each evaluation attempt is 10 s after the previous one. Once the monitor's page is
+            # out, the store comes back.
+            if pager.events():
+                monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", up)
+            attempts.append(start + 10 * len(attempts))
+            return attempts[-1]
+
+        task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=600,
+                                   pagerduty_events_conn_id="pagerduty_test", namespace="test",
+                                   blind_page_seconds=30, **QUICK)
+        task.clock = clock
+        result = task.poke(sensor_context("scheduled__1"))
+        assert result.is_done is False and result.xcom_value["shard"] == "orders"
+
+        trigger, resolve = pager.events()
+        key = dedup_key(MONITOR_KEY, "test")
+        assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
+        assert (resolve["event_action"], resolve["dedup_key"]) == ("resolve", key)
+        assert key != dedup_key("orders", "test")
+        # Paged at the attempt 30 s after the first failure (the fourth), not before.
+        assert len(attempts) == 5
+        details = trigger["payload"]["custom_details"]
+        assert (details["status"], details["failing_seconds"], details["limit_seconds"]) == ("MONITOR_BLIND", 30, 30)
+        assert trigger["payload"]["summary"].startswith(
+            "MONITOR BLIND: cannot evaluate shard orders for 30s: ConsensusUnavailable: cannot reach consensus store")
+        assert trigger["payload"]["severity"] == "critical"
+        assert resolve["payload"]["summary"] == "RESOLVED: the frontier monitor evaluates shard orders again"
+        assert password not in json.dumps(pager.requests)
+        # The round that worked is a real one: it observed the shard.
+        assert [(o.observer, o.observed_at) for o in observations.observation_window(consensus, "orders", 0)] == \
+            [("sensor:monitor/scheduled__1/watch", attempts[-1])]
+    finally:
+        consensus.dispose()
+
+
+def test_the_trigger_pages_when_it_cannot_evaluate_and_resolves_when_it_can(sqlite_url, blob, tmp_path,
+                                                                            monkeypatch):
+    from airflow_upsert_provider.engine.frontier import MONITOR_KEY
+
+    down = json.dumps({"conn_type": "upsert", "extra": {
+        "consensus_url": "postgresql://monitor@127.0.0.1:1/upsert", "blob_root": blob.root}})
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", down)
+    consensus = open_consensus(sqlite_url)
+    try:
+        make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        kwargs = dict(shard="orders", upsert_conn_id="upsert_default", settings=StallSettings(**QUICK).to_dict(),
+                      observer="sensor:monitor/r1/watch", watch_until=time.time() + 600, poke_interval=0.01,
+                      namespace="test", blind_limit=0.0)
+
+        def first_event(trigger: FrontierTrigger) -> dict:
+            return asyncio.run(asyncio.wait_for(anext(trigger.run()), timeout=60)).payload
+
+        blind = first_event(FrontierTrigger(**kwargs))
+        assert blind["kind"] == "blind" and blind["blind"]["paged"] is True
+        assert (blind["page"]["action"], blind["page"]["dedup_key"]) == ("trigger", dedup_key(MONITOR_KEY, "test"))
+        assert "ConsensusUnavailable: cannot reach consensus store" in blind["message"]
+        json.dumps(blind)  # what the triggerer hands the worker
+
+        monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", upsert_env(sqlite_url, blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"])
+        back = first_event(FrontierTrigger(**dict(kwargs, blind=blind["blind"])))
+        assert (back["kind"], back["page"]["action"], back["blind"]["paged"]) == ("blind", "resolve", False)
+        assert back["page"]["dedup_key"] == dedup_key(MONITOR_KEY, "test") and back["round"]["shard"] == "orders"
     finally:
         consensus.dispose()

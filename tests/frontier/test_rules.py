@@ -675,3 +675,24 @@ def test_the_outbox_leases_a_page_until_it_is_delivered_or_released() -> None:
     for i in range(MAX_OUTBOX + 3):
         many = enqueue_page(many, event, f"p{i}")
     assert [p["id"] for p in many.outbox] == [f"p{i}" for i in range(3, MAX_OUTBOX + 3)]
+
+
+def test_a_blind_monitor_pages_once_after_the_limit_under_its_own_key_and_resolves() -> None:
+    from airflow_upsert_provider.engine.frontier import MONITOR_KEY, BlindState, advance_blind, blind_page_event
+
+    down = "ConsensusUnavailable: cannot reach consensus store"
+    state, actions = BlindState(), []
+    for t in (0, 100, 200, 299, 300, 400):
+        state, action = advance_blind(state, NOW + t, down, 300)
+        actions.append(action)
+    assert actions == [None, None, None, None, "trigger", None]
+    assert (state.since, state.paged, state.error) == (NOW, True, down)
+    page = blind_page_event(state, "trigger", NOW + 400, namespace="prod", shard_id="orders", limit_seconds=300)
+    assert page["dedup_key"] == dedup_key(MONITOR_KEY, "prod") != dedup_key("orders", "prod")
+    assert page["summary"] == f"MONITOR BLIND: cannot evaluate shard orders for 6m: {down}"
+    assert (page["severity"], page["custom_details"]["failing_seconds"]) == ("critical", 400)
+    back, action = advance_blind(state, NOW + 500, None, 300)
+    assert (back, action) == (BlindState(), "resolve")
+    # Failures shorter than the limit, then a success: nothing to page, nothing to resolve.
+    brief, _ = advance_blind(BlindState(), NOW, down, 300)
+    assert advance_blind(brief, NOW + 10, None, 300) == (BlindState(), None)
