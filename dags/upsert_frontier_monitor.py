@@ -20,6 +20,11 @@ A Kafka shard is observed with the client config of the `kafka_conn_id` param's 
 judged on what its writers record, its watch says why, and with nothing recorded it is STALE
 and pages. Each shard has its own watch task: one that cannot be observed hides no other.
 
+A watch whose evaluations keep failing (the store is down) pages that under the monitor's own
+dedup key after `blind_page_seconds` (default: the stale limit) and resolves it when an
+evaluation works again; when the store cannot even be listed, `shards` pages the same way on
+its last try.
+
 Connections: `upsert_default` (embedded defaults when it is not defined); the PagerDuty
 (`pagerduty_events`, integration key in the password) and Slack (`slackwebhook`) connection
 ids are params; blank, the page is only logged and the task still fails.
@@ -38,6 +43,30 @@ from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 CONN_ID_PATTERN = r"^$|^[A-Za-z0-9_.-]{1,250}$"
 # Blank, or a name made of letters, digits, '_', '.' and '-'.
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
+
+# Tries of listing the store before the monitor pages that it cannot (a minute apart).
+LIST_RETRIES = 2
+
+
+def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None) -> None:
+    """Send the monitor's own page (frontier.blind_page_event): the store cannot be listed."""
+    import logging
+    import time
+
+    from airflow_upsert_provider.engine.frontier import BlindState, blind_page_event
+    from airflow_upsert_provider.notifications.frontier import send_page
+
+    now = time.time()
+    text = getattr(exc, "message", None) or (str(exc).splitlines() or [""])[0]
+    state = BlindState(since if since is not None else now, True, f"{type(exc).__name__}: {text[:300]}")
+    event = blind_page_event(state, "trigger", now, namespace=params.get("namespace") or "")
+    pagerduty, slack = params.get("pagerduty_conn_id") or None, params.get("slack_conn_id") or None
+    if not (pagerduty or slack):
+        logging.getLogger(__name__).warning("%s, but no PagerDuty or Slack connection is configured",
+                                            event["summary"])
+        return
+    send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+
 
 with DAG(
     dag_id="upsert_frontier_monitor",
@@ -109,17 +138,24 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task
-    def shards(params: dict | None = None) -> list[str]:
-        """The shards to watch: the param, or every shard of the store."""
+    @task(retries=LIST_RETRIES, retry_delay=timedelta(minutes=1))
+    def shards(params: dict | None = None, ti=None, dag_run=None) -> list[str]:
+        """The shards to watch: the param, or every shard of the store. When the store cannot
+        be listed on the last try, the monitor pages that under its own dedup key: with no
+        shard listed, no watch would run to page anything."""
         from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 
-        chosen = list((params or {}).get("shards") or [])
+        params = params or {}
+        chosen = list(params.get("shards") or [])
         if chosen:
             return chosen
         hook = UpsertShardHook()
         try:
             return [record.shard_id for record in hook.get_consensus().list_shards()]
+        except Exception as exc:
+            if ti is not None and ti.try_number > LIST_RETRIES:
+                page_blind_monitor(params, exc, since=dag_run.start_date.timestamp() if dag_run else None)
+            raise
         finally:
             hook.close()
 

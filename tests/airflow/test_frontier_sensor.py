@@ -697,3 +697,34 @@ def test_the_trigger_pages_when_it_cannot_evaluate_and_resolves_when_it_can(sqli
         assert back["page"]["dedup_key"] == dedup_key(MONITOR_KEY, "test") and back["round"]["shard"] == "orders"
     finally:
         consensus.dispose()
+
+
+def test_the_monitor_dag_pages_on_its_last_try_when_the_store_cannot_be_listed(pager, monkeypatch):
+    import importlib.util
+
+    from airflow_upsert_provider.engine.errors import ConsensusUnavailable
+    from airflow_upsert_provider.engine.frontier import MONITOR_KEY
+    from tests.conftest import REPO_ROOT
+
+    for name, value in conn_env(pager).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps({"conn_type": "upsert", "extra": {
+        "consensus_url": "postgresql://monitor@127.0.0.1:1/upsert", "blob_root": "/nonexistent"}}))
+    spec = importlib.util.spec_from_file_location("monitor_dag", os.path.join(REPO_ROOT, "dags",
+                                                                             "upsert_frontier_monitor.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    list_shards = module.dag.get_task("shards").python_callable
+    params = {"shards": [], "namespace": "prod", "pagerduty_conn_id": "pagerduty_test", "slack_conn_id": ""}
+    started = SimpleNamespace(start_date=datetime.fromtimestamp(time.time() - 130, tz=timezone.utc))
+    # Tries before the last: the failure only, Airflow retries.
+    with pytest.raises(ConsensusUnavailable):
+        list_shards(params=params, ti=SimpleNamespace(try_number=1), dag_run=started)
+    assert pager.requests == []
+    # The last try: the monitor's own page, then the failure.
+    with pytest.raises(ConsensusUnavailable):
+        list_shards(params=params, ti=SimpleNamespace(try_number=module.LIST_RETRIES + 1), dag_run=started)
+    [page] = pager.events()
+    assert (page["event_action"], page["dedup_key"]) == ("trigger", dedup_key(MONITOR_KEY, "prod"))
+    assert page["payload"]["summary"].startswith(
+        "MONITOR BLIND: cannot evaluate its shards for 2m: ConsensusUnavailable: cannot reach consensus store")
