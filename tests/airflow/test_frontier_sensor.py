@@ -520,9 +520,10 @@ with DAG(dag_id="frontier_sensor_modes", schedule=None, start_date=datetime(2026
 '''
 
 
-def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, landed_ago: float = 600) -> list:
+def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, landed_ago: float = 600,
+                   seen_ago: float = 5) -> list:
     """Shards on one source whose records all landed ``landed_ago`` seconds ago and of which
-    nothing was ever committed; a writer observed each once since."""
+    nothing was ever committed; a writer observed each ``seen_ago`` seconds ago."""
     shards = []
     for i, shard_id in enumerate(shard_ids):
         shards.append(make_shard(consensus, blob, tmp_path, spec=SPEC if i == 0 else None, shard_id=shard_id,
@@ -530,10 +531,10 @@ def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, lande
     landed = time.time() - landed_ago
     for path in glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl")):
         os.utime(path, (landed, landed))
-    # A writer saw the records pending moments ago: stall time counts from that look.
+    # Stall time counts from the first look that saw the records pending: this one.
     for shard in shards:
         observations.record_observation(consensus, observations.observe(
-            shard, observer="writer:w", writer_outcome="nothing_to_do", now=time.time() - 5))
+            shard, observer="writer:w", writer_outcome="nothing_to_do", now=time.time() - seen_ago))
     return shards
 
 
@@ -582,7 +583,7 @@ def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(ai
     blob.ensure_root()
     consensus = open_consensus(url)
     try:
-        _, caught_up = stalled_shards(consensus, blob, tmp_path, ["orders", "customers"])
+        _, caught_up = stalled_shards(consensus, blob, tmp_path, ["orders", "customers"], seen_ago=300)
         # customers is caught up: everything in its source is committed.
         while sum(caught_up.status().lag_offsets.values()):
             commit_next(caught_up)
