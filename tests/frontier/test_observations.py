@@ -383,3 +383,35 @@ def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_
         assert not any("no writer observed" in r for r in evaluation.reasons)
     finally:
         consensus.dispose()
+
+
+def test_a_resumed_stream_is_not_stalled_by_the_time_it_spent_stopped(sqlite_url, blob, tmp_path):
+    from airflow_upsert_provider.engine.consensus import open_consensus
+
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        # Stopped with records pending; a sensor looks every minute for an hour.
+        streams.stop(consensus, "orders", "test", "maintenance")
+        streams.finalize_stop(consensus, streams.read_stream(consensus, "orders"), "test")
+        stopped_looks = time.time()
+        for minutes in range(60, 0, -1):
+            observations.record_observation(consensus, observations.observe(
+                shard, observer="sensor:1", now=stopped_looks - 60 * minutes))
+        resumed = streams.resume(consensus, "orders", "test").state
+        assert resumed.status.value == "READY" and resumed.changed_at >= stopped_looks
+        # 19 s after the resume, with a 20 s threshold: not stalled, whatever the hour stopped.
+        settings = StallSettings(cadence_seconds=5, stall_multiplier=4, min_stall_seconds=20, window_seconds=7200)
+        round_ = observations.evaluate_shard(consensus, blob, "orders", settings, observer="sensor:1",
+                                             now=resumed.changed_at + 19)
+        assert round_.observation.stream_status == "READY" and round_.observation.lag_records == 62
+        assert round_.evaluation.status is FrontierStatus.OK, round_.evaluation.rule
+        assert round_.action is None and not round_.state.consecutive_breaches
+        # 21 s after it: stalled, counted from the resume.
+        later = observations.evaluate_shard(consensus, blob, "orders", settings, observer="sensor:1",
+                                            now=resumed.changed_at + 21)
+        assert later.evaluation.status is FrontierStatus.STALLED
+        assert later.evaluation.thresholds["stall_started_at"] == resumed.changed_at
+        assert later.evaluation.window["samples"] == 62  # the hour stopped is in the window
+    finally:
+        consensus.dispose()
