@@ -433,7 +433,8 @@ class FrontierStallSensor(BaseSensorOperator):
         self._settle(delivered, [])
 
     def _send_blind(self, event: dict[str, Any]) -> None:
-        """Deliver the monitor's own page (not in the outbox: the store may be what is down)."""
+        """Deliver the monitor's own page (not in the outbox: the store may be what is down).
+        A trigger that was not delivered is decided again by the next failed evaluation."""
         from airflow_upsert_provider.notifications.frontier import PageDeliveryError, channels, send_page
 
         pagerduty = self._optional(self.pagerduty_events_conn_id)
@@ -444,6 +445,8 @@ class FrontierStallSensor(BaseSensorOperator):
         try:
             send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
         except (PageDeliveryError, AirflowException) as exc:
+            if event["action"] == "trigger":
+                self._blind = dataclasses.replace(self._blind, paged=False)
             raise AirflowException(f"{event['summary']}; the {event['action']} was NOT delivered ({exc})") from None
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
 
