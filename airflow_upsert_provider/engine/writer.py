@@ -335,6 +335,11 @@ class Writer:
     ) -> None:
         """Raise the error a failed staging attempt stands for; return only when the attempt
         was lost to a deletion of its staging directory (restage it)."""
+        from airflow_upsert_provider.engine.sources.kafka import carried_error
+
+        carried = carried_error(exc)  # a Kafka read on an executor failed: its own class, exit code
+        if carried is not None:
+            raise carried from exc
         if spark is not None and is_connect_session(spark) and server_gone(exc):
             # The attempt's files are unreferenced, like a killed task's: GC removes them
             # (the server may still be writing them if only the connection broke).

@@ -16,6 +16,7 @@ part of what Spark records about a query.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -219,7 +220,8 @@ def read_range(
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         continue
-                    raise _read_error(config, topic, partition, next_offset, end, error.str(), error.retriable())
+                    raise _read_error(config, topic, partition, next_offset, end, error.str(),
+                                      error.retriable() or _unreachable(error.code()))
                 offset = message.offset()
                 if offset < next_offset or offset >= end:
                     # Only the assigned partition is read; an offset outside the range would
@@ -260,13 +262,53 @@ def read_range(
                 next_offset = position
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > stall_timeout:
-                raise KafkaSliceUnavailable(
-                    f"kafka topic {topic!r} partition {partition}: no message at offset {next_offset} within "
-                    f"{stall_timeout:g}s while reading up to offset {end} (exclusive): the range reaches past what the partition holds",
-                    topic=topic, partition=partition, offset=next_offset, end=end,
-                )
+                raise _stalled(consumer, config, topic, partition, next_offset, end, stall_timeout)
     finally:
         consumer.close()
+
+
+def _stalled(consumer: "Consumer", config: KafkaConfig, topic: str, partition: int, offset: int, end: int,
+             stall_timeout: float) -> UpsertError:
+    """Why no message came for ``stall_timeout`` seconds, from what the partition holds now.
+
+    A range past the partition's high watermark (the topic was truncated or recreated since
+    the driver checked the slice) cannot be read by waiting: an integrity error. Otherwise the
+    messages exist and the broker is slow or unreachable: retryable, like any broker outage."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=stall_timeout, cached=False)
+    except KafkaException as exc:
+        return KafkaUnavailable(
+            f"kafka topic {topic!r} partition {partition}: no message at offset {offset} within {stall_timeout:g}s "
+            f"while reading up to offset {end} (exclusive), and the partition's watermarks could not be read: "
+            f"{config.scrub(str(exc))}; the broker is slow or unreachable",
+            topic=topic, partition=partition, offset=offset, end=end,
+        )
+    if end > high or offset < low:
+        return KafkaSliceUnavailable(
+            f"kafka topic {topic!r} partition {partition}: no message at offset {offset} within {stall_timeout:g}s "
+            f"while reading up to offset {end} (exclusive): the range reaches past what the partition holds "
+            f"(offsets {low}..{high - 1})",
+            topic=topic, partition=partition, offset=offset, end=end,
+        )
+    return KafkaUnavailable(
+        f"kafka topic {topic!r} partition {partition}: no message at offset {offset} within {stall_timeout:g}s "
+        f"while reading up to offset {end} (exclusive), though the partition holds offsets {low}..{high - 1}: "
+        "the broker is slow or unreachable",
+        topic=topic, partition=partition, offset=offset, end=end,
+    )
+
+
+# Errors of a cluster that does not answer: retryable, whatever librdkafka's retriable flag says.
+UNREACHABLE_ERRORS = ("_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE", "NOT_LEADER_FOR_PARTITION",
+                      "LEADER_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "BROKER_NOT_AVAILABLE")
+
+
+def _unreachable(code: int) -> bool:
+    from confluent_kafka import KafkaError
+
+    return any(code == getattr(KafkaError, name, None) for name in UNREACHABLE_ERRORS)
 
 
 def _read_error(config: KafkaConfig, topic: str, partition: int, offset: int, end: int, reason: str, retriable: bool) -> UpsertError:
@@ -285,6 +327,50 @@ def _decode(raw: bytes | None, what: str) -> tuple[str | None, str | None]:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
         return None, f"message {what} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+
+
+# An engine error raised on an executor reaches the driver as a Spark error whose message
+# quotes the Python exception's text; this marker carries its class and details in that text.
+CARRIED_MARK = "upsert-error:"
+_CARRIED = re.compile(r"\[" + re.escape(CARRIED_MARK) + r"([A-Za-z0-9_=-]+)\]")
+
+
+class ExecutorError(Exception):
+    """An engine error raised where Spark runs Python (an executor's data source reader), in a
+    form that survives the trip to the driver: its text ends with the error's class, message
+    and details, encoded, which :func:`carried_error` decodes back into the engine's error."""
+
+    def __init__(self, error: UpsertError) -> None:
+        payload = json.dumps({"error": type(error).__name__, "message": error.message, "details": error.details},
+                             default=str)
+        encoded = base64.urlsafe_b64encode(payload.encode("utf-8")).decode("ascii")
+        super().__init__(f"{type(error).__name__}: {error.message} [{CARRIED_MARK}{encoded}]")
+
+
+def carried_error(exc: BaseException) -> UpsertError | None:
+    """The engine error an :class:`ExecutorError` carried inside ``exc`` (a Spark error on the
+    driver, or its causes), rebuilt in its class with its message and details; None when
+    ``exc`` carries none. Only classes of engine/errors.py are rebuilt."""
+    from airflow_upsert_provider.engine import errors
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        try:
+            text = str(current)
+        except Exception:  # a Java error whose JVM is gone cannot describe itself
+            text = ""
+        for encoded in reversed(_CARRIED.findall(text)):
+            try:
+                carried = json.loads(base64.urlsafe_b64decode(encoded.encode("ascii")))
+                cls = getattr(errors, carried["error"], None)
+                if isinstance(cls, type) and issubclass(cls, UpsertError):
+                    return cls(str(carried["message"]), **dict(carried.get("details") or {}))
+            except (ValueError, TypeError, KeyError):
+                continue  # a mark cut short by a truncated message: try the next one
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _slice_data_source(config: KafkaConfig, topic: str, stall_timeout: float) -> type:
@@ -307,10 +393,13 @@ def _slice_data_source(config: KafkaConfig, topic: str, stall_timeout: float) ->
             if partition.value is None:
                 return  # Spark reads one placeholder partition when a slice has no ranges
             kafka_partition, start, end = partition.value
-            yield from read_range(
-                KafkaSliceSource.client_config, KafkaSliceSource.topic, kafka_partition, start, end,
-                stall_timeout=KafkaSliceSource.stall_timeout,
-            )
+            try:
+                yield from read_range(
+                    KafkaSliceSource.client_config, KafkaSliceSource.topic, kafka_partition, start, end,
+                    stall_timeout=KafkaSliceSource.stall_timeout,
+                )
+            except UpsertError as exc:
+                raise ExecutorError(exc) from None
 
     class KafkaSliceSource(DataSource):
         client_config = config
