@@ -49,6 +49,11 @@ READER_OVERRIDES = {
     "enable.auto.offset.store": False,
     # An offset outside what the broker holds is an error, never a silent jump to the end.
     "auto.offset.reset": "error",
+    # Only committed transactions: the high watermark the broker reports is then the last
+    # stable offset, so a binding never names the messages of an open transaction, and the
+    # reader skips those of aborted ones. read_uncommitted would put records a producer
+    # rolled back into the table.
+    "isolation.level": "read_committed",
 }
 DEFAULT_GROUP = "upsert-reader"
 # Columns of a slice, in order; value is the message value decoded as UTF-8 (None for a
@@ -223,9 +228,14 @@ def read_range(
                     raise _read_error(config, topic, partition, next_offset, end, error.str(),
                                       error.retriable() or _unreachable(error.code()))
                 offset = message.offset()
-                if offset < next_offset or offset >= end:
-                    # Only the assigned partition is read; an offset outside the range would
-                    # mean the position moved under us: never pass it on.
+                if offset >= end:
+                    # Messages come in offset order: the rest of the range holds none (its
+                    # offsets are transaction markers, aborted or compacted messages).
+                    next_offset = end
+                    break
+                if offset < next_offset:
+                    # Only the assigned partition is read; an offset before the position
+                    # would mean the position moved under us: never pass it on.
                     raise KafkaSliceUnavailable(
                         f"kafka topic {topic!r} partition {partition}: got offset {offset} while reading [{next_offset}, {end})",
                         topic=topic, partition=partition, offset=offset,
@@ -254,6 +264,8 @@ def read_range(
                     names=list(columns),
                 )
                 continue
+            if next_offset >= end:
+                return
             # Nothing arrived: the rest of the range may be offsets without messages.
             position = consumer.position([TopicPartition(topic, partition)])[0].offset
             if position >= end:
