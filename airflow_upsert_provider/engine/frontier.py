@@ -467,11 +467,22 @@ def upstream_reasons(obs: Observation | None) -> list[str]:
         return [f"the consumer group's offsets could not be read: {upstream['error']}"]
     if not upstream.get("alert"):
         return []
+    reasons = []
     behind = upstream.get("behind") or {}
-    listed = ", ".join(f"partition {p} {n:,} behind" for p, n in sorted(behind.items()))
-    return [f"consumer group {upstream.get('group')!r} is behind the shard's frontier for "
-            f"{format_duration(upstream.get('gap_seconds'))} (since {_iso(upstream.get('gap_since'))}): {listed}; "
-            f"lag tools show it further behind than the shard is"]
+    # The group may be behind on one partition for less than the alert time and ahead on another.
+    behind_too_long = (upstream.get("gap_seconds") or 0) > (upstream.get("gap_alert_seconds") or 0)
+    if behind and (behind_too_long or "ahead" not in upstream):
+        listed = ", ".join(f"partition {p} {n:,} behind" for p, n in sorted(behind.items()))
+        reasons.append(f"consumer group {upstream.get('group')!r} is behind the shard's frontier for "
+                       f"{format_duration(upstream.get('gap_seconds'))} (since {_iso(upstream.get('gap_since'))}): "
+                       f"{listed}; lag tools show it further behind than the shard is")
+    ahead = upstream.get("ahead") or {}
+    if ahead:
+        listed = ", ".join(f"partition {p} {n:,} ahead" for p, n in sorted(ahead.items()))
+        reasons.append(f"consumer group {upstream.get('group')!r} is ahead of the shard's frontier: {listed}; lag "
+                       f"tools count {sum(ahead.values()):,} records as processed that the shard has not read: stop "
+                       "whatever else commits to the group (a writer of another store), then 'upsertctl recover seek'")
+    return reasons
 
 
 def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettings, now: float,

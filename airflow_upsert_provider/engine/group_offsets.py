@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 from airflow_upsert_provider.engine import acks
 from airflow_upsert_provider.engine.errors import ConfigurationError, KafkaUnavailable
 from airflow_upsert_provider.engine.sources.kafka import KafkaSource
+from airflow_upsert_provider.engine.sources.kafka_planning import start_offsets
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
@@ -132,6 +133,24 @@ def behind_offsets(group: Mapping[str, int], acknowledged: Mapping[str, int]) ->
     return {p: a - group.get(p, 0) for p, a in sorted(acknowledged.items()) if a > group.get(p, 0)}
 
 
+def ahead_offsets(group: Mapping[str, int], positions: Mapping[str, int]) -> dict[str, int]:
+    """``{partition: offsets the group is ahead}`` for each partition whose group offset is
+    beyond ``positions``, where the shard reads on from. The writers only ever commit offsets
+    the shard bound at its upper, so a group ahead was moved by something else: a writer still
+    committing against another store (an old one after a restore), a tool, another pipeline
+    sharing the group id. Lag tools then count records as processed that the shard has not
+    read. Partitions ``positions`` does not name are not judged."""
+    return {p: g - positions[p] for p, g in sorted(group.items()) if p in positions and g > positions[p]}
+
+
+def shard_positions(shard: KafkaShardLike, upper: int, marks: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """Where ``shard`` reads each partition on from at ``upper``: binding(upper - 1)'s ``to``,
+    the low watermark for a partition no binding names (as the next binding would start,
+    ``kafka_planning.start_offsets``)."""
+    binding = shard.binding(upper - 1) if upper > 0 else None
+    return start_offsets(binding.ranges if binding is not None else {}, marks)
+
+
 # -- since when: derived from consensus ---------------------------------------------------------
 
 
@@ -171,18 +190,28 @@ def group_status(
     now: float | None = None,
 ) -> dict[str, Any]:
     """One look at the group against the shard: its committed offsets, the offsets bound at
-    the upper (what it should hold), how far behind and since when (from consensus), and
-    whether that is an alert. For observations and the CLI; raises KafkaUnavailable when the
-    group cannot be read."""
+    the upper (what it should hold), how far behind and since when (from consensus), how far
+    ahead of where the shard reads on (:func:`ahead_offsets`: an alert at once), and whether
+    that is an alert. For observations and the CLI; raises KafkaUnavailable when the group
+    cannot be read."""
     now = time.time() if now is None else float(now)
     source = shard.source
     group_id = shard.group_id
-    acknowledged = shard.bound_offsets(shard.state().upper)
+    upper = shard.state().upper
+    acknowledged = shard.bound_offsets(upper)
+    marks = {str(p): held for p, held in source.watermarks().items()}
     consumer = group_consumer(source, group_id)
     try:
-        group = read_committed(consumer, source, group_id, sorted(acknowledged))
+        group = read_committed(consumer, source, group_id, sorted(set(acknowledged) | set(marks), key=int))
     finally:
         consumer.close()
+    ahead = ahead_offsets(group, shard_positions(shard, upper, marks))
+    if ahead:
+        # A writer of this shard may have committed a batch and told the group between the
+        # two reads: the group is ahead only of an upper read after the group was.
+        upper = shard.state().upper
+        acknowledged = shard.bound_offsets(upper)
+        ahead = ahead_offsets(group, shard_positions(shard, upper, marks))
     behind = behind_offsets(group, acknowledged)
     since = group_behind_since(shard, group) if behind else None
     seconds = None if since is None else max(0.0, now - since)
@@ -195,7 +224,9 @@ def group_status(
         "gap_since": since,
         "gap_seconds": seconds,
         "gap_alert_seconds": gap_alert_seconds,
-        "alert": seconds is not None and seconds > gap_alert_seconds,
+        # Never normal, so never waited on: lag tools count these records as processed now.
+        "ahead": ahead,
+        "alert": (seconds is not None and seconds > gap_alert_seconds) or bool(ahead),
     }
 
 
@@ -259,6 +290,9 @@ class GroupCommitter:
         self._behind_since: float | None = None
         self._alert_logged_at: float | None = None
         self._last_failure: str | None = None
+        # The group was found ahead of the shard's frontier at start (confirmed against
+        # consensus): reported until the shard's acknowledged offsets reach the group's.
+        self._ahead_found = False
 
     @classmethod
     def for_shard(cls, shard: KafkaShardLike, **kwargs: Any) -> "GroupCommitter":
@@ -312,6 +346,7 @@ class GroupCommitter:
                 # Unknown: treat as holding nothing, so the commit below is attempted.
                 log.warning("shard %s: %s; committing the shard's offsets to the group anyway", self.shard_id, exc)
                 self._group = {}
+            self._ahead_found = self._group_ahead_of_shard()
             result = self._flush({})
             if self._behind() and self.shard is not None:
                 try:
@@ -383,6 +418,26 @@ class GroupCommitter:
         self._last_failure = None
         return GroupCommit(committed=pending, ignored=ignored)
 
+    def _group_ahead_of_shard(self) -> bool:
+        """Whether the group just read is ahead of the tracked positions and still ahead of
+        the shard's bound offsets read from consensus now: a peer writer of this store may
+        have committed and told the group since the positions were read, which is no alert.
+        Without the shard nothing can be confirmed, so nothing is reported."""
+        assert self._acks is not None
+        if self.shard is None or not ahead_offsets(self._group, acks.committed_offsets(self._acks)):
+            return False
+        try:
+            bound_now = self.shard.bound_offsets(self.shard.state().upper)
+        except Exception as exc:  # the check never fails a writer
+            log.warning("shard %s: could not check the kafka group against consensus: %s", self.shard_id, exc)
+            return False
+        return bool(ahead_offsets(self._group, bound_now))
+
+    def _ahead(self) -> dict[str, int]:
+        if not self._ahead_found or self._acks is None:
+            return {}
+        return ahead_offsets(self._group, acks.committed_offsets(self._acks))
+
     def _behind(self) -> dict[str, int]:
         assert self._acks is not None
         return behind_offsets(self._group, acks.committed_offsets(self._acks))
@@ -400,6 +455,8 @@ class GroupCommitter:
                             self.shard_id, self.group_id, self.source.topic)
             self._behind_since = None
             self._alert_logged_at = None
+        if self._ahead_found and not self._ahead():
+            self._ahead_found = False  # the shard's acknowledged frontier reached the group
         status = self._status(now)
         if status["alert"] and (self._alert_logged_at is None
                                 or now - self._alert_logged_at >= self.gap_alert_seconds):
@@ -410,6 +467,7 @@ class GroupCommitter:
     def _status(self, now: float) -> dict[str, Any]:
         acknowledged = acks.committed_offsets(self._acks) if self._acks is not None else {}
         behind = behind_offsets(self._group, acknowledged)
+        ahead = self._ahead()
         since = self._behind_since if behind else None
         seconds = None if since is None else max(0.0, now - since)
         ack_gaps = acks.gaps(self._acks) if self._acks is not None else []
@@ -427,7 +485,8 @@ class GroupCommitter:
             # Acknowledged offsets above a missing one: the contiguous end cannot move.
             "ack_gaps": [g.to_dict() for g in ack_gaps],
             "last_failure": self._last_failure,
-            "alert": (seconds is not None and seconds > self.gap_alert_seconds) or bool(stuck_acks),
+            "ahead": ahead,
+            "alert": (seconds is not None and seconds > self.gap_alert_seconds) or bool(stuck_acks) or bool(ahead),
         }
 
     def status(self) -> dict[str, Any]:
@@ -455,6 +514,18 @@ def describe_alert(status: Mapping[str, Any]) -> str:
             f"for {seconds if seconds is None else round(seconds)}s (alert after {status.get('gap_alert_seconds')}s): "
             f"{offsets}; lag tools show this group further behind than the shard is"
             + (f"; last commit failure: {status['last_failure']}" if status.get("last_failure") else "")
+        )
+    ahead = status.get("ahead") or {}
+    if ahead:
+        committed = status.get("committed") or {}
+        offsets = ", ".join(
+            f"partition {p} at {committed.get(p)} (shard at {committed.get(p, 0) - n}, {n} ahead)" for p, n in ahead.items()
+        )
+        parts.append(
+            f"kafka group {status.get('group')!r} is ahead of the shard's frontier on topic {status.get('topic')!r}: "
+            f"{offsets}; lag tools count {sum(ahead.values())} records as processed that the shard has not read. "
+            "Something else commits to this group (a writer still running against another store, e.g. the one a "
+            "restore replaced): stop it, then 'upsertctl recover seek' sets the group back to the shard's frontier"
         )
     for gap in status.get("ack_gaps") or ():
         parts.append(

@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from airflow_upsert_provider.engine.consensus import Binding, BatchRecord, Consensus
 from airflow_upsert_provider.engine.group_offsets import (
     GroupCommitter,
+    describe_alert,
     group_behind_since,
     group_consumer,
     group_status,
@@ -308,3 +309,92 @@ def test_observations_of_a_kafka_shard_carry_its_group(kafka_bootstrap: str, kaf
     observations.record_observation(consensus, seen)
     assert observations.observation_window(consensus, "orders", at - 1)[0].upstream == seen.upstream
 
+
+
+class PeerCommits(KafkaShard):
+    """A shard whose first state() read is from before a peer writer committed its last
+    batch (and told the group): every later read sees the new upper."""
+
+    def __init__(self, *args: Any, stale_upper: int) -> None:
+        super().__init__(*args)
+        self.stale_upper = stale_upper
+        self.reads = 0
+
+    def state(self):
+        self.reads += 1
+        record = super().state()
+        return record if self.reads > 1 else type(record)(**{**record.__dict__, "upper": self.stale_upper})
+
+
+def test_a_group_ahead_of_the_shard_is_an_alert_and_the_seek_sets_it_back(
+        kafka_bootstrap: str, kafka_topic: str, consensus: Consensus, caplog: pytest.LogCaptureFixture) -> None:
+    """A writer still running against the store a restore replaced keeps committing the group
+    past the restored shard's frontier: lag tools show records as processed that the shard has
+    not read. That is an alert at once (the status, observations, the writer's ERROR line),
+    and the recovery's seek sets the group back."""
+    from airflow_upsert_provider.engine import frontier, observations
+    from airflow_upsert_provider.engine.kafka_recovery import seek_group
+    from airflow_upsert_provider.engine.shard import ShardStatus
+
+    produce_changes(kafka_bootstrap, kafka_topic,
+                    [(p, f"k{p}-{n}", {"id": n}) for p, count in ((0, 900), (1, 20), (2, 4)) for n in range(count)])
+    commit_batches(consensus, "orders", [{"0": 50, "1": 5}, {"0": 100, "1": 10}])
+    group = new_group()
+    with KafkaSource(kafka_topic, config(kafka_bootstrap)) as source:
+        shard = KafkaShard(consensus, "orders", source, group)
+        old_writer = group_consumer(source, group)
+        old_writer.commit(offsets=[TopicPartition(kafka_topic, 0, 900), TopicPartition(kafka_topic, 1, 10),
+                                   TopicPartition(kafka_topic, 2, 4)], asynchronous=False)
+        old_writer.close()
+
+        status = group_status(shard, now=1000.0)
+        # Partition 2 was never bound: the shard reads it on from its low watermark, 0.
+        assert status["ahead"] == {"0": 800, "2": 4}
+        assert status["behind"] == {} and status["alert"] is True
+        described = describe_alert(status)
+        assert "is ahead of the shard's frontier" in described and "partition 0 at 900 (shard at 100, 800 ahead)" in described
+        assert "804 records" in described and "recover seek" in described
+
+        # Observations carry it, and the frontier's reasons say it.
+        shard_status = ShardStatus(shard="orders", upper=2, since=0, seqno=2, high_watermark={"0": 900}, bound={"0": 100},
+                                   rows=None, pending_segments=0, stream={"status": "READY", "changed_at": 0.0})
+        seen = observations.observe(shard, observer="test", now=1000.0, status=shard_status)  # type: ignore[arg-type]
+        observations_text = frontier.upstream_reasons(seen)
+        assert len(observations_text) == 1 and "partition 0 800 ahead" in observations_text[0]
+        assert "804 records" in observations_text[0]
+
+        # A writer of the restored store starting now says so (ERROR) and leaves the group alone.
+        caplog.set_level(logging.WARNING, logger=LOG)
+        committer = GroupCommitter.for_shard(shard, clock=Clock(1000.0))
+        started = committer.start(EPOCH, shard.bound_offsets(2))
+        assert started.committed == {} and started.alert is True
+        assert committer.status()["ahead"] == {"0": 800}
+        errors = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "800 ahead" in errors[0] and SECRET not in errors[0]
+        committer.close()
+
+        # The seek sets the group back to the shard's frontier, read back from the cluster.
+        sought = seek_group(source, group, shard.bound_offsets(2))
+        assert sought["positions"] == {"0": 100, "1": 10, "2": 0, "3": 0}
+        assert group_offsets(source, group, [0, 1, 2]) == {0: 100, 1: 10, 2: 0}
+        after = group_status(shard, now=1001.0)
+        assert (after["ahead"], after["behind"], after["alert"]) == ({}, {}, False)
+
+
+def test_a_peer_writer_committing_between_the_reads_is_no_alert(
+        kafka_bootstrap: str, kafka_topic: str, consensus: Consensus) -> None:
+    produce_changes(kafka_bootstrap, kafka_topic, [(0, f"k{n}", {"id": n}) for n in range(20)])
+    commit_batches(consensus, "orders", [{"0": 10}, {"0": 20}])
+    group = new_group()
+    with KafkaSource(kafka_topic, config(kafka_bootstrap)) as source:
+        setter = group_consumer(source, group)
+        setter.commit(offsets=[TopicPartition(kafka_topic, 0, 20)], asynchronous=False)  # the peer told the group
+        setter.close()
+        # The upper read first (1) predates the peer's commit of batch 1: the group at 20 is
+        # ahead of that, not of the shard.
+        status = group_status(PeerCommits(consensus, "orders", source, group, stale_upper=1), now=1000.0)
+        assert (status["ahead"], status["alert"]) == ({}, False)
+        committer = GroupCommitter.for_shard(KafkaShard(consensus, "orders", source, group), clock=Clock(1000.0))
+        started = committer.start(EPOCH, {"0": 10})  # positions read before the peer's commit
+        assert started.alert is False and committer.status()["ahead"] == {}
+        committer.close()
