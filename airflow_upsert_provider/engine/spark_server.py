@@ -152,6 +152,31 @@ def format_remote(host: str, port: int) -> str:
     return f"sc://[{host}]:{port}" if ":" in host else f"sc://{host}:{port}"
 
 
+_PROPERTIES_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\f": "\\f",
+                      "=": "\\=", ":": "\\:", "#": "\\#", "!": "\\!"}
+
+
+def properties_text(settings: Mapping[str, str]) -> str:
+    """``settings`` as a Java properties file, what ``spark-submit --properties-file`` reads
+    (as UTF-8): keys and values escaped so that each reads back exactly."""
+    def escape(text: str, *, key: bool) -> str:
+        out = "".join(_PROPERTIES_ESCAPES.get(char, char) for char in str(text))
+        # A key ends at its first unescaped space; a value's leading spaces are dropped.
+        return out.replace(" ", "\\ ") if key else ("\\" + out if out.startswith(" ") else out)
+
+    return "".join(f"{escape(k, key=True)}={escape(v, key=False)}\n" for k, v in settings.items())
+
+
+def write_private_properties(path: str, settings: Mapping[str, str]) -> None:
+    """Write :func:`properties_text` of ``settings`` to ``path``, readable by its owner only
+    from the first byte (a file that existed is replaced, not reused with its mode)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(properties_text(settings))
+
+
 def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
     """Whether something accepts TCP connections on (host, port)."""
     try:
@@ -249,6 +274,8 @@ class SparkServer:
         self.state_path = os.path.join(self.dir, "server.json")
         self.log_path = os.path.join(self.dir, "server.log")
         self.lock_path = os.path.join(self.dir, "lock")
+        # The server's settings while it starts (0600); removed once it listens.
+        self.properties_path = os.path.join(self.dir, "server.properties")
 
     # -- state file
 
@@ -356,6 +383,11 @@ class SparkServer:
                 _terminate(state.pid, STOP_TIMEOUT_SECONDS)
                 self._clear_state()
                 raise
+            finally:
+                # spark-submit reads it before the server listens; a value kept on disk
+                # would outlive its need.
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.properties_path)
             return {**self.status(), "started": True}
 
     def _launch(self, *, host: str, port: int, master: str, memory: str | None, conf: dict[str, str]) -> ServerState:
@@ -376,11 +408,12 @@ class SparkServer:
             with open(log4j, "w", encoding="utf-8") as handle:
                 handle.write(SERVER_LOG4J)
             settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{log4j}"
+        # Values go through a private properties file, never onto the command line (every
+        # user's `ps` shows it) nor into server.log: a setting may carry a secret.
+        properties = self.properties_path
+        write_private_properties(properties, settings)
         command = [os.path.join(spark_home, "bin", "spark-submit"), "--class", SERVER_CLASS, "--name",
-                   "upsert-spark-connect"]
-        for key, value in settings.items():
-            command += ["--conf", f"{key}={value}"]
-        command.append("spark-internal")
+                   "upsert-spark-connect", "--properties-file", properties, "spark-internal"]
         env = dict(os.environ)
         env["SPARK_HOME"] = spark_home
         env["SPARK_LOCAL_IP"] = DEFAULT_HOST if host in ("127.0.0.1", "localhost") else env.get("SPARK_LOCAL_IP", "")
@@ -391,7 +424,8 @@ class SparkServer:
         env["PYSPARK_PYTHON"] = sys.executable
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(command)}\n".encode())
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(command)} "
+                      f"(settings: {', '.join(sorted(settings))})\n".encode())
             log.flush()
             # A session of its own: the server outlives this process and a terminal's ^C.
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

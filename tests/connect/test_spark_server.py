@@ -193,3 +193,85 @@ def test_a_server_conf_a_client_cannot_change_is_named(spark, connect_server):
     with pytest.raises(ConfigurationError) as raised:
         get_spark(remote=connect_server["address"], conf={"spark.driver.memory": "1g"})
     assert "spark.driver.memory" in raised.value.message and connect_server["address"] in raised.value.message
+
+
+# A stand-in for spark-submit: records its command line and the properties file it was given
+# (content and mode), then listens on the port those properties name, as the server would.
+FAKE_SPARK_SUBMIT = """#!{python}
+import json, os, signal, socket, stat, sys
+args = sys.argv[1:]
+text, mode = "", None
+if "--properties-file" in args:
+    path = args[args.index("--properties-file") + 1]
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+lines = text.splitlines() + [args[i + 1] for i, arg in enumerate(args) if arg == "--conf"]
+props = dict(line.partition("=")[::2] for line in lines)
+with open({record!r}, "w", encoding="utf-8") as handle:
+    json.dump({{"argv": sys.argv, "properties": text, "mode": mode}}, handle)
+print("server log line", flush=True)
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", int(props["spark.connect.grpc.binding.port"])))
+sock.listen()
+signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+while True:
+    sock.accept()[0].close()
+"""
+
+
+def test_start_passes_conf_values_in_a_private_file_never_on_the_command_line_or_in_the_log(tmp_path, monkeypatch):
+    from airflow_upsert_provider.engine import spark_server
+
+    home, record = tmp_path / "spark-home", tmp_path / "record.json"
+    (home / "bin").mkdir(parents=True)
+    submit = home / "bin" / "spark-submit"
+    submit.write_text(FAKE_SPARK_SUBMIT.format(python=sys.executable, record=str(record)))
+    submit.chmod(0o755)
+    monkeypatch.setattr(spark_server, "_spark_home", lambda: str(home))
+    secret = "s3cr3t-key=with:odd#chars"
+    server = SparkServer(str(tmp_path / "state"))
+    try:
+        started = server.start(port=free_port(), memory="1g", timeout=60,
+                               conf={"spark.hadoop.fs.s3a.secret.key": secret})
+        assert started["started"] is True and started["answering"] is True
+        seen = json.loads(record.read_text())
+        with open(f"/proc/{started['pid']}/cmdline", "rb") as handle:
+            cmdline = handle.read().decode()
+    finally:
+        server.stop(timeout=10)
+    assert secret not in " ".join(seen["argv"]) and secret not in cmdline
+    assert "--conf" not in seen["argv"] and "--properties-file" in seen["argv"]
+    # The file was the owner's alone, held the value (escaped as Java reads it back), and is
+    # gone once the server listened.
+    assert seen["mode"] == 0o600
+    assert "spark.hadoop.fs.s3a.secret.key=s3cr3t-key\\=with\\:odd\\#chars\n" in seen["properties"]
+    assert not os.path.exists(server.properties_path)
+    log = open(server.log_path, encoding="utf-8").read()
+    assert secret not in log and "s3cr3t" not in log
+    assert "spark.hadoop.fs.s3a.secret.key" in log and "server log line" in log
+
+
+def test_properties_read_back_exactly():
+    from airflow_upsert_provider.engine.spark_server import properties_text
+
+    settings = {"a key": " lead\\ing=x:y#z!\n\tend", "spark.x": "-Dp=1 -Dq=2", "u": "ü€"}
+    # What java.util.Properties.load does with each escape, for the characters written.
+    unescape = {"n": "\n", "t": "\t", "r": "\r", "f": "\f"}
+    parsed = {}
+    for line in properties_text(settings).splitlines():
+        chars, out, key, i = line, [], None, 0
+        while i < len(chars):
+            c = chars[i]
+            if c == "\\":
+                out.append(unescape.get(chars[i + 1], chars[i + 1]))
+                i += 2
+                continue
+            if c == "=" and key is None:
+                key, out = "".join(out), []
+            else:
+                out.append(c)
+            i += 1
+        parsed[key] = "".join(out)
+    assert parsed == settings
