@@ -4,7 +4,9 @@ files, no JVM), and a real build whose archive a fresh `upsertctl` process maps.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -28,7 +30,7 @@ def _archive(directory, name: str = "spark-4.2.0-java-17.0.15.jsa", content: byt
         handle.write(content)
     info = os.stat(path)
     sidecar = {**CURRENT, "java_version": "17.0.15", "archive_size": info.st_size, "archive_mtime_ns": info.st_mtime_ns,
-               **sidecar_changes}
+               "archive_sha256": hashlib.sha256(content).hexdigest(), **sidecar_changes}
     with open(ca.sidecar_path(path), "w") as handle:
         json.dump(sidecar, handle)
     return path
@@ -68,6 +70,59 @@ def test_an_archive_without_sidecar_or_replaced_after_its_sidecar_is_not_used(tm
     assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
     os.remove(ca.sidecar_path(path))
     assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+
+
+def _damage_in_place(path: str) -> None:
+    """Overwrite bytes inside the file, then give it back its mtime: same size, same mtime."""
+    before = os.stat(path)
+    with open(path, "r+b") as handle:
+        handle.seek(before.st_size // 2)
+        handle.write(os.urandom(8))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_an_archive_damaged_in_place_is_not_used_and_a_warning_names_it(tmp_path, caplog):
+    base, directory = _state(tmp_path)
+    path = _archive(directory, content=b"CDS archive bytes " * 64)
+    assert ca.session_java_options(base, environ={}, current=CURRENT) != ()
+    _damage_in_place(path)
+    with caplog.at_level(logging.WARNING, logger=ca.__name__):
+        assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+    assert [r.getMessage() for r in caplog.records if path in r.getMessage() and "damaged" in r.getMessage()]
+    found = ca.locate(base, environ={}, current=CURRENT)
+    assert found["path"] == path and not found["usable"] and found["reason"].startswith(ca.DAMAGED)
+
+
+def test_a_sidecar_without_a_checksum_is_not_trusted(tmp_path):
+    base, directory = _state(tmp_path)
+    _archive(directory, archive_sha256=None)
+    assert ca.session_java_options(base, environ={}, current=CURRENT) == ()
+    assert "checksum" in ca.locate(base, environ={}, current=CURRENT)["reason"]
+
+
+def test_status_reports_a_damaged_archive_and_a_new_session_leaves_it_out(tmp_path):
+    """Through upsertctl and the session's JVM options, with this machine's java and pyspark."""
+    state = tmp_path / "state"
+    directory = state / ca.ARCHIVE_SUBDIR
+    directory.mkdir(parents=True)
+    path = _archive(directory, name=ca.archive_name(ca.runtime_identity()["pyspark"], "17"),
+                    content=b"CDS archive bytes " * 64, **ca.runtime_identity())
+    _damage_in_place(path)
+    env = {**os.environ, "UPSERT_STATE_DIR": str(state)}
+    env.pop("UPSERT_CLASS_ARCHIVE", None)
+    done = subprocess.run([sys.executable, "-m", "airflow_upsert_provider.cli", "spark-archive", "status", "--json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    out = json.loads(done.stdout)
+    assert out["path"] == path and out["used"] is False and out["damaged"] is True
+    probe = ("from airflow_upsert_provider.engine.spark import driver_java_options\n"
+             "print(driver_java_options())\n")
+    seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert seen.returncode == 0, seen.stderr
+    assert "SharedArchiveFile" not in seen.stdout
+    assert f"the class archive {path} is not used: damaged" in seen.stderr
 
 
 @pytest.mark.parametrize("key, value", [("java_mtime_ns", 999), ("java", "/other/bin/java"), ("java_size", 1),

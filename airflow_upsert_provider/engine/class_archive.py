@@ -8,10 +8,13 @@ dir being ``UPSERT_STATE_DIR`` or ``./.upsert``); ``UPSERT_CLASS_ARCHIVE`` names
 or ``off`` disables it. Next to it a JSON sidecar (``<archive>.json``) records what it was
 built with: the java binary (resolved as Spark does: ``JAVA_HOME/bin/java``, else ``java`` on
 PATH), that binary's mtime and size, the pyspark version and installation, the archive's size
-and mtime. A new session uses the archive only when the sidecar matches all of them, which a
-few ``stat`` calls decide: no JVM starts to decide. A JVM would ignore a stale archive anyway
-(-Xshare:auto), but a missing or unusable ``SharedArchiveFile`` also turns off the JDK's own
-default archive, so the option is given only when it can work.
+and mtime, and its SHA-256. A new session uses the archive only when the sidecar matches all of
+them: a few ``stat`` calls, then the checksum of the archive (no JVM starts to decide). A JVM
+would ignore a stale archive anyway (-Xshare:auto), but a missing or unusable
+``SharedArchiveFile`` also turns off the JDK's own default archive, so the option is given only
+when it can work; and a JVM maps an archive damaged in place (same size and mtime) and crashes
+on it (SIGSEGV), which only the checksum sees. A damaged archive is left out with a warning
+naming it; ``upsertctl spark-archive status`` reports it as damaged.
 
 Building (:func:`build_archive`) runs a small representative batch in a child process whose
 driver JVM writes the archive at exit (``-XX:ArchiveClassesAtExit``) to a temporary name in
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,6 +40,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.spark_server import state_root
+
+log = logging.getLogger(__name__)
 
 OVERRIDE_ENV = "UPSERT_CLASS_ARCHIVE"
 ARCHIVE_SUBDIR = "class-archive"
@@ -100,10 +107,23 @@ def runtime_identity(environ: Mapping[str, str] | None = None) -> dict[str, Any]
 _IDENTITY_KEYS = ("java", "java_mtime_ns", "java_size", "pyspark", "spark_home")
 
 
-def archive_usable(archive: str, sidecar: Mapping[str, Any] | None, current: Mapping[str, Any]) -> tuple[bool, str]:
+# The reason of an archive whose bytes are not those it was built with.
+DAMAGED = "damaged"
+
+
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file's content."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def archive_usable(archive: str, sidecar: Mapping[str, Any] | None, current: Mapping[str, Any],
+                   checksum: Callable[[str], str] = file_sha256) -> tuple[bool, str]:
     """Whether ``archive`` may be given to a new driver JVM, and why not: the file exists and
     is not empty, its size and mtime are those its sidecar recorded (not a half-written or
-    replaced file), and the sidecar's java binary and pyspark are ``current``'s."""
+    replaced file), the sidecar's java binary and pyspark are ``current``'s, and last (it
+    reads the whole file) its ``checksum`` is the sidecar's ``archive_sha256`` (not a file
+    damaged in place; a reason starting with :data:`DAMAGED`)."""
     try:
         info = os.stat(archive)
     except OSError:
@@ -119,6 +139,16 @@ def archive_usable(archive: str, sidecar: Mapping[str, Any] | None, current: Map
     stale = [key for key in _IDENTITY_KEYS if sidecar.get(key) != current.get(key)]
     if stale:
         return False, f"built for another {', '.join(stale)}: rebuild it (upsertctl spark-archive build)"
+    expected = sidecar.get("archive_sha256")
+    if not isinstance(expected, str):
+        return False, "its sidecar records no checksum: rebuild it (upsertctl spark-archive build)"
+    try:
+        actual = checksum(archive)
+    except OSError as exc:
+        return False, f"{DAMAGED}: it cannot be read ({exc.strerror or exc}): rebuild it (upsertctl spark-archive build)"
+    if actual != expected:
+        return False, (f"{DAMAGED}: its content is not what was built (SHA-256 differs): rebuild it "
+                       "(upsertctl spark-archive build) or remove it (upsertctl spark-archive remove)")
     return True, "usable"
 
 
@@ -168,6 +198,10 @@ def session_java_options(base: str | None = None, environ: Mapping[str, str] | N
     CDS logging when an archive is usable, nothing otherwise."""
     found = locate(base, environ, current)
     if not found["usable"]:
+        if found["reason"].startswith(DAMAGED):
+            # The session runs without it (slower to start, correct); a JVM that mapped it
+            # would crash.
+            log.warning("the class archive %s is not used: %s", found["path"], found["reason"])
         return ()
     return (f"-XX:SharedArchiveFile={found['path']}", QUIET_CDS_LOGGING)
 
@@ -288,7 +322,8 @@ def build_archive(base: str | None = None, *, force: bool = False,
             info = os.stat(target)
             _write_json_atomically(sidecar_path(target), {
                 **runtime_identity(), "java_version": version, "archive_size": info.st_size,
-                "archive_mtime_ns": info.st_mtime_ns, "created_at": time.time(),
+                "archive_mtime_ns": info.st_mtime_ns, "archive_sha256": file_sha256(target),
+                "created_at": time.time(),
             })
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -306,7 +341,7 @@ def archive_status(base: str | None = None) -> dict[str, Any]:
     size = os.path.getsize(path) if path and os.path.exists(path) else None
     return {"path": path, "size": size, "java_version": sidecar.get("java_version"),
             "java": sidecar.get("java"), "pyspark": sidecar.get("pyspark"),
-            "used": found["usable"], "reason": found["reason"]}
+            "used": found["usable"], "damaged": found["reason"].startswith(DAMAGED), "reason": found["reason"]}
 
 
 def remove_archive(base: str | None = None) -> dict[str, Any]:
