@@ -3,6 +3,7 @@ files, no JVM), and a real build whose archive a fresh `upsertctl` process maps.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -271,3 +272,81 @@ def test_a_built_archive_is_mapped_by_a_fresh_run_batch(tmp_path, sqlite_url):
     assert not os.path.exists(built["path"]) and not os.path.exists(ca.sidecar_path(built["path"]))
     status = _upsertctl(["spark-archive", "status"], env)
     assert status.returncode == 2 and "no archive built" in status.stdout
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def test_leftovers_of_builds_whose_process_is_gone_are_removed_and_a_live_builds_kept(tmp_path):
+    base, directory = _state(tmp_path)
+    archive = _archive(directory, content=b"kept archive")
+    dead, live = _dead_pid(), os.getpid()
+    stale = [f"{archive}.tmp-{dead}", f"{archive}.json.tmp-{dead}"]
+    kept = [f"{archive}.tmp-{live}", f"{archive}.json.tmp-{live}"]
+    for path in stale + kept:
+        with open(path, "wb") as handle:
+            handle.write(b"half a dump")
+    stale_dir, kept_dir = directory / f"class-archive-{dead}-ab12cd34", directory / f"class-archive-{live}-ef56gh78"
+    legacy_old, legacy_new = directory / "class-archive-k2j4h5g6", directory / "class-archive-z9y8x7w6"
+    for work in (stale_dir, kept_dir, legacy_old, legacy_new):
+        (work / "landing").mkdir(parents=True)
+    os.utime(legacy_old, (1, 1))  # older than any build lasts: an earlier version's, without a pid
+
+    assert ca.remove_leftovers(str(directory)) == sorted(stale + [str(stale_dir), str(legacy_old)])
+    assert all(os.path.exists(p) for p in [*kept, kept_dir, legacy_new, archive, ca.sidecar_path(archive)])
+    assert not any(os.path.exists(p) for p in [*stale, stale_dir, legacy_old])
+
+
+# Stands in for the dumping child (the real one prefixed with the same lines that make it die
+# with its builder): it starts a grandchild as the child's JVM would, starts writing the dump,
+# and both hold the FIFO open; the test sees them gone when the FIFO reads end-of-file.
+FAKE_DUMP_CHILD = """
+import os, subprocess, sys
+with open(sys.argv[1], "wb") as handle:
+    handle.write(b"the start of a dump")
+fifo = open(os.environ["TEST_FIFO"], "w")
+jvm = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(60)"], pass_fds=(fifo.fileno(),))
+fifo.write(f"{os.getpid()} {jvm.pid}\\n")
+fifo.flush()
+jvm.wait()
+"""
+
+BUILDER = """
+import sys
+from airflow_upsert_provider.engine import class_archive
+class_archive._DUMP_CHILD = sys.argv[2]
+class_archive.build_archive(sys.argv[1], rows=200)
+"""
+
+
+def test_a_killed_build_takes_its_child_and_jvm_with_it_and_the_next_status_removes_its_files(tmp_path):
+    import select
+    import signal
+
+    state = tmp_path / "state"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, "TEST_FIFO": str(fifo)}
+    env.pop("UPSERT_CLASS_ARCHIVE", None)
+    builder = subprocess.Popen([sys.executable, "-c", BUILDER, str(state), FAKE_DUMP_CHILD], env=env)
+    orphans: list[int] = []
+    try:
+        with open(fifo) as reader:  # opens once the child opened it for writing
+            orphans = [int(pid) for pid in reader.readline().split()]
+            builder.kill()
+            builder.wait()
+            # End-of-file: every holder (the child and its "JVM") is dead. The bound only keeps
+            # a failing run from hanging; nothing here depends on how fast it goes.
+            ready, _, _ = select.select([reader], [], [], 120)
+            assert ready and reader.read() == "", "the build's child outlived it"
+        directory = state / ca.ARCHIVE_SUBDIR
+        left = sorted(os.listdir(directory))
+        assert any(".jsa.tmp-" in name for name in left) and any(n.startswith("class-archive-") for n in left)
+        ca.archive_status(str(state))
+        assert sorted(os.listdir(directory)) == sorted(n for n in left if n.endswith(".lock")), left
+    finally:
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

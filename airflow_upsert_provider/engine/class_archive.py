@@ -19,7 +19,10 @@ naming it; ``upsertctl spark-archive status`` reports it as damaged.
 Building (:func:`build_archive`) runs a small representative batch in a child process whose
 driver JVM writes the archive at exit (``-XX:ArchiveClassesAtExit``) to a temporary name in
 the same directory; only after that JVM exited cleanly is it renamed into place, then the
-sidecar. Builds hold an ``fcntl`` lock on ``<archive>.lock``.
+sidecar. Builds hold an ``fcntl`` lock on ``<archive>.lock``. The child, its JVM and the JVM's
+Python workers form a process group that dies with the building process (a killed build
+would otherwise leave them to finish a dump of 165 MB that nobody renames), and every build,
+status and remove deletes the temporary files and directories of builds whose process is gone.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -208,6 +212,18 @@ def session_java_options(base: str | None = None, environ: Mapping[str, str] | N
 
 # -- building
 
+# Runs first in the dumping child, which leads a process group of its own (its JVM and the
+# JVM's Python workers are in it): when the building process dies, even by SIGKILL, the kernel
+# sends the child SIGTERM (PR_SET_PDEATHSIG), and the child kills the whole group with
+# SIGKILL. A JVM that merely exited (stdin closed) would first write its dump.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(os.environ["UPSERT_ARCHIVE_BUILDER_PID"]):  # it died before prctl
+    os.killpg(0, signal.SIGKILL)
+"""
+
 # The child that dumps: the engine's driver JVM options plus ArchiveClassesAtExit, then
 # upsertctl's commands in one process (one JVM), then a clean JVM exit, waited for: the
 # archive is complete only once the JVM has exited.
@@ -285,6 +301,7 @@ def build_archive(base: str | None = None, *, force: bool = False,
     version = java_version(java)  # starts a JVM: once per build
     target = target_path(version, base)
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    remove_leftovers(os.path.dirname(target))
     started = time.monotonic()
     with _locked(target + ".lock"):
         # A build that waited for another one finds its archive and reports it.
@@ -292,7 +309,7 @@ def build_archive(base: str | None = None, *, force: bool = False,
             progress(f"a usable archive exists: {target}")
             return {**archive_status(base), "built": False, "seconds": round(time.monotonic() - started, 2)}
         tmp = f"{target}.tmp-{os.getpid()}"
-        work = tempfile.mkdtemp(prefix="class-archive-", dir=os.path.dirname(target))
+        work = tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{os.getpid()}-", dir=os.path.dirname(target))
         try:
             landing = os.path.join(work, "landing")
             # Two batches: one into an empty shard, one merged into the rows it wrote.
@@ -309,8 +326,9 @@ def build_archive(base: str | None = None, *, force: bool = False,
             for key in ("UPSERT_SPARK_REMOTE", "PYSPARK_SUBMIT_ARGS"):
                 env.pop(key, None)
             progress(f"running a sample batch with Java {version} to record the classes it loads (about 30 s)")
-            done = subprocess.run([sys.executable, "-c", _DUMP_CHILD, tmp, json.dumps(commands)], env=env,
-                                  capture_output=True, text=True, timeout=1800)
+            env["UPSERT_ARCHIVE_BUILDER_PID"] = str(os.getpid())
+            done = _run_process_group([sys.executable, "-c", _DIE_WITH_PARENT + _DUMP_CHILD, tmp, json.dumps(commands)],
+                                      env=env, timeout=1800)
             size = os.path.getsize(tmp) if os.path.exists(tmp) else 0
             if done.returncode != 0 or size == 0:
                 raise ConfigurationError(
@@ -335,8 +353,10 @@ def build_archive(base: str | None = None, *, force: bool = False,
 
 
 def archive_status(base: str | None = None) -> dict[str, Any]:
-    """The archive a new session would use: path, size, Java version, whether it is used."""
+    """The archive a new session would use: path, size, Java version, whether it is used.
+    Deletes what killed builds left (:func:`remove_leftovers`)."""
     found = locate(base)
+    remove_leftovers(_archive_dir(found["path"], base))
     path, sidecar = found["path"], found["sidecar"] or {}
     size = os.path.getsize(path) if path and os.path.exists(path) else None
     return {"path": path, "size": size, "java_version": sidecar.get("java_version"),
@@ -348,6 +368,7 @@ def remove_archive(base: str | None = None) -> dict[str, Any]:
     """Delete the archive a session would consider and its sidecar (under the build lock)."""
     found = locate(base)
     path = found["path"]
+    remove_leftovers(_archive_dir(path, base))
     if path is None:
         return {"removed": False, "path": None, "reason": found["reason"]}
     with _locked(path + ".lock"):
@@ -357,3 +378,97 @@ def remove_archive(base: str | None = None) -> dict[str, Any]:
                 os.remove(name)
                 removed = True
     return {"removed": removed, "path": path}
+
+
+# -- what killed builds leave
+
+# A build's temporary directory: ``class-archive-<pid>-XXXXXXXX``; an earlier version's had
+# no pid (``class-archive-XXXXXXXX``) and is removed once older than any build can last.
+WORK_DIR_PREFIX = "class-archive-"
+_WORK_DIR = re.compile(r"^class-archive-(?:(\d+)-)?[A-Za-z0-9_]+$")
+# A build's temporary files: the dump and the sidecar, ``<name>.tmp-<pid>``.
+_TEMP_FILE = re.compile(r"^.+\.(?:jsa|json)\.tmp-(\d+)$")
+BUILD_TIMEOUT_SECONDS = 1800
+
+
+def _run_process_group(argv: list[str], *, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ``argv`` as the leader of a new process group and wait for it; whatever ends the
+    wait (a timeout, ^C, an error) kills the whole group, so no JVM of the child outlives it."""
+    process = subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        # The leader is not reaped yet, so its pid still names this group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def leftover_paths(directory: str, now: float | None = None,
+                   alive: Callable[[int], bool] = _pid_alive) -> list[str]:
+    """The temporary files and directories in ``directory`` of builds whose process is gone
+    (a live build's are kept, whoever runs it)."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = []
+    for name in sorted(names):
+        path = os.path.join(directory, name)
+        temp, work = _TEMP_FILE.match(name), _WORK_DIR.match(name)
+        if temp and not alive(int(temp.group(1))):
+            found.append(path)
+        elif work and os.path.isdir(path):
+            if work.group(1) is not None:
+                if not alive(int(work.group(1))):
+                    found.append(path)
+            else:
+                with contextlib.suppress(OSError):
+                    if now - os.stat(path).st_mtime > BUILD_TIMEOUT_SECONDS:
+                        found.append(path)
+    return found
+
+
+def remove_leftovers(directory: str | None) -> list[str]:
+    """Delete :func:`leftover_paths` of ``directory``; the paths deleted."""
+    if not directory:
+        return []
+    removed = []
+    for path in leftover_paths(directory):
+        try:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("could not remove %s, left by an interrupted class archive build: %s", path, exc)
+            continue
+        removed.append(path)
+    return removed
+
+
+def _archive_dir(path: str | None, base: str | None) -> str | None:
+    """The directory builds write into: the archive's, else the default one (when the
+    setting is not ``off``)."""
+    if path is not None:
+        return os.path.dirname(path)
+    setting = archive_setting()
+    if setting == "off":
+        return None
+    return os.path.dirname(setting) if setting else os.path.join(state_root(base), ARCHIVE_SUBDIR)
