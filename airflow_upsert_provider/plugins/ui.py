@@ -3,7 +3,11 @@ one shard its committed offsets against the source's high watermark over time.
 
 Served by the api-server as a plugin FastAPI app under ``URL_PREFIX`` and linked from the
 navigation as an external view (shown in an iframe at ``/plugin/upsert-shards``). Every route
-asks for Airflow's signed-in user (plugin apps are mounted without authentication).
+asks for Airflow's signed-in user (plugin apps are mounted without authentication), and a
+connection's shards are shown only to a user whom Airflow's auth manager allows to read that
+connection. Nothing that locates or opens a store is shown: a connection's consensus store is
+named by its backend only (``postgresql``, ``sqlite``), and error messages have the store's
+host, port, user, database, password and blob root masked.
 
 What the page shows is read, never written, and needs no Spark: the shard record (upper,
 since), the batch at ``upper - 1`` (when and by which writer it committed, its rows), the
@@ -25,7 +29,7 @@ import json
 import os
 import time
 from importlib.resources import files
-from typing import Any
+from typing import Any, Callable
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Query
@@ -114,9 +118,8 @@ def _env_conn_type(value: str) -> str | None:
 
 def _safe_message(exc: BaseException, secrets: list[str]) -> str:
     text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
     return f"{type(exc).__name__}: {text}"
 
 
@@ -141,8 +144,8 @@ class _Store:
         self.consensus = None
         self.blob = None
         settings = self.hook.settings
-        self.redacted_url = settings.redacted_consensus_url
-        self._secrets = [s for s in (_url_password(settings.consensus_url),) if s]
+        self.backend = consensus_backend(settings.consensus_url)
+        self._secrets = [*_url_parts(settings.consensus_url), str(settings.blob_root or "")]
         self.missing = _sqlite_file_missing(settings.consensus_url)
         if not self.missing:
             from airflow_upsert_provider.engine.blob import open_blob
@@ -159,13 +162,28 @@ class _Store:
             self.consensus.dispose()
 
 
-def _url_password(url: str) -> str | None:
+def consensus_backend(url: str) -> str | None:
+    """The kind of a consensus store (``postgresql``, ``sqlite``): all the page says of it."""
     from sqlalchemy.engine.url import make_url
 
     try:
-        return make_url(url).password
+        return make_url(url).get_backend_name()
     except Exception:
         return None
+
+
+def _url_parts(url: str) -> list[str]:
+    """What in a consensus URL locates or opens the store, longest first (masked in messages):
+    the URL, password, user, host, database and port."""
+    from sqlalchemy.engine.url import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return [url]
+    parts = [url, parsed.password, parsed.username, parsed.host, parsed.database,
+             str(parsed.port) if parsed.port else None]
+    return sorted({str(p) for p in parts if p}, key=len, reverse=True)
 
 
 def _stall_settings():
@@ -237,18 +255,24 @@ def _source_kind(config_json: str) -> str | None:
     return str(source).split(":", 1)[0] if source else None
 
 
-def list_shards(now: float | None = None) -> dict[str, Any]:
-    """Every shard of every upsert connection, and per connection what could not be read."""
+ConnectionFilter = Callable[[set[str]], set[str]]
+
+
+def list_shards(now: float | None = None, readable: ConnectionFilter = lambda ids: ids) -> dict[str, Any]:
+    """Every shard of every upsert connection in ``readable(connection ids)`` (those the user
+    may read), and per connection what could not be read."""
     now = time.time() if now is None else now
     shards: list[dict[str, Any]] = []
     connections: list[dict[str, Any]] = []
-    for conn_id in upsert_conn_ids():
+    known = upsert_conn_ids()
+    allowed = readable(set(known))
+    for conn_id in (c for c in known if c in allowed):
         entry: dict[str, Any] = {"conn_id": conn_id, "consensus": None, "shards": 0, "error": None}
         connections.append(entry)
         store = None
         try:
             store = _Store(conn_id)
-            entry["consensus"] = store.redacted_url
+            entry["consensus"] = store.backend
             if store.missing:
                 entry["error"] = "no consensus store yet (nothing was created with this connection)"
                 continue
@@ -268,13 +292,14 @@ def list_shards(now: float | None = None) -> dict[str, Any]:
 
 
 def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHART_SECONDS,
-                       now: float | None = None) -> dict[str, Any] | None:
+                       now: float | None = None, readable: ConnectionFilter = lambda ids: ids) -> dict[str, Any] | None:
     """The chart's points: per observation its time, upper, source high watermark and offsets
-    bound at the upper (summed over partitions), lag records. None: no such shard."""
+    bound at the upper (summed over partitions), lag records. None: no such shard, or a
+    connection the user may not read (the same answer: its existence is not disclosed)."""
     from airflow_upsert_provider.engine.observations import observation_window
 
     now = time.time() if now is None else now
-    if conn_id not in upsert_conn_ids():
+    if conn_id not in upsert_conn_ids() or conn_id not in readable({conn_id}):
         return None
     store = _Store(conn_id)
     try:
@@ -292,11 +317,26 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
 # -- the app ------------------------------------------------------------------------------------
 
 
+def readable_connections(user: Any) -> ConnectionFilter:
+    """The connection ids among those given that Airflow's auth manager lets ``user`` read
+    (``GET`` on the connection, as Airflow's own connection pages ask)."""
+    def readable(conn_ids: set[str]) -> set[str]:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        return set(get_auth_manager().filter_authorized_connections(conn_ids=set(conn_ids), user=user,
+                                                                    method="GET"))
+
+    return readable
+
+
 def create_ui_app() -> FastAPI:
     from airflow.api_fastapi.core_api.security import get_user
 
     app = FastAPI(title="Upsert shards", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(get_user)])
+
+    def connection_filter(user: Any = Depends(get_user)) -> ConnectionFilter:
+        return readable_connections(user)
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> HTMLResponse:
@@ -311,13 +351,14 @@ def create_ui_app() -> FastAPI:
         return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
 
     @app.get("/api/shards")
-    def shards() -> JSONResponse:
-        return JSONResponse(list_shards(), headers=SECURITY_HEADERS)
+    def shards(readable: ConnectionFilter = Depends(connection_filter)) -> JSONResponse:
+        return JSONResponse(list_shards(readable=readable), headers=SECURITY_HEADERS)
 
     @app.get("/api/shards/{shard_id}/observations")
     def observations(shard_id: str, conn: str = Query("upsert_default", max_length=250),
-                     seconds: float = Query(DEFAULT_CHART_SECONDS, gt=0, le=24 * 3600)) -> JSONResponse:
-        found = shard_observations(conn, shard_id, seconds)
+                     seconds: float = Query(DEFAULT_CHART_SECONDS, gt=0, le=24 * 3600),
+                     readable: ConnectionFilter = Depends(connection_filter)) -> JSONResponse:
+        found = shard_observations(conn, shard_id, seconds, readable=readable)
         if found is None:
             raise HTTPException(status_code=404, detail=f"no shard {shard_id!r} in connection {conn!r}")
         return JSONResponse(found, headers=SECURITY_HEADERS)

@@ -89,25 +89,51 @@ def _free_port() -> int:
 # -- the app, in process ------------------------------------------------------------------------
 
 
+class _AuthManager:
+    """Stands in for Airflow's auth manager: ``allowed`` the connections a user may read
+    (None: all); records what was asked."""
+
+    def __init__(self, allowed: set[str] | None = None) -> None:
+        self.allowed = allowed
+        self.asked: list[tuple[str, frozenset[str], str]] = []
+
+    def filter_authorized_connections(self, *, conn_ids, user, method="GET", team_name=None):
+        self.asked.append((user, frozenset(conn_ids), method))
+        return set(conn_ids) if self.allowed is None else set(conn_ids) & self.allowed
+
+
+@pytest.fixture
+def auth_manager(monkeypatch):
+    import airflow.api_fastapi.app as airflow_app
+
+    manager = _AuthManager()
+    monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: manager)
+    return manager
+
+
+def _client(user: object = "test-user") -> TestClient:
+    app = create_ui_app()
+    app.dependency_overrides[get_user] = lambda: user
+    return TestClient(app)
+
+
 def test_every_route_needs_a_signed_in_user():
     anonymous = TestClient(create_ui_app())
     for path in ("/", "/api/shards", "/api/shards/stuck/observations", "/static/ui.js"):
         assert anonymous.get(path).status_code == 401, path
 
 
-def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, monkeypatch):
+def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, monkeypatch, auth_manager):
     for name, value in _connection_env(shard_store).items():
         monkeypatch.setenv(name, value)
-    app = create_ui_app()
-    app.dependency_overrides[get_user] = lambda: "test-user"
-    client = TestClient(app)
+    client = _client()
     response = client.get("/api/shards")
     assert response.status_code == 200
     assert "default-src 'none'" in response.headers["content-security-policy"]
     data = response.json()
     assert CONSENSUS_PASSWORD not in response.text
     assert [c["conn_id"] for c in data["connections"]] == ["upsert_default"]
-    assert data["connections"][0]["consensus"].startswith("sqlite:///")
+    assert data["connections"][0]["consensus"] == "sqlite"
     by_id = {s["shard"]: s for s in data["shards"]}
     assert set(by_id) == {"fresh", "stuck"}
     fresh, stuck = by_id["fresh"], by_id["stuck"]
@@ -128,22 +154,75 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
     assert client.get("/static/../ui.py").status_code == 404
 
 
-def test_looking_records_nothing(shard_store, monkeypatch):
+def test_looking_records_nothing(shard_store, monkeypatch, auth_manager):
     """The page evaluates the recorded window: no observation, no alert state is written."""
     from airflow_upsert_provider.engine.consensus import open_consensus
     from airflow_upsert_provider.engine.observations import load_alert_state, observation_count
 
     for name, value in _connection_env(shard_store).items():
         monkeypatch.setenv(name, value)
-    app = create_ui_app()
-    app.dependency_overrides[get_user] = lambda: "test-user"
-    TestClient(app).get("/api/shards").raise_for_status()
+    _client().get("/api/shards").raise_for_status()
     consensus = open_consensus(shard_store["url"])
     try:
         assert observation_count(consensus, "stuck") == STUCK_POINTS
         assert load_alert_state(consensus, "stuck")[1] == 0
     finally:
         consensus.dispose()
+
+
+# A second connection whose PostgreSQL store does not answer: its host, user and database are
+# what the page must not show, in any field or error message.
+OTHER_CONN = "upsert_ledger"
+OTHER_URL = "postgresql://ledger_writer:pg-pw-55e@127.0.0.1:1/ledger_prod_db"
+
+
+def _two_connections(store, monkeypatch) -> None:
+    for name, value in _connection_env(store).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_LEDGER", json.dumps({
+        "conn_type": "upsert", "extra": {"consensus_url": OTHER_URL, "blob_root": "/srv/ledger-blob-root"}}))
+
+
+def test_a_user_sees_only_the_connections_the_auth_manager_lets_them_read(shard_store, monkeypatch, auth_manager):
+    _two_connections(shard_store, monkeypatch)
+    auth_manager.allowed = {OTHER_CONN}
+    client = _client("reader-of-ledger")
+    data = client.get("/api/shards").json()
+    assert [c["conn_id"] for c in data["connections"]] == [OTHER_CONN]
+    assert data["shards"] == []  # upsert_default's shards are not listed
+    assert ("reader-of-ledger", frozenset({"upsert_default", OTHER_CONN}), "GET") in auth_manager.asked
+    assert client.get("/api/shards/stuck/observations").status_code == 404
+    assert client.get("/api/shards/stuck/observations", params={"conn": "upsert_default"}).status_code == 404
+
+    auth_manager.allowed = {"upsert_default"}
+    data = client.get("/api/shards").json()
+    assert [c["conn_id"] for c in data["connections"]] == ["upsert_default"]
+    assert {s["shard"] for s in data["shards"]} == {"fresh", "stuck"}
+    assert client.get("/api/shards/stuck/observations").status_code == 200
+
+
+def test_no_field_or_error_shows_what_locates_or_opens_a_store(shard_store, monkeypatch, auth_manager):
+    _two_connections(shard_store, monkeypatch)
+    response = _client().get("/api/shards")
+    by_conn = {c["conn_id"]: c for c in response.json()["connections"]}
+    assert by_conn["upsert_default"]["consensus"] == "sqlite"
+    assert by_conn[OTHER_CONN]["consensus"] == "postgresql" and by_conn[OTHER_CONN]["error"]
+    for shown in ("ledger_writer", "pg-pw-55e", "127.0.0.1", "ledger_prod_db", "/srv/ledger-blob-root",
+                  shard_store["url"].removeprefix("sqlite:///"), CONSENSUS_PASSWORD):
+        assert shown not in response.text, shown
+
+
+def test_airflow_roles_that_may_not_read_connections_see_no_shard(shard_store, monkeypatch):
+    """Airflow's simple auth manager: viewers and users may not read connections, ops may."""
+    import airflow.api_fastapi.app as airflow_app
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    _two_connections(shard_store, monkeypatch)
+    monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: SimpleAuthManager())
+    for role, expected in (("viewer", []), ("user", []), ("op", ["upsert_default", OTHER_CONN])):
+        data = _client(SimpleAuthManagerUser(username=role, role=role)).get("/api/shards").json()
+        assert [c["conn_id"] for c in data["connections"]] == expected, role
 
 
 # -- the api-server and a browser ---------------------------------------------------------------
