@@ -46,6 +46,42 @@ def test_static_conf_that_differs_is_refused_naming_the_key_not_the_value(spark)
     assert "secret-ish-value" not in info.value.message
 
 
+def test_a_bad_value_for_a_runtime_setting_of_the_active_session_is_named(spark):
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    with pytest.raises(ConfigurationError) as info:
+        get_spark(conf={"spark.sql.shuffle.partitions": "abc"})
+    assert info.value.exit_code == 2 and info.value.details["key"] == "spark.sql.shuffle.partitions"
+    assert "spark.sql.shuffle.partitions" in info.value.message and "'abc'" not in info.value.message
+    assert spark.conf.get("spark.sql.shuffle.partitions") == before
+
+
+@pytest.mark.parametrize("value", ["1z", "2gb", "-1g", "", "1.5g"])
+def test_a_driver_memory_the_jvm_cannot_take_is_named_before_a_jvm_starts(value):
+    with pytest.raises(ConfigurationError, match="spark.driver.memory") as info:
+        spark_module.check_driver_memory(value)
+    assert info.value.details == {"field": "spark_conf", "key": "spark.driver.memory"}
+    assert spark_module.check_driver_memory(" 1536m ") == "1536m"
+
+
+def test_bad_conf_values_exit_2_naming_the_key_in_a_fresh_process(tmp_path):
+    """A new session (its own driver JVM) with a value Spark refuses, and a driver memory the
+    JVM would refuse: exit 2, the key named, the value not shown."""
+    landing = tmp_path / "landing"
+    generate(str(landing), SampleSpec(records=10, keys=5, partitions=1, segments_per_partition=1, seed=3))
+    env = cli_env(f"sqlite:///{tmp_path / 'c.db'}", str(tmp_path / "blob"))
+    upsertctl = [sys.executable, "-m", "airflow_upsert_provider.cli"]
+    init = [*upsertctl, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL,
+            "--json"]
+    for key, value in (("spark.sql.shuffle.partitions", "abc"), ("spark.driver.memory", "1z")):
+        done = subprocess.run([*init, "--conf", f"{key}={value}"], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 2, done.stderr[-2000:]
+        out = json.loads(done.stdout)
+        assert out["error"] == "ConfigurationError" and (out["field"], out["key"]) == ("spark_conf", key), out
+        assert key in out["message"] and value not in out["message"], out
+        assert "unexpected error" not in done.stderr and "JAVA_GATEWAY_EXITED" not in done.stderr
+
+
 def test_jvm_stderr_filter_drops_only_the_notices(capfd):
     read_end, write_end = os.pipe()
     reader = os.fdopen(read_end, "rb", buffering=0)

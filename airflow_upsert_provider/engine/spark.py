@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from typing import TYPE_CHECKING, BinaryIO, Mapping
@@ -35,6 +36,64 @@ DRIVER_JAVA_OPTIONS: tuple[str, ...] = ()
 # command line, and the JVM then announces the incubator module; no JVM option turns that
 # notice off. Only these exact lines are dropped; everything else the JVM writes passes.
 JVM_NOTICES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
+
+
+# What the JVM takes after -Xmx, which is where Spark's launcher puts spark.driver.memory.
+_JVM_SIZE = re.compile(r"^[0-9]+[kKmMgGtT]?$")
+
+
+def check_driver_memory(value: str, option: str = "spark.driver.memory") -> str:
+    """``value`` if a driver JVM can start with it as ``-Xmx`` (``2g``, ``1536m``); else a
+    :class:`ConfigurationError` naming ``option`` (the JVM would exit at once, leaving PySpark
+    to say only that its gateway exited)."""
+    if not isinstance(value, str) or not _JVM_SIZE.match(value.strip()):
+        details = {"field": "spark_conf", "key": option} if option.startswith("spark.") else {"field": option}
+        raise ConfigurationError(
+            f"{option} is not a memory size the driver JVM takes: a number with an optional unit "
+            "k, m, g or t (e.g. 2g, 1536m)",
+            **details,
+        )
+    return value.strip()
+
+
+def refused_setting(key: str, value: str, exc: BaseException | str) -> ConfigurationError:
+    """The :class:`ConfigurationError` for a Spark setting Spark refused: names the key and
+    Spark's reason, never the value (it may be a secret)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = (lines[0] if lines else type(exc).__name__)[:300]
+    if value:
+        reason = reason.replace(str(value), "<value>")
+    return ConfigurationError(f"Spark refused the value of the setting {key} (--conf / spark_conf): {reason}",
+                              field="spark_conf", key=key)
+
+
+def _set_runtime_conf(runtime_conf, key: str, value: str) -> None:
+    """``runtime_conf.set(key, value)``, a refused value a :class:`ConfigurationError`."""
+    from pyspark.errors import IllegalArgumentException
+
+    try:
+        runtime_conf.set(key, value)
+    except IllegalArgumentException as exc:
+        raise refused_setting(key, value, exc) from exc
+
+
+def _check_sql_values(conf: Mapping[str, str]) -> None:
+    """Check each of ``conf``'s values against the setting Spark defines under its key, in
+    the running driver JVM, before a session is built with them: a bad value (``abc`` for
+    ``spark.sql.shuffle.partitions``) is a :class:`ConfigurationError` naming the key, where
+    the session would fail to build its state without naming it."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None or not conf:
+        return
+    probe = jvm.org.apache.spark.sql.internal.SQLConf()
+    for key, value in conf.items():
+        try:
+            probe.setConfString(key, str(value))
+        except Py4JJavaError as exc:
+            raise refused_setting(key, str(value), exc.java_exception.getMessage() or exc) from None
 
 
 def driver_java_options() -> str:
@@ -115,7 +174,9 @@ def get_spark(
         # Only takes effect when this call launches the driver JVM (the usual case).
         settings["spark.driver.extraJavaOptions"] = driver_java_options()
     settings.update(conf or {})
+    check_driver_memory(settings["spark.driver.memory"])
     _launch_driver_jvm(master, app_name, settings)
+    _check_sql_values(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -281,7 +342,7 @@ def _apply_connect_conf(spark: "SparkSession", remote: str, conf: Mapping[str, s
         if spark.conf.get(key, None) == str(value):
             continue
         if spark.conf.isModifiable(key):
-            spark.conf.set(key, str(value))
+            _set_runtime_conf(spark.conf, key, str(value))
         elif key in conf:
             fixed.append(key)
     if fixed:
@@ -307,7 +368,7 @@ def _check_active(active: "SparkSession", master: str | None, conf: Mapping[str,
         if active.conf.get(key, None) == str(value):
             continue
         if active.conf.isModifiable(key):
-            active.conf.set(key, str(value))
+            _set_runtime_conf(active.conf, key, str(value))
         else:
             static.append(key)
     if static:

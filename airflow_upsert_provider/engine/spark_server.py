@@ -359,7 +359,13 @@ class SparkServer:
     ) -> dict[str, Any]:
         """Start the server unless one runs; return its status with ``started`` (True when
         this call started it). Safe when several processes call it at once."""
+        from airflow_upsert_provider.engine.spark import check_driver_memory
+
         check_port(port)
+        if memory is not None:
+            check_driver_memory(memory, option="--memory")
+        if conf and "spark.driver.memory" in conf:
+            check_driver_memory(conf["spark.driver.memory"])
         with self._locked(timeout + 30):
             state = self.read_state()
             if state is not None and is_server_process(state.pid):

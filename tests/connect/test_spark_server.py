@@ -143,7 +143,8 @@ def test_parse_remote_refuses_what_is_not_an_address(url):
 
 
 def test_bad_port_and_conf_are_usage_errors(tmp_path):
-    for argv in (["start", "--port", "0"], ["start", "--conf", "novalue"]):
+    for argv in (["start", "--port", "0"], ["start", "--conf", "novalue"], ["start", "--memory", "1z"],
+                 ["start", "--conf", "spark.driver.memory=1z"]):
         done = spark_server_cli(str(tmp_path), *argv)
         assert done.returncode == 2 and json.loads(done.stdout)["error"] == "ConfigurationError"
 
@@ -193,6 +194,17 @@ def test_a_server_conf_a_client_cannot_change_is_named(spark, connect_server):
     with pytest.raises(ConfigurationError) as raised:
         get_spark(remote=connect_server["address"], conf={"spark.driver.memory": "1g"})
     assert "spark.driver.memory" in raised.value.message and connect_server["address"] in raised.value.message
+
+
+def test_a_bad_value_for_a_runtime_setting_is_named_through_connect(spark, connect_server):
+    from airflow_upsert_provider.engine.spark import get_spark
+
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    with pytest.raises(ConfigurationError) as raised:
+        get_spark(remote=connect_server["address"], conf={"spark.sql.shuffle.partitions": "abc"})
+    assert raised.value.exit_code == 2 and raised.value.details["key"] == "spark.sql.shuffle.partitions"
+    assert "spark.sql.shuffle.partitions" in raised.value.message and "'abc'" not in raised.value.message
+    assert spark.conf.get("spark.sql.shuffle.partitions") == before
 
 
 # A stand-in for spark-submit: records its command line and the properties file it was given
