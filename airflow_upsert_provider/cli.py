@@ -378,7 +378,10 @@ class Context:
         if self._spark is None:
             from airflow_upsert_provider.engine.spark import get_spark
 
-            self._spark = get_spark(self.master, conf=self.spark_conf or None, remote=self.remote)
+            # A Kafka client config with secrets is registered in the session with the slice
+            # reader: then the session is this run's own, not the shared Connect one.
+            secrets = self._kafka_config is not None and bool(self._kafka_config.secret_values())
+            self._spark = get_spark(self.master, conf=self.spark_conf or None, remote=self.remote, private=secrets)
         return self._spark
 
     def kafka_config(self):

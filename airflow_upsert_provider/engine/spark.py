@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, BinaryIO, Mapping
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
@@ -116,12 +117,14 @@ def get_spark(
     app_name: str = "airflow-upsert-provider",
     conf: Mapping[str, str] | None = None,
     remote: str | None = None,
+    *,
+    private: bool = False,
 ) -> "SparkSession":
     """The active SparkSession, or a new one on ``master`` (default ``local[*]``).
 
     ``remote`` (default ``UPSERT_SPARK_REMOTE``), an address ``sc://HOST:PORT``: a Spark
-    Connect session on that server instead (see :func:`get_connect_spark`); ``master`` is
-    then refused, the server has its own.
+    Connect session on that server instead (see :func:`get_connect_spark`, and ``private``
+    there); ``master`` is then refused, the server has its own.
 
     Local sessions bind the driver to 127.0.0.1: Spark otherwise picks a non-loopback
     address when the hostname resolves to loopback.
@@ -148,7 +151,7 @@ def get_spark(
                 "the Connect server runs on its own master; give one of them",
                 field="master",
             )
-        return get_connect_spark(remote, conf=conf)
+        return get_connect_spark(remote, conf=conf, private=private)
     active = SparkSession.getActiveSession()
     if active is not None and is_connect_session(active):
         raise ConfigurationError(
@@ -198,22 +201,98 @@ _SERVER_ONLY_PREFIXES = ("spark.ui.", "spark.driver.", "spark.executor.", "spark
 # Fresh task processes with the engine's default settings share one server session per
 # half hour: a batch in a new Connect session pays about 0.5 s more on the server than one in
 # a session that ran a batch before (docs/performance.md, "Spark Connect: one task's whole
-# process"). A window is never asked for again once it has passed, so a session the server
-# closed after its idle timeout (60 min by default), whose id it then refuses for good, is not
-# asked for either.
+# process"). A session id is the key to a server session: whoever knows it runs in the
+# session and reaches what is registered there. The shared id is random, recorded in a file
+# readable by its owner only under the state directory, where the sharing processes find it,
+# and replaced by a new random one when it is older than the window, so that a session the
+# server closed after its idle timeout (60 min by default), whose id it then refuses for good,
+# is not asked for either.
 SHARED_SESSION_WINDOW_SECONDS = 1800
 SESSION_ID_PARAM = "session_id"
+SHARED_SESSION_SUBDIR = "spark-connect"
+# Ids of the server sessions this process opened as shared ones (see is_shared_session).
+_SHARED_SESSION_IDS: set[str] = set()
 
 
-def shared_session_id(now: float, window_seconds: int = SHARED_SESSION_WINDOW_SECONDS) -> str:
-    """The server session every task with the engine's default settings uses at ``now``
-    (seconds since the epoch): the same id within a window, another in the next one."""
-    import hashlib
+def new_session_id() -> str:
+    """A random session id (Spark's client accepts only a UUID of version 4)."""
     import uuid
 
-    window = int(now // window_seconds)
-    digest = hashlib.sha256(f"airflow-upsert-provider shared session {window_seconds} {window}".encode()).digest()
-    return str(uuid.UUID(bytes=digest[:16], version=4))
+    return str(uuid.uuid4())
+
+
+def shared_session_decision(record: Mapping[str, object] | None, now: float, fresh_id: str,
+                            window_seconds: int = SHARED_SESSION_WINDOW_SECONDS,
+                            closed_id: str | None = None) -> dict[str, object]:
+    """The shared session record to use at ``now``: ``record`` while it is well-formed,
+    younger than ``window_seconds`` and not the session the server closed (``closed_id``);
+    else a new one naming ``fresh_id``."""
+    if isinstance(record, Mapping):
+        session_id, created_at = record.get("session_id"), record.get("created_at")
+        if (isinstance(session_id, str) and _is_uuid4(session_id) and isinstance(created_at, (int, float))
+                and 0 <= now - created_at < window_seconds and session_id != closed_id):
+            return dict(record)
+    return {"session_id": fresh_id, "created_at": now}
+
+
+def _is_uuid4(text: str) -> bool:
+    import uuid
+
+    try:
+        return uuid.UUID(text).version == 4 and str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+def shared_session_path(host: str, port: int, base: str | None = None) -> str:
+    """The record of the shared session on the server at (host, port)."""
+    from airflow_upsert_provider.engine.spark_server import state_root
+
+    safe_host = re.sub(r"[^A-Za-z0-9.-]", "_", host)
+    return os.path.join(state_root(base), SHARED_SESSION_SUBDIR, f"shared-session-{safe_host}-{port}.json")
+
+
+def shared_session_id(host: str, port: int, now: float, *, base: str | None = None,
+                      closed_id: str | None = None) -> str | None:
+    """The id of the server session that tasks with the engine's default settings share on
+    (host, port) at ``now`` (:func:`shared_session_decision` on the recorded one, under an
+    exclusive lock, a new record written owner-only). None when the state directory cannot
+    hold the record: the caller then runs in a session of its own."""
+    import fcntl
+    import json
+
+    path = shared_session_path(host, port, base)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            record = None
+        decided = shared_session_decision(record, now, new_session_id(), closed_id=closed_id)
+        if decided != record:
+            tmp = f"{path}.tmp-{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(decided, handle)
+            os.replace(tmp, path)
+        return str(decided["session_id"])
+    except OSError:
+        return None
+    finally:
+        os.close(lock)
+
+
+def is_shared_session(spark: "SparkSession") -> bool:
+    """Whether ``spark`` runs in a server session that this process opened as the shared one
+    (other tasks run in it too): nothing secret may be registered in it."""
+    session_id = getattr(getattr(spark, "client", None), "_session_id", None)
+    return session_id in _SHARED_SESSION_IDS
 
 
 def named_session_id(remote: str) -> str | None:
@@ -234,7 +313,7 @@ def with_session_id(remote: str, session_id: str) -> str:
     return f"sc://{head}/;" + ";".join([*kept, f"{SESSION_ID_PARAM}={session_id}"])
 
 
-def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "SparkSession":
+def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None, *, private: bool = False) -> "SparkSession":
     """A Spark Connect session on the server at ``remote`` (``sc://HOST:PORT``).
 
     The port is probed first: a server that is down is a retryable :class:`SparkUnavailable`
@@ -244,11 +323,12 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
     :class:`ConfigurationError` naming the keys, never silently ignored. An active Connect
     session on the same address is reused; one on another address is refused.
 
-    Without ``conf`` and without a ``session_id`` in ``remote``, the server session is the
-    shared one of :func:`shared_session_id`; with ``conf`` it is a new one of its own (a
-    setting must not reach another task). A named session, shared or the address's own, is
-    never released when the session stops: the next task uses it. A shared session the server
-    has closed is replaced by a new one."""
+    Without ``conf``, ``private`` and a ``session_id`` in ``remote``, the server session is the
+    shared one of :func:`shared_session_id`; with ``conf`` or ``private`` (the task will
+    register something secret, such as a Kafka client config) it is a new one of its own,
+    released when it stops (a setting or a secret must not reach another task). A named
+    session, shared or the address's own, is never released when the session stops: the next
+    task uses it. A shared session the server has closed is replaced by a new random one."""
     from pyspark.sql import SparkSession
 
     from airflow_upsert_provider.engine.spark_server import (
@@ -275,23 +355,32 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
                 f"run on {shown}: stop it first or run in a new process",
                 field="remote",
             )
+        if private and is_shared_session(active):
+            raise ConfigurationError(
+                f"the Spark Connect session active in this process on {shown} is shared with other tasks; "
+                "a task that registers a secret (a Kafka client config) needs a session of its own: "
+                "stop it first or run in a new process",
+                field="remote",
+            )
         _apply_connect_conf(active, shown, conf or {}, defaults=False)
         return active
     require_reachable(remote)
     named = named_session_id(remote) is not None
     try:
-        if conf or named:
+        shared_id = None if conf or named or private else shared_session_id(host, port, time.time())
+        if shared_id is None:
             return _open_connect(remote, shown, conf or {}, named=named)
-        import time
-
         try:
-            return _open_connect(with_session_id(remote, shared_session_id(time.time())), shown, {}, named=True)
+            return _open_shared(remote, shown, shared_id)
         except Exception as exc:
             if "SESSION_CLOSED" not in str(exc):
                 raise
-            # Released by another client, or expired under a shorter idle timeout: the id
-            # stays refused until the window passes.
-            return _open_connect(remote, shown, {}, named=False)
+            # Released by another client, or expired under a shorter idle timeout: the
+            # server refuses that id for good. A new random one replaces it for every task.
+            replaced = shared_session_id(host, port, time.time(), closed_id=shared_id)
+            if replaced is None or replaced == shared_id:
+                return _open_connect(remote, shown, {}, named=False)
+            return _open_shared(remote, shown, replaced)
     except Exception as exc:  # a server that stopped between the probe and the session
         if server_gone(exc):
             from airflow_upsert_provider.engine.errors import SparkUnavailable
@@ -301,6 +390,12 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None) -> "Sp
                 address=shown,
             ) from None
         raise
+
+
+def _open_shared(remote: str, shown: str, session_id: str) -> "SparkSession":
+    spark = _open_connect(with_session_id(remote, session_id), shown, {}, named=True)
+    _SHARED_SESSION_IDS.add(session_id)
+    return spark
 
 
 def _open_connect(url: str, shown: str, conf: Mapping[str, str], *, named: bool) -> "SparkSession":

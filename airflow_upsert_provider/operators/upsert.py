@@ -427,7 +427,9 @@ class MicroBatchUpsertOperator(BaseOperator):
                 if remote is not None:
                     from airflow_upsert_provider.engine.spark import get_spark
 
-                    session = get_spark(remote=remote, conf=self.spark_conf)
+                    # A Kafka client config with secrets never goes into a shared session.
+                    session = get_spark(remote=remote, conf=self.spark_conf,
+                                        private=shard.is_kafka and shard.source.carries_secrets)
                 else:
                     session = hook.get_spark(app_name=f"upsert-{self.shard}", conf=self.spark_conf)
                 spark_seconds.append(time.monotonic() - spark_started)

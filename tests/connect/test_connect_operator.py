@@ -109,9 +109,9 @@ def test_on_kill_interrupts_only_the_tasks_own_connect_operations(connect_server
     other task's job runs on."""
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark import shared_session_id, with_session_id
+    from airflow_upsert_provider.engine.spark import new_session_id, with_session_id
 
-    address = with_session_id(connect_server["address"], shared_session_id(time.time()))
+    address = with_session_id(connect_server["address"], new_session_id())
     killed, other = (SparkSession.builder.remote(address).create() for _ in range(2))
     for session in (killed, other):
         session.release_session_on_close = False  # the shared session outlives these clients

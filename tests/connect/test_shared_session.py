@@ -11,15 +11,16 @@ import sys
 import pytest
 
 # A fresh process opens the engine's session as a task does and prints which server session
-# it got. argv: address, JSON conf, a shared id to use instead of the window's (or ""), and
-# "release" to release the session at the end (as a foreign client might).
+# it got. argv: address, JSON conf, a shared id to use instead of the recorded one (or ""),
+# "release" to release the session at the end (as a foreign client might), "private" to ask
+# for a session of its own.
 CHILD = """
 import json, sys
 from airflow_upsert_provider.engine import spark as S
 address, conf, shared_id, release = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4] == "release"
 if shared_id:
-    S.shared_session_id = lambda now: shared_id
-session = S.get_connect_spark(address, conf)
+    S.shared_session_id = lambda host, port, now, **kw: shared_id
+session = S.get_connect_spark(address, conf, private=sys.argv[5] == "private")
 assert session.range(5).count() == 5
 print(json.dumps({"session_id": session.client._session_id, "server_session": session.client._server_session_id,
                   "shuffle": session.conf.get("spark.sql.shuffle.partitions")}))
@@ -29,9 +30,11 @@ session.stop()
 """
 
 
-def child(address: str, conf: dict | None = None, shared_id: str = "", release: bool = False) -> dict:
+def child(address: str, conf: dict | None = None, shared_id: str = "", release: bool = False,
+          private: bool = False, env: dict | None = None) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, address, json.dumps(conf or {}), shared_id,
-                           "release" if release else "keep"], capture_output=True, text=True, timeout=300)
+                           "release" if release else "keep", "private" if private else "shared"],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -76,3 +79,24 @@ def test_a_shared_session_the_server_closed_is_replaced(connect_server, shared_i
     replaced = child(connect_server["address"], shared_id=shared_id)
     assert replaced["session_id"] != shared_id
     assert replaced["server_session"] != released["server_session"]
+
+
+def test_a_task_that_registers_a_secret_gets_a_session_of_its_own(connect_server, shared_id):
+    shared = child(connect_server["address"], shared_id=shared_id)
+    own = child(connect_server["address"], shared_id=shared_id, private=True)
+    assert shared["session_id"] == shared_id and own["session_id"] != shared_id
+    assert own["server_session"] != shared["server_session"]
+
+
+def test_processes_sharing_a_state_directory_share_the_recorded_random_session(connect_server, tmp_path):
+    import os
+
+    from airflow_upsert_provider.engine.spark import shared_session_path
+    from airflow_upsert_provider.engine.spark_server import parse_remote
+
+    env = {**os.environ, "UPSERT_STATE_DIR": str(tmp_path)}
+    first = child(connect_server["address"], env=env)
+    second = child(connect_server["address"], env=env)
+    assert first["session_id"] == second["session_id"]
+    record = json.loads(open(shared_session_path(*parse_remote(connect_server["address"]), str(tmp_path))).read())
+    assert record["session_id"] == first["session_id"]

@@ -462,6 +462,12 @@ class KafkaSource:
         return self._config
 
     @property
+    def carries_secrets(self) -> bool:
+        """Whether the client config has secret values (a Spark session that reads this
+        source then holds them: it must be the task's own)."""
+        return self._config is not None and bool(self._config.secret_values())
+
+    @property
     def uri(self) -> str:
         return f"kafka:{self.topic}"
 
@@ -594,6 +600,16 @@ class KafkaSource:
         now."""
         checked = self.check_slice(ranges)
         source = _slice_data_source(self.config, self.topic, self.stall_timeout)
+        # PySpark has no way to unregister a data source: the class, config included, stays
+        # in the session until the session ends. Never in one other tasks share.
+        from airflow_upsert_provider.engine.spark import is_shared_session
+
+        if self.carries_secrets and is_shared_session(spark):
+            raise ConfigurationError(
+                f"kafka topic {self.topic!r}: its client config has secrets, and the Spark Connect session "
+                "is shared with other tasks: open a session of its own (get_spark(..., private=True))",
+                field="kafka_config",
+            )
         spark.dataSource.register(source)
         non_empty = [[p, s, e] for p, (s, e) in checked.items() if s < e]
         return spark.read.format(source.name()).option("ranges", json.dumps(non_empty)).load()
