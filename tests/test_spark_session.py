@@ -55,6 +55,14 @@ def test_a_bad_value_for_a_runtime_setting_of_the_active_session_is_named(spark)
     assert spark.conf.get("spark.sql.shuffle.partitions") == before
 
 
+def test_a_refused_value_is_never_shown_in_the_message():
+    quoted = spark_module.refused_setting(
+        "spark.sql.shuffle.partitions", "a", "The value 'a' in the config \"spark.sql.shuffle.partitions\" is invalid.")
+    assert quoted.message.endswith("The value <value> in the config \"spark.sql.shuffle.partitions\" is invalid.")
+    bare = spark_module.refused_setting("spark.hadoop.x.secret", "hunter22", "cannot use hunter22 here")
+    assert "hunter22" not in bare.message and bare.details == {"field": "spark_conf", "key": "spark.hadoop.x.secret"}
+
+
 @pytest.mark.parametrize("value", ["1z", "2gb", "-1g", "", "1.5g"])
 def test_a_driver_memory_the_jvm_cannot_take_is_named_before_a_jvm_starts(value):
     with pytest.raises(ConfigurationError, match="spark.driver.memory") as info:

@@ -62,8 +62,12 @@ def refused_setting(key: str, value: str, exc: BaseException | str) -> Configura
     Spark's reason, never the value (it may be a secret)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     reason = (lines[0] if lines else type(exc).__name__)[:300]
+    value = str(value)
     if value:
-        reason = reason.replace(str(value), "<value>")
+        # Spark quotes the value; a long one is masked wherever it appears. (A short bare one
+        # is left: masking "1" everywhere would garble the reason.)
+        for shown in (f"'{value}'", f'"{value}"', *((value,) if len(value) >= 4 else ())):
+            reason = reason.replace(shown, "<value>")
     return ConfigurationError(f"Spark refused the value of the setting {key} (--conf / spark_conf): {reason}",
                               field="spark_conf", key=key)
 
