@@ -61,9 +61,8 @@ def test_a_kafka_slice_with_secrets_is_never_registered_in_a_shared_session(monk
 
     registered = []
 
-    class Session:
-        class client:
-            _session_id = str(uuid.uuid4())
+    class Session:  # a Connect client session's surface, as far as read_slice uses it
+        session_id = str(uuid.uuid4())
 
         class dataSource:
             register = registered.append
@@ -72,7 +71,8 @@ def test_a_kafka_slice_with_secrets_is_never_registered_in_a_shared_session(monk
     plain = KafkaSource("t", KafkaConfig.from_dict({"bootstrap.servers": "b:9092"}))
     for source in (secret, plain):
         monkeypatch.setattr(source, "check_slice", lambda ranges: dict(ranges))
-    monkeypatch.setattr(spark_module, "_SHARED_SESSION_IDS", {Session.client._session_id})
+    monkeypatch.setattr(spark_module, "is_connect_session", lambda spark: spark is Session)
+    monkeypatch.setattr(spark_module, "_SHARED_SESSION_IDS", {Session.session_id})
     with pytest.raises(ConfigurationError, match="shared") as info:
         secret.read_slice(Session, {0: (0, 5)})
     assert "pw-9" not in info.value.message and registered == []

@@ -295,8 +295,8 @@ def shared_session_id(host: str, port: int, now: float, *, base: str | None = No
 def is_shared_session(spark: "SparkSession") -> bool:
     """Whether ``spark`` runs in a server session that this process opened as the shared one
     (other tasks run in it too): nothing secret may be registered in it."""
-    session_id = getattr(getattr(spark, "client", None), "_session_id", None)
-    return session_id in _SHARED_SESSION_IDS
+    # A classic session has no server session id (its ``client`` raises, not None).
+    return is_connect_session(spark) and spark.session_id in _SHARED_SESSION_IDS
 
 
 def named_session_id(remote: str) -> str | None:
