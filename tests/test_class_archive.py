@@ -31,7 +31,8 @@ def _archive(directory, name: str = "spark-4.2.0-java-17.0.15.jsa", content: byt
         handle.write(content)
     info = os.stat(path)
     sidecar = {**CURRENT, "java_version": "17.0.15", "archive_size": info.st_size, "archive_mtime_ns": info.st_mtime_ns,
-               "archive_sha256": hashlib.sha256(content).hexdigest(), **sidecar_changes}
+               "archive_sha256": hashlib.sha256(content).hexdigest(), "archive_ino": info.st_ino,
+               "archive_ctime_ns": info.st_ctime_ns, **sidecar_changes}
     with open(ca.sidecar_path(path), "w") as handle:
         json.dump(sidecar, handle)
     return path
@@ -94,6 +95,26 @@ def test_an_archive_damaged_in_place_is_not_used_and_a_warning_names_it(tmp_path
     assert [r.getMessage() for r in caplog.records if path in r.getMessage() and "damaged" in r.getMessage()]
     found = ca.locate(base, environ={}, current=CURRENT)
     assert found["path"] == path and not found["usable"] and found["reason"].startswith(ca.DAMAGED)
+
+
+def test_a_session_hashes_the_archive_only_when_it_changed_since_it_was_hashed(tmp_path):
+    """The checksum reads the whole file: a new session skips it while the inode and change time
+    are those recorded at build; a write (even with the mtime put back) makes it read again."""
+    base, directory = _state(tmp_path)
+    path = _archive(directory, content=b"CDS archive bytes " * 64)
+    sidecar = ca.read_sidecar(path)
+    hashed = []
+
+    def checksum(p):
+        hashed.append(p)
+        return ca.file_sha256(p)
+
+    assert ca.archive_usable(path, sidecar, CURRENT, checksum) == (True, "usable") and hashed == []
+    assert ca.archive_usable(path, sidecar, CURRENT, checksum, full_check=True) == (True, "usable")
+    assert hashed == [path]
+    _damage_in_place(path)
+    usable, reason = ca.archive_usable(path, sidecar, CURRENT, checksum)
+    assert not usable and reason.startswith(ca.DAMAGED) and hashed == [path, path]
 
 
 def test_a_sidecar_without_a_checksum_is_not_trusted(tmp_path):
