@@ -624,6 +624,8 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         verb = "would delete" if args.dry_run else "deleted"
         for item in report.items:
             print(f"{verb} {item.kind} {item.path} ({item.files} files, {item.bytes} bytes)")
+        for skipped in report.skipped:
+            print(f"skipped {skipped['path']}: {skipped['reason']}")
         print(f"{verb} {len(report.items)} item(s), {report.files} files, {report.bytes} bytes; "
               f"kept {report.kept_referenced} referenced and {report.kept_in_grace} in the grace period")
         return {}

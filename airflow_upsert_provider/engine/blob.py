@@ -202,6 +202,31 @@ class LocalBlob:
                     continue
                 yield BlobFile(entry.path, st.st_size, st.st_mtime)
 
+    def walk_dirs(self, path: str) -> Iterator[BlobFile]:
+        """Every directory below ``path`` (recursively, ``path`` itself excluded), with its
+        mtime: a directory's age says when an entry was last added to or removed from it
+        (a writer staging into it), even while it holds no file."""
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield BlobFile(entry.path, 0, st.st_mtime)
+            yield from self.walk_dirs(entry.path)
+
+    def mtime(self, path: str) -> float | None:
+        """Last modification of ``path``; None if it does not exist (any more)."""
+        try:
+            return os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+
     def size(self, path: str) -> int:
         return os.path.getsize(path)
 

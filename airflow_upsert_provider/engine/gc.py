@@ -7,8 +7,9 @@ compaction writes) only if
   shard in the consensus (a shard restored under a new id reads another shard's files);
 - no retained checkpoint references it: every manifest listed in every catalog in the blob,
   and every manifest of a checkpoint still being written (younger than the grace period);
-- no in-flight writer can still commit it: its newest file is older than the grace period
-  (a writer's staged batch, a compaction's output before its swap);
+- no in-flight writer can still commit it: its newest file and its newest directory are older
+  than the grace period (a writer's staged batch, a compaction's output before its swap, an
+  attempt directory Spark created and has not written a file into yet);
 - no read can still be reading it: no compaction replaced it less than the grace period ago
   (a read planned before the swap reads the runs it listed then), whichever compaction did
   (``gc_claims.recently_replaced``).
@@ -22,6 +23,11 @@ Order matters: GC lists the files first, then reads consensus, then the checkpoi
 checkpoint re-reads since after its manifest is on disk (see ``checkpoint.create_checkpoint``),
 so a file a checkpoint lists is either live in the state GC read or in a manifest GC read.
 
+Empty ``ts=…``/``since=…`` directories are removed only once they, too, are older than the
+grace period: a writer may have just created one to stage into. A directory that a writer
+(with a grace period shorter than it takes) fills while GC deletes it is left for the next GC
+and reported as skipped; its claim already keeps any commit from naming it.
+
 Every catalog and manifest is read before the first deletion; any one that cannot be read
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
 manifest) aborts GC with an error naming it, and nothing is deleted. A manifest that cannot be
@@ -31,6 +37,7 @@ again, and a checkpoint no longer listed pins nothing.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass, field
@@ -79,6 +86,8 @@ class GcReport:
     kept_referenced: int = 0
     kept_in_grace: int = 0
     checkpoints_read: int = 0
+    # Directories whose deletion a concurrent writer got in the way of: {path, reason}.
+    skipped: list[dict[str, str]] = field(default_factory=list)
     plan_seconds: float = 0.0
     delete_seconds: float = 0.0
 
@@ -101,6 +110,7 @@ class GcReport:
             "kept_referenced": self.kept_referenced,
             "kept_in_grace": self.kept_in_grace,
             "checkpoints_read": self.checkpoints_read,
+            "skipped": self.skipped[:MAX_LISTED],
             "plan_seconds": round(self.plan_seconds, 3),
             "delete_seconds": round(self.delete_seconds, 3),
         }
@@ -143,8 +153,21 @@ def collect_garbage(
     for f in blob.walk_files(runs_root):
         run_dirs.setdefault(run_dir_of(blob, f.path), []).append(f)
         report.files_scanned += 1
+    # Directory ages count as much as file ages: an attempt directory with no file yet is a
+    # writer about to stage into it.
+    dir_ages: dict[str, list[BlobFile]] = {}
+    for d in blob.walk_dirs(runs_root):
+        if len(os.path.relpath(d.path, runs_root).split(os.sep)) >= 2:  # the run directory or below
+            dir_ages.setdefault(run_dir_of(blob, d.path), []).append(d)
+    for run_dir in dir_ages:
+        run_dirs.setdefault(run_dir, [])
     ckpt_root = checkpoints_root(blob, shard_id)
     ckpt_entries = {name: list(blob.walk_files(os.path.join(ckpt_root, name))) for name in checkpoint_dirs(blob, shard_id)}
+    ckpt_ages = {
+        name: [BlobFile(os.path.join(ckpt_root, name), 0, blob.mtime(os.path.join(ckpt_root, name)) or 0.0)]
+        + list(blob.walk_dirs(os.path.join(ckpt_root, name)))
+        for name in ckpt_entries
+    }
     stray = [f for f in blob.walk_files(ckpt_root) if os.path.basename(f.path).startswith(".tmp-")]
     step("listed")
 
@@ -198,7 +221,7 @@ def collect_garbage(
     for run_dir, files in sorted(run_dirs.items()):
         if run_dir in referenced:
             report.kept_referenced += len(files)
-        elif _young(files, cutoff) or run_dir in replaced_in_grace:
+        elif _young(files + dir_ages.get(run_dir, []), cutoff) or run_dir in replaced_in_grace:
             report.kept_in_grace += len(files)
         else:
             report.items.append(GcItem(run_dir, "run", len(files), sum(f.size for f in files)))
@@ -206,7 +229,7 @@ def collect_garbage(
     for name, files in sorted(ckpt_entries.items()):
         if name in ours_listed:
             continue
-        if _young(files, cutoff):
+        if _young(files + ckpt_ages[name], cutoff):
             report.kept_in_grace += len(files)
             continue
         doomed.add(name)
@@ -238,13 +261,16 @@ def collect_garbage(
     step("claimed")
     step("deleting")
     deleting = time.monotonic()
-    for item in report.items:
+    for item in list(report.items):
         path = blob.path(item.path)
         if item.kind == "temporary_file":
             blob.delete_file(path)
-        else:
-            blob.delete_tree(path)
-    _remove_empty_groups(blob, runs_root)
+            continue
+        reason = _delete_claimed_tree(blob, path)
+        if reason is not None:
+            report.items.remove(item)
+            report.skipped.append({"path": item.path, "reason": reason})
+    _remove_empty_groups(blob, runs_root, cutoff)
     report.delete_seconds = time.monotonic() - deleting
     return report
 
@@ -274,14 +300,34 @@ def _shards_with_checkpoints(blob: LocalBlob, shard_id: str) -> list[str]:
     return [shard_id] + others
 
 
-def _remove_empty_groups(blob: LocalBlob, runs_root: str) -> None:
-    """Remove ``ts=…``/``since=…`` directories left empty (a writer may be creating a run in
-    one right now: then rmdir fails, which is fine)."""
+def _delete_claimed_tree(blob: LocalBlob, path: str) -> str | None:
+    """Delete a claimed directory; the reason it could not be, or None. A writer whose grace
+    ran out may still be writing into it (Spark's ``_temporary`` attempt directories) or
+    renaming out of it: a directory that gains an entry, or an entry that vanishes, under the
+    deletion is left for the next GC, which finishes it (the claim keeps any commit from
+    naming it meanwhile)."""
+    try:
+        blob.delete_tree(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            raise
+        if blob.exists(path):
+            return f"a writer was still writing into it ({os.strerror(exc.errno)}); the next GC deletes it"
+    return None
+
+
+def _remove_empty_groups(blob: LocalBlob, runs_root: str, cutoff: float) -> None:
+    """Remove ``ts=…``/``since=…`` directories that are empty and older than the grace
+    period: a younger one may be where a writer is about to stage (its age is that of its
+    last entry added or removed). A writer creating a run in one right now makes rmdir fail,
+    which is fine."""
     for name in blob.listdir(runs_root):
         path = os.path.join(runs_root, name)
-        if blob.is_dir(path) and not blob.listdir(path):
-            try:
-                blob.rmdir(path)
-            except OSError:
-                pass
+        mtime = blob.mtime(path)
+        if mtime is None or mtime >= cutoff or not blob.is_dir(path) or blob.listdir(path):
+            continue
+        try:
+            blob.rmdir(path)
+        except OSError:
+            pass
 

@@ -53,10 +53,11 @@ def tree(root: str) -> dict[str, bytes]:
 
 
 def age_files(root: str, seconds: float = 3 * 3600) -> None:
-    """Make every file below ``root`` look ``seconds`` old (older than a test's grace)."""
+    """Make every file and directory below ``root`` look ``seconds`` old (older than a
+    test's grace: GC measures a directory's age too)."""
     past = time.time() - seconds
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
+    for dirpath, dirs, files in os.walk(root):
+        for name in files + dirs:
             os.utime(os.path.join(dirpath, name), (past, past))
 
 

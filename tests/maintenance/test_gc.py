@@ -202,3 +202,80 @@ def test_checkpoint_compaction_and_commit_inside_every_gc_step(spark, sqlite_url
     verify_checkpoint(blob, shard.shard_id, made[0].id)
     race_outcome(spark, consensus, blob, shard, writer, staged, made[0], expected)
     consensus.dispose()
+
+
+def _age_dir(path: str, seconds: float = 3 * 3600) -> None:
+    past = os.stat(path).st_mtime - seconds
+    os.utime(path, (past, past))
+
+
+def test_empty_directories_inside_the_grace_period_stay(consensus, blob, tmp_path):
+    """A writer creates ``runs/ts=…`` and its attempt directory before Spark writes a file:
+    GC keeps both while they are younger than the grace period, and removes them after."""
+    from tests.helpers import make_shard
+
+    shard = make_shard(consensus, blob, tmp_path)
+    runs = blob.path(shard.shard_id, "runs")
+    empty_group = os.path.join(runs, "ts=000000000001")
+    staging = os.path.join(runs, "ts=000000000000", "writer-0123456789ab")
+    os.makedirs(empty_group)
+    os.makedirs(os.path.join(staging, "_temporary", "0"))
+
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    assert report.items == []
+    assert os.path.isdir(empty_group) and os.path.isdir(os.path.join(staging, "_temporary", "0"))
+
+    for path in (os.path.join(staging, "_temporary", "0"), os.path.join(staging, "_temporary"), staging,
+                 os.path.dirname(staging), empty_group):
+        _age_dir(path)
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    rel = os.path.relpath(staging, blob.root)
+    assert [(i.path, i.kind, i.files) for i in report.items] == [(rel, "run", 0)]
+    assert not os.path.exists(staging) and not os.path.exists(empty_group)
+    # The group the deletion just emptied is young again (it just changed): the next GC
+    # after the grace period removes it.
+    assert os.listdir(runs) == ["ts=000000000000"]
+    _age_dir(os.path.dirname(staging))
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
+    assert os.listdir(runs) == []
+
+
+def test_gc_skips_a_directory_a_writer_fills_while_it_is_deleted(consensus, blob, tmp_path):
+    """``gc --grace 0`` beside a writer: Spark adds a file to the attempt directory GC is
+    deleting. GC reports the directory as skipped instead of failing, and the next GC
+    deletes it; the claim already refuses a commit naming it."""
+    from airflow_upsert_provider.engine.blob import LocalBlob
+    from airflow_upsert_provider.engine.gc_claims import claims
+    from tests.helpers import make_shard
+
+    shard = make_shard(consensus, blob, tmp_path)
+    attempt = blob.path(shard.shard_id, "runs", "ts=000000000000", "writer-0123456789ab",
+                        "_temporary", "0", "_temporary", "attempt_1")
+    os.makedirs(attempt)
+    with open(os.path.join(attempt, "part-0.parquet"), "wb") as handle:
+        handle.write(b"x" * 10)
+
+    class SparkWritesDuringDeletion(LocalBlob):
+        wrote = False
+
+        def rmdir(self, path: str) -> None:
+            if path == attempt and not self.wrote:
+                self.wrote = True
+                with open(os.path.join(path, "part-1.parquet"), "wb") as handle:
+                    handle.write(b"y")
+            super().rmdir(path)
+
+    racing = SparkWritesDuringDeletion(blob.root)
+    report = collect_garbage(consensus, racing, shard.shard_id, grace_seconds=0)
+    run_dir = os.path.join(shard.shard_id, "runs", "ts=000000000000", "writer-0123456789ab")
+    assert racing.wrote
+    assert report.items == []
+    assert [s["path"] for s in report.skipped] == [run_dir]
+    assert "still writing into it" in report.skipped[0]["reason"]
+    assert report.to_dict()["skipped"] == report.skipped
+    assert os.listdir(attempt) == ["part-1.parquet"]
+    assert claims(consensus, shard.shard_id) == [run_dir]
+
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert [i.path for i in report.items] == [run_dir] and report.skipped == []
+    assert not os.path.exists(blob.path(run_dir))
