@@ -526,21 +526,24 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.runs import table_columns
+    from airflow_upsert_provider.engine.runs import read_runs, table_columns
 
     shard = ctx.shard(args.shard)
     handle = _open_output(args.out) if args.out else sys.stdout
-    frame = shard.read(ctx.spark(), as_of=args.as_of).orderBy(*shard.config.keys)
+    runs = shard.live_runs(args.as_of)
+    frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
     columns = table_columns(shard.config)
     try:
-        if args.output_format == "csv":
-            writer = csv.writer(handle)
-            writer.writerow(columns)
-            for row in frame.toLocalIterator():
-                writer.writerow(["" if row[c] is None else row[c] for c in columns])
-        else:
-            for row in frame.toLocalIterator():
-                handle.write(json.dumps(row.asDict(), default=str, sort_keys=False) + "\n")
+        # A run file damaged in place fails inside Spark: exit 4 naming it, as a missing one.
+        with shard.reading(runs):
+            if args.output_format == "csv":
+                writer = csv.writer(handle)
+                writer.writerow(columns)
+                for row in frame.toLocalIterator():
+                    writer.writerow(["" if row[c] is None else row[c] for c in columns])
+            else:
+                for row in frame.toLocalIterator():
+                    handle.write(json.dumps(row.asDict(), default=str, sort_keys=False) + "\n")
     finally:
         if args.out:
             handle.close()

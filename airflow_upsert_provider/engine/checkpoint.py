@@ -38,7 +38,7 @@ from airflow_upsert_provider.engine.consensus import (
     ShardSnapshot,
 )
 from airflow_upsert_provider.engine.errors import CommitRefused, ConfigurationError, IntegrityError, UpsertError
-from airflow_upsert_provider.engine.gc_claims import refuse_claimed_checkpoints
+from airflow_upsert_provider.engine.gc_claims import check_blob_owner, mark_blob_owner, refuse_claimed_checkpoints
 from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 
 FORMAT = 1
@@ -189,6 +189,9 @@ class Catalog:
                 "(its catalog lock): load it with Catalog.load(blob, shard_id, consensus)",
                 shard=self.shard_id,
             )
+        # The catalog of a shard restored into another store sharing the blob is that
+        # store's: this one's retention must not drop what the restore came from.
+        check_blob_owner(self.consensus, self.blob, self.shard_id, "change the checkpoint catalog")
         with catalog_lock(self.consensus, self.shard_id) as conn:
             current = Catalog.load(self.blob, self.shard_id)
             self.entries, self.exists = current.entries, current.exists
@@ -279,28 +282,35 @@ def _parse_catalog(data: bytes, path: str, shard_id: str) -> list[CheckpointEntr
 
 
 class CommittedFileBad(IntegrityError):
-    """A file the shard's committed state names is missing or has another size than recorded:
-    no checkpoint is written over it. ``details["records"]`` names every such file."""
+    """A file the shard's committed state names is missing, or differs from what was recorded
+    when it was written (size, SHA-256), or is not readable Parquet: no checkpoint is written
+    over it. ``details["records"]`` names every such file."""
+
+
+# Files hashed at once by a checkpoint create: hashlib releases the GIL while it digests.
+HASH_THREADS = 4
 
 
 def manifest_files(blob: LocalBlob, snapshot: ShardSnapshot) -> list[dict[str, Any]]:
-    """Every file the state of ``snapshot`` at its upper needs, with size and SHA-256. The
-    checksum recorded when the run was written is reused (only runs written before checksums
-    were recorded are read here); every file is checked present with its recorded size, so
-    that a checkpoint never lists a file it could not restore (CommittedFileBad)."""
+    """Every file the state of ``snapshot`` at its upper needs, with size and SHA-256, each
+    verified as ``verify`` would (present, the size and SHA-256 recorded when its run was
+    written, a readable Parquet footer), so that a checkpoint never lists a file that fails
+    ``verify`` or could not be restored (CommittedFileBad). A run written before checksums
+    were recorded has its files hashed here and listed with that hash."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    listed = [
+        {"path": f["path"], "bytes": f["bytes"], "sha256": f.get("sha256")}
+        for run in snapshot.live_runs()
+        for f in run["files"]
+    ]
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        checked = list(pool.map(lambda f: file_problem(blob, f, "the shard's state"), listed))
     files, problems = [], []
-    for run in snapshot.live_runs():
-        for f in run["files"]:
-            path = blob.path(f["path"])
-            try:
-                size = blob.size(path)
-                if size != f["bytes"]:
-                    problems.append({"file": path, "reason": f"size {size} bytes, the shard's state says {f['bytes']}"})
-                    continue
-                digest = f.get("sha256") or blob.checksum(path)
-            except FileNotFoundError:
-                problems.append({"file": path, "reason": "missing"})
-                continue
+    for f, (digest, reason) in zip(listed, checked):
+        if reason is not None:
+            problems.append({"file": blob.path(f["path"]), "reason": reason})
+        else:
             files.append({"path": f["path"], "bytes": f["bytes"], "sha256": digest})
     if problems:
         shard_id = snapshot.record.shard_id
@@ -437,7 +447,10 @@ def create_checkpoint(
             raise
         data = json.dumps(build_manifest(checkpoint_id, snapshot, files, created_at), indent=1, sort_keys=True).encode()
         digest = hashlib.sha256(data).hexdigest()
-        blob.write_atomic(os.path.join(directory, MANIFEST_NAME), data)
+        try:
+            blob.write_atomic(os.path.join(directory, MANIFEST_NAME), data)
+        except FileNotFoundError:
+            continue  # GC collected the directory as it was being made (see below)
         step("manifest")
         # The files of the snapshot stay live until since moves (batches >= since are
         # immutable), and GC reads state before manifests: if since did not move between
@@ -446,7 +459,13 @@ def create_checkpoint(
             blob.delete_tree(directory)
             continue
         marker = {"checkpoint": checkpoint_id, "manifest_sha256": digest}
-        blob.write_atomic(os.path.join(directory, COMMIT_NAME), json.dumps(marker, sort_keys=True).encode())
+        try:
+            blob.write_atomic(os.path.join(directory, COMMIT_NAME), json.dumps(marker, sort_keys=True).encode())
+        except FileNotFoundError:
+            # GC collected the directory under the write (the create paused past the grace
+            # period): it claimed it, so it is GC's to delete; write the checkpoint again
+            # under a new id.
+            continue
         step("commit")
         entry = CheckpointEntry(
             id=checkpoint_id,
@@ -469,7 +488,8 @@ def create_checkpoint(
             raise
         step("catalog")
         if keep_last is not None or keep_within is not None:
-            apply_retention(catalog, keep_last=keep_last, keep_within=keep_within)
+            # Its files were verified just now: no need to read them again.
+            apply_retention(catalog, keep_last=keep_last, keep_within=keep_within, verified={entry.id})
         return entry
     raise UpsertError(
         f"checkpoint of shard {shard_id!r} was overtaken by a compaction or collected by GC {MAX_ATTEMPTS} "
@@ -490,7 +510,7 @@ def verify_checkpoint(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> dic
     problems = [
         {"file": blob.path(f["path"]), "reason": reason}
         for f in manifest["files"]
-        if (reason := _file_problem(blob, f)) is not None
+        if (reason := file_problem(blob, f, "the manifest")[1]) is not None
     ]
     if problems:
         first = problems[0]
@@ -506,26 +526,30 @@ def verify_checkpoint(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> dic
     return manifest
 
 
-def _file_problem(blob: LocalBlob, listed: dict[str, Any]) -> str | None:
+def file_problem(blob: LocalBlob, listed: dict[str, Any], recorded_by: str) -> tuple[str | None, str | None]:
+    """One check of a listed file for ``create``, ``verify`` and a failed read:
+    (SHA-256, None) for a listed file that is present, of the recorded size and checksum
+    (a ``sha256`` of None: none was recorded) and readable Parquet; else (None, reason).
+    ``recorded_by`` says where the recorded values come from, for the reason."""
     import pyarrow.parquet as pq
 
     path = blob.path(listed["path"])
     try:
         size = blob.size(path)
         if size != listed["bytes"]:
-            return f"size {size} bytes, the manifest says {listed['bytes']}"
+            return None, f"size {size} bytes, {recorded_by} says {listed['bytes']}"
         digest = blob.checksum(path)
     except FileNotFoundError:
-        return "missing"
+        return None, "missing"
     except OSError as exc:
-        return f"unreadable: {exc.strerror}"
-    if digest != listed["sha256"]:
-        return f"checksum mismatch: sha256 {digest[:12]}…, the manifest says {listed['sha256'][:12]}…"
+        return None, f"unreadable: {exc.strerror}"
+    if listed["sha256"] is not None and digest != listed["sha256"]:
+        return None, f"checksum mismatch: sha256 {digest[:12]}…, {recorded_by} says {listed['sha256'][:12]}…"
     try:
         pq.read_metadata(path)
     except Exception as exc:  # pyarrow raises several types for a bad footer
-        return f"not a readable Parquet file: {exc}"
-    return None
+        return None, f"not a readable Parquet file: {exc}"
+    return digest, None
 
 
 def restore_checkpoint(
@@ -556,9 +580,13 @@ def restore_checkpoint(
             checkpoint=checkpoint_id,
             file=path,
         ) from None
-    return consensus.restore_shard(
+    record = consensus.restore_shard(
         target, snapshot, actor=actor, reason=f"restored from checkpoint {checkpoint_id} of shard {shard_id!r}"
     )
+    # The new generation the restore recorded, on blob: another store's GC keeps off it. A
+    # crash before this line is repaired by ``recover seek``, which must run before any write.
+    mark_blob_owner(consensus, blob, target)
+    return record
 
 
 def check_retention(keep_last: int | None, keep_within: float | None) -> None:
@@ -568,32 +596,70 @@ def check_retention(keep_last: int | None, keep_within: float | None) -> None:
         raise ConfigurationError("keep-within must be a positive number of seconds", field="keep_within")
 
 
+def retained_ids(
+    entries: list[CheckpointEntry],
+    *,
+    keep_last: int | None,
+    keep_within: float | None,
+    now: float,
+    newest_verifying: str | None,
+) -> set[str]:
+    """The checkpoints retention keeps: the last ``keep_last``, those newer than
+    ``keep_within`` seconds, the newest one, and the newest one that verifies (dropping it
+    could leave nothing to restore from)."""
+    ordered = sorted(entries, key=lambda e: (e.upper, e.created_at))
+    keep = {e.id for e in ordered[-keep_last:]} if keep_last else set()
+    if keep_within is not None:
+        keep |= {e.id for e in ordered if now - e.created_at <= keep_within}
+    if ordered:
+        keep.add(ordered[-1].id)
+    if newest_verifying is not None:
+        keep.add(newest_verifying)
+    return keep
+
+
+def newest_verifying(blob: LocalBlob, shard_id: str, verified: set[str] = frozenset()) -> str | None:
+    """The id of the newest checkpoint the catalog lists now that verifies, trying newest
+    first and stopping at the first (``verified``: ids known to verify, not read again);
+    None if none does."""
+    entries = Catalog.load(blob, shard_id).entries
+    for entry in sorted(entries, key=lambda e: (e.upper, e.created_at), reverse=True):
+        if entry.id in verified:
+            return entry.id
+        try:
+            verify_checkpoint(blob, shard_id, entry.id)
+        except (CheckpointCorrupt, ConfigurationError):  # damaged, or dropped meanwhile
+            continue
+        return entry.id
+    return None
+
+
 def apply_retention(
     catalog: Catalog,
     *,
     keep_last: int | None = None,
     keep_within: float | None = None,
     now: float | None = None,
+    verified: set[str] = frozenset(),
 ) -> list[CheckpointEntry]:
     """Drop from the catalog every checkpoint that is neither among the last ``keep_last``
     nor newer than ``keep_within`` seconds (a checkpoint either rule keeps is kept), never
-    the newest one. The catalog is written first; the directories are then deleted, and
-    whatever a failure leaves behind is no longer listed, so GC removes it."""
+    the newest one and never the newest one that verifies (``verified``: ids the caller
+    verified, not read again). The catalog is written first; the directories are then
+    deleted, and whatever a failure leaves behind is no longer listed, so GC removes it."""
     check_retention(keep_last, keep_within)
     if keep_last is None and keep_within is None:
         return []
     now = time.time() if now is None else now
     removed: list[CheckpointEntry] = []
+    # Read before the lock (verifying reads files); a checkpoint listed meanwhile only adds
+    # to what is kept.
+    protected = newest_verifying(catalog.blob, catalog.shard_id, verified)
 
     def drop(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
         # Decided on the catalog as it is under the lock, not as it was loaded.
-        ordered = sorted(entries, key=lambda e: (e.upper, e.created_at))
-        keep = {e.id for e in ordered[-keep_last:]} if keep_last else set()
-        if keep_within is not None:
-            keep |= {e.id for e in ordered if now - e.created_at <= keep_within}
-        if ordered:
-            keep.add(ordered[-1].id)
-        removed[:] = [e for e in ordered if e.id not in keep]
+        keep = retained_ids(entries, keep_last=keep_last, keep_within=keep_within, now=now, newest_verifying=protected)
+        removed[:] = sorted((e for e in entries if e.id not in keep), key=lambda e: (e.upper, e.created_at))
         return [e for e in entries if e.id in keep]
 
     catalog.update(drop)

@@ -108,7 +108,8 @@ def compact(
             # Every later batch outranks a compacted row, so a tombstone has nothing left to hide.
             survivors = survivors.where(~F.col("_deleted"))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
-        write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
+        with shard.reading(runs):  # a run file damaged in place: exit 4 naming it
+            write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
         run = {**describe_run(blob, run_dir), "replaces": [r["path"] for r in runs]}
         if on_step is not None:

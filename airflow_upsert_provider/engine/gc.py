@@ -14,6 +14,9 @@ compaction writes) only if
   (a read planned before the swap reads the runs it listed then), whichever compaction did
   (``gc_claims.recently_replaced``).
 
+GC refuses to touch the directory of a shard restored into another consensus store that shares
+the blob root (``gc_claims.check_blob_owner``).
+
 Before deleting, GC claims the run directories in consensus (``gc_claims.claim_for_deletion``,
 one transaction that also leaves out anything committed since GC planned); a commit naming a
 claimed directory is refused inside its own transaction, so a writer paused past the grace
@@ -54,7 +57,7 @@ from airflow_upsert_provider.engine.checkpoint import (
 )
 from airflow_upsert_provider.engine.consensus import Consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.gc_claims import claim_for_deletion, recently_replaced
+from airflow_upsert_provider.engine.gc_claims import check_blob_owner, claim_for_deletion, recently_replaced
 
 # Long enough for a writer to stage a batch and commit it; a staged batch older than this
 # whose commit never landed is garbage.
@@ -142,6 +145,8 @@ def collect_garbage(
     if grace_seconds < 0:
         raise ConfigurationError("the grace period cannot be negative", field="grace")
     consensus.get_shard(shard_id)  # an unknown shard is a usage error, not "nothing to do"
+    # A shard restored into another store sharing this blob root is that store's to collect.
+    check_blob_owner(consensus, blob, shard_id, "collect garbage")
     step = on_step or (lambda _name: None)
     started = time.monotonic()
     report = GcReport(shard=shard_id, dry_run=dry_run, grace_seconds=grace_seconds)
@@ -248,6 +253,7 @@ def collect_garbage(
     # run a commit named, or a checkpoint the catalog listed, since the plan was read is kept.
     runs = [i for i in report.items if i.kind == "run"]
     checkpoints = [i for i in report.items if i.kind.endswith("_checkpoint")]
+    check_blob_owner(consensus, blob, shard_id, "collect garbage")  # a restore while GC planned
     claimed_runs, claimed_checkpoints = claim_for_deletion(
         consensus, shard_id, [i.path for i in runs], planned_upper,
         checkpoint_candidates=[i.path for i in checkpoints],

@@ -20,6 +20,16 @@ period between its manifest and its catalog entry writes the checkpoint again. C
 are unique per attempt and such claims are few (leftovers of crashed or overtaken creates), so
 they are kept.
 
+Blob ownership. A shard restored from a checkpoint into another consensus store that shares the
+blob root (a disaster restore, while the original store still exists) has its files in the
+same directory the original store's shard of that id knows. The restore records a new
+generation for the shard in the store it restores into (``upsert_blob_owners``, in the
+restore's transaction) and writes it to ``<blob>/<shard>/OWNER.json``; ``recover seek``
+writes it again if a crash came in between, before any writer can resume. GC and every
+checkpoint catalog change check that the marker, if there is one, is the generation their own
+store recorded for the shard (``check_blob_owner``): the original store's GC and retention
+refuse to touch the restored shard's files (``BlobOwnedElsewhere``, exit 4).
+
 Runs a compaction replaced are recorded here too (``upsert_replaced_runs``), in the swap's
 transaction: GC keeps every run replaced less than its grace period ago, whichever compaction
 replaced it (the compactions table holds only the latest).
@@ -34,16 +44,22 @@ from typing import Any, Callable, Iterable
 
 import sqlalchemy as sa
 
+import uuid
+
+from airflow_upsert_provider.engine.blob import LocalBlob
 from airflow_upsert_provider.engine.consensus import (
     CommitAttempt,
     Consensus,
+    RestoreEvent,
     batches_table,
     commit_hooks,
     compactions_table,
     insert_ignore,
     metadata,
+    restore_hooks,
     shards_table,
 )
+from airflow_upsert_provider.engine.errors import IntegrityError
 
 gc_claims_table = sa.Table(
     "upsert_gc_claims",
@@ -61,6 +77,17 @@ replaced_runs_table = sa.Table(
     sa.Column("path", sa.String(1024), primary_key=True),
     sa.Column("replaced_at", sa.Float, nullable=False),
 )
+
+blob_owners_table = sa.Table(
+    "upsert_blob_owners",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    # Random per restore: the generation whose store may collect the shard's blob directory.
+    sa.Column("generation", sa.String(64), nullable=False),
+    sa.Column("taken_at", sa.Float, nullable=False),
+)
+
+OWNER_NAME = "OWNER.json"
 
 # Rows per IN (...) list: far below every store's parameter limit.
 CHUNK = 500
@@ -243,3 +270,90 @@ def claims(consensus: Consensus, shard_id: str) -> list[str]:
             ).scalars().all()
         )
     )
+
+
+# -- blob ownership (see the module docstring) -------------------------------------------------
+
+
+class BlobOwnedElsewhere(IntegrityError):
+    """The shard's blob directory belongs to another generation of the shard: it was restored
+    into another consensus store sharing the blob root. Nothing was deleted or changed."""
+
+
+def take_ownership(conn, event: RestoreEvent) -> None:
+    """Restore hook: the restored shard gets a new generation, in the restore's transaction."""
+    conn.execute(sa.delete(blob_owners_table).where(blob_owners_table.c.shard_id == event.shard_id))
+    conn.execute(
+        sa.insert(blob_owners_table).values(shard_id=event.shard_id, generation=uuid.uuid4().hex, taken_at=time.time())
+    )
+
+
+restore_hooks.append(take_ownership)
+
+
+def owner_conflict(recorded: str | None, on_blob: str | None) -> bool:
+    """Whether a store that recorded generation ``recorded`` (None: none, a shard never
+    restored) must keep off a directory marked ``on_blob`` (None: unmarked)."""
+    return on_blob is not None and on_blob != recorded
+
+
+def recorded_generation(consensus: Consensus, shard_id: str) -> str | None:
+    return consensus._run(
+        lambda conn: conn.execute(
+            sa.select(blob_owners_table.c.generation).where(blob_owners_table.c.shard_id == shard_id)
+        ).scalar_one_or_none()
+    )
+
+
+def owner_path(blob: LocalBlob, shard_id: str) -> str:
+    return blob.path(shard_id, OWNER_NAME)
+
+
+def blob_generation(blob: LocalBlob, shard_id: str) -> str | None:
+    """The generation ``<shard>/OWNER.json`` marks; None if there is no marker."""
+    path = owner_path(blob, shard_id)
+    try:
+        doc = json.loads(blob.read_bytes(path))
+        generation = doc["generation"]
+        if not isinstance(generation, str) or not generation:
+            raise ValueError("no generation")
+        return generation
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(
+            f"blob owner marker {path} of shard {shard_id!r} is unreadable or corrupt ({exc}): nothing was "
+            "changed; see docs/recovery.md, 'A restore into another store'",
+            shard=shard_id,
+            file=path,
+        ) from None
+
+
+def mark_blob_owner(consensus: Consensus, blob: LocalBlob, shard_id: str) -> None:
+    """Write the generation this store recorded for ``shard_id`` to its blob directory, if
+    it recorded one and the marker says otherwise (after a restore; idempotent)."""
+    generation = recorded_generation(consensus, shard_id)
+    if generation is None or blob_generation(blob, shard_id) == generation:
+        return
+    doc = {"format": 1, "shard": shard_id, "generation": generation, "marked_at": time.time()}
+    blob.write_atomic(owner_path(blob, shard_id), json.dumps(doc, sort_keys=True).encode())
+
+
+def check_blob_owner(consensus: Consensus, blob: LocalBlob, shard_id: str, doing: str) -> None:
+    """Refuse (``BlobOwnedElsewhere``) to ``doing`` in the blob directory of ``shard_id``
+    unless it is unmarked or marked with the generation this store recorded."""
+    on_blob = blob_generation(blob, shard_id)
+    recorded = recorded_generation(consensus, shard_id)
+    if owner_conflict(recorded, on_blob):
+        path = owner_path(blob, shard_id)
+        raise BlobOwnedElsewhere(
+            f"refusing to {doing} of shard {shard_id!r}: {path} marks generation {on_blob[:12]}, and this "
+            f"consensus store recorded {'generation ' + recorded[:12] if recorded else 'none'} for the shard: the "
+            "shard was restored from a checkpoint into another consensus store that shares this blob root, and "
+            "its files are that store's now. Nothing was deleted or changed; run maintenance against the store "
+            "the shard was restored into (docs/recovery.md, 'A restore into another store')",
+            shard=shard_id,
+            file=path,
+            generation=on_blob,
+            recorded=recorded,
+        )

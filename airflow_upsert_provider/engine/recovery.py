@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow_upsert_provider.engine import streams
 from airflow_upsert_provider.engine.errors import SourceSegmentsMissing, TransitionRefused
+from airflow_upsert_provider.engine.gc_claims import mark_blob_owner
 from airflow_upsert_provider.engine.lifecycle import Status, decide_seek
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.sources.planning import range_files
@@ -102,6 +103,9 @@ def seek(shard: Shard, *, epoch: int | None = None, actor: str) -> SeekResult:
     early = decide_seek(state, epoch, {}, actor, 0.0)
     if early.refusal is not None:
         raise TransitionRefused(early.refusal, **state.to_dict())
+    # A restore's blob owner marker, if a crash kept the restore from writing it: before the
+    # resume that lets writers in, so that another store's GC keeps off their files.
+    mark_blob_owner(shard.consensus, shard.blob, shard.shard_id)
     upper = shard.state().upper
     position = shard.bound_offsets(upper)
     if shard.is_kafka:

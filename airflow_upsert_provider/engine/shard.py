@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from airflow_upsert_provider.engine.blob import LocalBlob
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
@@ -22,7 +23,12 @@ from airflow_upsert_provider.engine.consensus import (
     Consensus,
     ShardRecord,
 )
-from airflow_upsert_provider.engine.errors import ConfigurationError, KafkaSliceUnavailable
+from airflow_upsert_provider.engine.errors import (
+    ConfigurationError,
+    IntegrityError,
+    KafkaSliceUnavailable,
+    UpsertError,
+)
 from airflow_upsert_provider.engine.runs import read_runs
 from airflow_upsert_provider.engine.binding_planner import plan_binding, remember_settled, survey_source
 from airflow_upsert_provider.engine.source_index import SourceIndex
@@ -267,6 +273,38 @@ class Shard:
         removed, user columns only."""
         return read_runs(spark, self.config, self.blob, self.live_runs(as_of))
 
+    def count_rows(self, spark: "SparkSession") -> int:
+        """Rows of the table at the upper (a damaged run file: IntegrityError naming it)."""
+        runs = self.live_runs()
+        with self.reading(runs):
+            return read_runs(spark, self.config, self.blob, runs).count()
+
+    @contextmanager
+    def reading(self, runs: list[dict[str, Any]]) -> Iterator[None]:
+        """Around the Spark action of a read of ``runs``: a failure of Spark's (a run file
+        damaged in place reaches the driver as a plain Py4J or Spark Connect error) is
+        explained by checking every listed file (present, recorded size and SHA-256, a
+        readable Parquet footer); a damaged one is an :class:`IntegrityError` naming it, as a
+        missing one is. Checked only after a failure: a read costs no extra pass."""
+        try:
+            yield
+        except (UpsertError, OSError):  # ours already, or the output's (a closed pipe, a full disk)
+            raise
+        except Exception as exc:
+            damaged = damaged_run_files(self.blob, runs)
+            if not damaged:
+                raise
+            first = damaged[0]
+            raise IntegrityError(
+                f"{len(damaged)} file(s) of the committed runs of shard {self.shard_id!r} are damaged; first: "
+                f"{first['file']}: {first['reason']} (restore the shard from a checkpoint: "
+                "`upsertctl checkpoint restore`)",
+                shard=self.shard_id,
+                file=first["file"],
+                records=damaged[:MAX_REPORTED],
+                count=len(damaged),
+            ) from exc
+
     def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
         """The runs a read as of ``as_of`` (default: the upper) merges, decided on one
         snapshot of consensus; refused outside since <= as_of <= upper."""
@@ -305,7 +343,7 @@ class Shard:
                 landed = _landed_at(min(part.candidates, key=lambda c: c.seq).path)
                 if landed is not None:
                     oldest = landed if oldest is None else min(oldest, landed)
-        rows = self.read(spark).count() if spark is not None else None
+        rows = self.count_rows(spark) if spark is not None else None
         return ShardStatus(
             shard=self.shard_id,
             upper=state.upper,
@@ -337,11 +375,26 @@ class Shard:
             seqno=state.seqno,
             high_watermark=high,
             bound=bound,
-            rows=self.read(spark).count() if spark is not None else None,
+            rows=self.count_rows(spark) if spark is not None else None,
             pending_segments=sum(high[p] - off for p, off in behind.items()),
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=min(landed) if landed else None,
         )
+
+
+def damaged_run_files(blob: LocalBlob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """``{file, reason}`` of every file of ``runs`` that is missing or not what was recorded
+    when it was written (the checks of ``checkpoint verify``)."""
+    from airflow_upsert_provider.engine.checkpoint import file_problem
+
+    damaged = []
+    for run in runs:
+        for f in run["files"]:
+            listed = {"path": f["path"], "bytes": f["bytes"], "sha256": f.get("sha256")}
+            reason = file_problem(blob, listed, "the shard's state")[1]
+            if reason is not None:
+                damaged.append({"file": blob.path(f["path"]), "reason": reason})
+    return damaged
 
 
 def _landed_at(path: str) -> float | None:

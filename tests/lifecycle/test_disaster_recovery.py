@@ -194,3 +194,75 @@ def test_seek_refuses_when_retention_logged_a_deletion_at_or_after_the_seek_poin
     error = assert_seek_refused_naming(shard, os.path.join(directory, late_name), late_offset, "p1")
     assert error.details["missing"][0]["known_from"] == f"deleted by retention (logged in {directory}/.retention.jsonl)"
     assert len(error.details["missing"]) == 1
+
+
+# -- the original store after a restore into another one ---------------------------------------
+
+
+def test_the_original_stores_gc_and_retention_keep_off_a_shard_restored_into_another_store(blob, tmp_path):
+    """A disaster restore into a replacement store on the same blob root, while the original
+    store still exists: the restored shard writes a batch; the original store's GC (grace 0)
+    and checkpoint retention refuse with exit 4 naming the owner marker, and delete nothing.
+    The replacement store's own GC works. No Spark: runs are files a test writes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_upsert_provider.engine.checkpoint import Catalog, apply_retention
+    from airflow_upsert_provider.engine.consensus import BatchRecord
+    from airflow_upsert_provider.engine.gc import collect_garbage
+    from airflow_upsert_provider.engine.gc_claims import (
+        OWNER_NAME,
+        BlobOwnedElsewhere,
+        blob_generation,
+        recorded_generation,
+    )
+    from tests.maintenance.support import age_files, tree
+
+    spec = SampleSpec(records=120, keys=40, partitions=2, segments_per_partition=4, seed=3)
+    original = open_consensus(f"sqlite:///{tmp_path / 'original.db'}")
+    replacement = open_consensus(f"sqlite:///{tmp_path / 'replacement.db'}")
+    shard = make_shard(original, blob, tmp_path, spec=spec, max_files_per_batch=2)
+    shard.mint_binding(0, minted_by="w")
+    assert original.compare_and_append(shard.shard_id, 0, 1, batch(0)).upper == 1
+    entry = create_checkpoint(shard)
+
+    restore_checkpoint(replacement, blob, shard.shard_id, entry.id, actor="dr")
+    owner = blob.path(shard.shard_id, OWNER_NAME)
+    generation = recorded_generation(replacement, shard.shard_id)
+    assert generation and blob_generation(blob, shard.shard_id) == generation
+    os.remove(owner)  # as if the restore crashed before writing it: the seek writes it again
+    restored = Shard.open(replacement, blob, shard.shard_id)
+    recover(restored, actor="dr")
+    assert blob_generation(blob, shard.shard_id) == generation
+
+    # The restored shard commits batch 1 in the replacement store.
+    run_dir = blob.path(shard.shard_id, "runs", "ts=000000000001", "after-0123456789ab")
+    os.makedirs(os.path.join(run_dir, "_bucket=0"))
+    data = os.path.join(run_dir, "_bucket=0", "part-0.parquet")
+    pq.write_table(pa.table({"id": [1]}), data)
+    rel = os.path.relpath(data, blob.root)
+    run = {"path": os.path.relpath(run_dir, blob.root), "files": [{"path": rel, "bytes": os.path.getsize(data)}],
+           "rows": 1}
+    assert restored.mint_binding(1, minted_by="after") is not None
+    assert replacement.compare_and_append(
+        shard.shard_id, 1, 2, BatchRecord(ts=1, writer_id="after", token="t1", run=run, stats={})
+    ).upper == 2
+    age_files(blob.root)
+    before = tree(blob.root)
+
+    with pytest.raises(BlobOwnedElsewhere) as caught:
+        collect_garbage(original, blob, shard.shard_id, grace_seconds=0)
+    assert caught.value.exit_code == 4 and owner in caught.value.message
+    assert caught.value.details["file"] == owner
+    with pytest.raises(BlobOwnedElsewhere):
+        apply_retention(Catalog.load(blob, shard.shard_id, original), keep_last=1)
+    with pytest.raises(BlobOwnedElsewhere):
+        create_checkpoint(shard)
+    assert tree(blob.root) == before
+
+    # The store the shard was restored into collects and checkpoints as usual.
+    report = collect_garbage(replacement, blob, shard.shard_id, grace_seconds=0)
+    assert report.items == [] and os.path.exists(data)
+    assert create_checkpoint(restored).upper == 2
+    original.dispose()
+    replacement.dispose()

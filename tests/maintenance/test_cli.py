@@ -87,3 +87,27 @@ def test_human_output_of_gc_dry_run(spark, sqlite_url, blob, tmp_path, monkeypat
     assert len([line for line in lines if line.startswith("would delete run orders/runs/ts=")]) == 2
     assert lines[-1].startswith("would delete 2 item(s)")
     consensus.dispose()
+
+
+def test_read_of_a_run_damaged_in_place_exits_4_naming_it(spark, sqlite_url, blob, tmp_path, monkeypatch, capsys):
+    """A committed run file overwritten in place (same size) fails inside Spark; ``read``
+    names it with exit 4, as it does a missing one."""
+    consensus = open_consensus(sqlite_url)
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    damaged = blob.path(shard.batches()[1].run["files"][0]["path"])
+    size = os.path.getsize(damaged)
+    with open(damaged, "r+b") as handle:
+        handle.seek(4)
+        handle.write(b"\0" * (size - 12))  # keep the magic and the footer length: Spark opens it
+    assert os.path.getsize(damaged) == size
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", sqlite_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", blob.root)
+
+    capsys.readouterr()
+    code = main(["read", shard.shard_id])
+    printed = capsys.readouterr()
+    assert code == 4
+    assert f"1 file(s) of the committed runs of shard 'orders' are damaged; first: {damaged}: checksum mismatch" \
+        in printed.err
+    assert printed.out == ""
+    consensus.dispose()

@@ -128,3 +128,97 @@ def test_checkpoint_create_cli_exits_4_naming_the_deleted_file(spark, consensus,
     assert code == 4
     assert lost in printed.out + printed.err
     assert list_checkpoints(blob, shard.shard_id) == []
+
+
+def _corrupt_in_place(path: str) -> None:
+    """Overwrite bytes in the middle of ``path``: same size, same name, other content."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(size // 2)
+        chunk = handle.read(16)
+        handle.seek(size // 2)
+        handle.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def test_checkpoint_create_over_a_same_size_corrupted_file_exits_4_and_keeps_the_verifying_one(
+    spark, sqlite_url, blob, tmp_path, monkeypatch, capsys
+):
+    """Create verifies what it lists: a live run corrupted in place (same size) makes
+    ``checkpoint create --keep-last 1`` exit 4 naming the file, and the checkpoint that
+    still verifies stays listed."""
+    from airflow_upsert_provider.cli import main
+    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.writer import Writer
+
+    consensus = open_consensus(sqlite_url)
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    first = create_checkpoint(shard)
+    Writer(shard, "more", spark_factory=lambda: spark).run(max_batches=1, with_lag=False)
+    damaged = blob.path(shard.batches()[2].run["files"][0]["path"])
+    _corrupt_in_place(damaged)
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", sqlite_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", blob.root)
+    capsys.readouterr()
+    code = main(["checkpoint", "create", shard.shard_id, "--keep-last", "1"])
+    printed = capsys.readouterr()
+    assert code == 4
+    assert damaged in printed.err and "checksum mismatch" in printed.err
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [first.id]
+    assert checkpoint_dirs(blob, shard.shard_id) == [first.id]
+    verify_checkpoint(blob, shard.shard_id, first.id)
+    consensus.dispose()
+
+
+def test_retention_never_drops_the_newest_checkpoint_that_verifies(consensus, blob, tmp_path):
+    """The newest checkpoint no longer verifies (its manifest was damaged after it was
+    written): ``--keep-last 1`` keeps it (the newest) and the newest one that verifies."""
+    from tests.helpers import make_shard
+
+    shard = make_shard(consensus, blob, tmp_path)
+    oldest, verifying, damaged = (create_checkpoint(shard) for _ in range(3))
+    manifest = os.path.join(blob.path(shard.shard_id, "checkpoints", damaged.id), MANIFEST_NAME)
+    with open(manifest, "ab") as handle:
+        handle.write(b" ")
+
+    removed = apply_retention(Catalog.load(blob, shard.shard_id, consensus), keep_last=1)
+
+    assert [e.id for e in removed] == [oldest.id]
+    assert {e.id for e in list_checkpoints(blob, shard.shard_id)} == {verifying.id, damaged.id}
+    verify_checkpoint(blob, shard.shard_id, verifying.id)
+
+
+def test_checkpoint_create_whose_directory_gc_collects_under_its_commit_write_writes_it_again(
+    consensus, blob, tmp_path
+):
+    """A create paused between MANIFEST and COMMIT past the grace period: GC (grace 0)
+    collects its directory right as the commit marker is written. The create writes the
+    checkpoint again under a new id, and that one verifies."""
+    from tests.helpers import make_shard
+
+    shard = make_shard(consensus, blob, tmp_path)
+    collected = []
+
+    class GcUnderTheCommitWrite(LocalBlob):
+        armed = False
+
+        def write_file(self, path, data, *, sync):
+            if self.armed and os.path.basename(os.path.dirname(path)) != "checkpoints":
+                self.armed = False
+                collected.append(collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0))
+            super().write_file(path, data, sync=sync)
+
+    racing = GcUnderTheCommitWrite(blob.root)
+    shard.blob = racing
+
+    def pause(step: str) -> None:
+        if step == "manifest" and not collected:
+            racing.armed = True
+
+    entry = create_checkpoint(shard, on_step=pause)
+
+    assert len(collected) == 1 and len(collected[0].items) == 1
+    first_attempt = os.path.basename(collected[0].items[0].path)
+    assert first_attempt != entry.id
+    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [entry.id]
+    verify_checkpoint(blob, shard.shard_id, entry.id)
