@@ -4,6 +4,13 @@ Every record shape is staged alone and beside a bad line in another file, in bot
 modes: the committed rows, the rejected count and the reasons must not depend on the
 neighbour. A batch whose lines are all clean is staged by Spark's JSON reader; a batch with a
 bad or unusual line by the exact path; so "alone" and "beside" also compare the two paths.
+
+A record's verdict is a function of its own line, so the shapes share their Spark batches:
+each shape is a segment of its own partition (its key ids made its own), and a few real
+batches stage them all, module-scoped. "Alone" batches group the shapes by the path each
+takes on its own (fast reader and clean; fast reader, then the exact path; the exact path
+only); "beside" batches hold every shape and the bad neighbour. The per-shape tests are then
+plain assertions on those batches' committed rows, rejects and errors.
 """
 
 from __future__ import annotations
@@ -11,16 +18,18 @@ from __future__ import annotations
 import glob
 import json
 import os
+from dataclasses import dataclass, field
 
 import pytest
 
 from airflow_upsert_provider.engine import records as R
+from airflow_upsert_provider.engine.blob import open_blob
 from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import BadInputError
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import Segment
 from airflow_upsert_provider.engine.upsert import _segment_columns
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.writer import BatchResult, Writer
 from tests.helpers import sample_config
 
 SCHEMA = json.dumps(
@@ -84,36 +93,168 @@ SHAPES = {
 }
 
 NEIGHBOUR = b'{"id":100,\n'  # a bad line in another file: malformed
+NEIGHBOUR_PARTITION = "s99"  # sorts after every shape's partition
+ORDERED = sorted(SHAPES)
 
 
-@pytest.fixture
-def sqlite_consensus(tmp_path):
-    store = open_consensus(f"sqlite:///{tmp_path / 'consensus.db'}")
-    yield store
-    store.dispose()
+def partition_of(shape: str) -> str:
+    return f"s{ORDERED.index(shape):02d}"
 
 
-def landing_with(tmp_path, content: bytes, neighbour: bool) -> str:
-    landing = tmp_path / "landing"
-    (landing / "p0").mkdir(parents=True)
-    (landing / "p0" / "0.jsonl").write_bytes(content)
+def key_of(shape: str, id_: int) -> int:
+    """The key a shape's record ``id_`` has in a shared batch: shape index and id in its digits."""
+    return (100 + ORDERED.index(shape)) * 10 + id_
+
+
+def shared_content(shape: str) -> bytes:
+    """The shape's segment with its key ids made its own (every id in SHAPES is one digit; the
+    prefix has no leading zero, which strict JSON refuses)."""
+    return SHAPES[shape][0].replace(b'"id":', b'"id":%d' % (100 + ORDERED.index(shape)))
+
+
+def shape_rows(shape: str) -> dict:
+    return {key_of(shape, id_): values for id_, values in SHAPES[shape][1].items()}
+
+
+def segment_path(landing: str, partition: str) -> str:
+    return os.path.join(landing, partition, "0.jsonl")
+
+
+def expected_rejects(landing: str, shape: str) -> list[dict]:
+    path = segment_path(landing, partition_of(shape))
+    return [{"file": path, "line": line, "reason": reason} for line, reason in SHAPES[shape][2]]
+
+
+def neighbour_rejects(landing: str) -> list[dict]:
+    return [{"file": segment_path(landing, NEIGHBOUR_PARTITION), "line": 1, "reason": R.MALFORMED}]
+
+
+@pytest.fixture(scope="module")
+def fast_path_decides(spark, tmp_path_factory) -> dict[str, bool]:
+    """Whether the fast reader decides each shape on its own (by the driver's scan or the
+    Spark scan): the path a shape takes alone."""
+    root = tmp_path_factory.mktemp("decides")
+    decides = {}
+    for shape in ORDERED:
+        path = root / f"{partition_of(shape)}.jsonl"
+        path.write_bytes(SHAPES[shape][0])
+        decides[shape] = bool(R.jsonl_fast_path_decides(spark, [Segment(0, "p0", str(path))]))
+    return decides
+
+
+@dataclass
+class ShapeBatch:
+    """One real batch of several shapes' segments (and maybe the bad neighbour)."""
+
+    shapes: tuple[str, ...]
+    neighbour: bool
+    landing: str
+    result: BatchResult | None = None
+    error: BadInputError | None = None
+    table: dict = field(default_factory=dict)
+    written: list[dict] = field(default_factory=list)  # rejects quarantined beside the run
+    upper: int = 0
+    batches: int = 0
+
+    def want(self) -> list[dict]:
+        """Every reject of the batch, in the order a failed batch lists them (partition, line)."""
+        listed = [r for shape in self.shapes for r in expected_rejects(self.landing, shape)]
+        return listed + (neighbour_rejects(self.landing) if self.neighbour else [])
+
+    def rows_of(self, shape: str) -> dict:
+        index = ORDERED.index(shape)
+        return {k: v for k, v in self.table.items() if k // 10 - 100 == index}
+
+    def rejects_of(self, shape: str, listed: list[dict]) -> list[tuple]:
+        path = segment_path(self.landing, partition_of(shape))
+        return sorted((r["file"], r["line"], r["reason"]) for r in listed if r["file"] == path)
+
+
+def run_shape_batch(spark, root, shapes: tuple[str, ...], neighbour: bool, mode: str) -> ShapeBatch:
+    landing = root / "landing"
+    for shape in shapes:
+        (landing / partition_of(shape)).mkdir(parents=True)
+        (landing / partition_of(shape) / "0.jsonl").write_bytes(shared_content(shape))
     if neighbour:
-        (landing / "p1").mkdir()
-        (landing / "p1" / "0.jsonl").write_bytes(NEIGHBOUR)
-    return str(landing)
+        (landing / NEIGHBOUR_PARTITION).mkdir(parents=True)
+        (landing / NEIGHBOUR_PARTITION / "0.jsonl").write_bytes(NEIGHBOUR)
+    batch = ShapeBatch(tuple(sorted(shapes, key=partition_of)), neighbour, str(landing))
+    consensus = open_consensus(f"sqlite:///{root / 'consensus.db'}")
+    try:
+        blob = open_blob(str(root / "blob"))
+        blob.ensure_root()
+        config = sample_config(str(landing), schema=SCHEMA, order_by=None, delete_marker=None,
+                               max_files_per_batch=len(shapes) + 1)
+        shard = Shard.create(consensus, blob, "shapes", config)
+        try:
+            batch.result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record=mode).step()
+        except BadInputError as error:
+            batch.error = error
+        batch.table = table(shard, spark)
+        batch.upper = shard.state().upper
+        committed = shard.batches()
+        batch.batches = len(committed)
+        rejects = committed[0].stats.get("rejects") if committed else None
+        if rejects:
+            for path in glob.glob(os.path.join(blob.path(rejects["path"]), "*.json")):
+                with open(path) as handle:
+                    batch.written += [json.loads(line) for line in handle]
+    finally:
+        consensus.dispose()
+    return batch
 
 
-def shape_shard(consensus, blob, tmp_path, content: bytes, neighbour: bool) -> tuple[Shard, str]:
-    landing = landing_with(tmp_path, content, neighbour)
-    config = sample_config(landing, schema=SCHEMA, order_by=None, delete_marker=None, max_files_per_batch=8)
-    return Shard.create(consensus, blob, "shapes", config), landing
+def alone_groups(decides: dict[str, bool]) -> list[tuple[str, ...]]:
+    """Shapes grouped by the path each takes alone: the fast reader on clean lines; the fast
+    reader that finds a bad record, then the exact path; the exact path only."""
+    clean = tuple(s for s in ORDERED if decides[s] and not SHAPES[s][2])
+    restaged = tuple(s for s in ORDERED if decides[s] and SHAPES[s][2])
+    exact = tuple(s for s in ORDERED if not decides[s])
+    return [group for group in (clean, restaged, exact) if group]
 
 
-def expected_rejects(landing: str, rejected: list, neighbour: bool) -> list[dict]:
-    listed = [{"file": os.path.join(landing, "p0", "0.jsonl"), "line": line, "reason": reason} for line, reason in rejected]
-    if neighbour:
-        listed.append({"file": os.path.join(landing, "p1", "0.jsonl"), "line": 1, "reason": R.MALFORMED})
-    return listed
+def listable_chunks(groups: list[tuple[str, ...]], neighbour: bool) -> list[tuple[str, ...]]:
+    """``groups`` split so that a failed batch lists all its rejects (at most MAX_REPORTED)."""
+    room = MAX_REPORTED - (1 if neighbour else 0)
+    chunks = []
+    for group in groups:
+        chunk: list[str] = []
+        for shape in group:
+            if chunk and sum(len(SHAPES[s][2]) for s in chunk) + len(SHAPES[shape][2]) > room:
+                chunks.append(tuple(chunk))
+                chunk = []
+            chunk.append(shape)
+        chunks.append(tuple(chunk))
+    return chunks
+
+
+class ShapeBatches:
+    def __init__(self, batches: list[ShapeBatch]) -> None:
+        self.batches = batches
+
+    def holding(self, shape: str, neighbour: bool) -> ShapeBatch:
+        [batch] = [b for b in self.batches if shape in b.shapes and b.neighbour == neighbour]
+        return batch
+
+
+def shape_batches(spark, tmp_path_factory, decides: dict[str, bool], mode: str) -> ShapeBatches:
+    alone = alone_groups(decides)
+    beside = [tuple(ORDERED)]
+    if mode == "fail":
+        alone, beside = listable_chunks(alone, neighbour=False), listable_chunks(beside, neighbour=True)
+    plan = [(group, False) for group in alone] + [(group, True) for group in beside]
+    return ShapeBatches([run_shape_batch(spark, tmp_path_factory.mktemp(f"{mode}-batch"), group, neighbour, mode)
+                         for group, neighbour in plan])
+
+
+@pytest.fixture(scope="module")
+def quarantine_batches(spark, tmp_path_factory, fast_path_decides) -> ShapeBatches:
+    return shape_batches(spark, tmp_path_factory, fast_path_decides, "quarantine")
+
+
+@pytest.fixture(scope="module")
+def fail_batches(spark, tmp_path_factory, fast_path_decides) -> ShapeBatches:
+    return shape_batches(spark, tmp_path_factory, fast_path_decides, "fail")
 
 
 def table(shard, spark) -> dict:
@@ -121,63 +262,94 @@ def table(shard, spark) -> dict:
 
 
 @pytest.mark.parametrize("neighbour", [False, True], ids=["alone", "beside_bad_line"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_shape_in_quarantine_mode(shape, neighbour, spark, sqlite_consensus, blob, tmp_path):
-    content, rows, rejected = SHAPES[shape]
-    shard, landing = shape_shard(sqlite_consensus, blob, tmp_path, content, neighbour)
-    result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine").step()
-    want = expected_rejects(landing, rejected, neighbour)
-    assert (result.outcome, result.rejected, result.rows_in) == ("committed", len(want), len(rows) + len(want))
-    assert table(shard, spark) == rows
-    written = []
-    stats = shard.batches()[0].stats
-    if want:
-        for path in glob.glob(os.path.join(blob.path(stats["rejects"]["path"]), "*.json")):
-            with open(path) as handle:
-                written += [json.loads(line) for line in handle]
-    assert sorted((w["file"], w["line"], w["reason"]) for w in written) == sorted(
-        (w["file"], w["line"], w["reason"]) for w in want
-    )
+@pytest.mark.parametrize("shape", ORDERED)
+def test_shape_in_quarantine_mode(shape, neighbour, quarantine_batches):
+    batch = quarantine_batches.holding(shape, neighbour)
+    assert batch.error is None and batch.result.outcome == "committed"
+    assert batch.rows_of(shape) == shape_rows(shape)
+    assert batch.rejects_of(shape, batch.written) == batch.rejects_of(shape, expected_rejects(batch.landing, shape))
+
+
+def test_quarantine_batches_count_every_record(quarantine_batches):
+    """Each shared batch counts exactly the records of its shapes, and quarantines nothing else."""
+    assert len(quarantine_batches.batches) == 4  # three paths alone, and every shape beside the neighbour
+    for batch in quarantine_batches.batches:
+        want = batch.want()
+        rows = sum(len(SHAPES[s][1]) for s in batch.shapes)
+        assert (batch.result.outcome, batch.result.rejected, batch.result.rows_in) == ("committed", len(want), rows + len(want))
+        assert len(batch.table) == rows
+        assert sorted((w["file"], w["line"], w["reason"]) for w in batch.written) == sorted(
+            (w["file"], w["line"], w["reason"]) for w in want
+        )
 
 
 @pytest.mark.parametrize("neighbour", [False, True], ids=["alone", "beside_bad_line"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_shape_in_fail_mode(shape, neighbour, spark, sqlite_consensus, blob, tmp_path):
-    content, rows, rejected = SHAPES[shape]
-    shard, landing = shape_shard(sqlite_consensus, blob, tmp_path, content, neighbour)
-    want = expected_rejects(landing, rejected, neighbour)
-    writer = Writer(shard, "w", spark_factory=lambda: spark)
-    if not want:
-        assert writer.step().outcome == "committed"
-        assert table(shard, spark) == rows
+@pytest.mark.parametrize("shape", ORDERED)
+def test_shape_in_fail_mode(shape, neighbour, fail_batches):
+    batch = fail_batches.holding(shape, neighbour)
+    # A batch commits in fail mode iff none of its records is bad.
+    assert (batch.error is None) == (batch.want() == [])
+    if batch.error is None:
+        assert batch.result.outcome == "committed"
+        assert batch.rows_of(shape) == shape_rows(shape)
         return
-    with pytest.raises(BadInputError) as info:
-        writer.step()
-    assert info.value.details["count"] == len(want)
-    assert info.value.details["records"] == want  # ordered by partition, offset, line
-    assert shard.state().upper == 0
+    assert batch.rejects_of(shape, batch.error.details["records"]) == batch.rejects_of(
+        shape, expected_rejects(batch.landing, shape)
+    )
+    assert batch.upper == 0 and batch.table == {}
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_fast_reader_agrees_with_exact_path(shape, spark, tmp_path):
+def test_a_failed_shared_batch_lists_every_reject_in_order(fail_batches):
+    failed = [b for b in fail_batches.batches if b.error is not None]
+    assert failed and all(b.error is None or b.want() for b in fail_batches.batches)
+    for batch in failed:
+        want = batch.want()
+        assert len(want) <= MAX_REPORTED  # the chunks are small enough for the whole list
+        assert batch.error.details["count"] == len(want)
+        assert batch.error.details["records"] == want  # ordered by partition, offset, line
+        assert (batch.upper, batch.batches) == (0, 0)
+
+
+def verdicts(records) -> dict[str, list]:
+    """Each shape's records as (id, v, d, b, accepted), by the partition of its segment."""
+    by_partition: dict[str, list] = {}
+    for r in records.collect():
+        by_partition.setdefault(r["_partition"], []).append((r["id"], r["v"], r["d"], r["b"], r["_reason"] is None))
+    return {shape: sorted(by_partition.get(partition_of(shape), []), key=repr) for shape in ORDERED}
+
+
+@pytest.fixture(scope="module")
+def reader_verdicts(spark, tmp_path_factory, fast_path_decides) -> tuple[dict, dict]:
+    """Every shape read once by the exact path and, where the fast reader decides it, once by
+    the fast reader: each a single read of all those segments."""
+    landing = tmp_path_factory.mktemp("readers") / "landing"
+    segments = {}
+    for shape in ORDERED:
+        (landing / partition_of(shape)).mkdir(parents=True)
+        path = landing / partition_of(shape) / "0.jsonl"
+        path.write_bytes(SHAPES[shape][0])
+        segments[shape] = Segment(0, partition_of(shape), str(path))
+    config = sample_config(str(landing), schema=SCHEMA, order_by=None, delete_marker=None)
+    exact = R.jsonl_records(spark, config, list(segments.values()), _segment_columns).records
+    decided = [segments[s] for s in ORDERED if fast_path_decides[s]]
+    fast = R.jsonl_records_fast(spark, config, decided, _segment_columns).records
+    return verdicts(exact), verdicts(fast)
+
+
+@pytest.mark.parametrize("shape", ORDERED)
+def test_fast_reader_agrees_with_exact_path(shape, fast_path_decides, reader_verdicts):
     """When the fast reader is allowed to decide a batch, its verdict and values for every
     record equal the exact path's."""
-    content, rows, rejected = SHAPES[shape]
-    landing = landing_with(tmp_path, content, neighbour=False)
-    config = sample_config(landing, schema=SCHEMA, order_by=None, delete_marker=None)
-    segments = [Segment("p0", 0, os.path.join(landing, "p0", "0.jsonl"))]
-    exact = R.jsonl_records(spark, config, segments, _segment_columns).records
-    verdicts = sorted(((r["id"], r["v"], r["d"], r["b"], r["_reason"] is None) for r in exact.collect()), key=repr)
-    decides = R.jsonl_fast_path_decides(spark, segments)
+    exact, fast = reader_verdicts
+    decides = fast_path_decides[shape]
     # Clean lines, nested or not, stay on the fast reader; what it cannot read exactly does not.
     if shape in {"lf", "crlf", "cr_only", "bom_at_file_start", "braces_inside_a_string", "object_into_string"}:
         assert decides
     if shape in {"two_objects_on_a_line", "trailing_bracket", "invalid_utf8_in_unknown_field", "bom_at_line_start", "array_of_objects"}:
         assert not decides
-    if not decides:
-        return
-    fast = R.jsonl_records_fast(spark, config, segments, _segment_columns).records
-    assert sorted(((r["id"], r["v"], r["d"], r["b"], r["_reason"] is None) for r in fast.collect()), key=repr) == verdicts
+    assert exact[shape]  # every shape has a record
+    if decides:
+        assert fast[shape] == exact[shape]
 
 
 # Shapes whose every line the driver's scan decides alone (no Spark job).
@@ -191,16 +363,32 @@ DRIVER_DECIDES = {
 }
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_driver_scan_never_passes_what_the_spark_scan_refuses(shape, spark, tmp_path):
+@pytest.mark.parametrize("shape", ORDERED)
+def test_driver_scan_decides_the_flat_shapes(shape):
+    assert R.simple_jsonl(SHAPES[shape][0]) == (shape in DRIVER_DECIDES)
+
+
+def test_driver_scan_never_passes_what_the_spark_scan_refuses(spark, tmp_path):
     """A batch the driver's line scan passes is one the Spark scan passes too: the driver
-    only ever saves the Spark job, it never changes which path stages a batch."""
-    content = SHAPES[shape][0]
-    path = tmp_path / "0.jsonl"
-    path.write_bytes(content)
-    assert R.simple_jsonl(content) == (shape in DRIVER_DECIDES)
-    if R.simple_jsonl(content):
-        assert R.spark_scan_decides(spark, [str(path)])
+    only ever saves the Spark job, it never changes which path stages a batch. One scan of
+    every shape the driver passes (the Spark scan passes a batch iff it passes each line)."""
+    paths = []
+    for shape in sorted(DRIVER_DECIDES):
+        path = tmp_path / f"{partition_of(shape)}.jsonl"
+        path.write_bytes(SHAPES[shape][0])
+        paths.append(str(path))
+    assert R.spark_scan_decides(spark, paths)
+    # The scan is not blind: one line it refuses fails the whole scan.
+    refused = tmp_path / "refused.jsonl"
+    refused.write_bytes(SHAPES["two_objects_on_a_line"][0])
+    assert not R.spark_scan_decides(spark, paths + [str(refused)])
+
+
+@pytest.fixture
+def sqlite_consensus(tmp_path):
+    store = open_consensus(f"sqlite:///{tmp_path / 'consensus.db'}")
+    yield store
+    store.dispose()
 
 
 def test_a_clean_batch_is_decided_without_a_spark_job(monkeypatch, tmp_path):
@@ -241,7 +429,10 @@ def test_line_numbers_across_file_splits(spark, sqlite_consensus, blob, tmp_path
     """A file read in several blocks still reports the line number of each rejected record."""
     lines = [json.dumps({"id": i, "v": "x" * 40}) if i % 37 else "not json" for i in range(1, 400)]
     content = ("\n".join(lines) + "\n").encode()
-    shard, landing = shape_shard(sqlite_consensus, blob, tmp_path, content, neighbour=False)
+    (tmp_path / "landing" / "p0").mkdir(parents=True)
+    (tmp_path / "landing" / "p0" / "0.jsonl").write_bytes(content)
+    config = sample_config(str(tmp_path / "landing"), schema=SCHEMA, order_by=None, delete_marker=None)
+    shard = Shard.create(sqlite_consensus, blob, "shapes", config)
     previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
     spark.conf.set("spark.sql.files.maxPartitionBytes", "2048")
     try:
