@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The slowest tests of each pytest process, so that a suite growing slow shows where.
+DURATIONS ?= --durations=25
 
 .PHONY: demo test test-fast bench check-java clean
 
@@ -22,18 +24,25 @@ demo: $(STAMP) check-java
 
 # Two pytest processes: tests/connect runs the engine through a Spark Connect server, and a
 # process that holds an in-process SparkSession cannot also hold a Connect one. Either run
-# failing, or collecting nothing (exit 5), fails the target.
+# failing, or collecting nothing (exit 5), fails the target. The last line gives each
+# process's wall time and their total (pytest reports each process's own only).
 test: $(STAMP) check-java
-	@$(BIN)/python -m pytest -ra --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
-	$(BIN)/python -m pytest -ra tests/connect $(PYTEST_ARGS); connect=$$?; \
-	echo "make test: main suite exit $$main, tests/connect exit $$connect"; \
+	@start=$$(date +%s); \
+	$(BIN)/python -m pytest -ra $(DURATIONS) --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	middle=$$(date +%s); \
+	$(BIN)/python -m pytest -ra $(DURATIONS) tests/connect $(PYTEST_ARGS); connect=$$?; \
+	end=$$(date +%s); \
+	echo "make test: main suite exit $$main in $$((middle - start))s, tests/connect exit $$connect in $$((end - middle))s, total $$((end - start))s"; \
 	test $$main -eq 0 && test $$connect -eq 0
 
 # The fast set: no multi-process, cluster or Airflow end-to-end tests.
 test-fast: $(STAMP) check-java
-	@$(BIN)/python -m pytest -ra -m "not slow" --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
-	$(BIN)/python -m pytest -ra -m "not slow" tests/connect $(PYTEST_ARGS); connect=$$?; \
-	echo "make test-fast: main suite exit $$main, tests/connect exit $$connect"; \
+	@start=$$(date +%s); \
+	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	middle=$$(date +%s); \
+	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" tests/connect $(PYTEST_ARGS); connect=$$?; \
+	end=$$(date +%s); \
+	echo "make test-fast: main suite exit $$main in $$((middle - start))s, tests/connect exit $$connect in $$((end - middle))s, total $$((end - start))s"; \
 	test $$main -eq 0 && test $$connect -eq 0
 
 bench: $(STAMP) check-java
