@@ -60,6 +60,12 @@ def consensus_url(request, tmp_path):
     return request.getfixturevalue("pg_url")
 
 
+# For a test that runs Spark batches on a shard but tests nothing about the store (records,
+# files, run format, reads): SQLite only. PostgreSQL stays for what depends on the store:
+# consensus, compare-and-append, fencing, racing writers and lifecycle.
+sqlite_only = pytest.mark.parametrize("consensus_url", ["sqlite"], indirect=True)
+
+
 @pytest.fixture
 def consensus(consensus_url):
     store = open_consensus(consensus_url)

@@ -13,6 +13,7 @@ import pytest
 from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.writer import Writer
 from airflow_upsert_provider.sample_data import write_segment
+from tests.conftest import sqlite_only
 from tests.helpers import make_shard
 from tests.oracle import table_from_rows
 
@@ -43,6 +44,7 @@ def rows(shard, spark):
     return table_from_rows(shard.read(spark).collect())
 
 
+@sqlite_only
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
 def test_bad_record_fails_the_batch_naming_file_line_reason(case, spark, consensus, blob, tmp_path):
     bad_line, reason = BAD_RECORDS[case]
@@ -57,6 +59,7 @@ def test_bad_record_fails_the_batch_naming_file_line_reason(case, spark, consens
     assert shard.state().upper == 0 and shard.batches() == []
 
 
+@sqlite_only
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
 def test_bad_record_quarantined_is_counted_and_batch_commits(case, spark, consensus, blob, tmp_path):
     bad_line, reason = BAD_RECORDS[case]
@@ -74,6 +77,7 @@ def test_bad_record_quarantined_is_counted_and_batch_commits(case, spark, consen
     ]
 
 
+@sqlite_only
 def test_blank_lines_and_crlf_are_not_records(spark, consensus, blob, tmp_path):
     landing = tmp_path / "landing" / "p0"
     landing.mkdir(parents=True)
@@ -83,6 +87,7 @@ def test_blank_lines_and_crlf_are_not_records(spark, consensus, blob, tmp_path):
     assert (result.rows_in, result.rejected) == (2, 0)
 
 
+@sqlite_only
 def test_many_bad_records_are_all_counted_and_listed_in_order(spark, consensus, blob, tmp_path):
     lines = [rec(i) if i % 3 else "not json" for i in range(60)]
     shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": lines})
@@ -102,6 +107,7 @@ FILE_CASES = {
 }
 
 
+@sqlite_only
 @pytest.mark.parametrize("case", sorted(FILE_CASES))
 def test_bad_segment_name_fails_before_binding(case, spark, consensus, blob, tmp_path):
     relative, reason = FILE_CASES[case]
@@ -114,6 +120,7 @@ def test_bad_segment_name_fails_before_binding(case, spark, consensus, blob, tmp
     assert shard.binding(0) is None and shard.state().upper == 0
 
 
+@sqlite_only
 @pytest.mark.parametrize("case", sorted(FILE_CASES))
 def test_bad_segment_name_quarantined_once(case, spark, consensus, blob, tmp_path):
     relative, reason = FILE_CASES[case]
@@ -139,6 +146,7 @@ def late_arrival_setup(consensus, blob, tmp_path, spark, mode):
     return shard, w
 
 
+@sqlite_only
 def test_late_arrival_fails_naming_the_file(spark, consensus, blob, tmp_path):
     shard, w = late_arrival_setup(consensus, blob, tmp_path, spark, "fail")
     with pytest.raises(BadInputError) as info:
@@ -149,6 +157,7 @@ def test_late_arrival_fails_naming_the_file(spark, consensus, blob, tmp_path):
     assert shard.state().upper == 1 and shard.binding(1) is None
 
 
+@sqlite_only
 def test_late_arrival_quarantined_and_later_batches_proceed(spark, consensus, blob, tmp_path):
     shard, w = late_arrival_setup(consensus, blob, tmp_path, spark, "quarantine")
     result = w.step()
@@ -160,6 +169,7 @@ def test_late_arrival_quarantined_and_later_batches_proceed(spark, consensus, bl
     assert w.step().quarantined_files == 0
 
 
+@sqlite_only
 def test_unreadable_segment_fails_or_is_quarantined(spark, consensus, blob, tmp_path):
     shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD})
     (tmp_path / "landing" / "p0" / "10.jsonl").mkdir()  # a directory where a segment should be
@@ -176,6 +186,7 @@ def test_unreadable_segment_fails_or_is_quarantined(spark, consensus, blob, tmp_
     assert shard.bound_offsets(1) == {"p0": 11}
 
 
+@sqlite_only
 def test_bound_segment_removed_before_its_batch_commits(spark, consensus, blob, tmp_path):
     shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD})
     shard.mint_binding(0, minted_by="m")
@@ -195,6 +206,7 @@ def write_parquet(path, table):
     pq.write_table(table, path)
 
 
+@sqlite_only
 def test_parquet_segments_upsert_and_schema_mismatch_names_file_and_field(spark, consensus, blob, tmp_path):
     import pyarrow as pa
 
@@ -234,6 +246,7 @@ def test_user_columns_may_not_use_engine_column_names(tmp_path):
         ShardConfig(source=f"dir:{tmp_path}", keys=("id",), schema=schema)
 
 
+@sqlite_only
 @pytest.mark.parametrize("mode", ["fail", "quarantine"])
 def test_batch_whose_every_record_is_bad(mode, spark, consensus, blob, tmp_path):
     """Nothing good to write must not lose the count of what was rejected (Spark drops the

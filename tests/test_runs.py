@@ -16,6 +16,7 @@ from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import IntegrityError
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
+from tests.conftest import sqlite_only
 from tests.maintenance.crashfs import CrashingBlob
 from tests.oracle import oracle_table, table_from_rows
 
@@ -58,6 +59,7 @@ def table(spark, shard: Shard) -> dict:
 # -- the order column wins across batches (issue 7 item 9, finding D19) --------------------
 
 
+@sqlite_only
 def test_order_column_wins_across_batches(spark, consensus, blob, tmp_path):
     """ts=9 in segment 0, ts=5 in segment 1: ts=9 wins whether one batch holds both or not."""
     landing = str(tmp_path / "landing")
@@ -72,6 +74,7 @@ def test_order_column_wins_across_batches(spark, consensus, blob, tmp_path):
     assert table(spark, one) == table(spark, split) == expected
 
 
+@sqlite_only
 def test_a_tombstone_with_a_higher_order_value_survives_compaction(spark, consensus, blob, tmp_path):
     """A delete at ts=9, compacted away from its batch, still beats a later record at ts=5."""
     landing = str(tmp_path / "landing")
@@ -161,6 +164,7 @@ def test_every_batching_gives_the_same_table(spark, sqlite_url, tmp_path, key_pe
     consensus.dispose()
 
 
+@sqlite_only
 def test_a_batch_of_empty_segments_commits_an_empty_run(spark, consensus, blob, tmp_path):
     """Empty segment files (a producer that rolled a file without writing) bind and commit."""
     landing = str(tmp_path / "landing")
@@ -172,6 +176,7 @@ def test_a_batch_of_empty_segments_commits_an_empty_run(spark, consensus, blob, 
     assert table(spark, shard) == {(1,): {"id": 1, "v": "a", "ts": 1}}
 
 
+@sqlite_only
 def test_a_run_carries_its_batch_ts_and_a_new_ts_compiles_no_code(spark, consensus, blob, tmp_path):
     """Every row of a batch's run holds the batch's ts; and the next batches of the same shape
     compile no class of generated code: the ts reaches that code by reference (a long literal
@@ -202,6 +207,7 @@ def test_a_run_carries_its_batch_ts_and_a_new_ts_compiles_no_code(spark, consens
 # -- a committed run file deleted (finding F5) -----------------------------------------------
 
 
+@sqlite_only
 def test_a_missing_run_file_is_an_integrity_error_naming_it(spark, consensus, blob, tmp_path):
     landing = str(tmp_path / "landing")
     write_segment(landing, "p0", 0, [{"id": i, "v": "a", "ts": 1} for i in range(20)])
@@ -244,6 +250,7 @@ def test_upsertctl_exits_4_naming_a_deleted_run_file(spark, tmp_path, monkeypatc
 # -- data fsynced before the commit that names it (issue 7 item 3, invariant 17) ------------
 
 
+@sqlite_only
 def test_every_file_a_commit_names_is_synced_with_its_directories_first(spark, consensus, tmp_path):
     os.makedirs(tmp_path / "blob")
     blob = CrashingBlob(str(tmp_path / "blob"), str(tmp_path / "stash"))

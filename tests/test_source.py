@@ -23,6 +23,7 @@ from airflow_upsert_provider.engine.sources.parquet_types import parquet_schema_
 from airflow_upsert_provider.engine.sources.planning import late_arrival_reason, range_files, sort_out_new_names
 from airflow_upsert_provider.engine.writer import Writer
 from airflow_upsert_provider.sample_data import write_segment
+from tests.conftest import sqlite_only
 from tests.helpers import batch, make_shard
 from tests.oracle import table_from_rows
 
@@ -279,6 +280,7 @@ def test_planning_parses_only_new_names_and_reads_no_binding_history(consensus, 
 # -- through Spark, both modes: no shard may wedge ---------------------------------------------------
 
 
+@sqlite_only
 @pytest.mark.parametrize("mode", ["fail", "quarantine"])
 def test_s4_late_segment_hidden_by_retention(mode, spark, consensus, blob, tmp_path):
     land(tmp_path, "p0/1.jsonl", 1)
@@ -300,6 +302,7 @@ def test_s4_late_segment_hidden_by_retention(mode, spark, consensus, blob, tmp_p
         assert ids(shard, spark) == [1, 2]
 
 
+@sqlite_only
 @pytest.mark.parametrize("mode", ["fail", "quarantine"])
 @pytest.mark.parametrize(
     "name, reason",
@@ -327,6 +330,7 @@ def test_s9_s10_names_that_wedged_a_shard_are_bad_input(mode, name, reason, spar
     assert ids(shard, spark) == ([1] if mode == "fail" else [1, 5])
 
 
+@sqlite_only
 def test_zero_padded_segments_upsert_end_to_end(spark, consensus, blob, tmp_path):
     land(tmp_path, "p0/00000000000000000000.jsonl", 1, 2)
     land(tmp_path, "p0/00000000000000000002.jsonl", 3)
@@ -337,6 +341,7 @@ def test_zero_padded_segments_upsert_end_to_end(spark, consensus, blob, tmp_path
     assert shard.status().to_dict()["source"]["high_watermark"] == {"p0": 3}
 
 
+@sqlite_only
 @pytest.mark.parametrize("mode", ["fail", "quarantine"])
 def test_d20_parquet_int64_into_int_is_bad_input(mode, spark, consensus, blob, tmp_path):
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType

@@ -13,6 +13,7 @@ from airflow_upsert_provider.engine import writer as writer_module
 from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown, ConsensusOutcomeUnknown
 from airflow_upsert_provider.engine.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, write_segment
+from tests.conftest import sqlite_only
 from tests.helpers import make_shard
 from tests.oracle import oracle_table, table_from_rows
 
@@ -54,6 +55,7 @@ def test_catch_up_equals_oracle_and_every_ts_committed_once(spark, consensus, bl
     assert shard.state().upper == 3
 
 
+@sqlite_only
 def test_read_as_of_every_ts_matches_oracle_of_bound_offsets(spark, consensus, blob, tmp_path):
     shard = make_shard(consensus, blob, tmp_path, spec=SMALL)
     Writer(shard, "w", spark_factory=lambda: spark).run(until_caught_up=True)
@@ -62,6 +64,7 @@ def test_read_as_of_every_ts_matches_oracle_of_bound_offsets(spark, consensus, b
         assert table(shard, spark, as_of) == expected, f"as_of={as_of}"
 
 
+@sqlite_only
 def test_two_writers_stage_identical_batches(spark, consensus, blob, tmp_path):
     shard = make_shard(consensus, blob, tmp_path, spec=SMALL)
     shard.mint_binding(0, minted_by="a")
@@ -182,6 +185,7 @@ def test_zombie_append_after_peer_commit_is_dropped_and_cleaned(spark, consensus
     assert table(shard, spark) == oracle_table(landing_of(shard))
 
 
+@sqlite_only
 def test_staging_never_reads_the_table(spark, consensus, blob, tmp_path):
     """A write costs O(batch): batch 1 stages fine even with every earlier run unreadable."""
     shard = make_shard(consensus, blob, tmp_path, spec=SMALL)
@@ -194,6 +198,7 @@ def test_staging_never_reads_the_table(spark, consensus, blob, tmp_path):
     assert w.step().outcome == "committed"
 
 
+@sqlite_only
 def test_tombstones_and_tie_breaking(spark, consensus, blob, tmp_path):
     landing = tmp_path / "landing"
 
@@ -215,6 +220,7 @@ def test_tombstones_and_tie_breaking(spark, consensus, blob, tmp_path):
     assert table(shard, spark) == oracle_table(str(landing))
 
 
+@sqlite_only
 def test_status_reports_frontier_lag_and_rows(spark, consensus, blob, tmp_path):
     shard = make_shard(consensus, blob, tmp_path, spec=SMALL)
     before = shard.status().to_dict()

@@ -28,6 +28,7 @@ from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExist
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
+from tests.conftest import sqlite_only
 from tests.helpers import recover
 from tests.maintenance.support import age_files, files_of, oracle, reads_at_every_ts, table, tree, written_shard
 
@@ -62,6 +63,7 @@ def on_shard_with(blob, shard) -> Shard:
     return Shard(shard.consensus, blob, shard.shard_id, shard.config)
 
 
+@sqlite_only
 @pytest.mark.parametrize("operation", ["write_file", "rename", "fsync_dir"])
 def test_catalog_write_failure_leaves_the_checkpoint_absent_from_memory_and_disk(
     spark, consensus, blob, tmp_path, operation
@@ -104,6 +106,7 @@ def refused_everywhere(consensus, blob, shard, message: str, catalog_path: str) 
         assert catalog_path in str(caught.value)
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -133,6 +136,7 @@ def test_corrupt_truncated_or_empty_catalog_is_refused_and_nothing_deleted(
     assert tree(blob.root) == before
 
 
+@sqlite_only
 def test_missing_catalog_with_checkpoint_directories_is_refused(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
     create_checkpoint(shard)
@@ -145,12 +149,14 @@ def test_missing_catalog_with_checkpoint_directories_is_refused(spark, consensus
     assert tree(blob.root) == before
 
 
+@sqlite_only
 def test_missing_catalog_without_checkpoints_is_an_empty_list(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
     assert list_checkpoints(blob, shard.shard_id) == []
     assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0).items == []
 
 
+@sqlite_only
 def test_first_checkpoint_window_is_not_mistaken_for_corruption(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
     seen = {}
@@ -174,6 +180,7 @@ def test_first_checkpoint_window_is_not_mistaken_for_corruption(spark, consensus
     assert list_checkpoints(blob, other.shard_id) == []
 
 
+@sqlite_only
 @pytest.mark.parametrize("damage", ["deleted", "garbage_same_size", "manifest"])
 def test_verify_and_restore_name_the_bad_file(spark, consensus, blob, tmp_path, damage):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
@@ -288,6 +295,7 @@ def test_retention_keeps_the_last_n_or_the_recent_and_never_none(spark, consensu
     assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [newest.id]
 
 
+@sqlite_only
 def test_commit_marker_checked_against_the_catalog(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
     entry = create_checkpoint(shard)

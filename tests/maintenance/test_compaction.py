@@ -10,10 +10,12 @@ from airflow_upsert_provider.engine.compaction import COMPACTED, NOTHING_TO_DO, 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.runs import read_runs
 from airflow_upsert_provider.engine.writer import Writer
+from tests.conftest import sqlite_only
 from tests.maintenance.support import BATCHES, oracle, reads_at_every_ts, table, written_shard
 from tests.oracle import table_from_rows
 
 
+@sqlite_only
 def test_reads_at_every_ts_from_since_are_unchanged(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path)
     before = reads_at_every_ts(shard, spark)

@@ -24,6 +24,7 @@ from airflow_upsert_provider.engine.compaction import compact
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
 from airflow_upsert_provider.engine.writer import Writer
+from tests.conftest import sqlite_only
 from tests.maintenance.support import age_compaction, age_files, files_of, oracle, table, tree, written_shard
 from tests.oracle import table_from_rows
 
@@ -81,6 +82,7 @@ def test_gc_deletes_only_what_nothing_references(spark, consensus, blob, tmp_pat
     assert table(shard, spark) == oracle(shard)
 
 
+@sqlite_only
 def test_gc_aborts_before_any_deletion_on_a_corrupt_retained_manifest(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
     create_checkpoint(shard)  # A
