@@ -2,6 +2,9 @@
 
 Environment:
   RACE_SEED, RACE_MAX_DELAY  random delay (seconds) before staging and before each append
+  RACE_BARRIER=DIR:N         before its first append, wait until N writers have staged a batch
+                             (each leaves a file in DIR): they all hold batch 0 and race for it,
+                             however far apart their JVMs started
   FAULT=exit_before_cas      stage, then die (os._exit) before the compare-and-set
   FAULT=hang_after_stage     stage, then wait to be killed before the compare-and-set
 """
@@ -19,6 +22,9 @@ from airflow_upsert_provider.engine import writer as writer_module
 rng = random.Random(int(os.environ.get("RACE_SEED", "0")))
 max_delay = float(os.environ.get("RACE_MAX_DELAY", "0"))
 fault = os.environ.get("FAULT", "")
+barrier = os.environ.get("RACE_BARRIER", "")
+# A writer that never reaches the barrier (it failed) must not hang the others for ever.
+BARRIER_TIMEOUT = 600.0
 real_append = writer_module.Writer.append
 real_stage = writer_module.Writer.stage
 
@@ -28,7 +34,19 @@ def stage(self, ts):
     return real_stage(self, ts)
 
 
+def wait_at_barrier() -> None:
+    directory, writers = barrier.rsplit(":", 1)
+    open(os.path.join(directory, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + BARRIER_TIMEOUT
+    while len(os.listdir(directory)) < int(writers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def append(self, staged):
+    global barrier
+    if barrier:
+        wait_at_barrier()
+        barrier = ""
     if fault == "exit_before_cas":
         sys.stdout.flush()
         os._exit(9)
