@@ -295,16 +295,15 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
         sensor("scheduled__1", 60).execute(sensor_context("scheduled__1"))
     detected_at = time.time()
     stall_seconds = StallSettings(**QUICK).stall_seconds
-    # The stall crossed its threshold at source_grew_at + 2 s; the task failed at the second
-    # round after it (two breaching rounds in a row), not before the threshold. The wall-clock
-    # bound leaves room for slow rounds on a loaded machine (poke mode sleeps after each round).
     # Stall time counts from the first look that saw the records pending (the pinned writer's
-    # first run), not from the files' mtime.
+    # first run), not from the files' mtime. The stall crossed its threshold 2 s after it; the
+    # task failed at the second round after that (two breaching rounds in a row), not before
+    # the threshold. Rounds are counted, not timed: how long a round takes depends on the machine.
     first_seen = observations.observation_window(consensus, "orders", source_grew_at)[0]
     assert first_seen.observer == "writer:pinned" and first_seen.lag_records == 62
     rounds = sensor_observations(consensus, source_grew_at)
     assert len([o for o in rounds if o.observed_at >= first_seen.observed_at + stall_seconds]) == 2
-    assert stall_seconds <= detected_at - source_grew_at <= stall_seconds + 2 * POKE + 2
+    assert detected_at - first_seen.observed_at >= stall_seconds
     message = str(failed.value)
     assert message.startswith(f"shard orders: frontier STALLED; upper 0 stuck since {iso(first_seen.observed_at)} (")
     assert "last advance never" in message and "62 records and" in message and "seconds behind" in message
