@@ -115,9 +115,10 @@ def test_executor_read_past_the_high_watermark_fails_naming_the_offset(kafka_boo
     produce_per_partition(kafka_bootstrap, kafka_topic, {1: 4})
     config = config_with_secrets(kafka_bootstrap)
     # The range starts inside the partition and ends past it: the reader stalls at offset 4.
+    # The stall clock also runs while the consumer connects: 1 s was too short on a slow machine.
     rows = []
     with pytest.raises(KafkaSliceUnavailable) as caught:
-        for batch in read_range(config, kafka_topic, 1, 2, 6, stall_timeout=1.0, poll_timeout=0.2):
+        for batch in read_range(config, kafka_topic, 1, 2, 6, stall_timeout=5.0, poll_timeout=0.2):
             rows += batch.column("offset").to_pylist()
     assert rows == [2, 3]
     assert caught.value.details == {"topic": kafka_topic, "partition": 1, "offset": 4, "end": 6}
