@@ -60,7 +60,8 @@ def assert_valid_and_equal_to_oracle(shard, spark, expected_upper):
 def test_four_racing_writer_processes_converge(store, spark, tmp_path, request):
     url = f"sqlite:///{tmp_path / 'consensus.db'}" if store == "sqlite" else request.getfixturevalue("pg_url")
     consensus, blob = open_consensus(url), open_blob(str(tmp_path / "blob"))
-    spec = SampleSpec(records=6400, keys=1500, partitions=2, segments_per_partition=16, seed=11)
+    # 16 batches: every writer races for every one of them; more batches repeated the same races.
+    spec = SampleSpec(records=3200, keys=800, partitions=2, segments_per_partition=8, seed=11)
     shard = make_shard(consensus, blob, tmp_path, spec=spec, max_files_per_batch=1)
     env = cli_env(url, blob.root)
     # All four hold batch 0 before any appends it, so three of them lose a race whatever the
@@ -78,9 +79,9 @@ def test_four_racing_writer_processes_converge(store, spark, tmp_path, request):
         assert proc.returncode == 0, err[-3000:]
         reports.append(json.loads(out))
 
-    assert_valid_and_equal_to_oracle(shard, spark, 32)
+    assert_valid_and_equal_to_oracle(shard, spark, 16)
     # No writer ended with its progress below the upper.
-    assert [r["upper"] for r in reports] == [32] * 4
+    assert [r["upper"] for r in reports] == [16] * 4
     # Every ts committed exactly once, by the writer the shard records.
     committed = [(b["ts"], r["writer_id"]) for r in reports for b in r["batches"] if b["outcome"] == "committed"]
     assert sorted(committed) == sorted((b.ts, b.writer_id) for b in shard.batches())
@@ -123,8 +124,9 @@ def test_crash_after_staging_before_compare_and_set(spark, fault_shard):
 @pytest.mark.parametrize("moment", ["mid_write", "after_stage"])
 def test_writer_killed_with_sigkill(moment, spark, fault_shard):
     shard, env = fault_shard
-    extra = {"FAULT": "hang_after_stage"} if moment == "after_stage" else {}
-    victim = start_writer(env, shard.shard_id, "victim", **extra)
+    # The victim never reaches its compare-and-set, so a kill that comes late (the test saw the
+    # staging directory only after the write ended) still finds nothing committed.
+    victim = start_writer(env, shard.shard_id, "victim", FAULT="hang_after_stage")
     runs = shard.blob.path(shard.shard_id, "runs")
     if moment == "mid_write":
         # Spark creates the staging directory as it starts writing the run.
