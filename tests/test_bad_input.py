@@ -1,17 +1,25 @@
 """Bad input, in both modes: by default the batch fails naming file, line and reason and
 nothing is committed; with quarantine the bad records or files are set aside with their
-reason, counted, and the batch commits. Nothing is skipped silently."""
+reason, counted, and the batch commits. Nothing is skipped silently.
+
+The bad-record and bad-name cases share their Spark batches (each case in a file of its own;
+a verdict depends on the record or the name only): the per-case tests assert on the shared
+batch's error, rows, rejects and quarantined files.
+"""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+from dataclasses import dataclass, field
 
 import pytest
 
+from airflow_upsert_provider.engine.blob import open_blob
+from airflow_upsert_provider.engine.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import BadInputError
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.writer import BatchResult, Writer
 from airflow_upsert_provider.sample_data import write_segment
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard
@@ -44,37 +52,106 @@ def rows(shard, spark):
     return table_from_rows(shard.read(spark).collect())
 
 
-@sqlite_only
-@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
-def test_bad_record_fails_the_batch_naming_file_line_reason(case, spark, consensus, blob, tmp_path):
-    bad_line, reason = BAD_RECORDS[case]
-    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": [GOOD[0], bad_line, GOOD[1]]})
-    with pytest.raises(BadInputError) as info:
-        Writer(shard, "w", spark_factory=lambda: spark).step()
-    error = info.value
-    assert error.exit_code == 3
-    path = str(tmp_path / "landing" / "p0" / "0.jsonl")
-    assert error.details["records"] == [{"file": path, "line": 2, "reason": reason}]
-    assert path in error.message and "line 2" in error.message
-    assert shard.state().upper == 0 and shard.batches() == []
+@dataclass
+class SharedBatch:
+    """One batch of a shard whose every case is a file of its own."""
+
+    landing: str
+    result: BatchResult | None = None
+    error: BadInputError | None = None
+    ids: list[int] = field(default_factory=list)
+    written: list[dict] = field(default_factory=list)  # rejects quarantined beside the run
+    upper: int = 0
+    batches: int = 0
 
 
-@sqlite_only
+def case_path(landing: str, case: str) -> str:
+    return os.path.join(landing, f"c{sorted(BAD_RECORDS).index(case)}", "0.jsonl")
+
+
+def case_ids(case: str) -> list[int]:
+    """The good records around a case's bad line: ids of its own."""
+    first = 10 * (sorted(BAD_RECORDS).index(case) + 1)
+    return [first + 1, first + 2]
+
+
+def run_bad_records(spark, root, mode: str) -> SharedBatch:
+    """Every BAD_RECORDS case as line 2 of its own file (partition c<n>), between two good records."""
+    consensus = open_consensus(f"sqlite:///{root / 'consensus.db'}")
+    try:
+        blob = open_blob(str(root / "blob"))
+        blob.ensure_root()
+        batch = SharedBatch(str(root / "landing"))
+        for case, (bad_line, _reason) in BAD_RECORDS.items():
+            first, second = case_ids(case)
+            write_segment(case_path(batch.landing, case), [rec(first), bad_line, rec(second)])
+        shard = make_shard(consensus, blob, root, max_files_per_batch=len(BAD_RECORDS))
+        try:
+            batch.result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record=mode).step()
+        except BadInputError as error:
+            batch.error = error
+        batch.ids = sorted(k[0] for k in rows(shard, spark))
+        batch.upper = shard.state().upper
+        committed = shard.batches()
+        batch.batches = len(committed)
+        rejects = committed[0].stats.get("rejects") if committed else None
+        if rejects:
+            for path in glob.glob(os.path.join(blob.path(rejects["path"]), "*.json")):
+                with open(path) as handle:
+                    batch.written += [json.loads(line) for line in handle]
+    finally:
+        consensus.dispose()
+    return batch
+
+
+@pytest.fixture(scope="module")
+def bad_records_failed(spark, tmp_path_factory) -> SharedBatch:
+    return run_bad_records(spark, tmp_path_factory.mktemp("bad-records-fail"), "fail")
+
+
+@pytest.fixture(scope="module")
+def bad_records_quarantined(spark, tmp_path_factory) -> SharedBatch:
+    return run_bad_records(spark, tmp_path_factory.mktemp("bad-records-quarantine"), "quarantine")
+
+
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
-def test_bad_record_quarantined_is_counted_and_batch_commits(case, spark, consensus, blob, tmp_path):
-    bad_line, reason = BAD_RECORDS[case]
-    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": [GOOD[0], bad_line, GOOD[1]]})
-    result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine").step()
-    assert (result.outcome, result.rows_in, result.rejected) == ("committed", 3, 1)
-    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2]
-    rejects = shard.batches()[0].stats["rejects"]
-    written = []
-    for path in glob.glob(os.path.join(blob.path(rejects["path"]), "*.json")):
-        with open(path) as handle:
-            written += [json.loads(line) for line in handle]
-    assert written == [
-        {"file": str(tmp_path / "landing" / "p0" / "0.jsonl"), "line": 2, "reason": reason, "record": bad_line}
+def test_bad_record_fails_the_batch_naming_file_line_reason(case, bad_records_failed):
+    _bad_line, reason = BAD_RECORDS[case]
+    batch = bad_records_failed
+    assert batch.error is not None and batch.error.exit_code == 3
+    path = case_path(batch.landing, case)
+    assert [r for r in batch.error.details["records"] if r["file"] == path] == [{"file": path, "line": 2, "reason": reason}]
+    assert (batch.upper, batch.batches, batch.ids) == (0, 0, [])
+
+
+def test_a_failed_batch_lists_every_bad_record_and_names_the_first(bad_records_failed):
+    error = bad_records_failed.error
+    cases = sorted(BAD_RECORDS)  # partitions c0, c1, ...: the order the records are listed in
+    assert error.details["count"] == len(cases)
+    assert error.details["records"] == [
+        {"file": case_path(bad_records_failed.landing, case), "line": 2, "reason": BAD_RECORDS[case][1]} for case in cases
     ]
+    first = case_path(bad_records_failed.landing, cases[0])
+    assert first in error.message and "line 2" in error.message
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_bad_record_quarantined_is_counted_and_batch_commits(case, bad_records_quarantined):
+    bad_line, reason = BAD_RECORDS[case]
+    batch = bad_records_quarantined
+    assert batch.result.outcome == "committed"
+    assert [i for i in batch.ids if i in case_ids(case)] == case_ids(case)
+    path = case_path(batch.landing, case)
+    assert [w for w in batch.written if w["file"] == path] == [
+        {"file": path, "line": 2, "reason": reason, "record": bad_line}
+    ]
+
+
+def test_a_quarantined_batch_counts_every_record(bad_records_quarantined):
+    batch = bad_records_quarantined
+    assert (batch.result.rows_in, batch.result.rejected) == (3 * len(BAD_RECORDS), len(BAD_RECORDS))
+    assert batch.ids == sorted(i for case in BAD_RECORDS for i in case_ids(case))
+    assert len(batch.written) == len(BAD_RECORDS)
 
 
 @sqlite_only
@@ -120,21 +197,48 @@ def test_bad_segment_name_fails_before_binding(case, spark, consensus, blob, tmp
     assert shard.binding(0) is None and shard.state().upper == 0
 
 
-@sqlite_only
+@dataclass
+class QuarantinedNames:
+    landing: str
+    first: BatchResult
+    second: BatchResult
+    quarantined: dict[str, str]
+    ids: list[int]
+
+
+@pytest.fixture(scope="module")
+def bad_names_quarantined(spark, tmp_path_factory) -> QuarantinedNames:
+    """Every FILE_CASES name beside a good segment in one shard, then one more good segment."""
+    root = tmp_path_factory.mktemp("bad-names")
+    consensus = open_consensus(f"sqlite:///{root / 'consensus.db'}")
+    try:
+        blob = open_blob(str(root / "blob"))
+        blob.ensure_root()
+        shard = shard_with(consensus, blob, root, {"p0/0.jsonl": GOOD, **{name: GOOD for name, _ in FILE_CASES.values()}})
+        w = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine")
+        first = w.step()
+        quarantined = dict(shard.consensus.quarantined_files(shard.shard_id))
+        write_segment(str(root / "landing" / "p0" / "20.jsonl"), [rec(9)])
+        second = w.step()
+        return QuarantinedNames(str(root / "landing"), first, second, quarantined,
+                                sorted(k[0] for k in rows(shard, spark)))
+    finally:
+        consensus.dispose()
+
+
 @pytest.mark.parametrize("case", sorted(FILE_CASES))
-def test_bad_segment_name_quarantined_once(case, spark, consensus, blob, tmp_path):
+def test_bad_segment_name_quarantined_once(case, bad_names_quarantined):
     relative, reason = FILE_CASES[case]
-    shard = shard_with(consensus, blob, tmp_path, {"p0/0.jsonl": GOOD, relative: GOOD})
-    w = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine")
-    first = w.step()
-    assert (first.outcome, first.quarantined_files) == ("committed", 1)
-    quarantined = shard.consensus.quarantined_files(shard.shard_id)
-    assert list(quarantined) == [str(tmp_path / "landing" / relative)]
-    assert reason in quarantined[str(tmp_path / "landing" / relative)]
-    write_segment(str(tmp_path / "landing" / "p0" / "20.jsonl"), [rec(9)])
-    second = w.step()
-    assert (second.outcome, second.quarantined_files) == ("committed", 0)  # reported once
-    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2, 3, 9]
+    path = os.path.join(bad_names_quarantined.landing, relative)
+    assert reason in bad_names_quarantined.quarantined[path]
+
+
+def test_bad_segment_names_are_quarantined_once_and_the_good_ones_commit(bad_names_quarantined):
+    names = bad_names_quarantined
+    assert (names.first.outcome, names.first.quarantined_files) == ("committed", len(FILE_CASES))
+    assert sorted(names.quarantined) == sorted(os.path.join(names.landing, r) for r, _ in FILE_CASES.values())
+    assert (names.second.outcome, names.second.quarantined_files) == ("committed", 0)  # reported once
+    assert names.ids == [1, 2, 3, 9]
 
 
 def late_arrival_setup(consensus, blob, tmp_path, spark, mode):
