@@ -23,6 +23,7 @@ from airflow_upsert_provider.engine.compaction import compact
 from airflow_upsert_provider.engine.errors import IntegrityError
 from airflow_upsert_provider.engine.gc import collect_garbage
 from airflow_upsert_provider.engine.shard import Shard
+from tests.conftest import sqlite_only
 from tests.maintenance.support import age_compaction, age_files, table, written_shard
 from tests.oracle import table_from_rows
 
@@ -66,6 +67,7 @@ class RetentionWhileGcReads(LocalBlob):
         return super().read_bytes(path)
 
 
+@sqlite_only
 def test_checkpoint_removed_by_retention_between_catalog_and_manifest_read_is_not_corruption(
     spark, consensus, blob, tmp_path
 ):
@@ -88,6 +90,7 @@ def test_checkpoint_removed_by_retention_between_catalog_and_manifest_read_is_no
     assert table(shard, spark) == table(Shard.open(consensus, blob, shard.shard_id), spark)
 
 
+@sqlite_only
 def test_a_listed_checkpoint_whose_manifest_is_gone_is_still_corruption(spark, consensus, blob, tmp_path):
     """The re-read only forgives a checkpoint that is no longer listed."""
     shard = written_shard(spark, consensus, blob, tmp_path, batches=1)
@@ -99,6 +102,7 @@ def test_a_listed_checkpoint_whose_manifest_is_gone_is_still_corruption(spark, c
     assert manifest in str(caught.value) and caught.value.exit_code == 4
 
 
+@sqlite_only
 def test_checkpoint_over_a_deleted_committed_file_is_refused_naming_it(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
     first = create_checkpoint(shard)
@@ -113,6 +117,7 @@ def test_checkpoint_over_a_deleted_committed_file_is_refused_naming_it(spark, co
     assert checkpoint_dirs(blob, shard.shard_id) == [first.id]  # no half-written checkpoint left
 
 
+@sqlite_only
 def test_checkpoint_create_cli_exits_4_naming_the_deleted_file(spark, consensus, consensus_url, blob, tmp_path,
                                                               monkeypatch, capsys):
     from airflow_upsert_provider.cli import main
