@@ -120,7 +120,8 @@ def test_bad_record_fails_the_batch_naming_file_line_reason(case, bad_records_fa
     batch = bad_records_failed
     assert batch.error is not None and batch.error.exit_code == 3
     path = case_path(batch.landing, case)
-    assert [r for r in batch.error.details["records"] if r["file"] == path] == [{"file": path, "line": 2, "reason": reason}]
+    listed = [r for r in batch.error.details["records"] if r["file"] == path]
+    assert listed == [{"file": path, "line": 2, "reason": reason}]
     assert (batch.upper, batch.batches, batch.ids) == (0, 0, [])
 
 
@@ -128,8 +129,9 @@ def test_a_failed_batch_lists_every_bad_record_and_names_the_first(bad_records_f
     error = bad_records_failed.error
     cases = sorted(BAD_RECORDS)  # partitions c0, c1, ...: the order the records are listed in
     assert error.details["count"] == len(cases)
+    landing = bad_records_failed.landing
     assert error.details["records"] == [
-        {"file": case_path(bad_records_failed.landing, case), "line": 2, "reason": BAD_RECORDS[case][1]} for case in cases
+        {"file": case_path(landing, case), "line": 2, "reason": BAD_RECORDS[case][1]} for case in cases
     ]
     first = case_path(bad_records_failed.landing, cases[0])
     assert first in error.message and "line 2" in error.message
@@ -214,7 +216,8 @@ def bad_names_quarantined(spark, tmp_path_factory) -> QuarantinedNames:
     try:
         blob = open_blob(str(root / "blob"))
         blob.ensure_root()
-        shard = shard_with(consensus, blob, root, {"p0/0.jsonl": GOOD, **{name: GOOD for name, _ in FILE_CASES.values()}})
+        files = {"p0/0.jsonl": GOOD, **{name: GOOD for name, _ in FILE_CASES.values()}}
+        shard = shard_with(consensus, blob, root, files)
         w = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine")
         first = w.step()
         quarantined = dict(shard.consensus.quarantined_files(shard.shard_id))

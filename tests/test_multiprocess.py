@@ -85,7 +85,8 @@ def test_four_racing_writer_processes_converge(store, spark, tmp_path, request):
     # Every ts committed exactly once, by the writer the shard records.
     committed = [(b["ts"], r["writer_id"]) for r in reports for b in r["batches"] if b["outcome"] == "committed"]
     assert sorted(committed) == sorted((b.ts, b.writer_id) for b in shard.batches())
-    lost_batch_0 = [r["writer_id"] for r in reports for b in r["batches"] if (b["ts"], b["outcome"]) == (0, "already_persisted")]
+    lost_batch_0 = [r["writer_id"] for r in reports for b in r["batches"]
+                    if (b["ts"], b["outcome"]) == (0, "already_persisted")]
     assert len(lost_batch_0) == 3 and shard.batches()[0].writer_id not in lost_batch_0
     # Losers deleted their provably-lost files; what is left is exactly what is referenced.
     assert staged_dirs(shard) == committed_dirs(shard)

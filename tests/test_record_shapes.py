@@ -276,7 +276,8 @@ def test_quarantine_batches_count_every_record(quarantine_batches):
     for batch in quarantine_batches.batches:
         want = batch.want()
         rows = sum(len(SHAPES[s][1]) for s in batch.shapes)
-        assert (batch.result.outcome, batch.result.rejected, batch.result.rows_in) == ("committed", len(want), rows + len(want))
+        result = batch.result
+        assert (result.outcome, result.rejected, result.rows_in) == ("committed", len(want), rows + len(want))
         assert len(batch.table) == rows
         assert sorted((w["file"], w["line"], w["reason"]) for w in batch.written) == sorted(
             (w["file"], w["line"], w["reason"]) for w in want
