@@ -246,7 +246,7 @@ def _add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_c
 
 
 def _add_lifecycle_commands(commands, common: argparse.ArgumentParser) -> None:
-    from airflow_upsert_provider.engine.lifecycle import DEFAULT_DRAIN_SECONDS
+    from airflow_upsert_provider.engine.store.stream_rules import DEFAULT_DRAIN_SECONDS
 
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("shard")
@@ -351,8 +351,8 @@ class Context:
     """Engine objects built from the global options, Spark only on demand."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from airflow_upsert_provider.engine.blob import open_blob
-        from airflow_upsert_provider.engine.consensus import open_consensus
+        from airflow_upsert_provider.engine.blob.files import open_blob
+        from airflow_upsert_provider.engine.store.consensus import open_consensus
 
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
@@ -376,7 +376,7 @@ class Context:
 
     def spark(self):
         if self._spark is None:
-            from airflow_upsert_provider.engine.spark import get_spark
+            from airflow_upsert_provider.engine.spark.session import get_spark
 
             # A Kafka client config with secrets is registered in the session with the slice
             # reader: then the session is this run's own, not the shared Connect one.
@@ -394,7 +394,7 @@ class Context:
         return self._kafka_config
 
     def shard(self, shard_id: str):
-        from airflow_upsert_provider.engine.shard import Shard
+        from airflow_upsert_provider.engine.table.shard import Shard
 
         shard = Shard.open(self.consensus, self.blob, shard_id)
         if shard.is_kafka and self.kafka_config_path:
@@ -410,9 +410,9 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         ShardConfig,
         validate_shard_id,
     )
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources import is_kafka_uri, open_source
-    from airflow_upsert_provider.engine.upsert import infer_schema, parse_schema
+    from airflow_upsert_provider.engine.write.upsert import infer_schema, parse_schema
 
     validate_shard_id(args.shard)
     source = open_source(args.source, args.source_format,
@@ -423,7 +423,7 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     if args.schema:
         schema = parse_schema(spark, args.schema)
     elif extra:
-        from airflow_upsert_provider.engine.sources.kafka_records import infer_kafka_schema
+        from airflow_upsert_provider.engine.write.kafka_records import infer_kafka_schema
 
         schema = infer_kafka_schema(spark, source, envelope=extra["kafka"]["envelope"], keys=tuple(args.key))
     else:
@@ -470,7 +470,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     shard = ctx.shard(args.shard)
     out = shard.status(None if args.no_rows else ctx.spark()).to_dict()
     if shard.is_kafka:
-        from airflow_upsert_provider.engine.group_offsets import group_status
+        from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
 
         # What lag tools see: the consumer group against the shard's frontier.
         out["group"] = group_status(shard)
@@ -478,7 +478,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.writer import Writer
+    from airflow_upsert_provider.engine.write.writer import Writer
 
     if args.continuous != (args.run_for is not None):
         raise ConfigurationError("--continuous and --for DURATION go together", field="--for")
@@ -505,7 +505,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             print(line, flush=True)
 
     if args.continuous:
-        from airflow_upsert_provider.engine.continuous import run_continuous
+        from airflow_upsert_provider.engine.write.continuous import run_continuous
 
         report = run_continuous(writer, duration_seconds=run_for, on_result=on_result)
     else:
@@ -526,7 +526,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.runs import read_runs, table_columns
+    from airflow_upsert_provider.engine.table.runs import read_runs, table_columns
 
     shard = ctx.shard(args.shard)
     handle = _open_output(args.out) if args.out else sys.stdout
@@ -559,14 +559,14 @@ def _open_output(path: str):
 
 
 def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.compaction import compact
+    from airflow_upsert_provider.engine.maintenance.compaction import compact
 
     return compact(ctx.spark(), ctx.shard(args.shard), since=args.since).to_dict()
 
 
 def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine import checkpoint as ckpt
-    from airflow_upsert_provider.engine import streams
+    from airflow_upsert_provider.engine.maintenance import checkpoint as ckpt
+    from airflow_upsert_provider.engine.store import streams
     from airflow_upsert_provider.engine.errors import ConfigurationError, ShardNotFound
 
     if args.checkpoint_command == "create":
@@ -619,7 +619,7 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+    from airflow_upsert_provider.engine.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
 
     grace = DEFAULT_GRACE_SECONDS if args.grace is None else args.grace
     report = collect_garbage(ctx.consensus, ctx.blob, args.shard, grace_seconds=grace, dry_run=args.dry_run)
@@ -642,7 +642,7 @@ def _actor(args: argparse.Namespace) -> str:
 
 def _stream_line(state: dict[str, Any]) -> str:
     """``shard orders: STOPPED (epoch 0), set by ... at ...: why``, from a stream's dict."""
-    from airflow_upsert_provider.engine.lifecycle import Status, StreamState
+    from airflow_upsert_provider.engine.store.stream_rules import Status, StreamState
 
     described = StreamState(
         shard_id=state["shard"], status=Status(state["status"]), version=state["version"], epoch=state["epoch"],
@@ -658,7 +658,7 @@ def _print_transition(result: dict[str, Any]) -> None:
 
 
 def cmd_stream(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine import streams
+    from airflow_upsert_provider.engine.store import streams
 
     shard_id, action = args.shard, args.stream_command
     if action == "status":
@@ -691,8 +691,8 @@ def _history_line(row: dict[str, Any]) -> str:
 
 
 def _stop(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine import streams
-    from airflow_upsert_provider.engine.lifecycle import Status
+    from airflow_upsert_provider.engine.store import streams
+    from airflow_upsert_provider.engine.store.stream_rules import Status
 
     actor = _actor(args)
     if args.no_wait:
@@ -735,7 +735,8 @@ def _stop(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_recover(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine import recovery, streams
+    from airflow_upsert_provider.engine.lifecycle import recovery
+    from airflow_upsert_provider.engine.store import streams
 
     shard_id, action = args.shard, args.recover_command
     if action == "begin":
@@ -774,7 +775,7 @@ def cmd_recover(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_source(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.sources.retention import prune
+    from airflow_upsert_provider.engine.maintenance.retention import prune
 
     report = prune(ctx.shard(args.shard), below=args.below, dry_run=args.dry_run)
     if not args.json:
@@ -811,7 +812,7 @@ def _observation_line(obs: dict[str, Any]) -> str:
 
 
 def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine import observations
+    from airflow_upsert_provider.engine.frontier import observations
 
     if args.frontier_command == "observe":
         report = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=_actor(args),
@@ -829,7 +830,7 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                   + (f", {len(report.unobservable)} shard(s) not observable" if report.unobservable else ""))
             return {}
         return {"observations": out, "unobservable": report.unobservable}
-    from airflow_upsert_provider.engine.frontier import StallSettings
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
     given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
              if getattr(args, field) is not None}
@@ -869,7 +870,7 @@ def _print_frontier_status(out: dict[str, Any]) -> None:
 
 
 def _add_spark_server_commands(commands, common: argparse.ArgumentParser) -> None:
-    from airflow_upsert_provider.engine.spark_server import DEFAULT_PORT, START_TIMEOUT_SECONDS
+    from airflow_upsert_provider.engine.spark.server import DEFAULT_PORT, START_TIMEOUT_SECONDS
 
     server = commands.add_parser(
         "spark-server", parents=[common],
@@ -895,7 +896,7 @@ def _add_spark_server_commands(commands, common: argparse.ArgumentParser) -> Non
 
 
 def cmd_spark_server(ctx: Context | None, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.spark_server import SparkServer
+    from airflow_upsert_provider.engine.spark.server import SparkServer
 
     server = SparkServer(args.state_dir)
     if args.server_command == "start":
@@ -954,7 +955,7 @@ def _add_spark_archive_commands(commands, common: argparse.ArgumentParser) -> No
 
 
 def cmd_spark_archive(ctx: Context | None, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine import class_archive
+    from airflow_upsert_provider.engine.spark import class_archive
 
     if args.archive_command == "build":
         out = class_archive.build_archive(args.state_dir, force=args.force,
@@ -1008,7 +1009,7 @@ def failed_write_path(exc: BaseException) -> str | None:
     """The file or directory whose write failed for a reason of the filesystem: the filename
     of an ``OSError`` in the exception chain, or the path a JVM error names in java.io's
     ``<path> (<reason>)`` form; None if neither names one."""
-    from airflow_upsert_provider.engine.writer import BLOB_WRITE_FAILURES
+    from airflow_upsert_provider.engine.write.writer import BLOB_WRITE_FAILURES
 
     java_path = re.compile(r"(\S+) \((?:" + "|".join(map(re.escape, BLOB_WRITE_FAILURES.values())) + r")\)")
     seen: set[int] = set()
@@ -1061,8 +1062,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("UPSERT_DEBUG"):
             raise
-        from airflow_upsert_provider.engine.spark_server import display_remote, server_gone
-        from airflow_upsert_provider.engine.writer import blob_write_failure
+        from airflow_upsert_provider.engine.spark.server import display_remote, server_gone
+        from airflow_upsert_provider.engine.write.writer import blob_write_failure
 
         remote = getattr(args, "remote", None) or os.environ.get("UPSERT_SPARK_REMOTE")
         if remote and server_gone(exc):

@@ -46,14 +46,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from airflow_upsert_provider.engine import spark as engine_spark  # noqa: E402
+from airflow_upsert_provider.engine.spark import session as engine_spark  # noqa: E402
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate  # noqa: E402
 
 SHARD = "cold"
 # The sample process: the candidate's defaults go into engine.spark, then upsertctl runs.
 SAMPLE_PROCESS = """
 import json, os, sys
-from airflow_upsert_provider.engine import spark
+from airflow_upsert_provider.engine.spark import session as spark
 candidate = json.loads(os.environ["COLD_START_CANDIDATE"])
 spark.DEFAULT_CONF.clear()
 spark.DEFAULT_CONF.update(candidate["conf"])
@@ -149,9 +149,9 @@ def table_digest(spark, copy: str) -> tuple[int, int]:
     """(rows, sum of a 64-bit hash of every row) of the copy's table."""
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
 
     consensus = open_consensus(f"sqlite:///{copy}/consensus.db")
     try:
@@ -269,7 +269,7 @@ def main() -> None:
                       flush=True)
         results["load_after"] = os.getloadavg()
 
-        from airflow_upsert_provider.engine.spark import get_spark
+        from airflow_upsert_provider.engine.spark.session import get_spark
 
         spark = get_spark("local[2]")
         digests = {name: table_digest(spark, os.path.join(work, "runs", name)) for name in chosen}

@@ -15,7 +15,7 @@ The stream row exists before measuring (one stop, finalize and resume), so no fi
 includes the one-time insert of a shard's first fenced commit. Each append passes the
 stream's epoch, as a writer does. Ratios are after / before.
 
-Also, per store: a fresh process that imports ``airflow_upsert_provider.engine.streams``,
+Also, per store: a fresh process that imports ``airflow_upsert_provider.engine.store.streams``,
 opens the store and appends once (what an Airflow task sees), before and after, beside the
 warm figure.
 
@@ -38,9 +38,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from airflow_upsert_provider.engine import consensus as consensus_module  # noqa: E402
-from airflow_upsert_provider.engine import streams  # noqa: E402
-from airflow_upsert_provider.engine.consensus import BatchRecord, Consensus, open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.store import consensus as consensus_module  # noqa: E402
+from airflow_upsert_provider.engine.store import streams  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus, open_consensus  # noqa: E402
 
 CONFIGS = ("no hooks", "before", "after")
 SHARD = "bench"
@@ -128,10 +128,10 @@ def measure_warm(consensus: Consensus, epoch: int, appends: int, block: int, sta
 FRESH_CHILD = r"""
 import json, sys, time
 started = time.perf_counter()
-import airflow_upsert_provider.engine.streams as streams
+import airflow_upsert_provider.engine.store.streams as streams
 imported = time.perf_counter()
-from airflow_upsert_provider.engine import consensus as consensus_module
-from airflow_upsert_provider.engine.consensus import BatchRecord, open_consensus
+from airflow_upsert_provider.engine.store import consensus as consensus_module
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, open_consensus
 url, shard, ts, epoch, config = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 if config == "before":
     consensus_module.commit_hooks.remove(streams.fence_commit)

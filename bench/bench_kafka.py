@@ -47,10 +47,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # confluent-kafka), not whatever python3 is first on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
-from airflow_upsert_provider.engine.consensus import open_consensus  # noqa: E402
-from airflow_upsert_provider.engine.shard import Shard  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource  # noqa: E402
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions  # noqa: E402
 
@@ -247,7 +247,7 @@ def one_batch_per_process(env: Env, batches: int, batch: int, keys: int) -> dict
 def continuous_fresh_process(env: Env, batches: int, batch: int, keys: int) -> dict:
     """``upsertctl run-batch --continuous`` from process start until the last batch's line;
     then the stream is stopped, which the run sees between batches, and it exits."""
-    from airflow_upsert_provider.engine import streams
+    from airflow_upsert_provider.engine.store import streams
 
     shard, producing = kafka_shard(env, "continuous_fresh", "continuous-fresh", batch, keys=keys, seed=12)
     feeder = Feeder(env, producing, shard.shard_id, batches, batch // PARTITIONS)
@@ -283,8 +283,8 @@ def continuous_fresh_process(env: Env, batches: int, batch: int, keys: int) -> d
 def continuous_in_process(env: Env, spark, batches: int, batch: int, keys: int, *, prefetch: bool, name: str) -> dict:
     """``run_continuous`` in this process, Spark warm; it ends after ``batches`` results (its
     clock jumps past the deadline), so the figure is batches back to back, no idle poll."""
-    from airflow_upsert_provider.engine.continuous import run_continuous
-    from airflow_upsert_provider.engine.writer import Writer
+    from airflow_upsert_provider.engine.write.continuous import run_continuous
+    from airflow_upsert_provider.engine.write.writer import Writer
 
     shard, producing = kafka_shard(env, f"continuous_{name}", f"continuous-{name}", batch, keys=keys, seed=13)
     feeder = Feeder(env, producing, shard.shard_id, batches, batch // PARTITIONS)
@@ -393,8 +393,8 @@ def build_base(spark, shard: Shard, rows: int) -> None:
     tables), binding no offsets: the mock cluster cannot hold millions of messages."""
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.consensus import BatchRecord, Binding
-    from airflow_upsert_provider.engine.runs import bucket_column, describe_run, write_bucketed
+    from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding
+    from airflow_upsert_provider.engine.table.runs import bucket_column, describe_run, write_bucketed
 
     base = spark.range(rows).select(
         (F.col("id") * PARTITIONS + 1_000_000_000).alias("id"),  # never an id the topic produces
@@ -412,10 +412,10 @@ def build_base(spark, shard: Shard, rows: int) -> None:
 
 
 def recovery(env: Env, spark, rows: int, kafka_batches: int, batch: int) -> dict:
-    from airflow_upsert_provider.engine import checkpoint as ckpt
-    from airflow_upsert_provider.engine import recovery as rec
-    from airflow_upsert_provider.engine import streams
-    from airflow_upsert_provider.engine.writer import Writer
+    from airflow_upsert_provider.engine.maintenance import checkpoint as ckpt
+    from airflow_upsert_provider.engine.lifecycle import recovery as rec
+    from airflow_upsert_provider.engine.store import streams
+    from airflow_upsert_provider.engine.write.writer import Writer
 
     shard, producing = kafka_shard(env, "recovery", "recovery", batch, keys=None, seed=31)
     started = time.perf_counter()
@@ -490,7 +490,7 @@ def main() -> None:
     parts = {int(p) for p in args.parts.split(",")}
     keys = batch * 5  # updates of keys seen before, new keys, and deletes in every batch
 
-    from airflow_upsert_provider.engine.spark import get_spark
+    from airflow_upsert_provider.engine.spark.session import get_spark
 
     owner, bootstrap = start_cluster()
     work = tempfile.mkdtemp(prefix="kafka-bench-")

@@ -153,9 +153,9 @@ def size_label(rows: int) -> str:
 
 def export_shard(spark, env: dict[str, str], shard_id: str, path: str) -> None:
     """Write the shard's table (as of its upper) to Parquet at PATH, through the server."""
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
 
     consensus = open_consensus(env["UPSERT_CONSENSUS_URL"])
     try:
@@ -336,8 +336,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.replace("_", "").split(",")]
 
-    from airflow_upsert_provider.engine.spark import get_spark
-    from airflow_upsert_provider.engine.spark_server import SparkServer, parse_remote, port_answers
+    from airflow_upsert_provider.engine.spark.session import get_spark
+    from airflow_upsert_provider.engine.spark.server import SparkServer, parse_remote, port_answers
 
     work = args.work or tempfile.mkdtemp(prefix="bench-latency-")
     os.makedirs(work, exist_ok=True)

@@ -25,13 +25,13 @@ import uuid
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.checkpoint import create_checkpoint, manifest_files  # noqa: E402
-from airflow_upsert_provider.engine.compaction import compact  # noqa: E402
+from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, manifest_files  # noqa: E402
+from airflow_upsert_provider.engine.maintenance.compaction import compact  # noqa: E402
 from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
-from airflow_upsert_provider.engine.consensus import BatchRecord, open_consensus  # noqa: E402
-from airflow_upsert_provider.engine.gc import collect_garbage  # noqa: E402
-from airflow_upsert_provider.engine.shard import Shard  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage  # noqa: E402
+from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.sample_data import sample_schema_json  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def synthetic_rows(spark, shard: Shard, *, rows: int, keys: int, ts: int, seed: 
     one row per key); about 2% of an update batch are tombstones."""
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.runs import bucket_column
+    from airflow_upsert_provider.engine.table.runs import bucket_column
 
     frame = spark.range(rows)
     if ts > 0:
@@ -65,7 +65,7 @@ def synthetic_rows(spark, shard: Shard, *, rows: int, keys: int, ts: int, seed: 
 
 
 def commit_run(spark, shard: Shard, rows_frame, ts: int) -> dict:
-    from airflow_upsert_provider.engine.runs import describe_run, write_bucketed
+    from airflow_upsert_provider.engine.table.runs import describe_run, write_bucketed
 
     run_dir = shard.run_dir(ts, "bench", uuid.uuid4().hex[:12])
     write_bucketed(rows_frame, shard.config, run_dir)
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     rows, batches, update_rows, files = (500_000, 10, 20_000, 10_000) if args.quick else (5_000_000, 50, 100_000, 100_000)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-maintenance-")
     os.makedirs(workdir, exist_ok=True)
-    from airflow_upsert_provider.engine.spark import get_spark
+    from airflow_upsert_provider.engine.spark.session import get_spark
 
     spark = get_spark("local[2]", app_name="bench-maintenance", conf={"spark.driver.memory": "4g"})
     try:

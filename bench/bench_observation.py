@@ -43,11 +43,11 @@ sys.path.insert(0, REPO)
 
 import sqlalchemy as sa  # noqa: E402
 
-from airflow_upsert_provider.engine import observations  # noqa: E402
-from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.consensus import BatchRecord, Consensus, open_consensus  # noqa: E402
-from airflow_upsert_provider.engine.frontier import StallSettings  # noqa: E402
-from airflow_upsert_provider.engine.shard import Shard  # noqa: E402
+from airflow_upsert_provider.engine.frontier import observations  # noqa: E402
+from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus, open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.frontier.rules import StallSettings  # noqa: E402
+from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
 
 KINDS = ("survey", "writer", "observe", "evaluate")
@@ -155,11 +155,11 @@ FRESH_CHILD = r"""
 import json, sys, time
 started = time.perf_counter()
 import sqlalchemy as sa
-from airflow_upsert_provider.engine import observations
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.frontier import StallSettings
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.frontier import observations
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.frontier.rules import StallSettings
+from airflow_upsert_provider.engine.table.shard import Shard
 imported = time.perf_counter()
 url, blob_root, kind = sys.argv[1], sys.argv[2], sys.argv[3]
 consensus = open_consensus(url)

@@ -28,12 +28,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.consensus import BatchRecord, Binding, open_consensus  # noqa: E402
-from airflow_upsert_provider.engine.shard import Shard  # noqa: E402
-from airflow_upsert_provider.engine.spark import get_spark  # noqa: E402
-from airflow_upsert_provider.engine.runs import describe_run, user_schema, write_bucketed  # noqa: E402
-from airflow_upsert_provider.engine.writer import StagedBatch, Writer  # noqa: E402
+from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding, open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
+from airflow_upsert_provider.engine.spark.session import get_spark  # noqa: E402
+from airflow_upsert_provider.engine.table.runs import describe_run, user_schema, write_bucketed  # noqa: E402
+from airflow_upsert_provider.engine.write.writer import StagedBatch, Writer  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
 from tests.helpers import sample_config  # noqa: E402
 
@@ -76,7 +76,7 @@ def build_base_table(spark, shard: Shard, rows: int, naive_dir: str) -> None:
     Parquet directory for the naive baseline."""
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.runs import bucket_column
+    from airflow_upsert_provider.engine.table.runs import bucket_column
 
     base = spark.range(rows).select(
         F.col("id"),

@@ -15,8 +15,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 logging.getLogger("py4j").setLevel(logging.WARNING)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from airflow_upsert_provider.engine.blob import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.consensus import open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import open_consensus  # noqa: E402
 from tests.pgserver import PostgresServer  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +24,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="session")
 def spark():
-    from airflow_upsert_provider.engine.spark import get_spark
+    from airflow_upsert_provider.engine.spark.session import get_spark
 
     session = get_spark(
         "local[2]",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from airflow_upsert_provider.engine.consensus import Consensus
+from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown
 
 

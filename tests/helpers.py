@@ -8,8 +8,8 @@ import os
 import pytest
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.consensus import BatchRecord
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.sample_data import SampleSpec, generate, sample_schema_json
 
 
@@ -67,8 +67,8 @@ def run_cli_json(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict |
 def cli_store(tmp_path, monkeypatch, consensus_url: str):
     """A consensus store and blob root under ``tmp_path`` that `upsertctl` in this process
     also uses (through its environment): (consensus, blob)."""
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", consensus_url)
     monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
@@ -80,7 +80,8 @@ def cli_store(tmp_path, monkeypatch, consensus_url: str):
 def recover(shard: Shard, actor: str = "test"):
     """Finish the recovery a restore (or ``recover begin``) opened, in the only order the
     engine accepts: seek, then resume. Returns the resume's TransitionResult."""
-    from airflow_upsert_provider.engine import recovery, streams
+    from airflow_upsert_provider.engine.lifecycle import recovery
+    from airflow_upsert_provider.engine.store import streams
 
     sought = recovery.seek(shard, actor=actor)
     return streams.resume_after_recovery(shard.consensus, shard.shard_id, sought.epoch, actor)

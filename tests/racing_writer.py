@@ -17,7 +17,7 @@ import sys
 import time
 
 from airflow_upsert_provider import cli
-from airflow_upsert_provider.engine import writer as writer_module
+from airflow_upsert_provider.engine.write import writer as writer_module
 
 rng = random.Random(int(os.environ.get("RACE_SEED", "0")))
 max_delay = float(os.environ.get("RACE_MAX_DELAY", "0"))

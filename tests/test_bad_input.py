@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import BadInputError
-from airflow_upsert_provider.engine.writer import BatchResult, Writer
+from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 from airflow_upsert_provider.sample_data import write_segment
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from airflow_upsert_provider.engine import class_archive as ca
+from airflow_upsert_provider.engine.spark import class_archive as ca
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
@@ -139,7 +139,7 @@ def test_status_reports_a_damaged_archive_and_a_new_session_leaves_it_out(tmp_pa
     assert done.returncode == 2, done.stderr
     out = json.loads(done.stdout)
     assert out["path"] == path and out["used"] is False and out["damaged"] is True
-    probe = ("from airflow_upsert_provider.engine.spark import driver_java_options\n"
+    probe = ("from airflow_upsert_provider.engine.spark.session import driver_java_options\n"
              "print(driver_java_options())\n")
     seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert seen.returncode == 0, seen.stderr
@@ -276,7 +276,7 @@ def test_a_built_archive_is_mapped_by_a_fresh_run_batch(tmp_path, sqlite_url):
 
     probe = (
         "import json\n"
-        "from airflow_upsert_provider.engine.spark import get_spark\n"
+        "from airflow_upsert_provider.engine.spark.session import get_spark\n"
         "spark = get_spark('local[1]')\n"
         "jvm = spark.sparkContext._jvm\n"
         "print(json.dumps(list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())))\n"
@@ -336,7 +336,7 @@ jvm.wait()
 
 BUILDER = """
 import sys
-from airflow_upsert_provider.engine import class_archive
+from airflow_upsert_provider.engine.spark import class_archive
 class_archive._DUMP_CHILD = sys.argv[2]
 class_archive.build_archive(sys.argv[1], rows=200)
 """

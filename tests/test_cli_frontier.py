@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from airflow_upsert_provider.engine import observations
-from airflow_upsert_provider.engine.frontier import Observation
+from airflow_upsert_provider.engine.frontier import observations
+from airflow_upsert_provider.engine.frontier.rules import Observation
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.helpers import batch, cli_store, make_shard
 from tests.helpers import run_cli as run

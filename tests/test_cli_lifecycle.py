@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced
-from airflow_upsert_provider.engine.sources.retention import lowest_bounds, plan_prune, read_log
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.maintenance.retention import lowest_bounds, plan_prune, read_log
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec
 from tests.helpers import batch, cli_store, landing_env, make_shard
 from tests.helpers import run_cli as run
@@ -348,7 +348,7 @@ def test_a_stop_superseded_by_a_resume_exits_7_and_stops_waiting(store_shard, ca
 def test_a_batch_left_by_a_killed_writer_does_not_make_the_stop_wait(store_shard, capsys, monkeypatch):
     import sqlalchemy as sa
 
-    from airflow_upsert_provider.engine.consensus import bindings_table
+    from airflow_upsert_provider.engine.store.consensus import bindings_table
 
     shard = store_shard
     shard.mint_binding(0, minted_by="killed-writer")

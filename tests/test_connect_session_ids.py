@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from airflow_upsert_provider.engine.spark import (
+from airflow_upsert_provider.engine.spark.session import (
     SHARED_SESSION_WINDOW_SECONDS,
     named_session_id,
     shared_session_decision,
@@ -55,7 +55,7 @@ def test_no_shared_session_when_the_state_directory_cannot_hold_the_record(tmp_p
 
 
 def test_a_kafka_slice_with_secrets_is_never_registered_in_a_shared_session(monkeypatch):
-    from airflow_upsert_provider.engine import spark as spark_module
+    from airflow_upsert_provider.engine.spark import session as spark_module
     from airflow_upsert_provider.engine.errors import ConfigurationError
     from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource
 
@@ -83,7 +83,7 @@ def test_the_cli_asks_for_a_session_of_its_own_when_the_kafka_config_has_secrets
     import argparse
 
     from airflow_upsert_provider import cli
-    from airflow_upsert_provider.engine import spark as spark_module
+    from airflow_upsert_provider.engine.spark import session as spark_module
 
     asked = []
     monkeypatch.setattr(spark_module, "get_spark", lambda *a, **kw: asked.append(kw) or object())

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.conftest import cli_env
 from tests.helpers import make_shard

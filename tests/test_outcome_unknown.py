@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from airflow_upsert_provider import cli
-from airflow_upsert_provider.engine import consensus as consensus_module
-from airflow_upsert_provider.engine import writer as writer_module
+from airflow_upsert_provider.engine.store import consensus as consensus_module
+from airflow_upsert_provider.engine.write import writer as writer_module
 from airflow_upsert_provider.engine.errors import (
     BadInputError,
     CommitOutcomeUnknown,
@@ -25,7 +25,7 @@ from airflow_upsert_provider.engine.errors import (
     IntegrityError,
     UpsertError,
 )
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.faults import StoreOutage
 from tests.helpers import make_shard
@@ -190,7 +190,7 @@ def test_compare_and_append_maps_an_exhausted_pool_to_unavailable(sqlite_url):
 
 
 def test_a_catalog_change_whose_lock_release_failed_is_outcome_unknown(sqlite_url):
-    from airflow_upsert_provider.engine.catalog_lock import catalog_lock
+    from airflow_upsert_provider.engine.store.catalog_lock import catalog_lock
 
     store = consensus_module.open_consensus(sqlite_url)
     changed = []

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from airflow_upsert_provider.engine import records as R
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.write import records as R
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import BadInputError
-from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
+from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import Segment
-from airflow_upsert_provider.engine.upsert import _segment_columns
-from airflow_upsert_provider.engine.writer import BatchResult, Writer
+from airflow_upsert_provider.engine.write.upsert import _segment_columns
+from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 from tests.helpers import sample_config
 
 SCHEMA = json.dumps(

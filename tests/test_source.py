@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_upsert_provider.engine import binding_planner, source_index
+from airflow_upsert_provider.engine.table import binding_planner
+from airflow_upsert_provider.engine.store import source_index
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
@@ -21,7 +22,7 @@ from airflow_upsert_provider.engine.sources import planning
 from airflow_upsert_provider.engine.sources.directory import MAX_OFFSET, segment_offset
 from airflow_upsert_provider.engine.sources.parquet_types import parquet_schema_problem, type_problem
 from airflow_upsert_provider.engine.sources.planning import late_arrival_reason, range_files, sort_out_new_names
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import write_segment
 from tests.conftest import sqlite_only
 from tests.helpers import batch, make_shard
@@ -353,7 +354,7 @@ def test_d20_parquet_int64_into_int_is_bad_input(mode, spark, consensus, blob, t
     pq.write_table(pa.table({"id": pa.array([2], pa.int64()), "n": pa.array([8], pa.int64())}), wide)
     schema = StructType([StructField("id", LongType()), StructField("n", IntegerType())]).json()
     config = ShardConfig(source=f"dir:{tmp_path / 'landing'}", keys=("id",), schema=schema, source_format="parquet")
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.table.shard import Shard
 
     shard = Shard.create(consensus, blob, "d20", config)
     w = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record=mode)

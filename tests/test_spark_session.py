@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from airflow_upsert_provider.engine import spark as spark_module
+from airflow_upsert_provider.engine.spark import session as spark_module
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.spark import get_spark
+from airflow_upsert_provider.engine.spark.session import get_spark
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
 from tests.test_cli_errors import tmpfs  # noqa: F401 (fixture)
@@ -164,7 +164,7 @@ def test_the_driver_jvm_holds_none_of_the_process_output_streams():
     has shut down."""
     probe = (
         "import json, os\n"
-        "from airflow_upsert_provider.engine.spark import get_spark\n"
+        "from airflow_upsert_provider.engine.spark.session import get_spark\n"
         "spark = get_spark('local[1]')\n"
         "jvm = spark.sparkContext._jvm\n"
         "jvm.java.lang.System.out.println('jvm-stdout-marker')\n"
@@ -193,7 +193,7 @@ def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options(spark):
 def test_a_users_driver_java_options_replace_the_engines():
     probe = (
         "import json\n"
-        "from airflow_upsert_provider.engine.spark import get_spark\n"
+        "from airflow_upsert_provider.engine.spark.session import get_spark\n"
         "from tests.test_spark_session import _jvm_option\n"
         "spark = get_spark('local[1]', conf={'spark.driver.extraJavaOptions': '-Dupsert.probe=1 "
         "-XX:TieredStopAtLevel=1'})\n"

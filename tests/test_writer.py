@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from airflow_upsert_provider.engine import writer as writer_module
+from airflow_upsert_provider.engine.write import writer as writer_module
 from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown, ConsensusOutcomeUnknown
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, write_segment
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard
@@ -242,7 +242,7 @@ def test_status_reports_frontier_lag_and_rows(spark, consensus, blob, tmp_path):
 
 @pytest.fixture
 def store(sqlite_url):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(sqlite_url)
     yield consensus
@@ -260,7 +260,7 @@ def spark_error_naming(path: str) -> Exception:
 def fake_stage(outcomes: list[str], calls: list[str]):
     """A stand-in for the Spark batch: per attempt, "lost" has the attempt's directory removed
     while it writes (the error names it), "ok" writes one file and describes it."""
-    from airflow_upsert_provider.engine.upsert import StagedOutput
+    from airflow_upsert_provider.engine.write.upsert import StagedOutput
 
     def stage(spark, shard, binding, *, run_dir, rejects_dir, on_bad_record, messages=None):
         calls.append(run_dir)
@@ -277,7 +277,7 @@ def fake_stage(outcomes: list[str], calls: list[str]):
 
 
 def test_a_staging_directory_deleted_while_spark_writes_is_restaged(store, blob, tmp_path, monkeypatch):
-    from airflow_upsert_provider.engine import upsert as upsert_module
+    from airflow_upsert_provider.engine.write import upsert as upsert_module
 
     shard = make_shard(store, blob, tmp_path, spec=SMALL)
     calls: list[str] = []
@@ -290,7 +290,7 @@ def test_a_staging_directory_deleted_while_spark_writes_is_restaged(store, blob,
 
 
 def test_a_staging_directory_lost_on_every_attempt_is_a_retryable_error_naming_it(store, blob, tmp_path, monkeypatch):
-    from airflow_upsert_provider.engine import upsert as upsert_module
+    from airflow_upsert_provider.engine.write import upsert as upsert_module
     from airflow_upsert_provider.engine.errors import StagingLost
 
     shard = make_shard(store, blob, tmp_path, spec=SMALL)
@@ -305,7 +305,7 @@ def test_a_staging_directory_lost_on_every_attempt_is_a_retryable_error_naming_i
 
 
 def test_staging_lost_is_decided_by_the_error_naming_the_attempt_or_by_a_gc_claim():
-    from airflow_upsert_provider.engine.writer import staging_lost
+    from airflow_upsert_provider.engine.write.writer import staging_lost
 
     run_dir, rejects_dir = "/b/s/runs/ts=000000000000/w-abc", "/b/s/rejects/ts=000000000000/w-abc"
     dirs = (run_dir, rejects_dir)
@@ -369,7 +369,7 @@ def test_a_store_that_fails_before_every_commit_is_determinate_exit_2(store, blo
 
 
 def test_a_new_epoch_keeps_the_files_of_a_held_batch_whose_commit_may_have_landed(store, blob, tmp_path, monkeypatch):
-    from airflow_upsert_provider.engine import streams
+    from airflow_upsert_provider.engine.store import streams
     from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown
 
     shard = make_shard(store, blob, tmp_path, spec=SMALL)

@@ -1,6 +1,7 @@
 """The upsert engine: pure Python + PySpark. It never imports Airflow.
 
-Layers: consensus (the linearizable store), blob (files), sources (offset-addressed input),
-shard (state, bindings, compare_and_append, read), upsert (one Spark batch), writer (the
-run loop that classifies every batch it holds).
+Layers, lowest first; a layer imports only the layers below it (tests/test_imports.py):
+errors; spark, blob; sources; config; store (consensus, stream row, registry); table (shard, runs,
+bindings); maintenance; lifecycle (recovery, acks, group offsets); frontier; write (records,
+staging, batch job, writer).
 """

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_upsert_provider.engine.consensus import with_password
+from airflow_upsert_provider.engine.store.consensus import with_password
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.blob import LocalBlob
-    from airflow_upsert_provider.engine.consensus import Consensus
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.blob.files import LocalBlob
+    from airflow_upsert_provider.engine.store.consensus import Consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 
 DEFAULT_CONN_ID = "upsert_default"
@@ -56,7 +56,7 @@ class UpsertSettings:
 
     @property
     def redacted_consensus_url(self) -> str:
-        from airflow_upsert_provider.engine.consensus import redact_url
+        from airflow_upsert_provider.engine.store.consensus import redact_url
 
         return redact_url(self.consensus_url)
 
@@ -167,7 +167,7 @@ class UpsertShardHook(BaseHook):
         """The consensus store (tables created if missing). Raises ConsensusUnavailable when
         it cannot be reached, with the password masked."""
         if self._consensus is None:
-            from airflow_upsert_provider.engine.consensus import open_consensus
+            from airflow_upsert_provider.engine.store.consensus import open_consensus
 
             self.log.info("consensus: %s", self.settings.redacted_consensus_url)
             self._consensus = open_consensus(self.settings.consensus_url)
@@ -176,7 +176,7 @@ class UpsertShardHook(BaseHook):
     def get_blob(self, *, create: bool = False) -> LocalBlob:
         """The blob store; its root must exist unless ``create``."""
         if self._blob is None:
-            from airflow_upsert_provider.engine.blob import open_blob
+            from airflow_upsert_provider.engine.blob.files import open_blob
 
             blob = open_blob(self.settings.blob_root)
             if create:
@@ -197,7 +197,7 @@ class UpsertShardHook(BaseHook):
             ignored for a directory shard.
         :param require_kafka_config: refuse a Kafka shard that no connection is named for.
         """
-        from airflow_upsert_provider.engine.shard import Shard
+        from airflow_upsert_provider.engine.table.shard import Shard
 
         shard = Shard.open(self.get_consensus(), self.get_blob(), shard_id)
         if not shard.is_kafka:
@@ -275,8 +275,8 @@ class UpsertShardHook(BaseHook):
             DEFAULT_MAX_FILES_PER_BATCH,
             ShardConfig,
         )
-        from airflow_upsert_provider.engine.shard import Shard
-        from airflow_upsert_provider.engine.upsert import parse_schema
+        from airflow_upsert_provider.engine.table.shard import Shard
+        from airflow_upsert_provider.engine.write.upsert import parse_schema
 
         config = ShardConfig(
             source=source,
@@ -314,7 +314,7 @@ class UpsertShardHook(BaseHook):
     def get_spark(self, app_name: str = "airflow-upsert-provider", conf: Mapping[str, str] | None = None) -> SparkSession:
         """A SparkSession in this process on the Spark connection's master (the active one
         if this process has one)."""
-        from airflow_upsert_provider.engine.spark import get_spark
+        from airflow_upsert_provider.engine.spark.session import get_spark
 
         return get_spark(self.spark_master(), app_name=app_name, conf=conf)
 

@@ -1,6 +1,6 @@
 """Stream lifecycle and recovery operators: stop, resume, and a recovery's begin, seek, resume.
 
-Thin over ``engine/streams.py`` and ``engine/recovery.py``: each parses its parameters,
+Thin over ``engine/store/streams.py`` and ``engine/lifecycle/recovery.py``: each parses its parameters,
 makes one transition through ``UpsertShardHook`` and returns a JSON-able report (pushed to
 XCom as ``return_value``) holding the stream afterwards under ``stream`` and its recovery
 ``epoch``. The actor each transition records is the task instance
@@ -31,7 +31,7 @@ from airflow_upsert_provider.operators.upsert import to_airflow_error, writer_id
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_upsert_provider.engine.streams import TransitionResult
+    from airflow_upsert_provider.engine.store.streams import TransitionResult
 
 
 def actor_for(context: Mapping[str, Any] | None, task: BaseOperator) -> str:
@@ -135,7 +135,7 @@ class StopStreamOperator(_StreamOperator):
         self._killed = False
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:
-        from airflow_upsert_provider.engine import streams
+        from airflow_upsert_provider.engine.store import streams
 
         drain = parse_seconds(self.drain_seconds, "drain_seconds")
 
@@ -163,7 +163,7 @@ class StopStreamOperator(_StreamOperator):
         """For the drain: when batch ``ts``'s staging files were last written. A blob root the
         stop cannot use only takes that sign away (the binding's age still counts): a stop does
         not depend on the blob."""
-        from airflow_upsert_provider.engine import streams
+        from airflow_upsert_provider.engine.store import streams
 
         try:
             blob = hook.get_blob()
@@ -194,7 +194,7 @@ class ResumeStreamOperator(_StreamOperator):
     """
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:
-        from airflow_upsert_provider.engine import streams
+        from airflow_upsert_provider.engine.store import streams
 
         return transition_report(streams.resume(hook.get_consensus(), self.shard, actor, self.reason_text))
 
@@ -211,7 +211,7 @@ class BeginRecoveryOperator(_StreamOperator):
     """
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:
-        from airflow_upsert_provider.engine import streams
+        from airflow_upsert_provider.engine.store import streams
 
         return transition_report(streams.begin_recovery(hook.get_consensus(), self.shard, actor, self.reason_text))
 
@@ -240,7 +240,7 @@ class SeekSourceOperator(_StreamOperator):
         self.epoch = epoch
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.recovery import seek
+        from airflow_upsert_provider.engine.lifecycle.recovery import seek
 
         epoch = parse_epoch(self.epoch)
         return seek(hook.open_shard(self.shard), epoch=epoch, actor=actor).to_dict()
@@ -265,7 +265,7 @@ class ResumeAfterRecoveryOperator(_StreamOperator):
         self.epoch = epoch
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:
-        from airflow_upsert_provider.engine import streams
+        from airflow_upsert_provider.engine.store import streams
 
         epoch = parse_epoch(self.epoch)
         return transition_report(streams.resume_after_recovery(hook.get_consensus(), self.shard, epoch, actor))

@@ -81,7 +81,7 @@ class CompactShardOperator(_ShardMaintenanceOperator):
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
-        from airflow_upsert_provider.engine.compaction import compact
+        from airflow_upsert_provider.engine.maintenance.compaction import compact
 
         since = parse_int(self.since, "since")
         shard = hook.open_shard(self.shard)
@@ -123,7 +123,7 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
         self.keep_within = keep_within
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.checkpoint import create_checkpoint
+        from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
 
         keep_last = parse_int(self.keep_last, "keep_last")
         keep_within = parse_seconds(self.keep_within, "keep_within")
@@ -159,7 +159,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         self.dry_run = dry_run
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+        from airflow_upsert_provider.engine.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
 
         grace = parse_seconds(self.grace_seconds, "grace_seconds")
         # Parsed before any engine call: a typo must not turn a dry run into deletions.
@@ -214,8 +214,8 @@ class RestoreCheckpointOperator(_ShardMaintenanceOperator):
         return super().execute(context)
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.checkpoint import Catalog, restore_checkpoint
-        from airflow_upsert_provider.engine.streams import read_stream
+        from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, restore_checkpoint
+        from airflow_upsert_provider.engine.store.streams import read_stream
 
         blob = hook.get_blob()
         checkpoint_id = None if self.checkpoint_id in (None, "", "None", "latest") else self.checkpoint_id

@@ -30,8 +30,8 @@ from airflow_upsert_provider.engine.errors import (
     TransitionRefused,
     UpsertError,
 )
-from airflow_upsert_provider.engine.shard import BAD_RECORD_MODES
-from airflow_upsert_provider.engine.streams import require_ready
+from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
+from airflow_upsert_provider.engine.store.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_duration, parse_int
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
     from airflow.sdk import Context
 
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.table.shard import Shard
 
 SPARK_MODES = ("in_process", "submit", "connect")
 # connect mode without a connection: the server `upsertctl spark-server start` runs by default.
@@ -379,7 +379,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.sdk.exceptions import AirflowNotFoundException
 
-        from airflow_upsert_provider.engine.spark_server import display_remote
+        from airflow_upsert_provider.engine.spark.server import display_remote
 
         named = None if self.spark_connect_conn_id in (None, "", "None") else str(self.spark_connect_conn_id)
         conn_id = named or hook.settings.spark_conn_id
@@ -411,7 +411,7 @@ class MicroBatchUpsertOperator(BaseOperator):
     ) -> dict[str, Any]:
         """The writer in this process; its Spark in this process too, or on the Spark Connect
         server at ``remote`` (connect mode)."""
-        from airflow_upsert_provider.engine.writer import Writer
+        from airflow_upsert_provider.engine.write.writer import Writer
 
         spark_seconds: list[float] = []
 
@@ -425,7 +425,7 @@ class MicroBatchUpsertOperator(BaseOperator):
                 spark_started = time.monotonic()
                 owned = SparkSession.getActiveSession() is None
                 if remote is not None:
-                    from airflow_upsert_provider.engine.spark import get_spark
+                    from airflow_upsert_provider.engine.spark.session import get_spark
 
                     # A Kafka client config with secrets never goes into a shared session.
                     session = get_spark(remote=remote, conf=self.spark_conf,
@@ -447,7 +447,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         )
         try:
             if plan.continuous_seconds is not None:
-                from airflow_upsert_provider.engine.continuous import run_continuous
+                from airflow_upsert_provider.engine.write.continuous import run_continuous
 
                 run = run_continuous(writer, duration_seconds=plan.continuous_seconds,
                                      on_result=lambda result: self._log_batch(result.to_dict()))
@@ -469,7 +469,7 @@ class MicroBatchUpsertOperator(BaseOperator):
                 session.stop()
 
     def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan, shard: Shard | None = None) -> dict[str, Any]:
-        from airflow_upsert_provider.engine import spark_job
+        from airflow_upsert_provider.engine.write import spark_job
 
         # Settle the blob root here: a missing root is a configuration error, not a job failure.
         blob = hook.get_blob()
@@ -570,7 +570,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         if self._spark is not None:
             import threading
 
-            from airflow_upsert_provider.engine.spark import is_connect_session
+            from airflow_upsert_provider.engine.spark.session import is_connect_session
 
             if is_connect_session(self._spark[0]):
                 self._interrupt_connect(self._spark[0])

@@ -148,8 +148,8 @@ class _Store:
         self._secrets = [*_url_parts(settings.consensus_url), str(settings.blob_root or "")]
         self.missing = _sqlite_file_missing(settings.consensus_url)
         if not self.missing:
-            from airflow_upsert_provider.engine.blob import open_blob
-            from airflow_upsert_provider.engine.consensus import open_consensus
+            from airflow_upsert_provider.engine.blob.files import open_blob
+            from airflow_upsert_provider.engine.store.consensus import open_consensus
 
             self.consensus = open_consensus(settings.consensus_url, create=False)
             self.blob = open_blob(settings.blob_root)
@@ -187,17 +187,17 @@ def _url_parts(url: str) -> list[str]:
 
 
 def _stall_settings():
-    from airflow_upsert_provider.engine.frontier import StallSettings
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
     return StallSettings()
 
 
 def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     """What the page lists for one shard; every part that cannot be read says why instead."""
-    from airflow_upsert_provider.engine.checkpoint import Catalog
-    from airflow_upsert_provider.engine.frontier import evaluate
-    from airflow_upsert_provider.engine.observations import load_alert_state, observation_window
-    from airflow_upsert_provider.engine.streams import read_stream
+    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog
+    from airflow_upsert_provider.engine.frontier.rules import evaluate
+    from airflow_upsert_provider.engine.frontier.observations import load_alert_state, observation_window
+    from airflow_upsert_provider.engine.store.streams import read_stream
 
     consensus, shard_id = store.consensus, record.shard_id
     row: dict[str, Any] = {
@@ -239,7 +239,7 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
 
 
 def _newest_observation(consensus, shard_id: str, now: float):
-    from airflow_upsert_provider.engine.observations import OBSERVATION_RETENTION_SECONDS, observation_window
+    from airflow_upsert_provider.engine.frontier.observations import OBSERVATION_RETENTION_SECONDS, observation_window
 
     older = observation_window(consensus, shard_id, now - OBSERVATION_RETENTION_SECONDS, now)
     return older[-1] if older else None
@@ -296,7 +296,7 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
     """The chart's points: per observation its time, upper, source high watermark and offsets
     bound at the upper (summed over partitions), lag records. None: no such shard, or a
     connection the user may not read (the same answer: its existence is not disclosed)."""
-    from airflow_upsert_provider.engine.observations import observation_window
+    from airflow_upsert_provider.engine.frontier.observations import observation_window
 
     now = time.time() if now is None else now
     if conn_id not in upsert_conn_ids() or conn_id not in readable({conn_id}):

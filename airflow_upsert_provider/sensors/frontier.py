@@ -2,7 +2,7 @@
 
 Every poke is one evaluation round of the engine (``observations.evaluate_shard``): observe
 the shard, record the observation, read the window, apply the stall rules
-(``engine/frontier.py``) and advance the shard's alert state in consensus by compare-and-set.
+(``engine/frontier/rules.py``) and advance the shard's alert state in consensus by compare-and-set.
 The round that wrote a page action owns it, so two sensors on one shard never both page.
 
 What the sensor does with a round:
@@ -37,15 +37,15 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.frontier import BlindState, advance_blind, blind_page_event
+from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_upsert_provider.engine.frontier import StallSettings
-    from airflow_upsert_provider.engine.observations import EvaluationRound
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+    from airflow_upsert_provider.engine.frontier.observations import EvaluationRound
 
 # Settings fields the sensor passes to the rules; the rules' defaults apply to those left unset.
 SECONDS_SETTINGS = ("window_seconds", "cadence_seconds", "stall_multiplier", "min_stall_seconds",
@@ -66,7 +66,7 @@ def stall_settings(values: Mapping[str, Any]) -> StallSettings:
     """``StallSettings`` from operator arguments (numbers or templated strings); unset ones keep
     the rules' defaults. A bad value fails without retry, naming the field."""
     from airflow_upsert_provider.engine.errors import ConfigurationError
-    from airflow_upsert_provider.engine.frontier import StallSettings
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
     kwargs: dict[str, Any] = {}
     for name in SECONDS_SETTINGS:
@@ -89,7 +89,7 @@ def settings_to_dict(settings: StallSettings) -> dict[str, Any]:
 
 
 def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
-    from airflow_upsert_provider.engine.frontier import StallSettings
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
     return StallSettings.from_dict(values)
 
@@ -102,7 +102,7 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
     ``kafka_conn_id``); when it cannot be observed the round says why and judges what writers
     recorded. ``compose_page``: see ``observations.evaluate_shard`` (the outbox)."""
     from airflow_upsert_provider.engine.errors import UpsertError
-    from airflow_upsert_provider.engine.observations import evaluate_shard
+    from airflow_upsert_provider.engine.frontier.observations import evaluate_shard
     from airflow_upsert_provider.operators.upsert import to_airflow_error
 
     hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
@@ -181,7 +181,7 @@ class Decision:
 def page_composer(settings: StallSettings, *, namespace: str = "", links: Sequence[dict] = (),
                   run_ids: Sequence[str] = ()) -> Callable[..., dict]:
     """What a round puts into the outbox for a trigger or resolve (``frontier.page_event``)."""
-    from airflow_upsert_provider.engine.frontier import page_event
+    from airflow_upsert_provider.engine.frontier.rules import page_event
 
     def compose(evaluation: Any, state: Any, action: str) -> dict:
         return page_event(evaluation, state, action, settings, namespace=namespace, links=links, run_ids=run_ids)
@@ -192,7 +192,7 @@ def page_composer(settings: StallSettings, *, namespace: str = "", links: Sequen
 def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str = "",
            links: Sequence[dict] = (), run_ids: Sequence[str] = ()) -> Decision:
     """The task's reading of one evaluation round (pure)."""
-    from airflow_upsert_provider.engine.frontier import FrontierStatus
+    from airflow_upsert_provider.engine.frontier.rules import FrontierStatus
 
     evaluation = round_.evaluation
     as_dict = round_.to_dict()
@@ -453,7 +453,7 @@ class FrontierStallSensor(BaseSensorOperator):
     def _settle(self, delivered: list[str], released: list[str]) -> bool:
         """Record in the outbox what was delivered and what goes back; never raises: a page
         whose delivery could not be recorded is sent again later (at least once)."""
-        from airflow_upsert_provider.engine.observations import settle_outbox
+        from airflow_upsert_provider.engine.frontier.observations import settle_outbox
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:

@@ -12,7 +12,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine import errors
-from airflow_upsert_provider.engine.lifecycle import (
+from airflow_upsert_provider.engine.store.stream_rules import (
     Status,
     StreamState,
     decide_resume,

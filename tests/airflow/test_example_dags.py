@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.checkpoint import create_checkpoint
-from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.shard import Shard
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from demo.task_logs import save_task_logs

@@ -24,10 +24,10 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.triggers.base import TriggerEvent
 
-from airflow_upsert_provider.engine import observations
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.frontier import StallSettings, dedup_key
+from airflow_upsert_provider.engine.frontier import observations
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.frontier.rules import StallSettings, dedup_key
 from airflow_upsert_provider.notifications.frontier import (
     FrontierPageNotifier,
     PageDeliveryError,
@@ -37,8 +37,8 @@ from airflow_upsert_provider.notifications.frontier import (
     asend_page,
 )
 from airflow_upsert_provider.sample_data import SampleSpec
-from airflow_upsert_provider.engine.shard import Shard
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 from airflow_upsert_provider.triggers.frontier import FrontierTrigger
 from tests.airflow.conftest import failure_text
@@ -384,7 +384,7 @@ class WorkerKilled(BaseException):
 
 def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(sqlite_url, blob, tmp_path,
                                                                                       pager, monkeypatch):
-    from airflow_upsert_provider.engine import frontier
+    from airflow_upsert_provider.engine.frontier import rules as frontier
     from airflow_upsert_provider.notifications import frontier as notifications
 
     for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
@@ -617,7 +617,7 @@ def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(ai
 
 def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_when_it_can_again(
         sqlite_url, blob, tmp_path, pager, monkeypatch):
-    from airflow_upsert_provider.engine.frontier import MONITOR_KEY
+    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY
 
     password = "monitor-db-pw-never-shown"
     down = json.dumps({"conn_type": "upsert", "password": password, "extra": {
@@ -670,7 +670,7 @@ def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_whe
 
 def test_the_trigger_pages_when_it_cannot_evaluate_and_resolves_when_it_can(sqlite_url, blob, tmp_path,
                                                                             monkeypatch):
-    from airflow_upsert_provider.engine.frontier import MONITOR_KEY
+    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY
 
     down = json.dumps({"conn_type": "upsert", "extra": {
         "consensus_url": "postgresql://monitor@127.0.0.1:1/upsert", "blob_root": blob.root}})
@@ -703,7 +703,7 @@ def test_the_monitor_dag_pages_on_its_last_try_when_the_store_cannot_be_listed(p
     import importlib.util
 
     from airflow_upsert_provider.engine.errors import ConsensusUnavailable
-    from airflow_upsert_provider.engine.frontier import MONITOR_KEY
+    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY
     from tests.conftest import REPO_ROOT
 
     for name, value in conn_env(pager).items():

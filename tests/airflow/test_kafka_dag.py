@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 
-from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.group_offsets import group_status
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
+from airflow_upsert_provider.engine.table.shard import Shard
 from tests.kafka.conftest import kafka_bootstrap, kafka_topic  # noqa: F401 - fixtures
 from tests.kafka.test_continuous import SECRET, Changes, client_config, kafka_shard, table
 from tests.pgserver import wait_for

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.engine.sources.planning import range_files
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.lifecycle import (
     BeginRecoveryOperator,
     ResumeAfterRecoveryOperator,

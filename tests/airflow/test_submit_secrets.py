@@ -187,7 +187,7 @@ def test_cluster_deploy_mode_is_refused_before_anything_is_written(store, monkey
 
 def test_the_job_reads_its_url_from_the_file_and_names_only_the_path_on_failure(tmp_path):
     from airflow_upsert_provider.engine.errors import ConfigurationError
-    from airflow_upsert_provider.engine.spark_job import consensus_url
+    from airflow_upsert_provider.engine.write.spark_job import consensus_url
 
     path = tmp_path / "url"
     path.write_text(f"postgresql://u:{PASSWORD}@h/db\n")

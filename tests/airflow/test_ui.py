@@ -34,7 +34,7 @@ STUCK_POINTS = 8
 
 def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="committed", lag_seconds=None,
                  last_commit_at=None):
-    from airflow_upsert_provider.engine.frontier import Observation
+    from airflow_upsert_provider.engine.frontier.rules import Observation
 
     return Observation(
         shard_id=shard_id, observed_at=at, upper=upper, last_commit_at=at - 1 if last_commit_at is None else last_commit_at, high_watermark={"p0": hw},
@@ -46,9 +46,9 @@ def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="c
 @pytest.fixture(scope="module")
 def shard_store(tmp_path_factory):
     """The store (SQLite consensus, blob) with the two shards and their observations."""
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.observations import record_observation
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.frontier.observations import record_observation
 
     root = tmp_path_factory.mktemp("ui-store")
     url = f"sqlite:///{root / 'consensus.db'}"
@@ -156,8 +156,8 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
 
 def test_looking_records_nothing(shard_store, monkeypatch, auth_manager):
     """The page evaluates the recorded window: no observation, no alert state is written."""
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.observations import load_alert_state, observation_count
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.frontier.observations import load_alert_state, observation_count
 
     for name, value in _connection_env(shard_store).items():
         monkeypatch.setenv(name, value)

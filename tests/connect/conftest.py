@@ -1,5 +1,5 @@
 """One local Spark Connect server for the tests in this directory, started and stopped by the
-tests themselves through engine/spark_server.py, and a ``spark`` fixture that is a Connect
+tests themselves through engine/spark/server.py, and a ``spark`` fixture that is a Connect
 client session on it: the engine's tests imported here run unchanged through Connect.
 
 The server is started by two ``upsertctl spark-server start`` processes at once (the race the
@@ -61,7 +61,7 @@ def connect_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark(connect_server):
-    from airflow_upsert_provider.engine.spark import get_spark, is_connect_session
+    from airflow_upsert_provider.engine.spark.session import get_spark, is_connect_session
 
     session = get_spark(remote=connect_server["address"], conf={"spark.sql.shuffle.partitions": "4"})
     assert is_connect_session(session)
@@ -83,7 +83,7 @@ def consensus_url(request, tmp_path):
 
 @pytest.fixture
 def sqlite_consensus(tmp_path):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     store = open_consensus(f"sqlite:///{tmp_path / 'consensus.db'}")
     yield store

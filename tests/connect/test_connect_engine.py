@@ -4,7 +4,7 @@ continuous mode (localCheckpoint, persist) and upsertctl in-process with --remot
 
 from __future__ import annotations
 
-from airflow_upsert_provider.engine.spark import is_connect_session
+from airflow_upsert_provider.engine.spark.session import is_connect_session
 
 # Imported test functions are collected here and get this directory's `spark` fixture.
 from tests.test_writer import (  # noqa: F401

@@ -12,8 +12,8 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.connect.conftest import free_port
@@ -109,7 +109,7 @@ def test_on_kill_interrupts_only_the_tasks_own_connect_operations(connect_server
     other task's job runs on."""
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark import new_session_id, with_session_id
+    from airflow_upsert_provider.engine.spark.session import new_session_id, with_session_id
 
     address = with_session_id(connect_server["address"], new_session_id())
     killed, other = (SparkSession.builder.remote(address).create() for _ in range(2))

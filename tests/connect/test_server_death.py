@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from airflow_upsert_provider.engine import spark_server
-from airflow_upsert_provider.engine import upsert as upsert_module
+from airflow_upsert_provider.engine.spark import server as spark_server
+from airflow_upsert_provider.engine.write import upsert as upsert_module
 from airflow_upsert_provider.engine.errors import SparkUnavailable
-from airflow_upsert_provider.engine.spark_server import SparkServer, bound_client_retries
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.spark.server import SparkServer, bound_client_retries
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.connect.conftest import free_port
 from tests.helpers import make_shard

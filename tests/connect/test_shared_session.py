@@ -16,7 +16,7 @@ import pytest
 # for a session of its own.
 CHILD = """
 import json, sys
-from airflow_upsert_provider.engine import spark as S
+from airflow_upsert_provider.engine.spark import session as S
 address, conf, shared_id, release = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4] == "release"
 if shared_id:
     S.shared_session_id = lambda host, port, now, **kw: shared_id
@@ -63,7 +63,7 @@ def test_a_task_with_settings_of_its_own_gets_a_session_of_its_own(connect_serve
 
 
 def test_a_session_named_by_the_address_is_used_and_kept(connect_server, shared_id):
-    from airflow_upsert_provider.engine.spark import with_session_id
+    from airflow_upsert_provider.engine.spark.session import with_session_id
 
     address = with_session_id(connect_server["address"], shared_id)
     first = child(address, {"spark.sql.shuffle.partitions": "3"})
@@ -91,8 +91,8 @@ def test_a_task_that_registers_a_secret_gets_a_session_of_its_own(connect_server
 def test_processes_sharing_a_state_directory_share_the_recorded_random_session(connect_server, tmp_path):
     import os
 
-    from airflow_upsert_provider.engine.spark import shared_session_path
-    from airflow_upsert_provider.engine.spark_server import parse_remote
+    from airflow_upsert_provider.engine.spark.session import shared_session_path
+    from airflow_upsert_provider.engine.spark.server import parse_remote
 
     env = {**os.environ, "UPSERT_STATE_DIR": str(tmp_path)}
     first = child(connect_server["address"], env=env)

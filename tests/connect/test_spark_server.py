@@ -13,7 +13,7 @@ import time
 import pytest
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
-from airflow_upsert_provider.engine.spark_server import (
+from airflow_upsert_provider.engine.spark.server import (
     GIB,
     ServerState,
     SparkServer,
@@ -59,8 +59,8 @@ def test_a_start_right_after_a_stop_gets_the_same_port(tmp_path, monkeypatch):
     JVM unmaps its memory (its command line then reads empty, as a zombie's does) before it
     closes its sockets, which takes long with a large heap. The test opens that window from
     the moment the stop has signalled the server, by reporting the pid as gone from then on."""
-    from airflow_upsert_provider.engine import spark_server
-    from airflow_upsert_provider.engine.spark_server import port_answers
+    from airflow_upsert_provider.engine.spark import server as spark_server
+    from airflow_upsert_provider.engine.spark.server import port_answers
 
     server = SparkServer(str(tmp_path))
     port = free_port()
@@ -114,7 +114,7 @@ def test_a_torn_state_file_is_no_server(tmp_path):
 
 
 def test_state_dir_defaults(monkeypatch, tmp_path):
-    from airflow_upsert_provider.engine.spark_server import state_dir
+    from airflow_upsert_provider.engine.spark.server import state_dir
 
     monkeypatch.delenv("UPSERT_STATE_DIR", raising=False)
     assert state_dir() == os.path.abspath("./.upsert/spark-server")
@@ -189,7 +189,7 @@ def test_master_and_remote_together_are_refused(tmp_path, monkeypatch, capsys):
 
 
 def test_a_server_conf_a_client_cannot_change_is_named(spark, connect_server):
-    from airflow_upsert_provider.engine.spark import get_spark
+    from airflow_upsert_provider.engine.spark.session import get_spark
 
     with pytest.raises(ConfigurationError) as raised:
         get_spark(remote=connect_server["address"], conf={"spark.driver.memory": "1g"})
@@ -197,7 +197,7 @@ def test_a_server_conf_a_client_cannot_change_is_named(spark, connect_server):
 
 
 def test_a_bad_value_for_a_runtime_setting_is_named_through_connect(spark, connect_server):
-    from airflow_upsert_provider.engine.spark import get_spark
+    from airflow_upsert_provider.engine.spark.session import get_spark
 
     before = spark.conf.get("spark.sql.shuffle.partitions")
     with pytest.raises(ConfigurationError) as raised:
@@ -234,7 +234,7 @@ while True:
 
 
 def test_start_passes_conf_values_in_a_private_file_never_on_the_command_line_or_in_the_log(tmp_path, monkeypatch):
-    from airflow_upsert_provider.engine import spark_server
+    from airflow_upsert_provider.engine.spark import server as spark_server
 
     home, record = tmp_path / "spark-home", tmp_path / "record.json"
     (home / "bin").mkdir(parents=True)
@@ -266,7 +266,7 @@ def test_start_passes_conf_values_in_a_private_file_never_on_the_command_line_or
 
 
 def test_properties_read_back_exactly():
-    from airflow_upsert_provider.engine.spark_server import properties_text
+    from airflow_upsert_provider.engine.spark.server import properties_text
 
     settings = {"a key": " lead\\ing=x:y#z!\n\tend", "spark.x": "-Dp=1 -Dq=2", "u": "ü€"}
     # What java.util.Properties.load does with each escape, for the characters written.

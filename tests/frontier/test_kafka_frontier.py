@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_upsert_provider.engine import observations
+from airflow_upsert_provider.engine.frontier import observations
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.frontier import dedup_key
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.frontier.rules import dedup_key
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
 from airflow_upsert_provider.sample_data import SampleSpec

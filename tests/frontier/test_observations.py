@@ -1,4 +1,4 @@
-"""Frontier observations and the alert state in consensus (engine/observations.py), on real
+"""Frontier observations and the alert state in consensus (engine/frontier/observations.py), on real
 SQLite and PostgreSQL stores.
 
 Most cases need no Spark: a shard made in the store, its batches bound and committed with
@@ -15,9 +15,10 @@ import time
 
 import pytest
 
-from airflow_upsert_provider.engine import observations, streams
-from airflow_upsert_provider.engine.frontier import AlertState, FrontierStatus, Observation, StallSettings
-from airflow_upsert_provider.engine.writer import COMMITTED, NOTHING_TO_DO, Writer
+from airflow_upsert_provider.engine.frontier import observations
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.frontier.rules import AlertState, FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.write.writer import COMMITTED, NOTHING_TO_DO, Writer
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.helpers import batch, make_shard
 
@@ -207,8 +208,8 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
 def evaluate_after_barrier(url: str, blob_root: str, now: float, barrier, out) -> None:
     """A sensor in its own process: it loads the alert state, waits at ``barrier`` until the
     other process has loaded it too, then saves."""
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(url)
     waited = []
@@ -231,7 +232,7 @@ TIMEOUT = 60
 def test_two_evaluators_in_separate_processes_page_once(consensus_url, blob, tmp_path):
     import multiprocessing
 
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(consensus_url)
     try:
@@ -322,7 +323,7 @@ def test_evaluate_shards_covers_every_shard(consensus, blob, tmp_path):
 
 def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_url, blob, tmp_path, spark,
                                                                        monkeypatch, caplog):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(sqlite_url)
     try:
@@ -333,7 +334,7 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
 
         # A failure to record: the batch commits all the same, the failure is logged.
         monkeypatch.setattr(observations, "record_observation", broken)
-        with caplog.at_level(logging.WARNING, logger="airflow_upsert_provider.engine.writer"):
+        with caplog.at_level(logging.WARNING, logger="airflow_upsert_provider.engine.write.writer"):
             report = Writer(shard, "w1", spark_factory=lambda: spark).run(max_batches=1)
         assert [r.outcome for r in report.results] == [COMMITTED]
         assert shard.state().upper == 1
@@ -356,7 +357,7 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
 
 
 def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_names_it(sqlite_url, blob, tmp_path):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
     from airflow_upsert_provider.engine.errors import SparkUnavailable
 
     consensus = open_consensus(sqlite_url)
@@ -386,7 +387,7 @@ def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_
 
 
 def test_a_resumed_stream_is_not_stalled_by_the_time_it_spent_stopped(sqlite_url, blob, tmp_path):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(sqlite_url)
     try:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from airflow_upsert_provider.engine import observations
-from airflow_upsert_provider.engine.frontier import FrontierStatus, Observation, StallSettings, evaluate
-from airflow_upsert_provider.engine.shard import ShardStatus
+from airflow_upsert_provider.engine.frontier import observations
+from airflow_upsert_provider.engine.frontier.rules import FrontierStatus, Observation, StallSettings, evaluate
+from airflow_upsert_provider.engine.table.shard import ShardStatus
 from tests.frontier.test_rules import NOW, SHARD, fresh, obs, series
 
 ALERTING = {

@@ -1,4 +1,4 @@
-"""Contiguous upstream offsets and prefetch keying (engine/acks.py), as pure decisions
+"""Contiguous upstream offsets and prefetch keying (engine/lifecycle/acks.py), as pure decisions
 (invariant 13 and the Faust #596 failure: a gap must never block commits silently, and data
 fetched before a seek must never be consumed after it)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_upsert_provider.engine.acks import (
+from airflow_upsert_provider.engine.lifecycle.acks import (
     AckState,
     Ignored,
     PrefetchKey,

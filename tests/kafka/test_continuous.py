@@ -1,4 +1,4 @@
-"""Continuous mode on a Kafka shard (engine/continuous.py) against the mock cluster.
+"""Continuous mode on a Kafka shard (engine/write/continuous.py) against the mock cluster.
 
 Batches run back to back in one Spark session while the next slice is prefetched; the table
 equals an oracle computed from what was produced. Prefetched slices are keyed by (epoch,
@@ -22,16 +22,17 @@ from typing import Any, Callable
 import pytest
 from confluent_kafka import TopicPartition
 
-from airflow_upsert_provider.engine import recovery, streams
+from airflow_upsert_provider.engine.lifecycle import recovery
+from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.consensus import open_consensus
-from airflow_upsert_provider.engine.continuous import DROP_BELOW_UPPER, DROP_EPOCH, SlicePrefetcher, run_continuous
+from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.write.continuous import DROP_BELOW_UPPER, DROP_EPOCH, SlicePrefetcher, run_continuous
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.group_offsets import group_consumer
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.lifecycle.group_offsets import group_consumer
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
-from airflow_upsert_provider.engine.writer import COMMITTED, NOTHING_TO_DO, Writer
+from airflow_upsert_provider.engine.write.writer import COMMITTED, NOTHING_TO_DO, Writer
 from airflow_upsert_provider.sample_data import sample_schema_json
 from tests.conftest import REPO_ROOT
 from tests.kafka.conftest import MOCK_PARTITIONS, produce_changes
@@ -267,7 +268,7 @@ def test_a_prefetched_slice_is_consumed_for_its_binding_and_one_from_an_earlier_
             raise RuntimeError(f"no session for {SECRET}")
 
         failing = SlicePrefetcher(shard, no_session, submit=scheduler.submit)
-        with caplog.at_level(logging.INFO, logger="airflow_upsert_provider.engine.continuous"):
+        with caplog.at_level(logging.INFO, logger="airflow_upsert_provider.engine.write.continuous"):
             failing.fetch(writer.epoch, binding2)
             scheduler.run_all()
             assert failing.take(writer.epoch, binding2) is None
@@ -343,13 +344,13 @@ def test_the_596_race_a_prefetch_across_a_seek_is_dropped_and_every_offset_is_pr
 KILLED_WRITER = textwrap.dedent(
     """\
     import json, sys, threading
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.continuous import SlicePrefetcher, run_continuous
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.write.continuous import SlicePrefetcher, run_continuous
+    from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
-    from airflow_upsert_provider.engine.spark import get_spark
-    from airflow_upsert_provider.engine.writer import Writer
+    from airflow_upsert_provider.engine.spark.session import get_spark
+    from airflow_upsert_provider.engine.write.writer import Writer
 
     url, blob_root, config_file, hook_file = sys.argv[1:5]
     with open(config_file) as handle:

@@ -1,4 +1,4 @@
-"""Consumer-group offsets of a Kafka shard (engine/group_offsets.py) against the mock cluster:
+"""Consumer-group offsets of a Kafka shard (engine/lifecycle/group_offsets.py) against the mock cluster:
 only the contiguous acknowledged end is committed, a failing group commit never raises and is
 retried, a gap that lasts is an alert (an ERROR line and the status), and a restarted process
 dates the gap from consensus. What the group holds is always read back from the cluster."""
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from airflow_upsert_provider.engine.consensus import Binding, BatchRecord, Consensus
-from airflow_upsert_provider.engine.group_offsets import (
+from airflow_upsert_provider.engine.store.consensus import Binding, BatchRecord, Consensus
+from airflow_upsert_provider.engine.lifecycle.group_offsets import (
     GroupCommitter,
     describe_alert,
     group_behind_since,
@@ -25,7 +25,7 @@ from tests.kafka.conftest import produce_changes
 
 EPOCH = 1_700_000_000_000
 SECRET = "gr0up-Pa55-9d1e"
-LOG = "airflow_upsert_provider.engine.group_offsets"
+LOG = "airflow_upsert_provider.engine.lifecycle.group_offsets"
 
 
 class Clock:
@@ -287,8 +287,8 @@ def test_bad_settings_are_refused_naming_the_field(kafka_bootstrap: str, kafka_t
 
 def test_observations_of_a_kafka_shard_carry_its_group(kafka_bootstrap: str, kafka_topic: str,
                                                       consensus: Consensus) -> None:
-    from airflow_upsert_provider.engine import observations
-    from airflow_upsert_provider.engine.shard import ShardStatus
+    from airflow_upsert_provider.engine.frontier import observations
+    from airflow_upsert_provider.engine.table.shard import ShardStatus
 
     produce_changes(kafka_bootstrap, kafka_topic, [(0, f"k{n}", {"id": n}) for n in range(8)])
     batches = commit_batches(consensus, "orders", [{"0": 3}, {"0": 8}])
@@ -332,9 +332,10 @@ def test_a_group_ahead_of_the_shard_is_an_alert_and_the_seek_sets_it_back(
     past the restored shard's frontier: lag tools show records as processed that the shard has
     not read. That is an alert at once (the status, observations, the writer's ERROR line),
     and the recovery's seek sets the group back."""
-    from airflow_upsert_provider.engine import frontier, observations
-    from airflow_upsert_provider.engine.kafka_recovery import seek_group
-    from airflow_upsert_provider.engine.shard import ShardStatus
+    from airflow_upsert_provider.engine.frontier import rules as frontier
+    from airflow_upsert_provider.engine.frontier import observations
+    from airflow_upsert_provider.engine.lifecycle.kafka_recovery import seek_group
+    from airflow_upsert_provider.engine.table.shard import ShardStatus
 
     produce_changes(kafka_bootstrap, kafka_topic,
                     [(p, f"k{p}-{n}", {"id": n}) for p, count in ((0, 900), (1, 20), (2, 4)) for n in range(count)])

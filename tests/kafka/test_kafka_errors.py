@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from airflow_upsert_provider.engine.consensus import Binding
+from airflow_upsert_provider.engine.store.consensus import Binding
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     KafkaSliceUnavailable,
@@ -25,7 +25,7 @@ from airflow_upsert_provider.engine.sources.kafka import (
     check_ranges,
     read_range,
 )
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.kafka.conftest import produce_changes
 from tests.kafka.test_kafka_shard import kafka_shard
 
@@ -36,7 +36,7 @@ NO_BROKER = "127.0.0.1:1"
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

@@ -14,9 +14,9 @@ import stat
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.blob import open_blob
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_duration
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, _RunPlan
@@ -133,7 +133,7 @@ def test_submit_mode_hands_the_client_config_to_the_job_in_a_private_file(store,
     with open(config_file) as handle:
         assert json.load(handle)["sasl.password"] == SECRET
     # The job reads it back as the client config.
-    from airflow_upsert_provider.engine.spark_job import build_parser
+    from airflow_upsert_provider.engine.write.spark_job import build_parser
 
     args = build_parser().parse_args(command[command.index("--shard"):])
     assert args.kafka_config_file == config_file and args.continuous_for == 600.0
@@ -143,7 +143,7 @@ def test_submit_mode_hands_the_client_config_to_the_job_in_a_private_file(store,
 
 def test_the_submitted_job_reads_the_client_config_file_and_runs_continuously(spark, store, tmp_path, monkeypatch,
                                                                                capfd):
-    from airflow_upsert_provider.engine import spark_job
+    from airflow_upsert_provider.engine.write import spark_job
     from airflow_upsert_provider.operators.upsert import write_private_file
 
     shard, changes, _ = store

@@ -6,7 +6,7 @@ import pytest
 
 from airflow_upsert_provider.engine.config import ShardConfig, parse_duration
 from airflow_upsert_provider.engine.errors import ConfigurationError, KafkaSliceUnavailable
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions, load_kafka_config
 from airflow_upsert_provider.engine.sources.kafka_planning import (
@@ -178,7 +178,7 @@ def test_a_kafka_shard_opened_without_client_config_says_how_to_give_one(sqlite_
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

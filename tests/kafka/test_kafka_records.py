@@ -12,10 +12,10 @@ import pytest
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.records import jsonl_records
+from airflow_upsert_provider.engine.write.records import jsonl_records
 from airflow_upsert_provider.engine.sources import Segment
 from airflow_upsert_provider.engine.sources.kafka import SLICE_SCHEMA, KafkaConfig, KafkaSource
-from airflow_upsert_provider.engine.sources.kafka_records import (
+from airflow_upsert_provider.engine.write.kafka_records import (
     MAPPED_SCHEMA,
     infer_kafka_schema,
     kafka_batch_records,
@@ -258,7 +258,7 @@ def test_unencodable_or_odd_fields_never_raise():
 
 
 def test_a_rule_that_fails_makes_a_bad_record_not_an_exception(monkeypatch):
-    from airflow_upsert_provider.engine.sources import kafka_records
+    from airflow_upsert_provider.engine.write import kafka_records
 
     def broken(value, key, keys):
         raise RuntimeError("boom")

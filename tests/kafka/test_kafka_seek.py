@@ -1,4 +1,4 @@
-"""The Kafka side of a recovery's seek (engine/kafka_recovery.seek_group) against the mock
+"""The Kafka side of a recovery's seek (engine/lifecycle/kafka_recovery.seek_group) against the mock
 cluster: the group's offsets set to the shard's positions and read back, refused with nothing
 changed when retention deleted unprocessed offsets or a position is past the high watermark,
 and no secret in any message."""
@@ -16,8 +16,8 @@ from airflow_upsert_provider.engine.errors import (
     KafkaSliceUnavailable,
     SourceSegmentsMissing,
 )
-from airflow_upsert_provider.engine.group_offsets import group_consumer
-from airflow_upsert_provider.engine.kafka_recovery import seek_group
+from airflow_upsert_provider.engine.lifecycle.group_offsets import group_consumer
+from airflow_upsert_provider.engine.lifecycle.kafka_recovery import seek_group
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource
 from tests.kafka.conftest import MOCK_PARTITIONS, produce_changes
 
@@ -126,7 +126,7 @@ def test_a_read_back_that_differs_is_an_error_naming_partition_and_offsets(
         kafka_bootstrap: str, kafka_topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
     produce(kafka_bootstrap, kafka_topic, {0: 5})
     group = f"upsert-{uuid.uuid4().hex[:8]}"
-    from airflow_upsert_provider.engine import kafka_recovery
+    from airflow_upsert_provider.engine.lifecycle import kafka_recovery
 
     def another_member_commits(consumer, offsets):  # a member of the group commits in between
         offsets = [TopicPartition(tp.topic, tp.partition, 1 if tp.partition == 0 else tp.offset) for tp in offsets]

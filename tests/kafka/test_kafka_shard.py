@@ -9,14 +9,15 @@ import random
 
 import pytest
 
-from airflow_upsert_provider.engine import recovery, streams
+from airflow_upsert_provider.engine.lifecycle import recovery
+from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import BadInputError
-from airflow_upsert_provider.engine.group_offsets import group_consumer, read_committed
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.lifecycle.group_offsets import group_consumer, read_committed
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.kafka.conftest import produce_changes
 from tests.oracle import table_from_rows
 
@@ -29,7 +30,7 @@ SCHEMA = json.dumps({"type": "struct", "fields": [
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

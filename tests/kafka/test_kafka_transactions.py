@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from airflow_upsert_provider.engine.group_offsets import group_consumer
+from airflow_upsert_provider.engine.lifecycle.group_offsets import group_consumer
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource, read_range
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.kafka.test_kafka_shard import kafka_shard
 from tests.oracle import table_from_rows
 
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

@@ -16,10 +16,10 @@ from dataclasses import replace
 import pytest
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine import streams
-from airflow_upsert_provider.engine.consensus import open_consensus, shards_table
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.store.consensus import open_consensus, shards_table
 from airflow_upsert_provider.engine.errors import ShardNotFound, TransitionRefused
-from airflow_upsert_provider.engine.lifecycle import Status
+from airflow_upsert_provider.engine.store.stream_rules import Status
 from tests.helpers import make_shard
 
 TIMEOUT = 120
@@ -302,7 +302,7 @@ def test_a_stop_superseded_while_draining_stops_waiting_and_fails(sqlite_url, bl
 
 
 def test_a_batch_left_by_a_killed_writer_does_not_hold_the_stop_for_the_whole_drain(sqlite_url, blob, tmp_path):
-    from airflow_upsert_provider.engine.lifecycle import DRAIN_IDLE_SECONDS
+    from airflow_upsert_provider.engine.store.stream_rules import DRAIN_IDLE_SECONDS
     from tests.test_cli_lifecycle import SPEC
 
     consensus = open_consensus(sqlite_url)

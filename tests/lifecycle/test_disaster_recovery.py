@@ -11,15 +11,16 @@ import os
 import pytest
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine import recovery, streams
-from airflow_upsert_provider.engine.checkpoint import create_checkpoint, list_checkpoints, restore_checkpoint
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.lifecycle import recovery
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints, restore_checkpoint
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import SourceSegmentsMissing, StreamNotReady
-from airflow_upsert_provider.engine.lifecycle import Status
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.store.stream_rules import Status
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.planning import range_files
-from airflow_upsert_provider.engine.sources.retention import record_deletions
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.maintenance.retention import record_deletions
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.helpers import batch, make_shard, recover
 from tests.maintenance.support import SPEC, table
@@ -207,10 +208,10 @@ def test_the_original_stores_gc_and_retention_keep_off_a_shard_restored_into_ano
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_upsert_provider.engine.checkpoint import Catalog, apply_retention
-    from airflow_upsert_provider.engine.consensus import BatchRecord
-    from airflow_upsert_provider.engine.gc import collect_garbage
-    from airflow_upsert_provider.engine.gc_claims import (
+    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, apply_retention
+    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+    from airflow_upsert_provider.engine.store.gc_claims import (
         OWNER_NAME,
         BlobOwnedElsewhere,
         blob_generation,

@@ -15,11 +15,12 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine import recovery, streams
-from airflow_upsert_provider.engine.consensus import AppendOutcome, commit_hooks, open_consensus
+from airflow_upsert_provider.engine.lifecycle import recovery
+from airflow_upsert_provider.engine.store import streams
+from airflow_upsert_provider.engine.store.consensus import AppendOutcome, commit_hooks, open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced, StreamNotReady, TransitionRefused
-from airflow_upsert_provider.engine.lifecycle import Status
-from airflow_upsert_provider.engine.writer import COMMITTED, Writer
+from airflow_upsert_provider.engine.store.stream_rules import Status
+from airflow_upsert_provider.engine.write.writer import COMMITTED, Writer
 from tests.helpers import batch, make_shard, recover
 from tests.maintenance.support import oracle, table, written_shard
 from tests.pgserver import wait_for

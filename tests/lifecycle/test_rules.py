@@ -1,4 +1,4 @@
-"""The stream lifecycle rules of engine/lifecycle.py, as pure functions (invariants 12, 14, 16).
+"""The stream lifecycle rules of engine/store/stream_rules.py, as pure functions (invariants 12, 14, 16).
 
 Every transition is tried from every status; the store-level races live in test_brooklin.py."""
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from airflow_upsert_provider.engine.lifecycle import (
+from airflow_upsert_provider.engine.store.stream_rules import (
     Status,
     StreamState,
     decide_begin_recovery,
@@ -265,7 +265,7 @@ def test_restore_opens_a_recovery_above_every_previous_epoch():
 
 
 def test_a_stop_stands_while_its_stopping_is_current_or_the_stream_is_stopped():
-    from airflow_upsert_provider.engine.lifecycle import stop_superseded
+    from airflow_upsert_provider.engine.store.stream_rules import stop_superseded
 
     ready = replace(initial_state("s"), version=3)
     stopping = decide_stop(ready, ACTOR, NOW).new
@@ -283,7 +283,7 @@ def test_a_stop_stands_while_its_stopping_is_current_or_the_stream_is_stopped():
 
 
 def test_a_batch_in_hand_with_no_sign_of_a_writer_for_the_idle_time_is_not_waited_for():
-    from airflow_upsert_provider.engine.lifecycle import DRAIN_IDLE_SECONDS, writer_may_be_working
+    from airflow_upsert_provider.engine.store.stream_rules import DRAIN_IDLE_SECONDS, writer_may_be_working
 
     assert writer_may_be_working(NOW - 1, NOW)
     assert writer_may_be_working(NOW - DRAIN_IDLE_SECONDS + 1, NOW)

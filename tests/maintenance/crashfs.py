@@ -14,7 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.blob.files import LocalBlob
 
 
 class Crash(Exception):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.helpers import make_shard
 from tests.oracle import oracle_table, table_from_rows
@@ -66,9 +66,9 @@ def age_compaction(consensus, shard_id: str, seconds: float = 3 * 3600) -> None:
     the grace period after it."""
     import sqlalchemy as sa
 
-    from airflow_upsert_provider.engine.consensus import compactions_table
+    from airflow_upsert_provider.engine.store.consensus import compactions_table
 
-    from airflow_upsert_provider.engine.gc_claims import replaced_runs_table
+    from airflow_upsert_provider.engine.store.gc_claims import replaced_runs_table
 
     with consensus.engine.begin() as conn:
         conn.execute(

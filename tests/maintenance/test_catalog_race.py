@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     Catalog,
     apply_retention,
     checkpoint_dirs,
@@ -21,9 +21,9 @@ TIMEOUT = 120
 
 
 def _open_shard(consensus_url: str, blob_root: str, shard_id: str):
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
 
     return Shard.open(open_consensus(consensus_url), open_blob(blob_root), shard_id)
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from airflow_upsert_provider.engine.blob import LocalBlob
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     CATALOG_NAME,
     COMMIT_NAME,
     MANIFEST_NAME,
@@ -22,12 +22,12 @@ from airflow_upsert_provider.engine.checkpoint import (
     restore_checkpoint,
     verify_checkpoint,
 )
-from airflow_upsert_provider.engine.compaction import compact
-from airflow_upsert_provider.engine.consensus import open_consensus
+from airflow_upsert_provider.engine.maintenance.compaction import compact
+from airflow_upsert_provider.engine.store.consensus import open_consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound, StreamNotReady
-from airflow_upsert_provider.engine.gc import collect_garbage
-from airflow_upsert_provider.engine.shard import Shard
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
 from tests.helpers import recover
 from tests.maintenance.support import age_files, files_of, oracle, reads_at_every_ts, table, tree, written_shard

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from airflow_upsert_provider.engine.compaction import COMPACTED, NOTHING_TO_DO, compact
+from airflow_upsert_provider.engine.maintenance.compaction import COMPACTED, NOTHING_TO_DO, compact
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.runs import read_runs
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.table.runs import read_runs
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
 from tests.maintenance.support import BATCHES, oracle, reads_at_every_ts, table, written_shard
 from tests.oracle import table_from_rows

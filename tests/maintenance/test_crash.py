@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from airflow_upsert_provider.engine.blob import LocalBlob
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     CATALOG_NAME,
     Catalog,
     apply_retention,
@@ -17,9 +17,9 @@ from airflow_upsert_provider.engine.checkpoint import (
     list_checkpoints,
     verify_checkpoint,
 )
-from airflow_upsert_provider.engine.compaction import compact
-from airflow_upsert_provider.engine.gc import collect_garbage
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.maintenance.compaction import compact
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.table.shard import Shard
 from tests.maintenance.crashfs import Crash, CrashingBlob
 from tests.maintenance.support import age_compaction, age_files, table, written_shard
 
@@ -48,7 +48,7 @@ def recovered(consensus, root: str, shard_id: str) -> list[str]:
 
 
 def test_checkpoint_commit_crash_at_every_point(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(sqlite_url)
     base = LocalBlob(str(tmp_path / "blob"))
@@ -84,7 +84,7 @@ def test_checkpoint_commit_crash_at_every_point(spark, sqlite_url, tmp_path):
 
 
 def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(sqlite_url)
     base = LocalBlob(str(tmp_path / "blob"))
@@ -126,7 +126,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
 
 
 def test_retention_crash_at_every_point(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus = open_consensus(sqlite_url)
     base = LocalBlob(str(tmp_path / "blob"))

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
@@ -20,10 +20,10 @@ from airflow_upsert_provider.engine.checkpoint import (
     restore_checkpoint,
     verify_checkpoint,
 )
-from airflow_upsert_provider.engine.compaction import compact
-from airflow_upsert_provider.engine.gc import collect_garbage
-from airflow_upsert_provider.engine.shard import Shard
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.maintenance.compaction import compact
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
 from tests.maintenance.support import age_compaction, age_files, files_of, oracle, table, tree, written_shard
 from tests.oracle import table_from_rows
@@ -156,8 +156,8 @@ def race_outcome(spark, consensus, blob, shard, writer, staged, entry, expected_
 def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_path, at):
     """At each step of a checkpoint commit a compaction moves since, GC runs to completion,
     and the writer commits its staged batch."""
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
     shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
@@ -182,8 +182,8 @@ def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_p
 @pytest.mark.parametrize("at", GC_STEPS)
 def test_checkpoint_compaction_and_commit_inside_every_gc_step(spark, sqlite_url, tmp_path, at):
     """At each step of GC a checkpoint commits, a compaction moves since and the writer commits."""
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
 
     consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
     shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
@@ -246,8 +246,8 @@ def test_gc_skips_a_directory_a_writer_fills_while_it_is_deleted(consensus, blob
     """``gc --grace 0`` beside a writer: Spark adds a file to the attempt directory GC is
     deleting. GC reports the directory as skipped instead of failing, and the next GC
     deletes it; the claim already refuses a commit naming it."""
-    from airflow_upsert_provider.engine.blob import LocalBlob
-    from airflow_upsert_provider.engine.gc_claims import claims
+    from airflow_upsert_provider.engine.blob.files import LocalBlob
+    from airflow_upsert_provider.engine.store.gc_claims import claims
     from tests.helpers import make_shard
 
     shard = make_shard(consensus, blob, tmp_path)

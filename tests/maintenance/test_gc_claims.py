@@ -7,20 +7,20 @@ import os
 
 import pytest
 
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     checkpoint_dirs,
     create_checkpoint,
     list_checkpoints,
     restore_checkpoint,
     verify_checkpoint,
 )
-from airflow_upsert_provider.engine.compaction import compact
-from airflow_upsert_provider.engine.consensus import BatchRecord
+from airflow_upsert_provider.engine.maintenance.compaction import compact
+from airflow_upsert_provider.engine.store.consensus import BatchRecord
 from airflow_upsert_provider.engine.errors import CommitRefused
-from airflow_upsert_provider.engine.gc import collect_garbage
-from airflow_upsert_provider.engine.gc_claims import claim_for_deletion, claim_needed, claims
-from airflow_upsert_provider.engine.shard import Shard
-from airflow_upsert_provider.engine.writer import Writer
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.store.gc_claims import claim_for_deletion, claim_needed, claims
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.writer import Writer
 from tests.helpers import make_shard
 from tests.maintenance.support import oracle, table, written_shard
 

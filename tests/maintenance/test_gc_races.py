@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from airflow_upsert_provider.engine.blob import LocalBlob
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     MANIFEST_NAME,
     Catalog,
     CommittedFileBad,
@@ -19,10 +19,10 @@ from airflow_upsert_provider.engine.checkpoint import (
     list_checkpoints,
     verify_checkpoint,
 )
-from airflow_upsert_provider.engine.compaction import compact
+from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.errors import IntegrityError
-from airflow_upsert_provider.engine.gc import collect_garbage
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.table.shard import Shard
 from tests.conftest import sqlite_only
 from tests.maintenance.support import age_compaction, age_files, table, written_shard
 from tests.oracle import table_from_rows
@@ -152,8 +152,8 @@ def test_checkpoint_create_over_a_same_size_corrupted_file_exits_4_and_keeps_the
     ``checkpoint create --keep-last 1`` exit 4 naming the file, and the checkpoint that
     still verifies stays listed."""
     from airflow_upsert_provider.cli import main
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.writer import Writer
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.write.writer import Writer
 
     consensus = open_consensus(sqlite_url)
     shard = written_shard(spark, consensus, blob, tmp_path, batches=2)

@@ -9,7 +9,7 @@ a stall shows as a series of observations whose upper does not move while the so
 Two tables: ``upsert_frontier_observations`` (one row per observation, pruned per shard by age
 and count on every insert, by index range: no scan of the table) and ``upsert_frontier_alerts``
 (one row per shard: the evaluation state as JSON and a version). An evaluation round reads the
-window, asks the pure rules of ``engine/frontier.py`` what the status is and whether to page,
+window, asks the pure rules of ``engine/frontier/rules.py`` what the status is and whether to page,
 and writes the new state by compare-and-set on the version: of two evaluators racing, one
 writes; the other re-reads, and returns no page action, so a stall is paged once.
 """
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import Consensus, insert_ignore, metadata, shard_exists
-from airflow_upsert_provider.engine.frontier import (
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, metadata, shard_exists
+from airflow_upsert_provider.engine.frontier.rules import (
     AlertState,
     Evaluation,
     Observation,
@@ -39,8 +39,8 @@ from airflow_upsert_provider.engine.frontier import (
 )
 
 if TYPE_CHECKING:
-    from airflow_upsert_provider.engine.blob import LocalBlob
-    from airflow_upsert_provider.engine.shard import Shard, ShardStatus
+    from airflow_upsert_provider.engine.blob.files import LocalBlob
+    from airflow_upsert_provider.engine.table.shard import Shard, ShardStatus
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ ShardOpener = Callable[[str], "Shard"]
 def _opener(consensus: Consensus, blob: "LocalBlob", open_shard: ShardOpener | None) -> ShardOpener:
     if open_shard is not None:
         return open_shard
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.table.shard import Shard
 
     return lambda shard_id: Shard.open(consensus, blob, shard_id)
 
@@ -161,7 +161,7 @@ def _try_observe(open_shard: ShardOpener, shard_id: str, *, observer: str,
 def _upstream(shard: "Shard", now: float) -> dict[str, Any]:
     """The Kafka group against the shard (group_offsets.group_status). An observation is
     never lost to the group: a failure to read it is recorded as {"error": ...} instead."""
-    from airflow_upsert_provider.engine.group_offsets import group_status
+    from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
 
     try:
         return group_status(shard, now=now)

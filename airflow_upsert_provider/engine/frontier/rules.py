@@ -6,7 +6,7 @@ looked. ``evaluate`` takes the observations of a time window and says what state
 frontier is in and which rule decided; ``advance_alert`` turns a series of evaluations into
 page actions (trigger once per incident, resolve when it is over); ``page_event`` says what a
 page carries. Nothing here touches a store, Spark or Airflow: the store shell
-(``engine/observations.py``) records observations and keeps the alert state, the sensor
+(``engine/frontier/observations.py``) records observations and keeps the alert state, the sensor
 sends the pages.
 
 Rules, in the order they are tried (the first that applies decides):

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from airflow_upsert_provider.engine.group_offsets import GroupCommitter
+from airflow_upsert_provider.engine.lifecycle.group_offsets import GroupCommitter
 
 if TYPE_CHECKING:
-    from airflow_upsert_provider.engine.writer import BatchResult, Writer
+    from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The shard's compare-and-append is the only commit that decides what was processed; the
 consumer group's committed offsets are how Kafka and its lag tools learn it. After batch ts
 commits, the writer acknowledges binding(ts)'s ranges here; the decisions are those of
-``engine/acks.py`` (only the end of a contiguous acknowledged range is ever committed, and
+``engine/lifecycle/acks.py`` (only the end of a contiguous acknowledged range is ever committed, and
 acknowledgements from an earlier recovery epoch never count), this module only talks to the
 broker and keeps time.
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
-from airflow_upsert_provider.engine import acks
+from airflow_upsert_provider.engine.lifecycle import acks
 from airflow_upsert_provider.engine.errors import ConfigurationError, KafkaUnavailable
 from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 from airflow_upsert_provider.engine.sources.kafka_planning import start_offsets
@@ -34,7 +34,7 @@ from airflow_upsert_provider.engine.sources.kafka_planning import start_offsets
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
 
-    from airflow_upsert_provider.engine.consensus import Binding, Consensus, ShardRecord
+    from airflow_upsert_provider.engine.store.consensus import Binding, Consensus, ShardRecord
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ CommitFn = Callable[[list["TopicPartition"]], None]
 
 
 class KafkaShardLike(Protocol):
-    """What this module needs of a Kafka shard (engine/shard.py's Shard)."""
+    """What this module needs of a Kafka shard (engine/table/shard.py's Shard)."""
 
     shard_id: str
     consensus: "Consensus"

@@ -23,7 +23,7 @@ from airflow_upsert_provider.engine.errors import (
     KafkaUnavailable,
     SourceSegmentsMissing,
 )
-from airflow_upsert_provider.engine.group_offsets import (
+from airflow_upsert_provider.engine.lifecycle.group_offsets import (
     commit_offsets,
     group_consumer,
     read_committed,

@@ -9,7 +9,7 @@ ran in the same epoch. The engine enforces the order whoever runs the steps, in 
 
 Which segments a seek knows must be there: those a binding at or above the upper names
 (minted, never committed), and those the partition's retention log records as deleted at or
-after the seek point (``engine/sources/retention.py``). The decision is ``missing_segments``,
+after the seek point (``engine/maintenance/retention.py``). The decision is ``missing_segments``,
 a pure function of them and of the partition listings.
 """
 
@@ -19,13 +19,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_upsert_provider.engine import streams
+from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.errors import SourceSegmentsMissing, TransitionRefused
-from airflow_upsert_provider.engine.gc_claims import mark_blob_owner
-from airflow_upsert_provider.engine.lifecycle import Status, decide_seek
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.store.gc_claims import mark_blob_owner
+from airflow_upsert_provider.engine.store.stream_rules import Status, decide_seek
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.planning import range_files
-from airflow_upsert_provider.engine.sources.retention import read_log
+from airflow_upsert_provider.engine.maintenance.retention import read_log
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def _seek_kafka(shard: Shard, state: Any, epoch: int | None, upper: int, positio
                 actor: str) -> SeekResult:
     """A Kafka shard's seek: its consumer group set to the offsets bound at the upper and read
     back (refused, nothing changed, when retention deleted offsets still to be read)."""
-    from airflow_upsert_provider.engine.kafka_recovery import seek_group
+    from airflow_upsert_provider.engine.lifecycle.kafka_recovery import seek_group
 
     group = seek_group(shard.source, shard.group_id, position)
     result = streams.record_seek(shard.consensus, shard.shard_id, epoch if epoch is not None else state.epoch,

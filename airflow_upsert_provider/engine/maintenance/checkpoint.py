@@ -26,10 +26,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from airflow_upsert_provider.engine.blob import LocalBlob
-from airflow_upsert_provider.engine.catalog_lock import catalog_lock
+from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.store.catalog_lock import catalog_lock
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
-from airflow_upsert_provider.engine.consensus import (
+from airflow_upsert_provider.engine.store.consensus import (
     BatchRecord,
     Binding,
     CompactionRecord,
@@ -38,8 +38,8 @@ from airflow_upsert_provider.engine.consensus import (
     ShardSnapshot,
 )
 from airflow_upsert_provider.engine.errors import CommitRefused, ConfigurationError, IntegrityError, UpsertError
-from airflow_upsert_provider.engine.gc_claims import check_blob_owner, mark_blob_owner, refuse_claimed_checkpoints
-from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
+from airflow_upsert_provider.engine.store.gc_claims import check_blob_owner, mark_blob_owner, refuse_claimed_checkpoints
+from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 
 FORMAT = 1
 CATALOG_NAME = "CATALOG.json"
@@ -563,7 +563,7 @@ def restore_checkpoint(
 ) -> ShardRecord:
     """Rebuild a shard's consensus state from a checkpoint, after verifying every file.
     The restored shard's stream is RECOVERING in a new epoch: nothing writes to it until a
-    recovery's seek and resume have run (``engine/recovery.py``).
+    recovery's seek and resume have run (``engine/lifecycle/recovery.py``).
 
     The target (default: the checkpoint's own shard id, into an empty consensus) must not
     exist: a restore never moves an existing upper backwards. The restored shard reads the

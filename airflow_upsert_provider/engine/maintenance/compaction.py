@@ -29,8 +29,8 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusUnavailable,
     UpsertError,
 )
-from airflow_upsert_provider.engine.runs import bucket_column, describe_run, merge_runs, order_column, write_bucketed
-from airflow_upsert_provider.engine.shard import Shard
+from airflow_upsert_provider.engine.table.runs import bucket_column, describe_run, merge_runs, order_column, write_bucketed
+from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -46,8 +46,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from airflow_upsert_provider.engine.blob import BlobFile, LocalBlob
-from airflow_upsert_provider.engine.checkpoint import (
+from airflow_upsert_provider.engine.blob.files import BlobFile, LocalBlob
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
     Catalog,
     CheckpointCorrupt,
     checkpoint_dirs,
@@ -55,9 +55,9 @@ from airflow_upsert_provider.engine.checkpoint import (
     is_committed,
     read_manifest,
 )
-from airflow_upsert_provider.engine.consensus import Consensus
+from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.gc_claims import check_blob_owner, claim_for_deletion, recently_replaced
+from airflow_upsert_provider.engine.store.gc_claims import check_blob_owner, claim_for_deletion, recently_replaced
 
 # Long enough for a writer to stage a batch and commit it; a staged batch older than this
 # whose commit never landed is garbage.

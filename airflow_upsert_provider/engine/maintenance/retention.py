@@ -24,7 +24,7 @@ from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.sources.planning import range_files
 
 if TYPE_CHECKING:
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.table.shard import Shard
 
 LOG_NAME = ".retention.jsonl"
 
@@ -173,7 +173,7 @@ def _checkpoint_bound(shard: "Shard") -> tuple[str, dict[str, int]] | None:
     """The oldest retained checkpoint of ``shard`` and the bound offsets at its upper, as a
     restore of it would seek them (its manifest's last binding), held back further by this
     consensus's own binding at that ts if it differs. None without a checkpoint."""
-    from airflow_upsert_provider.engine.checkpoint import Catalog, read_manifest
+    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, read_manifest
 
     catalog = Catalog.load(shard.blob, shard.shard_id)
     if not catalog.entries:
@@ -195,7 +195,7 @@ def _committed_bound(shard: "Shard") -> dict[str, int]:
 
 
 def _shards_sharing_source(shard: "Shard") -> list["Shard"]:
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.table.shard import Shard
 
     others = []
     for record in shard.consensus.list_shards():

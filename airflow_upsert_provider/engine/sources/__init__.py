@@ -1,4 +1,7 @@
-"""Offset-addressed sources: partitioned, append-only logs of change records."""
+"""Offset-addressed sources: partitioned, append-only logs of change records (directory, Kafka):
+planning (pure) and reading.
+
+May import: engine.errors, spark."""
 
 from __future__ import annotations
 

@@ -602,7 +602,7 @@ class KafkaSource:
         source = _slice_data_source(self.config, self.topic, self.stall_timeout)
         # PySpark has no way to unregister a data source: the class, config included, stays
         # in the session until the session ends. Never in one other tasks share.
-        from airflow_upsert_provider.engine.spark import is_shared_session
+        from airflow_upsert_provider.engine.spark.session import is_shared_session
 
         if self.carries_secrets and is_shared_session(spark):
             raise ConfigurationError(

@@ -43,7 +43,7 @@ import time
 from typing import Any, Callable, Iterator, Mapping
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.spark_server import state_root
+from airflow_upsert_provider.engine.spark.server import state_root
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ if os.getppid() != int(os.environ["UPSERT_ARCHIVE_BUILDER_PID"]):  # it died bef
 # archive is complete only once the JVM has exited.
 _DUMP_CHILD = """
 import json, sys
-from airflow_upsert_provider.engine import spark
+from airflow_upsert_provider.engine.spark import session as spark
 target, commands = sys.argv[1], json.loads(sys.argv[2])
 spark.DRIVER_JAVA_OPTIONS = (*spark.DRIVER_JAVA_OPTIONS, "-XX:ArchiveClassesAtExit=" + target, "%s")
 from airflow_upsert_provider.cli import main

@@ -29,7 +29,7 @@ DEFAULT_CONF = {
 # user's spark.driver.extraJavaOptions replaces them all. None by default: C1 only
 # (-XX:TieredStopAtLevel=1) cuts a fresh one-batch task to about 0.8x but makes warm work
 # 1.5-2.4x slower (continuous mode, compaction). The class-data-sharing archive's options
-# are added when one is built (engine/class_archive.py; docs/performance.md, "Cold
+# are added when one is built (engine/spark/class_archive.py; docs/performance.md, "Cold
 # in-process task").
 DRIVER_JAVA_OPTIONS: tuple[str, ...] = ()
 # Lines the driver JVM prints on stderr by itself, not through log4j, and that say nothing to
@@ -106,7 +106,7 @@ def driver_java_options() -> str:
     :data:`DRIVER_JAVA_OPTIONS`, then the class-data-sharing archive's options when a usable
     archive is built (decided from files, without starting a JVM; an invalid
     ``UPSERT_CLASS_ARCHIVE`` is a :class:`ConfigurationError`)."""
-    from airflow_upsert_provider.engine.class_archive import session_java_options
+    from airflow_upsert_provider.engine.spark.class_archive import session_java_options
 
     return " ".join((f"-Dlog4j.configurationFile=file:{LOG4J_CONFIG}", *DRIVER_JAVA_OPTIONS,
                      *session_java_options()))
@@ -198,7 +198,7 @@ def is_connect_session(spark: "SparkSession") -> bool:
 
 
 # What the engine sets on a new session that Spark fixes when a session starts: a Connect
-# server has them already (engine/spark_server.py), a client cannot change them.
+# server has them already (engine/spark/server.py), a client cannot change them.
 _SERVER_ONLY_PREFIXES = ("spark.ui.", "spark.driver.", "spark.executor.", "spark.master")
 
 
@@ -250,7 +250,7 @@ def _is_uuid4(text: str) -> bool:
 
 def shared_session_path(host: str, port: int, base: str | None = None) -> str:
     """The record of the shared session on the server at (host, port)."""
-    from airflow_upsert_provider.engine.spark_server import state_root
+    from airflow_upsert_provider.engine.spark.server import state_root
 
     safe_host = re.sub(r"[^A-Za-z0-9.-]", "_", host)
     return os.path.join(state_root(base), SHARED_SESSION_SUBDIR, f"shared-session-{safe_host}-{port}.json")
@@ -335,7 +335,7 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None, *, pri
     task uses it. A shared session the server has closed is replaced by a new random one."""
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark_server import (
+    from airflow_upsert_provider.engine.spark.server import (
         display_remote,
         parse_remote,
         require_reachable,
@@ -405,7 +405,7 @@ def _open_shared(remote: str, shown: str, session_id: str) -> "SparkSession":
 def _open_connect(url: str, shown: str, conf: Mapping[str, str], *, named: bool) -> "SparkSession":
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark_server import bound_client_retries
+    from airflow_upsert_provider.engine.spark.server import bound_client_retries
 
     spark = SparkSession.builder.remote(url).getOrCreate()
     # stop() releases the server session, after which the server refuses its id for good.
@@ -422,7 +422,7 @@ def _open_connect(url: str, shown: str, conf: Mapping[str, str], *, named: bool)
 
 def connect_address(spark: "SparkSession") -> str:
     """``sc://HOST:PORT`` of the server a Connect session talks to (never a token)."""
-    from airflow_upsert_provider.engine.spark_server import format_remote
+    from airflow_upsert_provider.engine.spark.server import format_remote
 
     return format_remote(*_connect_address(spark))
 

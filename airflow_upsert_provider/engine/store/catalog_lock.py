@@ -16,7 +16,7 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import Consensus, _short, insert_ignore, metadata, redact_url
+from airflow_upsert_provider.engine.store.consensus import Consensus, _short, insert_ignore, metadata, redact_url
 from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown, ConsensusUnavailable
 
 catalog_locks_table = sa.Table(

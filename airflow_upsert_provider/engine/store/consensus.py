@@ -992,8 +992,8 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
 # the source's settled names, stream lifecycle),
 # and the commit hooks they register:
 # imported here so that every store creates and enforces them.
-from airflow_upsert_provider.engine import catalog_lock as _catalog_lock  # noqa: E402,F401
-from airflow_upsert_provider.engine import gc_claims as _gc_claims  # noqa: E402,F401
-from airflow_upsert_provider.engine import source_index as _source_index  # noqa: E402,F401
-from airflow_upsert_provider.engine import streams as _streams  # noqa: E402,F401
-from airflow_upsert_provider.engine import observations as _observations  # noqa: E402,F401
+from airflow_upsert_provider.engine.store import catalog_lock as _catalog_lock  # noqa: E402,F401
+from airflow_upsert_provider.engine.store import gc_claims as _gc_claims  # noqa: E402,F401
+from airflow_upsert_provider.engine.store import source_index as _source_index  # noqa: E402,F401
+from airflow_upsert_provider.engine.store import streams as _streams  # noqa: E402,F401
+from airflow_upsert_provider.engine.frontier import observations as _observations  # noqa: E402,F401

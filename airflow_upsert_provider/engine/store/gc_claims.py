@@ -46,8 +46,8 @@ import sqlalchemy as sa
 
 import uuid
 
-from airflow_upsert_provider.engine.blob import LocalBlob
-from airflow_upsert_provider.engine.consensus import (
+from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.store.consensus import (
     CommitAttempt,
     Consensus,
     RestoreEvent,
@@ -229,7 +229,7 @@ def claim_for_deletion(
         doomed_checkpoints: list[str] = []
         if checkpoint_candidates:
             # Imported here: catalog_lock and this module are both loaded by consensus.
-            from airflow_upsert_provider.engine.catalog_lock import catalog_locks_table
+            from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
 
             insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=now)
             locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import (
+from airflow_upsert_provider.engine.store.consensus import (
     Binding,
     Consensus,
     _binding_from_row,

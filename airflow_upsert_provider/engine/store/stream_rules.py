@@ -1,6 +1,6 @@
 """Stream lifecycle and recovery order as pure decisions (invariants 12, 14 and 16).
 
-A shard's stream has one authoritative state in consensus (``engine/streams.py`` keeps it):
+A shard's stream has one authoritative state in consensus (``engine/store/streams.py`` keeps it):
 a status, a version bumped by every change, the recovery epoch and the epoch whose seek
 completed. Every function here takes that state and says what one transition does to it,
 or why it is refused; the store applies the answer by one compare-and-set on (status,

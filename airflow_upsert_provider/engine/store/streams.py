@@ -2,7 +2,7 @@
 
 One row per shard (``upsert_streams``) holds the authoritative state; ``upsert_stream_history``
 holds every change (who, when, from, to, why, version). A transition reads the row, asks the
-pure rules of ``engine/lifecycle.py`` what to do, and writes the answer by one conditional
+pure rules of ``engine/store/stream_rules.py`` what to do, and writes the answer by one conditional
 UPDATE on (status, version): if the row changed in between, the UPDATE matches nothing and
 the transition decides again on a fresh read. A finalizer never decides again: it acts on
 the version it read, so a stale one changes nothing (invariant 14).
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.consensus import (
+from airflow_upsert_provider.engine.store.consensus import (
     CommitAttempt,
     Consensus,
     RestoreEvent,
@@ -43,7 +43,7 @@ from airflow_upsert_provider.engine.errors import (
     StreamNotReady,
     TransitionRefused,
 )
-from airflow_upsert_provider.engine.lifecycle import (
+from airflow_upsert_provider.engine.store.stream_rules import (
     DEFAULT_DRAIN_SECONDS,
     stop_superseded,
     writer_may_be_working,
@@ -360,7 +360,7 @@ def batch_in_hand(consensus: Consensus, shard_id: str) -> bool:
 
 def bound_at_upper(consensus: Consensus, shard_id: str) -> tuple[int, float] | None:
     """(ts, when its binding was minted) of the batch at the upper, if it is bound."""
-    from airflow_upsert_provider.engine.consensus import bindings_table, shards_table
+    from airflow_upsert_provider.engine.store.consensus import bindings_table, shards_table
 
     def txn(conn):
         upper = conn.execute(

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.consensus import Binding
+from airflow_upsert_provider.engine.store.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError
-from airflow_upsert_provider.engine.source_index import SourceIndex
+from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 from airflow_upsert_provider.engine.sources.planning import late_arrival_reason, range_to, sort_out_new_names
 

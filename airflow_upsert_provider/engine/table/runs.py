@@ -18,7 +18,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import IntegrityError
 

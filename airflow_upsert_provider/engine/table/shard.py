@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from airflow_upsert_provider.engine.blob import LocalBlob
+from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
-from airflow_upsert_provider.engine.consensus import (
+from airflow_upsert_provider.engine.store.consensus import (
     AppendResult,
     BatchRecord,
     Binding,
@@ -29,9 +29,9 @@ from airflow_upsert_provider.engine.errors import (
     KafkaSliceUnavailable,
     UpsertError,
 )
-from airflow_upsert_provider.engine.runs import read_runs
-from airflow_upsert_provider.engine.binding_planner import plan_binding, remember_settled, survey_source
-from airflow_upsert_provider.engine.source_index import SourceIndex
+from airflow_upsert_provider.engine.table.runs import read_runs
+from airflow_upsert_provider.engine.table.binding_planner import plan_binding, remember_settled, survey_source
+from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
 from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
@@ -88,7 +88,7 @@ class ShardStatus:
     bound: dict[str, int]
     rows: int | None
     pending_segments: int
-    # The stream's lifecycle state (engine/streams.py): status, epoch, who set it, when, why.
+    # The stream's lifecycle state (engine/store/streams.py): status, epoch, who set it, when, why.
     stream: dict[str, Any] | None = None
     # Landing time (mtime) of the oldest first-unbound segment over the partitions: the age of
     # the oldest record not yet committed (None: nothing pending).
@@ -385,7 +385,7 @@ class Shard:
 def damaged_run_files(blob: LocalBlob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
     """``{file, reason}`` of every file of ``runs`` that is missing or not what was recorded
     when it was written (the checks of ``checkpoint verify``)."""
-    from airflow_upsert_provider.engine.checkpoint import file_problem
+    from airflow_upsert_provider.engine.maintenance.checkpoint import file_problem
 
     damaged = []
     for run in runs:
@@ -406,7 +406,7 @@ def _landed_at(path: str) -> float | None:
 
 
 def _stream_summary(consensus: Consensus, shard_id: str) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.streams import read_stream
+    from airflow_upsert_provider.engine.store.streams import read_stream
 
     state = read_stream(consensus, shard_id)
     return {k: v for k, v in state.to_dict().items() if k not in ("shard", "seek_position")}

@@ -23,15 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from airflow_upsert_provider.engine import acks
+from airflow_upsert_provider.engine.lifecycle import acks
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.writer import NOTHING_TO_DO, BatchResult, RunReport, StagedBatch, Writer
+from airflow_upsert_provider.engine.write.writer import NOTHING_TO_DO, BatchResult, RunReport, StagedBatch, Writer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_upsert_provider.engine.consensus import Binding
-    from airflow_upsert_provider.engine.shard import Shard
+    from airflow_upsert_provider.engine.store.consensus import Binding
+    from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 
 log = logging.getLogger(__name__)

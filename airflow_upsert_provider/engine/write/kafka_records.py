@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.records import QUOTE_CHARS, BatchRecords, judge_lines, sql_name
-from airflow_upsert_provider.engine.runs import user_schema
+from airflow_upsert_provider.engine.write.records import QUOTE_CHARS, BatchRecords, judge_lines, sql_name
+from airflow_upsert_provider.engine.table.runs import user_schema
 
 if TYPE_CHECKING:
     import pyarrow

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.runs import user_schema
+from airflow_upsert_provider.engine.table.runs import user_schema
 from airflow_upsert_provider.engine.sources import Segment
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ exit code. The consensus URL (which may hold a password) is read from the file n
 it afterwards), or else from the environment (``UPSERT_CONSENSUS_URL``), so that a password
 never appears on a command line. A Kafka shard's client config (it may hold ``sasl.password``)
 comes the same way, from the file named by ``--kafka-config-file``. ``--continuous-for
-SECONDS`` runs continuous mode (engine/continuous.py). No Airflow imports: the engine runs
+SECONDS`` runs continuous mode (engine/write/continuous.py). No Airflow imports: the engine runs
 here alone.
 """
 
@@ -54,7 +54,7 @@ def _session_from_submit():
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.spark import DEFAULT_CONF
+    from airflow_upsert_provider.engine.spark.session import DEFAULT_CONF
 
     submitted = SparkConf()
     builder = SparkSession.builder
@@ -92,10 +92,10 @@ def consensus_url(path: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.blob import open_blob
-    from airflow_upsert_provider.engine.consensus import open_consensus
-    from airflow_upsert_provider.engine.shard import Shard
-    from airflow_upsert_provider.engine.writer import Writer
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
+    from airflow_upsert_provider.engine.write.writer import Writer
 
     consensus = open_consensus(consensus_url(args.consensus_url_file))
     blob = open_blob(args.blob_root)
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     try:
         if args.continuous_for is not None:
-            from airflow_upsert_provider.engine.continuous import run_continuous
+            from airflow_upsert_provider.engine.write.continuous import run_continuous
 
             report = run_continuous(writer, duration_seconds=args.continuous_for)
         else:

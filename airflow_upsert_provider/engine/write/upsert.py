@@ -17,23 +17,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.consensus import Binding
+from airflow_upsert_provider.engine.store.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
-from airflow_upsert_provider.engine.runs import (
+from airflow_upsert_provider.engine.table.runs import (
     bucket_column,
     describe_run,
     sync_data_files,
     table_columns,
     write_bucketed,
 )
-from airflow_upsert_provider.engine.records import (
+from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
     jsonl_fast_path_decides,
     jsonl_records,
     jsonl_records_fast,
     parquet_records,
 )
-from airflow_upsert_provider.engine.shard import MAX_REPORTED, Shard
+from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def stage_batch(
 
     job_started = time.monotonic()
     if config.source_format == "jsonl":
-        # One verdict per record (engine/records.py): Spark's JSON reader stages a batch only
+        # One verdict per record (engine/write/records.py): Spark's JSON reader stages a batch only
         # when it reads every line as the exact path does, and only if nothing is bad; any
         # other batch is staged by the exact path, which alone says why and where.
         batch = None
@@ -115,7 +115,7 @@ def _stage_kafka(
 ) -> StagedOutput:
     """A Kafka batch: the bound slice (prefetched, or read now on the executors), mapped from
     its envelope and judged record by record as JSON lines are."""
-    from airflow_upsert_provider.engine.sources.kafka_records import kafka_batch_records
+    from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records
 
     ranges = {int(p): (int(r["from"]), int(r["to"])) for p, r in binding.ranges.items() if r["to"] > r["from"]}
     if not ranges:

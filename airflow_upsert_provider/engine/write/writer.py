@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import tenacity
 
-from airflow_upsert_provider.engine.consensus import AppendOutcome, BatchRecord
+from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchRecord
 from airflow_upsert_provider.engine.errors import (
     BlobWriteFailed,
     CommitOutcomeUnknown,
@@ -33,14 +33,14 @@ from airflow_upsert_provider.engine.errors import (
     StreamFenced,
     UpsertError,
 )
-from airflow_upsert_provider.engine.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
-from airflow_upsert_provider.engine.spark import connect_address, is_connect_session
-from airflow_upsert_provider.engine.spark_server import server_gone
+from airflow_upsert_provider.engine.table.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
+from airflow_upsert_provider.engine.spark.session import connect_address, is_connect_session
+from airflow_upsert_provider.engine.spark.server import server_gone
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_upsert_provider.engine.consensus import Binding
+    from airflow_upsert_provider.engine.store.consensus import Binding
 
 log = logging.getLogger(__name__)
 
@@ -217,14 +217,14 @@ class Writer:
         self.epoch: int | None = None
         # Why the last run stopped before the source was caught up (a stop or a recovery).
         self.stopped_because: str | None = None
-        # Seams for continuous mode and upstream offsets (engine/continuous.py, group_offsets.py):
+        # Seams for continuous mode and upstream offsets (engine/write/continuous.py, group_offsets.py):
         # a Kafka batch's slice fetched ahead, asked for with (epoch, binding) when staging;
         # a call after each batch is staged, before its append; calls after each step that
         # moved the upper, with the writer's epoch (failures there are logged, never raised).
         self.prefetched: Callable[[int, "Binding"], "DataFrame | None"] | None = None
         self.on_staged: Callable[[StagedBatch], None] | None = None
         self.after_commit: list[Callable[[BatchResult, int], None]] = []
-        # A Kafka shard's consumer group, moved after each commit (engine/upstream.py).
+        # A Kafka shard's consumer group, moved after each commit (engine/frontier/upstream.py).
         self.upstream = None
 
     # -- the one rule ------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class Writer:
 
     def _stage_batch(self, spark: "SparkSession", binding: "Binding", run_dir: str, rejects_dir: str,
                      messages: "DataFrame | None") -> Any:
-        from airflow_upsert_provider.engine.upsert import stage_batch
+        from airflow_upsert_provider.engine.write.upsert import stage_batch
 
         return stage_batch(spark, self.shard, binding, run_dir=run_dir, rejects_dir=rejects_dir,
                            on_bad_record=self.on_bad_record, messages=messages)
@@ -372,7 +372,7 @@ class Writer:
     def _claimed(self, staging_dirs: tuple[str, ...]) -> bool:
         """Whether GC claimed one of an attempt's staging directories for deletion; a store
         that cannot say counts as no (the error is then reported as it is)."""
-        from airflow_upsert_provider.engine.gc_claims import claims
+        from airflow_upsert_provider.engine.store.gc_claims import claims
 
         try:
             claimed = set(claims(self.shard.consensus, self.shard.shard_id))
@@ -459,7 +459,7 @@ class Writer:
 
     def start(self) -> None:
         """Check the stream lets a run start (READY: else StreamNotReady) and take its epoch."""
-        from airflow_upsert_provider.engine.streams import require_ready
+        from airflow_upsert_provider.engine.store.streams import require_ready
 
         epoch = require_ready(self.shard.consensus, self.shard.shard_id).epoch
         if self.epoch is not None and epoch != self.epoch:
@@ -472,7 +472,7 @@ class Writer:
     def _follow_upstream(self, epoch: int) -> None:
         """Start (or restart in a new epoch) the consumer group's commits; a failure there
         is logged and retried with the next commit, never a reason not to run."""
-        from airflow_upsert_provider.engine.upstream import follow_upper
+        from airflow_upsert_provider.engine.frontier.upstream import follow_upper
 
         try:
             if self.upstream is None:
@@ -485,8 +485,8 @@ class Writer:
     def may_continue(self) -> bool:
         """Whether another batch may start: the stream is still READY in this writer's epoch.
         A stop or a recovery lets the batch in hand finish and starts no other."""
-        from airflow_upsert_provider.engine.lifecycle import refuse_start
-        from airflow_upsert_provider.engine.streams import read_stream
+        from airflow_upsert_provider.engine.store.stream_rules import refuse_start
+        from airflow_upsert_provider.engine.store.streams import read_stream
 
         state = read_stream(self.shard.consensus, self.shard.shard_id)
         if refuse_start(state) is None and state.epoch == self.epoch:
@@ -602,7 +602,7 @@ class Writer:
         running while committing nothing leaves a trail). A failure is logged, never raised:
         the batch's outcome does not depend on it."""
         try:
-            from airflow_upsert_provider.engine import observations
+            from airflow_upsert_provider.engine.frontier import observations
 
             obs = observations.observe(self.shard, observer=f"writer:{self.writer_id}",
                                        writer_outcome=result.outcome, status=status)
@@ -615,7 +615,7 @@ class Writer:
     def record_failed_step(self, exc: BaseException) -> None:
         """Record an observation for a step that raised (outcome "failed:<error class>"): a
         writer failing on every run leaves a trail that says so, not the silence of no writer."""
-        from airflow_upsert_provider.engine.frontier import failed_outcome
+        from airflow_upsert_provider.engine.frontier.rules import failed_outcome
 
         upper = self.progress
         try:
