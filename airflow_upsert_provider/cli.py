@@ -352,7 +352,7 @@ class Context:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from airflow_upsert_provider.engine.blob.files import open_blob
-        from airflow_upsert_provider.engine.store.consensus import open_consensus
+        from airflow_upsert_provider.engine.store.registry import open_consensus
 
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")

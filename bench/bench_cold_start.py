@@ -150,7 +150,7 @@ def table_digest(spark, copy: str) -> tuple[int, int]:
     from pyspark.sql import functions as F
 
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.shard import Shard
 
     consensus = open_consensus(f"sqlite:///{copy}/consensus.db")

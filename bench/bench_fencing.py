@@ -38,14 +38,15 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from airflow_upsert_provider.engine.store import consensus as consensus_module  # noqa: E402
+from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA  # noqa: E402
 from airflow_upsert_provider.engine.store import streams  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus, open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus  # noqa: E402
+from airflow_upsert_provider.engine.store.registry import open_consensus
 
 CONFIGS = ("no hooks", "before", "after")
 SHARD = "bench"
-# Every hook registered at import (GC claims, the stream fence); restored when done.
-ALL_HOOKS = list(consensus_module.commit_hooks)
+# Every hook the registry gives a store (GC claims, the stream fence).
+ALL_HOOKS = list(STORE_SCHEMA.commit_hooks)
 
 
 def hooks_for(config: str) -> list:
@@ -56,9 +57,9 @@ def hooks_for(config: str) -> list:
     return list(ALL_HOOKS)
 
 
-def use_hooks(config: str) -> None:
-    # In place: compare_and_append reads the module's list object.
-    consensus_module.commit_hooks[:] = hooks_for(config)
+def use_hooks(consensus: Consensus, config: str) -> None:
+    # In place: compare_and_append reads the store's list object.
+    consensus.commit_hooks[:] = hooks_for(config)
 
 
 def batch_record(ts: int) -> BatchRecord:
@@ -107,7 +108,7 @@ def measure_warm(consensus: Consensus, epoch: int, appends: int, block: int, sta
     block of each. Returns the latencies per configuration and the next ts."""
     ts = start_ts
     for config in CONFIGS:
-        use_hooks(config)
+        use_hooks(consensus, config)
         for _ in range(block):
             append(consensus, ts, epoch)
             ts += 1
@@ -116,11 +117,11 @@ def measure_warm(consensus: Consensus, epoch: int, appends: int, block: int, sta
     for r in range(rounds):
         order = CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]
         for config in order:
-            use_hooks(config)
+            use_hooks(consensus, config)
             for _ in range(min(block, appends - len(latencies[config]))):
                 latencies[config].append(append(consensus, ts, epoch))
                 ts += 1
-    use_hooks("after")
+    use_hooks(consensus, "after")
     return latencies, ts
 
 
@@ -130,14 +131,14 @@ import json, sys, time
 started = time.perf_counter()
 import airflow_upsert_provider.engine.store.streams as streams
 imported = time.perf_counter()
-from airflow_upsert_provider.engine.store import consensus as consensus_module
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, open_consensus
+from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.store.registry import open_consensus
 url, shard, ts, epoch, config = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-if config == "before":
-    consensus_module.commit_hooks.remove(streams.fence_commit)
 opening = time.perf_counter()
 consensus = open_consensus(url)
 opened = time.perf_counter()
+if config == "before":
+    consensus.commit_hooks.remove(streams.fence_commit)
 run = f"{shard}/runs/ts={ts}/w-fresh"
 files = [{"path": f"{run}/bucket={b}/part-0.parquet", "rows": 1} for b in range(4)]
 record = BatchRecord(ts, "w-fresh", f"t{ts}", {"path": run, "files": files, "rows": 4}, {})
@@ -224,7 +225,6 @@ def main() -> None:
             finally:
                 server.stop()
     finally:
-        consensus_module.commit_hooks[:] = ALL_HOOKS
         shutil.rmtree(work, ignore_errors=True)
 
     # Other work on the machine shows in p99 and the means first; p50 and its ratio hold up best.

@@ -49,7 +49,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource  # noqa: E402
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions  # noqa: E402

@@ -154,7 +154,7 @@ def size_label(rows: int) -> str:
 def export_shard(spark, env: dict[str, str], shard_id: str, path: str) -> None:
     """Write the shard's table (as of its upper) to Parquet at PATH, through the server."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.shard import Shard
 
     consensus = open_consensus(env["UPSERT_CONSENSUS_URL"])

@@ -16,7 +16,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from tests.pgserver import PostgresServer  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

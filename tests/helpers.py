@@ -68,7 +68,7 @@ def cli_store(tmp_path, monkeypatch, consensus_url: str):
     """A consensus store and blob root under ``tmp_path`` that `upsertctl` in this process
     also uses (through its environment): (consensus, blob)."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", consensus_url)
     monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 from airflow_upsert_provider.sample_data import write_segment

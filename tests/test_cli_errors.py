@@ -180,7 +180,7 @@ def test_text_file_as_sqlite_store_is_a_clear_error(capsys, tmp_path):
 def test_damaged_sqlite_store_is_a_clear_error(capsys, tmp_path, damage, expected_code):
     db = tmp_path / "c.db"
     url = f"sqlite:///{db}"
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(url)
     for i in range(200):

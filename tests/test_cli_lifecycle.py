@@ -17,7 +17,7 @@ import time
 import pytest
 
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced
 from airflow_upsert_provider.engine.maintenance.retention import lowest_bounds, plan_prune, read_log
 from airflow_upsert_provider.engine.write.writer import Writer

@@ -7,7 +7,8 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, Binding, open_consensus, redact_url
+from airflow_upsert_provider.engine.store.consensus import AppendOutcome, Binding, redact_url
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     ConsensusUnavailable,

@@ -15,6 +15,7 @@ from sqlalchemy import event
 
 from airflow_upsert_provider import cli
 from airflow_upsert_provider.engine.store import consensus as consensus_module
+from airflow_upsert_provider.engine.store import registry as registry_module
 from airflow_upsert_provider.engine.write import writer as writer_module
 from airflow_upsert_provider.engine.errors import (
     BadInputError,
@@ -111,7 +112,7 @@ def test_cli_exits_5_when_the_store_drops_while_an_append_is_resolved(
     monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
     assert cli.main(["init", "s", "--source", f"dir:{landing}", "--key", "id", "--max-files-per-batch", "1",
                      "--schema", "id BIGINT, name STRING, amount DOUBLE, updated_at BIGINT, deleted BOOLEAN"]) == 0
-    real_open = consensus_module.open_consensus
+    real_open = registry_module.open_consensus
     outages = []
 
     def open_with_outage(url, **kwargs):
@@ -119,7 +120,7 @@ def test_cli_exits_5_when_the_store_drops_while_an_append_is_resolved(
         outages.append(StoreOutage(store).drop_after_next_append(then_fail_reads=writer_module.APPEND_RETRIES))
         return store
 
-    monkeypatch.setattr(consensus_module, "open_consensus", open_with_outage)
+    monkeypatch.setattr(registry_module, "open_consensus", open_with_outage)
     capsys.readouterr()
     code = cli.main(["run-batch", "s", "--json", "--writer-id", "w1"])
     out, err = capsys.readouterr()
@@ -177,7 +178,7 @@ def test_compare_and_append_splits_determinate_from_indeterminate_failures(conse
 
 def test_compare_and_append_maps_an_exhausted_pool_to_unavailable(sqlite_url):
     engine = sa.create_engine(sqlite_url, poolclass=sa.pool.QueuePool, pool_size=1, max_overflow=0, pool_timeout=0.01)
-    store = consensus_module.Consensus(engine, sqlite_url)
+    store = consensus_module.Consensus(engine, sqlite_url, registry_module.STORE_SCHEMA)
     store.create_schema()
     store.create_shard("s", "{}")
     with engine.connect():  # the pool's only connection, held
@@ -192,7 +193,7 @@ def test_compare_and_append_maps_an_exhausted_pool_to_unavailable(sqlite_url):
 def test_a_catalog_change_whose_lock_release_failed_is_outcome_unknown(sqlite_url):
     from airflow_upsert_provider.engine.store.catalog_lock import catalog_lock
 
-    store = consensus_module.open_consensus(sqlite_url)
+    store = registry_module.open_consensus(sqlite_url)
     changed = []
 
     def fail_commit(conn):

@@ -90,7 +90,7 @@ def test_a_tombstone_with_a_higher_order_value_survives_compaction(spark, consen
 
 
 def test_without_an_order_column_compaction_drops_tombstones(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     blob = LocalBlob(str(tmp_path / "blob"))
@@ -141,7 +141,7 @@ def random_source(landing: str, rng: random.Random, *, partitions: int, segments
 def test_every_batching_gives_the_same_table(spark, sqlite_url, tmp_path, key_per_partition):
     """Random records, batches of 1, 2, 5 and all files, with a compaction half way: every
     batching gives the table of the Python oracle, before and after compacting."""
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     blob = LocalBlob(str(tmp_path / "blob"))
@@ -226,7 +226,7 @@ def test_a_missing_run_file_is_an_integrity_error_naming_it(spark, consensus, bl
 
 def test_upsertctl_exits_4_naming_a_deleted_run_file(spark, tmp_path, monkeypatch, capsys):
     from airflow_upsert_provider import cli
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     url = f"sqlite:///{tmp_path / 'c.db'}"
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", url)
@@ -315,7 +315,8 @@ def test_live_view_reads_one_snapshot(pg_url):
     import sqlalchemy as sa
 
     from airflow_upsert_provider.engine.store import consensus as consensus_module
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord, open_consensus
+    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(pg_url)
     other = open_consensus(pg_url)

@@ -242,7 +242,7 @@ def test_status_reports_frontier_lag_and_rows(spark, consensus, blob, tmp_path):
 
 @pytest.fixture
 def store(sqlite_url):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     yield consensus

@@ -167,7 +167,7 @@ class UpsertShardHook(BaseHook):
         """The consensus store (tables created if missing). Raises ConsensusUnavailable when
         it cannot be reached, with the password masked."""
         if self._consensus is None:
-            from airflow_upsert_provider.engine.store.consensus import open_consensus
+            from airflow_upsert_provider.engine.store.registry import open_consensus
 
             self.log.info("consensus: %s", self.settings.redacted_consensus_url)
             self._consensus = open_consensus(self.settings.consensus_url)

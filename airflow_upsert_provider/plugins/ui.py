@@ -149,7 +149,7 @@ class _Store:
         self.missing = _sqlite_file_missing(settings.consensus_url)
         if not self.missing:
             from airflow_upsert_provider.engine.blob.files import open_blob
-            from airflow_upsert_provider.engine.store.consensus import open_consensus
+            from airflow_upsert_provider.engine.store.registry import open_consensus
 
             self.consensus = open_consensus(settings.consensus_url, create=False)
             self.blob = open_blob(settings.blob_root)

@@ -136,7 +136,7 @@ def init_shard(consensus_url: str, blob_root: str, landing: str, *, shard: str =
 
 def read_table(consensus_url: str, blob_root: str, shard: str, spark) -> dict:
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.shard import Shard
     from tests.oracle import table_from_rows
 

@@ -118,7 +118,7 @@ class OutletEvents(dict):
 def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from tests.helpers import batch, make_shard
 
     consensus = open_consensus(sqlite_url)

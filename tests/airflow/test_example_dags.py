@@ -14,7 +14,7 @@ import pytest
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator

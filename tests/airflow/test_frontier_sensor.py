@@ -26,7 +26,7 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_upsert_provider.engine.frontier import observations
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.frontier.rules import StallSettings, dedup_key
 from airflow_upsert_provider.notifications.frontier import (
     FrontierPageNotifier,

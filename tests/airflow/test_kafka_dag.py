@@ -14,7 +14,7 @@ import subprocess
 
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.kafka.conftest import kafka_bootstrap, kafka_topic  # noqa: F401 - fixtures

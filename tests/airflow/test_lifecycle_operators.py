@@ -17,7 +17,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.sources.planning import range_files
 from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.lifecycle import (

@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.airflow.conftest import init_shard, read_table
 from tests.oracle import oracle_table

@@ -47,7 +47,7 @@ def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="c
 def shard_store(tmp_path_factory):
     """The store (SQLite consensus, blob) with the two shards and their observations."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.frontier.observations import record_observation
 
     root = tmp_path_factory.mktemp("ui-store")
@@ -156,7 +156,7 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
 
 def test_looking_records_nothing(shard_store, monkeypatch, auth_manager):
     """The page evaluates the recorded window: no observation, no alert state is written."""
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.frontier.observations import load_alert_state, observation_count
 
     for name, value in _connection_env(shard_store).items():

@@ -76,7 +76,7 @@ def test_killed_try_is_superseded_by_its_retry(airflow_home, pg_url, tmp_path, s
     assert report["writer_id"] == f"airflow:upsert_microbatch:{run_id}:upsert:try2"
     assert [(b["ts"], b["outcome"]) for b in report["batches"]] == [(0, "committed"), (1, "nothing_to_do")]
 
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(pg_url)
     try:

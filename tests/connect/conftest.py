@@ -83,7 +83,7 @@ def consensus_url(request, tmp_path):
 
 @pytest.fixture
 def sqlite_consensus(tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(f"sqlite:///{tmp_path / 'consensus.db'}")
     yield store

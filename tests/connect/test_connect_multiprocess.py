@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.conftest import cli_env
 from tests.helpers import make_shard

@@ -13,7 +13,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.connect.conftest import free_port

@@ -209,7 +209,7 @@ def evaluate_after_barrier(url: str, blob_root: str, now: float, barrier, out) -
     """A sensor in its own process: it loads the alert state, waits at ``barrier`` until the
     other process has loaded it too, then saves."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(url)
     waited = []
@@ -232,7 +232,7 @@ TIMEOUT = 60
 def test_two_evaluators_in_separate_processes_page_once(consensus_url, blob, tmp_path):
     import multiprocessing
 
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(consensus_url)
     try:
@@ -323,7 +323,7 @@ def test_evaluate_shards_covers_every_shard(consensus, blob, tmp_path):
 
 def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_url, blob, tmp_path, spark,
                                                                        monkeypatch, caplog):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     try:
@@ -357,7 +357,7 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
 
 
 def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_names_it(sqlite_url, blob, tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.errors import SparkUnavailable
 
     consensus = open_consensus(sqlite_url)
@@ -387,7 +387,7 @@ def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_
 
 
 def test_a_resumed_stream_is_not_stalled_by_the_time_it_spent_stopped(sqlite_url, blob, tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     try:

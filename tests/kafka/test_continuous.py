@@ -25,7 +25,7 @@ from confluent_kafka import TopicPartition
 from airflow_upsert_provider.engine.lifecycle import recovery
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.write.continuous import DROP_BELOW_UPPER, DROP_EPOCH, SlicePrefetcher, run_continuous
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.lifecycle.group_offsets import group_consumer
@@ -345,7 +345,7 @@ KILLED_WRITER = textwrap.dedent(
     """\
     import json, sys, threading
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.write.continuous import SlicePrefetcher, run_continuous
     from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources.kafka import KafkaConfig

@@ -36,7 +36,7 @@ NO_BROKER = "127.0.0.1:1"
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_duration
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, _RunPlan

@@ -178,7 +178,7 @@ def test_a_kafka_shard_opened_without_client_config_says_how_to_give_one(sqlite_
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

@@ -30,7 +30,7 @@ SCHEMA = json.dumps({"type": "struct", "fields": [
 
 @pytest.fixture
 def sqlite_consensus(sqlite_url):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(sqlite_url)
     yield store

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from airflow_upsert_provider.engine.lifecycle import recovery
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints, restore_checkpoint
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import SourceSegmentsMissing, StreamNotReady
 from airflow_upsert_provider.engine.store.stream_rules import Status
 from airflow_upsert_provider.engine.table.shard import Shard

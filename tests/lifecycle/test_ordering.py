@@ -17,7 +17,8 @@ import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.lifecycle import recovery
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, commit_hooks, open_consensus
+from airflow_upsert_provider.engine.store.consensus import AppendOutcome
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced, StreamNotReady, TransitionRefused
 from airflow_upsert_provider.engine.store.stream_rules import Status
 from airflow_upsert_provider.engine.write.writer import COMMITTED, Writer
@@ -168,7 +169,7 @@ def commit_paused_in_its_transaction(url: str, shard_id: str, epoch: int, inside
             if not go.wait(TIMEOUT):
                 raise TimeoutError("never released")
 
-    commit_hooks.append(pause)  # after the fence: this process's hooks run in order
+    consensus.commit_hooks.append(pause)  # after the fence: this store's hooks run in order
     try:
         result = consensus.compare_and_append(shard_id, 0, 1, batch(0, token="racer"), epoch=epoch)
         out.put(("commit", result.outcome.value, ""))

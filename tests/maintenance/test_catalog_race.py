@@ -22,7 +22,7 @@ TIMEOUT = 120
 
 def _open_shard(consensus_url: str, blob_root: str, shard_id: str):
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.shard import Shard
 
     return Shard.open(open_consensus(consensus_url), open_blob(blob_root), shard_id)

@@ -23,7 +23,7 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
     verify_checkpoint,
 )
 from airflow_upsert_provider.engine.maintenance.compaction import compact
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound, StreamNotReady
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_upsert_provider.cli import main
 from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.maintenance.support import age_compaction, age_files, oracle, table, tree, written_shard
 

@@ -48,7 +48,7 @@ def recovered(consensus, root: str, shard_id: str) -> list[str]:
 
 
 def test_checkpoint_commit_crash_at_every_point(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     base = LocalBlob(str(tmp_path / "blob"))
@@ -84,7 +84,7 @@ def test_checkpoint_commit_crash_at_every_point(spark, sqlite_url, tmp_path):
 
 
 def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     base = LocalBlob(str(tmp_path / "blob"))
@@ -126,7 +126,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
 
 
 def test_retention_crash_at_every_point(spark, sqlite_url, tmp_path):
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus = open_consensus(sqlite_url)
     base = LocalBlob(str(tmp_path / "blob"))

@@ -157,7 +157,7 @@ def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_p
     """At each step of a checkpoint commit a compaction moves since, GC runs to completion,
     and the writer commits its staged batch."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
     shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
@@ -183,7 +183,7 @@ def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_p
 def test_checkpoint_compaction_and_commit_inside_every_gc_step(spark, sqlite_url, tmp_path, at):
     """At each step of GC a checkpoint commits, a compaction moves since and the writer commits."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
 
     consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
     shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)

@@ -152,7 +152,7 @@ def test_checkpoint_create_over_a_same_size_corrupted_file_exits_4_and_keeps_the
     ``checkpoint create --keep-last 1`` exit 4 naming the file, and the checkpoint that
     still verifies stays listed."""
     from airflow_upsert_provider.cli import main
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.write.writer import Writer
 
     consensus = open_consensus(sqlite_url)

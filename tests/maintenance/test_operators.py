@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, list_checkpoints
-from airflow_upsert_provider.engine.store.consensus import open_consensus
+from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.operators.maintenance import (
     CheckpointCommitOperator,

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, metadata, shard_exists
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
+from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.frontier.rules import (
     AlertState,
     Evaluation,
@@ -43,26 +44,6 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.table.shard import Shard, ShardStatus
 
 log = logging.getLogger(__name__)
-
-observations_table = sa.Table(
-    "upsert_frontier_observations",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("shard_id", sa.String(128), nullable=False, index=True),
-    sa.Column("observed_at", sa.Float, nullable=False),
-    sa.Column("observer", sa.String(512), nullable=False),
-    sa.Column("payload", sa.Text, nullable=False),
-    # The window read and both prunes are ranges of this index: (shard, time).
-    sa.Index("ix_upsert_frontier_observations_shard_time", "shard_id", "observed_at"),
-)
-
-alerts_table = sa.Table(
-    "upsert_frontier_alerts",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("version", sa.BigInteger, nullable=False),
-    sa.Column("state", sa.Text, nullable=False),
-)
 
 # Observations of a shard older than this are deleted when the next one is recorded.
 OBSERVATION_RETENTION_SECONDS = 24 * 3600.0

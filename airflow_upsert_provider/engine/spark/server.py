@@ -359,7 +359,7 @@ class SparkServer:
     ) -> dict[str, Any]:
         """Start the server unless one runs; return its status with ``started`` (True when
         this call started it). Safe when several processes call it at once."""
-        from airflow_upsert_provider.engine.spark.session import check_driver_memory
+        from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
 
         check_port(port)
         if memory is not None:

@@ -112,10 +112,9 @@ class CommitAttempt:
 # Hooks run inside the commit transaction of every append and swap, after its compare-and-set
 # matched: each returns None or a reason to refuse (the transaction rolls back and
 # CommitRefused is raised), or raises an UpsertError of its own (same rollback), and may write
-# rows of its own in the same transaction. Modules that own such rules append theirs at
-# import (see the end of this module).
+# rows of its own in the same transaction. The store runs those its schema lists
+# (store/registry.py), in that order.
 CommitHook = Callable[[Any, CommitAttempt], "str | None"]
-commit_hooks: list[CommitHook] = []
 
 
 @dataclass(frozen=True)
@@ -130,11 +129,20 @@ class RestoreEvent:
 
 # Hooks run inside the transaction that restores a shard (e.g. the stream starts RECOVERING).
 RestoreHook = Callable[[Any, RestoreEvent], None]
-restore_hooks: list[RestoreHook] = []
 
 
-def _run_commit_hooks(conn, attempt: CommitAttempt) -> None:
-    for hook in commit_hooks:
+@dataclass(frozen=True)
+class StoreSchema:
+    """The tables a store creates and the hooks it runs in its transactions. Composed once, in
+    store/registry.py, and given to the store when it is opened."""
+
+    tables: tuple[sa.Table, ...]
+    commit_hooks: tuple[CommitHook, ...] = ()
+    restore_hooks: tuple[RestoreHook, ...] = ()
+
+
+def _run_commit_hooks(conn, attempt: CommitAttempt, hooks: list[CommitHook]) -> None:
+    for hook in hooks:
         reason = hook(conn, attempt)
         if reason is not None:
             what = f"batch {attempt.ts}" if attempt.kind == "append" else f"compaction to since {attempt.ts}"
@@ -278,12 +286,16 @@ def redact_url(url: str) -> str:
 
 
 class Consensus:
-    """The consensus store. Create with :func:`open_consensus`."""
+    """The consensus store. Open with ``store.registry.open_consensus``."""
 
-    def __init__(self, engine: Engine, url: str) -> None:
+    def __init__(self, engine: Engine, url: str, schema: StoreSchema) -> None:
         self.engine = engine
         self.url = url
         self.dialect = engine.dialect.name
+        self.tables = schema.tables
+        # This store's own lists, so that a test can add a hook to one store.
+        self.commit_hooks: list[CommitHook] = list(schema.commit_hooks)
+        self.restore_hooks: list[RestoreHook] = list(schema.restore_hooks)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -301,7 +313,7 @@ class Consensus:
                 conn.info[_WROTE] = False
                 with conn.begin():
                     result = fn(conn)
-                    # Without the write tracker (see open_consensus), assume it wrote.
+                    # Without the write tracker (see open_store), assume it wrote.
                     wrote = conn.info[_WROTE] or not _tracks_writes(self.engine)
                     committing = True
                 return result
@@ -359,7 +371,7 @@ class Consensus:
 
     def create_schema(self) -> None:
         try:
-            metadata.create_all(self.engine)
+            metadata.create_all(self.engine, tables=list(self.tables))
         except sa.exc.DBAPIError as exc:
             raise self.store_error(exc, "cannot reach consensus store {where}") from None
 
@@ -559,7 +571,8 @@ class Consensus:
         ).rowcount
         if updated == 1:
             runs = (batch.run,) + ((batch.stats["rejects"],) if batch.stats.get("rejects") else ())
-            _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id, epoch))
+            _run_commit_hooks(conn, CommitAttempt(shard_id, "append", batch.ts, runs, batch.writer_id, epoch),
+                              self.commit_hooks)
             conn.execute(
                 sa.insert(batches_table).values(
                     shard_id=shard_id,
@@ -660,7 +673,7 @@ class Consensus:
             ).rowcount
             if updated != 1:
                 return False
-            _run_commit_hooks(conn, CommitAttempt(shard_id, "compaction", new_since, (run,)))
+            _run_commit_hooks(conn, CommitAttempt(shard_id, "compaction", new_since, (run,)), self.commit_hooks)
             conn.execute(sa.delete(compactions_table).where(compactions_table.c.shard_id == shard_id))
             conn.execute(
                 sa.insert(compactions_table).values(
@@ -801,7 +814,7 @@ class Consensus:
                         compacted_at=snapshot.compaction.compacted_at,
                     )
                 )
-            for hook in restore_hooks:
+            for hook in self.restore_hooks:
                 hook(conn, RestoreEvent(shard_id, record.upper, actor, reason))
             return ShardRecord(**conn.execute(
                 sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
@@ -930,8 +943,9 @@ def with_password(url: str, password: str | None) -> str:
 SQLITE_URL_OPTIONS = frozenset({"timeout", "check_same_thread", "cached_statements", "detect_types"})
 
 
-def open_consensus(url: str, *, create: bool = True) -> Consensus:
-    """Open (and by default create the tables of) the consensus store at ``url``.
+def open_store(url: str, schema: StoreSchema, *, create: bool = True) -> Consensus:
+    """Open (and by default create the tables of) the consensus store at ``url``, enforcing
+    ``schema``; callers open through ``store.registry.open_consensus``.
 
     ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``.
     """
@@ -982,18 +996,8 @@ def open_consensus(url: str, *, create: bool = True) -> Consensus:
             field="consensus",
         )
     event.listen(engine, "after_cursor_execute", _note_write)
-    consensus = Consensus(engine, url)
+    consensus = Consensus(engine, url, schema)
     if create:
         consensus.create_schema()
     return consensus
 
-
-# Tables declared on ``metadata`` by other modules (GC claims, the checkpoint catalog lock,
-# the source's settled names, stream lifecycle),
-# and the commit hooks they register:
-# imported here so that every store creates and enforces them.
-from airflow_upsert_provider.engine.store import catalog_lock as _catalog_lock  # noqa: E402,F401
-from airflow_upsert_provider.engine.store import gc_claims as _gc_claims  # noqa: E402,F401
-from airflow_upsert_provider.engine.store import source_index as _source_index  # noqa: E402,F401
-from airflow_upsert_provider.engine.store import streams as _streams  # noqa: E402,F401
-from airflow_upsert_provider.engine.frontier import observations as _observations  # noqa: E402,F401

@@ -52,11 +52,9 @@ from airflow_upsert_provider.engine.store.consensus import (
     Consensus,
     RestoreEvent,
     batches_table,
-    commit_hooks,
     compactions_table,
     insert_ignore,
     metadata,
-    restore_hooks,
     shards_table,
 )
 from airflow_upsert_provider.engine.errors import IntegrityError
@@ -155,7 +153,6 @@ def refuse_claimed(conn: sa.Connection, attempt: CommitAttempt) -> str | None:
     return None
 
 
-commit_hooks.append(refuse_claimed)
 
 
 def recently_replaced(consensus: Consensus, cutoff: float) -> set[str]:
@@ -287,8 +284,6 @@ def take_ownership(conn, event: RestoreEvent) -> None:
         sa.insert(blob_owners_table).values(shard_id=event.shard_id, generation=uuid.uuid4().hex, taken_at=time.time())
     )
 
-
-restore_hooks.append(take_ownership)
 
 
 def owner_conflict(recorded: str | None, on_blob: str | None) -> bool:

@@ -30,10 +30,8 @@ from airflow_upsert_provider.engine.store.consensus import (
     CommitAttempt,
     Consensus,
     RestoreEvent,
-    commit_hooks,
     insert_ignore,
     metadata,
-    restore_hooks,
     shard_exists,
 )
 from airflow_upsert_provider.engine.errors import (
@@ -344,8 +342,6 @@ def start_recovering(conn, event: RestoreEvent) -> None:
     _record_history(conn, "restore", before, after)
 
 
-commit_hooks.append(fence_commit)
-restore_hooks.append(start_recovering)
 
 
 # -- a stop, drained and finalized -------------------------------------------------------------

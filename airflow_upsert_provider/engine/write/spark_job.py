@@ -93,7 +93,7 @@ def consensus_url(path: str | None) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import open_consensus
+    from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.write.writer import Writer
 

@@ -1,0 +1,59 @@
+"""The one list of what a consensus store creates and enforces, and the way to open a store.
+
+Every table and every commit/restore hook is named here and handed to the store when it is
+opened: nothing joins a store by being imported.
+"""
+
+from __future__ import annotations
+
+from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
+from airflow_upsert_provider.engine.store.consensus import (
+    Consensus,
+    StoreSchema,
+    batches_table,
+    bindings_table,
+    compactions_table,
+    open_store,
+    quarantined_files_table,
+    shards_table,
+)
+from airflow_upsert_provider.engine.store.gc_claims import (
+    blob_owners_table,
+    gc_claims_table,
+    refuse_claimed,
+    replaced_runs_table,
+    take_ownership,
+)
+from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
+from airflow_upsert_provider.engine.store.source_index import settled_names_table
+from airflow_upsert_provider.engine.store.streams import fence_commit, start_recovering, stream_history_table, streams_table
+
+STORE_SCHEMA = StoreSchema(
+    tables=(
+        shards_table,
+        bindings_table,
+        batches_table,
+        quarantined_files_table,
+        compactions_table,
+        catalog_locks_table,
+        gc_claims_table,
+        replaced_runs_table,
+        blob_owners_table,
+        settled_names_table,
+        streams_table,
+        stream_history_table,
+        observations_table,
+        alerts_table,
+    ),
+    # Run in this order: the GC claim check, then the stream fence.
+    commit_hooks=(refuse_claimed, fence_commit),
+    # A restored shard gets a new blob generation, and its stream starts RECOVERING in a new
+    # epoch.
+    restore_hooks=(take_ownership, start_recovering),
+)
+
+
+def open_consensus(url: str, *, create: bool = True) -> Consensus:
+    """Open (and by default create the tables of) the consensus store at ``url``:
+    ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``."""
+    return open_store(url, STORE_SCHEMA, create=create)
