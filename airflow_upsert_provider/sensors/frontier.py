@@ -29,8 +29,7 @@ from __future__ import annotations
 import time
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.configuration import conf
@@ -39,180 +38,30 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
+from airflow_upsert_provider.operators.arguments import parse_seconds
+from airflow_upsert_provider.sensors.frontier_rounds import (
+    BLIND,
+    DEFAULT_POKE_INTERVAL,
+    DEFAULT_WATCH_SECONDS,
+    FIRING,
+    NOT_FOUND,
+    PAGE,
+    RESOLVE,
+    SECONDS_SETTINGS,
+    WATCH,
+    _iso,
+    decide,
+    Decision,
+    evaluate_round,
+    page_composer,
+    settings_to_dict,
+    stall_settings,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_upsert_provider.engine.frontier.rules import StallSettings
-    from airflow_upsert_provider.engine.frontier.observations import EvaluationRound
-
-# Settings fields the sensor passes to the rules; the rules' defaults apply to those left unset.
-SECONDS_SETTINGS = ("window_seconds", "cadence_seconds", "stall_multiplier", "min_stall_seconds",
-                    "stale_after_seconds", "lag_seconds_objective", "max_stopped_seconds")
-DEFAULT_WATCH_SECONDS = 900.0
-DEFAULT_POKE_INTERVAL = 30.0
-
-# What a round means for the task.
-WATCH = "watch"          # keep poking
-PAGE = "page"            # a page was triggered: send it, fail the task
-RESOLVE = "resolve"      # the open page is resolved: send it, keep watching
-FIRING = "firing"        # the incident's page is already open and the breach persists: fail, no page
-NOT_FOUND = "not_found"  # no such shard: fail
-BLIND = "blind"          # (trigger events) evaluations keep failing, or work again: the monitor's own page
-
-
-def stall_settings(values: Mapping[str, Any]) -> StallSettings:
-    """``StallSettings`` from operator arguments (numbers or templated strings); unset ones keep
-    the rules' defaults. A bad value fails without retry, naming the field."""
-    from airflow_upsert_provider.engine.errors import ConfigurationError
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
-
-    kwargs: dict[str, Any] = {}
-    for name in SECONDS_SETTINGS:
-        value = parse_seconds(values.get(name), name)
-        if value is not None:
-            kwargs[name] = value
-    if values.get("page_on_lagging") is not None:
-        kwargs["page_on_lagging"] = parse_bool(values["page_on_lagging"], "page_on_lagging")
-    breaches = parse_int(values.get("consecutive_breaches"), "consecutive_breaches", minimum=1)
-    if breaches is not None:
-        kwargs["consecutive_breaches"] = breaches
-    try:
-        return StallSettings(**kwargs)
-    except (ConfigurationError, ValueError, TypeError) as exc:
-        raise AirflowFailException(f"frontier stall settings: {exc}") from None
-
-
-def settings_to_dict(settings: StallSettings) -> dict[str, Any]:
-    return settings.to_dict()
-
-
-def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
-
-    return StallSettings.from_dict(values)
-
-
-def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, observer: str,
-                   now: float | None = None, kafka_conn_id: str | None = None,
-                   compose_page: Callable[..., dict] | None = None) -> EvaluationRound:
-    """One evaluation round of ``shard`` on the `upsert` connection (no Spark). A Kafka shard
-    is observed with the client config of ``kafka_conn_id`` (default: the upsert connection's
-    ``kafka_conn_id``); when it cannot be observed the round says why and judges what writers
-    recorded. ``compose_page``: see ``observations.evaluate_shard`` (the outbox)."""
-    from airflow_upsert_provider.engine.errors import UpsertError
-    from airflow_upsert_provider.engine.frontier.observations import evaluate_shard
-    from airflow_upsert_provider.operators.upsert import to_airflow_error
-
-    hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
-    try:
-        return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now,
-                              open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
-                              compose_page=compose_page)
-    except UpsertError as exc:
-        raise to_airflow_error(exc) from exc
-    finally:
-        hook.close()
-
-
-def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "never"
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def describe_breach(evaluation: Mapping[str, Any]) -> str:
-    """What the on-call engineer reads first: shard, status, upper, since when it has not
-    moved, how far behind (records and seconds), the window and the rule."""
-    window = evaluation.get("window") or {}
-    # Stuck time counts from when records became pending at this upper, not from the last advance.
-    stuck_since = (evaluation.get("thresholds") or {}).get("stall_started_at") or evaluation.get("last_advance_at")
-    lag_records = evaluation.get("lag_records")
-    lag_seconds = evaluation.get("lag_seconds")
-    parts = [
-        f"shard {evaluation['shard_id']}: frontier {evaluation['status']}",
-        f"upper {evaluation.get('upper')} stuck since {_iso(stuck_since)} ({_duration(evaluation.get('stuck_seconds'))}; "
-        f"last advance {_iso(evaluation.get('last_advance_at'))})",
-        f"{'unknown' if lag_records is None else f'{lag_records:,}'} records and "
-        f"{'no' if lag_seconds is None else f'{lag_seconds:.0f}'} seconds behind",
-        f"window {window.get('seconds')}s from {_iso(window.get('start'))} to {_iso(window.get('end'))} "
-        f"({window.get('samples')} samples)",
-        f"rule: {evaluation.get('rule')}",
-    ]
-    reasons = list(evaluation.get("reasons") or [])
-    if reasons:
-        parts.append("; ".join(reasons[:3]))
-    return "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one round means for the task, with the page it made (``frontier.page_event``), the
-    outbox pages it must deliver (``pages``: {"id", "leased_until", "event"}, oldest first, its
-    own page last) and the failure message. JSON-able (``to_dict``): the trigger hands it to
-    the worker."""
-
-    kind: str
-    round: dict[str, Any]
-    page: dict[str, Any] | None = None
-    message: str = ""
-    pages: tuple[dict[str, Any], ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "round": self.round, "page": self.page, "message": self.message,
-                "pages": [dict(entry) for entry in self.pages]}
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> Decision:
-        return cls(values["kind"], values["round"], values.get("page"), values.get("message", ""),
-                   tuple(values.get("pages") or ()))
-
-
-def page_composer(settings: StallSettings, *, namespace: str = "", links: Sequence[dict] = (),
-                  run_ids: Sequence[str] = ()) -> Callable[..., dict]:
-    """What a round puts into the outbox for a trigger or resolve (``frontier.page_event``)."""
-    from airflow_upsert_provider.engine.frontier.rules import page_event
-
-    def compose(evaluation: Any, state: Any, action: str) -> dict:
-        return page_event(evaluation, state, action, settings, namespace=namespace, links=links, run_ids=run_ids)
-
-    return compose
-
-
-def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str = "",
-           links: Sequence[dict] = (), run_ids: Sequence[str] = ()) -> Decision:
-    """The task's reading of one evaluation round (pure)."""
-    from airflow_upsert_provider.engine.frontier.rules import FrontierStatus
-
-    evaluation = round_.evaluation
-    as_dict = round_.to_dict()
-    pages = tuple(round_.pages)
-    if round_.action in ("trigger", "resolve"):
-        # The round's own page is the newest of the outbox it took (a round made without an
-        # outbox composes it here).
-        page = pages[-1]["event"] if pages else page_composer(
-            settings, namespace=namespace, links=links, run_ids=run_ids)(evaluation, round_.state, round_.action)
-        if round_.action == "trigger":
-            return Decision(PAGE, as_dict, page, describe_breach(evaluation.to_dict()), pages)
-        return Decision(RESOLVE, as_dict, page, page["summary"], pages)
-    if evaluation.status == FrontierStatus.NOT_FOUND:
-        return Decision(NOT_FOUND, as_dict, None,
-                        f"shard {evaluation.shard_id!r} does not exist in the consensus store (shard)", pages)
-    if evaluation.breach and round_.state.firing:
-        page_note = ("its page, decided earlier and left undelivered, is sent now" if pages else
-                     f"its page is open since {_iso(round_.state.incident_started_at)} (same incident: not paged again)")
-        return Decision(FIRING, as_dict, None, f"{describe_breach(evaluation.to_dict())}; {page_note}", pages)
-    return Decision(WATCH, as_dict, None, "", pages)
 
 
 class FrontierStallSensor(BaseSensorOperator):

@@ -83,7 +83,7 @@ class FrontierTrigger(BaseTrigger):
 
     def _evaluate(self, now: float) -> dict[str, Any]:
         # Blocking: the store and the source directory. Runs in a worker thread.
-        from airflow_upsert_provider.sensors.frontier import decide, evaluate_round, page_composer, settings_from_dict
+        from airflow_upsert_provider.sensors.frontier_rounds import decide, evaluate_round, page_composer, settings_from_dict
 
         settings = settings_from_dict(self.settings)
         page_args = dict(namespace=self.namespace, links=self.links, run_ids=self.run_ids)
@@ -96,7 +96,7 @@ class FrontierTrigger(BaseTrigger):
         import dataclasses
 
         from airflow_upsert_provider.engine.frontier.rules import BlindState, blind_page_event
-        from airflow_upsert_provider.sensors.frontier import BLIND
+        from airflow_upsert_provider.sensors.frontier_rounds import BLIND
 
         page = blind_page_event(blind, action, now, namespace=self.namespace, shard_id=self.shard,
                                 limit_seconds=limit)
@@ -105,10 +105,10 @@ class FrontierTrigger(BaseTrigger):
                 "message": page["summary"]}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_upsert_provider.sensors.frontier import WATCH
+        from airflow_upsert_provider.sensors.frontier_rounds import WATCH
 
         from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind
-        from airflow_upsert_provider.sensors.frontier import settings_from_dict
+        from airflow_upsert_provider.sensors.frontier_rounds import settings_from_dict
 
         last = self.last_round
         blind = BlindState(**self.blind)
