@@ -11,36 +11,40 @@ never passes, the silent block invariant 13 forbids.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from airflow_upsert_provider.engine.lifecycle.group_offsets import GroupCommitter
-
-if TYPE_CHECKING:
-    from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
+from airflow_upsert_provider.engine.table.shard import Shard
 
 log = logging.getLogger(__name__)
+
+
+class Committed(Protocol):
+    """What a writer reports after a commit step (its BatchResult): the shard's upper then."""
+
+    upper: int
 
 
 class UpperFollower:
     """Acknowledges the batches below the shard's upper to a group committer, once each."""
 
-    def __init__(self, writer: "Writer", committer: GroupCommitter) -> None:
-        self.writer = writer
+    def __init__(self, shard: Shard, committer: GroupCommitter) -> None:
+        self.shard = shard
         self.committer = committer
         self.acknowledged_upper: int | None = None
 
     def start(self, epoch: int) -> None:
         """Track from the upper as it is now, in ``epoch``."""
-        shard = self.writer.shard
+        shard = self.shard
         upper = shard.state().upper
         self.committer.start(epoch, shard.bound_offsets(upper))
         self.acknowledged_upper = upper
 
-    def __call__(self, result: "BatchResult", epoch: int) -> None:
+    def __call__(self, result: Committed, epoch: int) -> None:
         if self.acknowledged_upper is None or epoch != self.committer.epoch:
             self.start(epoch)
             return
-        shard = self.writer.shard
+        shard = self.shard
         for ts in range(self.acknowledged_upper, result.upper):
             binding = shard.binding(ts)
             if binding is None:  # cannot happen below the upper; never fake contiguity
@@ -50,8 +54,7 @@ class UpperFollower:
             self.acknowledged_upper = ts + 1
 
 
-def follow_upper(writer: "Writer") -> UpperFollower:
-    """Attach a group committer to ``writer`` (a Kafka shard's), started in its epoch."""
-    follower = UpperFollower(writer, GroupCommitter.for_shard(writer.shard))
-    writer.after_commit.append(follower)
-    return follower
+def follow_upper(shard: Shard) -> UpperFollower:
+    """A group committer for ``shard`` (a Kafka shard's) that follows its upper; the writer calls
+    it after each commit step."""
+    return UpperFollower(shard, GroupCommitter.for_shard(shard))

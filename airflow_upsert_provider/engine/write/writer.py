@@ -476,7 +476,8 @@ class Writer:
 
         try:
             if self.upstream is None:
-                self.upstream = follow_upper(self)
+                self.upstream = follow_upper(self.shard)
+                self.after_commit.append(self.upstream)
             self.upstream.start(epoch)
         except Exception as exc:  # noqa: BLE001 - the group follows the shard, never gates it
             log.warning("shard %s: consumer group commits not started (%s: %s); retried after the next commit",
