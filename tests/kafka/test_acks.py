@@ -18,11 +18,9 @@ from airflow_upsert_provider.engine.lifecycle.acks import (
     add_partition,
     committed,
     committed_offsets,
-    gap_alerts,
     gaps,
     prefetch_key,
     ranges_digest,
-    seek,
     track,
     usable,
 )
@@ -129,67 +127,6 @@ def test_partitions_are_independent() -> None:
     assert committed_offsets(closed.state) == {"p0": 20, "p1": 5, "p2": 9}
 
 
-def test_gap_alert_fires_only_after_the_limit_and_names_partition_and_offsets() -> None:
-    state = track(EPOCH, {"p0": 10, "p1": 4})
-    state = ack(state, "p0", 12, 15, now=T0).state
-    # A later acknowledgement that leaves the gap open keeps its start time.
-    state = ack(state, "p0", 15, 16, now=T0 + 30).state
-    state = ack(state, "p1", 4, 9, now=T0 + 30).state  # contiguous: no gap
-    limit = 60.0
-    assert gap_alerts(state, T0 + 59, limit) == []
-    assert gap_alerts(state, T0 + 60, limit) == []  # exactly the limit is not longer than it
-    [alert] = gap_alerts(state, T0 + 61, limit)
-    assert alert.to_dict() == {"partition": "p0", "committed": 10, "first_acknowledged": 12,
-                               "missing": 2, "since": T0}
-    assert alert.describe(T0 + 61) == (
-        "partition p0: committed offset 10, offsets acknowledged from 12 (2 unacknowledged in between), "
-        "blocked for 61s"
-    )
-    # Closing part of the gap moves the frontier; the gap left above is timed anew.
-    state = ack(state, "p0", 10, 11, now=T0 + 100).state
-    assert gap_alerts(state, T0 + 120, limit) == []
-    [later] = gap_alerts(state, T0 + 161, limit)
-    assert (later.committed, later.first_acknowledged, later.since) == (11, 12, T0 + 100)
-    # Closed: no gap, no alert however long.
-    state = ack(state, "p0", 11, 12, now=T0 + 200).state
-    assert committed(state, "p0") == 16
-    assert gaps(state) == [] and gap_alerts(state, T0 + 10_000, limit) == []
-
-
-def test_seek_resets_by_epoch_and_a_repeat_keeps_what_was_acknowledged_since() -> None:
-    state = track(EPOCH, {"p0": 10, "p1": 3})
-    state = ack(state, "p0", 10, 20).state
-    state = ack(state, "p0", 25, 30).state  # acknowledged above a gap in the old epoch
-    state = ack(state, "p1", 8, 9).state
-
-    new_epoch = EPOCH + 1
-    sought = seek(state, new_epoch, {"p0": 15})
-    assert sought.changed and sought.positions == {"p0": 15}
-    state = sought.state
-    assert state.epoch == new_epoch
-    assert committed_offsets(state) == {"p0": 15, "p1": 3}
-    # Acknowledgements of the old epoch are gone on every partition: they are read again.
-    assert state.get("p0").ranges == () and state.get("p1").ranges == ()
-    assert gaps(state) == []
-
-    # A late acknowledgement from before the seek is refused by its epoch.
-    assert ack(state, "p0", 15, 40, EPOCH).ignored is Ignored.EARLIER_EPOCH
-    state = ack(state, "p0", 17, 19, new_epoch).state
-
-    # The same seek applied again (a resume after it) changes nothing.
-    again = seek(state, new_epoch, {"p0": 15})
-    assert not again.changed and again.state == state
-    assert "already" in again.reason
-    # A stale seek changes nothing either.
-    stale = seek(state, EPOCH, {"p0": 0})
-    assert not stale.changed and stale.state == state
-    # A contradicting seek in the same epoch is refused, naming the positions.
-    with pytest.raises(ValueError, match=r"began at \{'p0': 15\}.*'p0': 12"):
-        seek(state, new_epoch, {"p0": 12})
-
-    assert ack(state, "p0", 15, 17, new_epoch).commit == 19
-
-
 def test_acknowledgement_ahead_of_the_tracked_epoch_is_refused() -> None:
     state = track(EPOCH, {"p0": 10})
     with pytest.raises(ValueError, match=f"from epoch {EPOCH + 1}, ahead of the tracked epoch {EPOCH}"):
@@ -205,9 +142,7 @@ def test_acknowledgement_ahead_of_the_tracked_epoch_is_refused() -> None:
         (lambda s: acknowledge(s, "p9", 1, 2, EPOCH, now=T0), "partition 'p9' is not tracked"),
         (lambda s: acknowledge(s, "", 1, 2, EPOCH, now=T0), "partition must be a non-empty string"),
         (lambda s: acknowledge(s, "p0", 1, 2, EPOCH, now="soon"), "now must be a number"),
-        (lambda s: gap_alerts(s, T0, -1), "limit must be >= 0"),
         (lambda s: add_partition(s, "p0", 3), "partition 'p0' is already tracked at 10"),
-        (lambda s: seek(s, EPOCH + 1, {"p0": -4}), "seek position of partition 'p0' must be >= 0"),
         (lambda s: track(-1, {}), "epoch must be a non-negative integer"),
     ],
 )
@@ -259,84 +194,3 @@ def test_prefetch_usable(epoch, current, reason) -> None:
     assert verdict.reason is reason
     if reason is Unusable.EPOCH_CHANGED:
         assert f"prefetched in epoch {EPOCH}, the stream is in epoch {epoch}" in verdict.message
-
-
-# --- Faust #596, driven step by step ---------------------------------------------------
-
-
-@dataclass
-class Consumer:
-    """A consumer loop reduced to its decisions: a prefetch slot keyed by (epoch, binding),
-    acknowledgements into the tracker, and a record of every offset it processed."""
-
-    acks: AckState
-    prefetch: tuple[PrefetchKey, list[int]] | None = None
-    processed: list[tuple[int, int]] = field(default_factory=list)  # (epoch, offset)
-    group_commits: list[int] = field(default_factory=list)
-    dropped: list[Unusable] = field(default_factory=list)
-
-    def fetch(self, epoch: int, b: FakeBinding) -> None:
-        lo, hi = b.ranges["p0"]["from"], b.ranges["p0"]["to"]
-        self.prefetch = (prefetch_key(epoch, b), list(range(lo, hi)))
-
-    def run_batch(self, epoch: int, b: FakeBinding, now: float) -> None:
-        """Consume the bound slice: the prefetch if its key still matches, else fetch again."""
-        if self.prefetch is not None:
-            verdict = usable(self.prefetch[0], epoch, b)
-            if not verdict.usable:
-                self.dropped.append(verdict.reason)
-                self.prefetch = None
-        if self.prefetch is None:
-            self.fetch(epoch, b)
-        _, offsets = self.prefetch
-        self.prefetch = None
-        self.processed += [(epoch, o) for o in offsets]
-        done = acknowledge(self.acks, "p0", b.ranges["p0"]["from"], b.ranges["p0"]["to"], epoch, now=now)
-        self.acks = done.state
-        if done.commit is not None:
-            self.group_commits.append(done.commit)
-
-
-def test_faust_596_prefetch_across_a_seek() -> None:
-    high_watermark = 20
-    e, e1 = EPOCH, EPOCH + 1
-    c = Consumer(track(e, {"p0": 0}))
-    b1, b2, b3, b4 = binding(1, p0=(0, 5)), binding(2, p0=(5, 10)), binding(3, p0=(10, 15)), binding(4, p0=(15, 20))
-
-    # Epoch e: batch 1 runs, batch 2 is prefetched while batch 1 commits.
-    c.run_batch(e, b1, T0)
-    c.fetch(e, b2)
-    assert c.group_commits == [5]
-
-    # A recovery: new epoch, the seek positions the source at the shard's upper (binding 1's end).
-    sought = seek(c.acks, e1, {"p0": 5})
-    assert sought.changed
-    c.acks = sought.state
-    # An acknowledgement of the old prefetch still in flight is refused by its epoch.
-    assert acknowledge(c.acks, "p0", 5, 10, e, now=T0 + 1).ignored is Ignored.EARLIER_EPOCH
-
-    # Resume reads batch 2 again; the data fetched before the seek is unusable, for that reason.
-    stale_key = c.prefetch[0]
-    assert usable(stale_key, e1, b2).reason is Unusable.EPOCH_CHANGED
-    c.run_batch(e1, b2, T0 + 2)
-    assert c.dropped == [Unusable.EPOCH_CHANGED]
-
-    # Batch 3 is prefetched under the new epoch, then the resume's re-applied seek runs after
-    # the fetch (the #596 order): nothing fetched or acknowledged since the seek is lost.
-    c.fetch(e1, b3)
-    resumed = seek(c.acks, e1, {"p0": 5})
-    assert not resumed.changed
-    c.acks = resumed.state
-    assert usable(c.prefetch[0], e1, b3).usable
-    c.run_batch(e1, b3, T0 + 3)
-    c.run_batch(e1, b4, T0 + 4)
-    assert c.dropped == [Unusable.EPOCH_CHANGED]  # the new-epoch prefetch was consumed, not discarded
-
-    # Every offset at or above the seek point processed exactly once in the new epoch.
-    after_seek = [o for epoch, o in c.processed if epoch == e1]
-    assert after_seek == list(range(5, high_watermark))
-    assert [o for epoch, o in c.processed if epoch == e] == list(range(0, 5))
-    # Group commits advance to the high watermark, with no gap left behind.
-    assert c.group_commits == [5, 10, 15, 20]
-    assert committed(c.acks, "p0") == high_watermark
-    assert gaps(c.acks) == []

@@ -6,14 +6,11 @@ offset to read, as a group offset means it) and the acknowledged ranges above it
 one recovery epoch. ``acknowledge`` moves ``committed`` only when an acknowledgement makes
 the range contiguous; acknowledgements from an earlier epoch or wholly below ``committed``
 are ignored and can never fake contiguity. A gap (acknowledged offsets above a missing one)
-records since when it exists, so ``gap_alerts`` can turn one that persists into an alert
-instead of a silent block.
+records since when it exists, so that one that persists turns into an alert instead of a
+silent block (``GroupCommitter`` in group_offsets.py).
 
-A recovery's seek starts a new epoch: ``seek`` drops the acknowledgements of earlier epochs
-and positions each named partition. It is keyed by epoch, not a blanket clear: applying the
-same seek again (a resume running after it) changes nothing, so acknowledgements made since
-the seek are never lost, and a late acknowledgement from before the seek is refused by its
-epoch.
+A recovery starts a new epoch (the committer tracks from the seek's positions again): a late
+acknowledgement from before it is refused by its epoch.
 
 Prefetched data is keyed by ``PrefetchKey(epoch, ts, ranges digest)``; ``usable`` says
 whether it may be consumed for the current epoch and binding, and why not. Data fetched
@@ -268,55 +265,6 @@ def gaps(state: AckState) -> list[Gap]:
         for p in state.partitions
         if p.ranges
     ]
-
-
-def gap_alerts(state: AckState, now: float, limit: float) -> list[Gap]:
-    """The gaps that have persisted longer than ``limit`` seconds at ``now``."""
-    now = _time("now", now)
-    limit = _time("limit", limit)
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0 seconds, got {limit}")
-    return [g for g in gaps(state) if g.age(now) > limit]
-
-
-@dataclass(frozen=True)
-class Seeked:
-    """What one seek did: ``changed`` False with ``reason`` when it was stale or already
-    applied; ``positions`` are the group offsets the seek sets."""
-
-    state: AckState
-    changed: bool
-    positions: dict[str, int]
-    reason: str = ""
-
-
-def seek(state: AckState, epoch: int, positions: Mapping[str, int]) -> Seeked:
-    """Apply a recovery's seek: ``epoch`` begins, each named partition restarts at its
-    position with nothing acknowledged above it, and the acknowledgements of earlier epochs
-    are dropped (their offsets are read again). Partitions not named keep their committed
-    offset. Keyed by epoch: the same seek applied again changes nothing, a seek from an
-    earlier epoch changes nothing, and a different position for the current epoch is refused."""
-    _epoch("epoch", epoch)
-    for partition, position in positions.items():
-        _partition(partition)
-        _offset(f"seek position of partition {partition!r}", position)
-    if epoch < state.epoch:
-        return Seeked(state, False, {}, f"seek of epoch {epoch} is older than the tracked epoch {state.epoch}")
-    if epoch == state.epoch:
-        started = dict(state.started)
-        differing = {p: pos for p, pos in positions.items() if started.get(p) != pos}
-        if differing:
-            raise ValueError(
-                f"epoch {epoch} began at {started}; a seek in the same epoch to {differing} contradicts it"
-            )
-        # Re-applied after the fact (a resume): what was acknowledged since stays.
-        return Seeked(state, False, {}, f"epoch {epoch} is already tracked: its seek was applied")
-    partitions = {p.partition: PartitionAcks(p.partition, p.committed) for p in state.partitions}
-    for partition, position in positions.items():
-        partitions[partition] = PartitionAcks(partition, position)
-    new = AckState(epoch, tuple(sorted(partitions.values(), key=lambda p: p.partition)),
-                   tuple(sorted(positions.items())))
-    return Seeked(new, True, dict(positions))
 
 
 class BindingLike(Protocol):
