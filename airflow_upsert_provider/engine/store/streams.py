@@ -7,9 +7,9 @@ UPDATE on (status, version): if the row changed in between, the UPDATE matches n
 the transition decides again on a fresh read. A finalizer never decides again: it acts on
 the version it read, so a stale one changes nothing (invariant 14).
 
-Two hooks run inside other transactions of consensus: ``fence_commit`` in every append
-(invariant 16: a stopped stream, or a recovery begun after the writer started, refuses the
-commit) and ``start_recovering`` in every restore (a restored shard is RECOVERING in a new
+Two hooks run inside other transactions of consensus (store/registry.py lists them):
+``fence_commit`` in every append (invariant 16: a stopped stream, or a recovery begun after
+the writer started, refuses the commit) and ``start_recovering`` in every restore (a restored shard is RECOVERING in a new
 epoch). On PostgreSQL the fence reads the row FOR SHARE, so a transition waits for a commit
 that read the old state and the commit waits for a transition in progress: every commit is
 ordered entirely before or entirely after every transition. SQLite serializes all writes.
