@@ -39,6 +39,7 @@ from airflow_upsert_provider.engine.store.consensus import (
 )
 from airflow_upsert_provider.engine.errors import CommitRefused, ConfigurationError, IntegrityError, UpsertError
 from airflow_upsert_provider.engine.store.gc_claims import check_blob_owner, mark_blob_owner, refuse_claimed_checkpoints
+from airflow_upsert_provider.engine.table.runs import file_problem
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 
 FORMAT = 1
@@ -524,32 +525,6 @@ def verify_checkpoint(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> dic
             count=len(problems),
         )
     return manifest
-
-
-def file_problem(blob: LocalBlob, listed: dict[str, Any], recorded_by: str) -> tuple[str | None, str | None]:
-    """One check of a listed file for ``create``, ``verify`` and a failed read:
-    (SHA-256, None) for a listed file that is present, of the recorded size and checksum
-    (a ``sha256`` of None: none was recorded) and readable Parquet; else (None, reason).
-    ``recorded_by`` says where the recorded values come from, for the reason."""
-    import pyarrow.parquet as pq
-
-    path = blob.path(listed["path"])
-    try:
-        size = blob.size(path)
-        if size != listed["bytes"]:
-            return None, f"size {size} bytes, {recorded_by} says {listed['bytes']}"
-        digest = blob.checksum(path)
-    except FileNotFoundError:
-        return None, "missing"
-    except OSError as exc:
-        return None, f"unreadable: {exc.strerror}"
-    if listed["sha256"] is not None and digest != listed["sha256"]:
-        return None, f"checksum mismatch: sha256 {digest[:12]}…, {recorded_by} says {listed['sha256'][:12]}…"
-    try:
-        pq.read_metadata(path)
-    except Exception as exc:  # pyarrow raises several types for a bad footer
-        return None, f"not a readable Parquet file: {exc}"
-    return digest, None
 
 
 def restore_checkpoint(

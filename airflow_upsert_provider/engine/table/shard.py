@@ -29,7 +29,7 @@ from airflow_upsert_provider.engine.errors import (
     KafkaSliceUnavailable,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.runs import read_runs
+from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
 from airflow_upsert_provider.engine.table.binding_planner import plan_binding, remember_settled, survey_source
 from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
@@ -385,8 +385,6 @@ class Shard:
 def damaged_run_files(blob: LocalBlob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
     """``{file, reason}`` of every file of ``runs`` that is missing or not what was recorded
     when it was written (the checks of ``checkpoint verify``)."""
-    from airflow_upsert_provider.engine.maintenance.checkpoint import file_problem
-
     damaged = []
     for run in runs:
         for f in run["files"]:
