@@ -1168,6 +1168,3 @@ def _print_human(result: dict[str, Any]) -> None:
         else:
             print(f"{key}: {value}")
 
-
-if __name__ == "__main__":  # pragma: no cover
-    run()
