@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from airflow_upsert_provider import cli
+from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
@@ -254,7 +255,7 @@ def test_a_full_disk_in_any_command_is_exit_2_not_unexpected(env, capsys, monkey
                            "Caused by: java.io.IOException: No space left on device")
 
     monkeypatch.setitem(cli.COMMANDS, "compact", compaction_on_a_full_disk)
-    monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
+    monkeypatch.setattr(Context, "__init__", lambda self, args: None)
     code, _, err = run(capsys, "compact", "s")
     # The JVM named no file: the line says so and where Spark writes, without claiming which.
     assert_clean_error(code, err, 2, "a write failed: No space left on device (no path was named: Spark writes "
@@ -272,7 +273,7 @@ def test_a_write_failure_names_the_path_the_jvm_or_the_os_names(env, capsys, mon
         except OSError as exc:
             raise RuntimeError("while pruning") from exc
 
-    monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
+    monkeypatch.setattr(Context, "__init__", lambda self, args: None)
     monkeypatch.setitem(cli.COMMANDS, "compact", jvm_write_to_a_read_only_mount)
     code, _, err = run(capsys, "compact", "s")
     assert_clean_error(code, err, 2, "writing /mnt/scratch/blockmgr-1/0e/shuffle_0_1_0.data failed: "
@@ -341,7 +342,7 @@ NOT_A_FLOAT = "9" * 400  # float() makes it infinite
         (["frontier", "status", "s", "--consecutive-breaches", TOO_BIG], "--consecutive-breaches"),
 ])
 def test_a_number_option_out_of_range_is_an_error_naming_it(env, capsys, monkeypatch, argv, option):
-    monkeypatch.setattr(cli.Context, "spark", lambda self: pytest.fail("a Spark session was started"))
+    monkeypatch.setattr(Context, "spark", lambda self: pytest.fail("a Spark session was started"))
     code, _, err = run(capsys, *argv)
     assert_clean_error(code, err, 2, f"upsertctl: {option} takes ")
     assert not os.path.exists(os.environ["UPSERT_BLOB_ROOT"])  # nothing was opened
@@ -463,7 +464,7 @@ def test_an_error_message_quoting_a_file_name_stays_one_line(env, capsys, monkey
     def a_segment_named_with_a_newline(ctx, args):
         raise BadInputError(f"segment {env}/p0/1.jsonl\n: not a segment name", file=f"{env}/p0/1.jsonl\n")
 
-    monkeypatch.setattr(cli.Context, "__init__", lambda self, args: None)
+    monkeypatch.setattr(Context, "__init__", lambda self, args: None)
     monkeypatch.setitem(cli.COMMANDS, "run-batch", a_segment_named_with_a_newline)
     code, out, err = run(capsys, "run-batch", "s", "--json")
     assert_clean_error(code, err, 3, f"upsertctl: segment {env}/p0/1.jsonl\\n: not a segment name\n")

@@ -82,7 +82,7 @@ def test_a_kafka_slice_with_secrets_is_never_registered_in_a_shared_session(monk
 def test_the_cli_asks_for_a_session_of_its_own_when_the_kafka_config_has_secrets(tmp_path, monkeypatch):
     import argparse
 
-    from airflow_upsert_provider import cli
+    from airflow_upsert_provider.cli import context
     from airflow_upsert_provider.engine.spark import session as spark_module
 
     asked = []
@@ -94,7 +94,7 @@ def test_the_cli_asks_for_a_session_of_its_own_when_the_kafka_config_has_secrets
         args = argparse.Namespace(command="status", consensus=f"sqlite:///{tmp_path}/c.db",
                                   blob_root=str(tmp_path / "blob"), kafka_config=str(config), spark_conf=[],
                                   remote="sc://127.0.0.1:1", master=None)
-        ctx = cli.Context(args)
+        ctx = context.Context(args)
         ctx.kafka_config()
         ctx.spark()
         assert asked[-1]["private"] is private

@@ -1,0 +1,118 @@
+"""`upsertctl frontier`: observe shards' frontiers and evaluate the stall rules
+(docs/frontier.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from airflow_upsert_provider.cli.context import Context
+from airflow_upsert_provider.cli.options import actor_of, integer_option
+from airflow_upsert_provider.cli.output import iso
+
+
+def add_frontier_commands(commands, common: argparse.ArgumentParser) -> None:
+    frontier = commands.add_parser("frontier", parents=[common],
+                                   help="observe shards' frontiers; evaluate the stall rules (docs/frontier.md)")
+    actions = frontier.add_subparsers(dest="frontier_command", required=True, metavar="ACTION")
+    observe = actions.add_parser("observe", parents=[common],
+                                 help="record one observation of each shard (every shard without arguments)")
+    observe.add_argument("shards", nargs="*", metavar="SHARD")
+    observe.add_argument("--json", action="store_true")
+    status = actions.add_parser("status", parents=[common],
+                                help="observe the shard, then print its status, the rule, the reasons and the "
+                                     "window; exit 2 if the shard does not exist (status NOT_FOUND)")
+    status.add_argument("shard")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--no-observe", action="store_true",
+                        help="evaluate the recorded observations only; record none")
+    settings = status.add_argument_group("stall rules (defaults in docs/frontier.md)")
+    for option, field, kind, help_text in FRONTIER_SETTING_OPTIONS:
+        if kind is bool:
+            settings.add_argument(option, dest=field, action="store_true", default=None, help=help_text)
+        else:
+            settings.add_argument(option, dest=field, type=kind, default=None, metavar="N", help=help_text)
+
+
+# (option, StallSettings field, type, help) of `upsertctl frontier status`.
+# StallSettings checks each value (finite, in range) and names its field; the integer is
+# kept to 64 bits here, as every integer option is.
+FRONTIER_SETTING_OPTIONS = (
+    ("--window", "window_seconds", float, "seconds of observations looked at"),
+    ("--cadence", "cadence_seconds", float, "seconds between the batches the schedule runs"),
+    ("--stall-multiplier", "stall_multiplier", float, "stalled after this many cadences without an advance"),
+    ("--min-stall", "min_stall_seconds", float, "stalled after at least these seconds"),
+    ("--stale-after", "stale_after_seconds", float, "STALE when the newest observation is older"),
+    ("--lag-objective", "lag_seconds_objective", float, "LAGGING when lag_seconds is above it"),
+    ("--page-on-lagging", "page_on_lagging", bool, "LAGGING breaches (pages) too"),
+    ("--max-stopped", "max_stopped_seconds", float, "STOPPED/RECOVERING longer than this breaches"),
+    ("--consecutive-breaches", "consecutive_breaches", integer_option("--consecutive-breaches"),
+     "breaching evaluations in a row before a page"),
+)
+
+
+def _observation_line(obs: dict[str, Any]) -> str:
+    lag = f"{obs['lag_records']} offsets behind"
+    if obs["lag_seconds"] is not None:
+        lag += f", oldest pending record landed {obs['lag_seconds']:.0f}s ago"
+    return (f"shard {obs['shard_id']}: upper {obs['upper']}, last commit {iso(obs['last_commit_at'])}, "
+            f"{lag}, stream {obs['stream_status']}")
+
+
+def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.frontier import observations
+
+    if args.frontier_command == "observe":
+        report = observations.observe_shards(ctx.consensus, ctx.blob, args.shards or None, observer=actor_of(args),
+                                             open_shard=ctx.shard)
+        out = [o.to_dict() for o in report.observations]
+        if report.unobservable:
+            # Every other shard was observed and recorded; these are named, and the exit says so.
+            for shard_id, reason in report.unobservable.items():
+                print(f"upsertctl: shard {shard_id}: not observable: {reason}", file=sys.stderr)
+            args.exit_code = 2
+        if not args.json:
+            for obs in out:
+                print(_observation_line(obs))
+            print(f"{len(out)} observation(s) recorded"
+                  + (f", {len(report.unobservable)} shard(s) not observable" if report.unobservable else ""))
+            return {}
+        return {"observations": out, "unobservable": report.unobservable}
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+
+    given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
+             if getattr(args, field) is not None}
+    settings = StallSettings(**given)
+    result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=actor_of(args),
+                                     observe_first=not args.no_observe, open_shard=ctx.shard)
+    out = result.to_dict()
+    if result.evaluation.status.value == "NOT_FOUND":
+        # The same shape as for a known shard (status NOT_FOUND), and exit 2: nothing to watch.
+        print(f"upsertctl: unknown shard {args.shard!r} in the consensus store", file=sys.stderr)
+        args.exit_code = 2
+    if not args.json:
+        _print_frontier_status(out)
+        return {}
+    return out
+
+
+def _print_frontier_status(out: dict[str, Any]) -> None:
+    ev, state = out["evaluation"], out["state"]
+    pages = "pages" if ev["breach"] else "does not page"
+    print(f"shard {out['shard']}: {ev['status']}" + (f" ({ev['severity']}, {pages})" if ev["severity"] else ""))
+    print(f"rule: {ev['rule']}")
+    for reason in ev["reasons"]:
+        print(f"  - {reason}")
+    if ev["upper"] is not None:
+        stuck = "" if ev["stuck_seconds"] is None else f", stuck {ev['stuck_seconds']:.0f}s"
+        print(f"upper: {ev['upper']}, last advance {iso(ev['last_advance_at'])}{stuck}")
+    if ev["lag_records"] is not None:
+        seconds = "" if ev["lag_seconds"] is None else f", {ev['lag_seconds']:.0f}s"
+        print(f"lag: {ev['lag_records']} offsets{seconds}")
+    window = ev["window"] or {}
+    if window:
+        print(f"window: {window.get('samples')} observation(s) from {iso(window.get('start'))} to "
+              f"{iso(window.get('end'))} ({window.get('seconds')}s looked at)")
+    if state.get("firing"):
+        print(f"alert: firing ({state.get('firing_status')}) since {iso(state.get('incident_started_at'))}")

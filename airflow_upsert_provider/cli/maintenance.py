@@ -1,0 +1,123 @@
+"""Maintenance commands: compact, checkpoint (create, list, verify, restore) and gc."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from airflow_upsert_provider.cli.context import Context
+from airflow_upsert_provider.cli.options import actor_of, finite_number, integer_option
+from airflow_upsert_provider.cli.output import printable
+
+
+def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
+    compact = commands.add_parser("compact", parents=[common, spark_conf], help="merge runs below a new since into one run per bucket")
+    compact.add_argument("shard")
+    compact.add_argument("--since", type=integer_option("--since", 0), default=None, help="the new since (default: the upper)")
+    compact.add_argument("--json", action="store_true")
+
+    checkpoint = commands.add_parser("checkpoint", parents=[common], help="create, list, verify or restore checkpoints")
+    actions = checkpoint.add_subparsers(dest="checkpoint_command", required=True, metavar="ACTION")
+    create = actions.add_parser("create", parents=[common], help="checkpoint the shard at its upper (metadata only)")
+    create.add_argument("shard")
+    create.add_argument("--keep-last", type=integer_option("--keep-last", 1), default=None, metavar="N", help="then keep only the last N checkpoints")
+    create.add_argument("--keep-within", type=finite_number("--keep-within", above_zero=True), default=None, metavar="SECONDS",
+                        help="then keep only checkpoints newer than this (with --keep-last: either keeps)")
+    create.add_argument("--json", action="store_true")
+    listing = actions.add_parser("list", parents=[common], help="the checkpoints in the shard's catalog")
+    listing.add_argument("shard")
+    listing.add_argument("--json", action="store_true")
+    verify = actions.add_parser("verify", parents=[common], help="check every file a checkpoint lists")
+    verify.add_argument("shard")
+    verify.add_argument("checkpoint", nargs="?", help="checkpoint id (default: every checkpoint in the catalog)")
+    verify.add_argument("--json", action="store_true")
+    restore = actions.add_parser("restore", parents=[common], help="rebuild a shard's consensus state from a checkpoint")
+    restore.add_argument("shard", help="the shard whose catalog holds the checkpoint")
+    restore.add_argument("checkpoint", nargs="?", help="checkpoint id (default: the latest)")
+    restore.add_argument("--as", dest="target", metavar="SHARD", help="restore under this new shard id (default: the same id, into an empty consensus)")
+    restore.add_argument("--actor", help="who is recorded in the stream's history (default upsertctl:<host>:<pid>)")
+    restore.add_argument("--json", action="store_true")
+
+    gc = commands.add_parser("gc", parents=[common], help="delete files nothing references")
+    gc.add_argument("shard")
+    gc.add_argument("--dry-run", action="store_true", help="list what would go and its bytes; delete nothing")
+    gc.add_argument("--grace", type=finite_number("--grace", above_zero=False), default=None, metavar="SECONDS",
+                    help="keep files younger than this whatever references them (default 6 hours)")
+    gc.add_argument("--json", action="store_true")
+
+
+def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.maintenance.compaction import compact
+
+    return compact(ctx.spark(), ctx.shard(args.shard), since=args.since).to_dict()
+
+
+def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.maintenance import checkpoint as ckpt
+    from airflow_upsert_provider.engine.store import streams
+    from airflow_upsert_provider.engine.errors import ConfigurationError, ShardNotFound
+
+    if args.checkpoint_command == "create":
+        shard = ctx.shard(args.shard)
+        entry = ckpt.create_checkpoint(shard, keep_last=args.keep_last, keep_within=args.keep_within)
+        return {"shard": shard.shard_id, "checkpoint": entry.to_dict()}
+    # list, verify and restore read the blob only: a restore runs against an empty consensus.
+    shard_id = args.shard
+    if not ctx.blob.is_dir(ckpt.checkpoints_root(ctx.blob, shard_id)):
+        try:
+            ctx.consensus.get_shard(shard_id)
+        except ShardNotFound:
+            raise ConfigurationError(
+                f"no shard {shard_id!r} in the consensus and no checkpoints of it in {ctx.blob.root}",
+                shard=shard_id,
+            ) from None
+
+    catalog = ckpt.Catalog.load(ctx.blob, shard_id)
+    if args.checkpoint_command == "list":
+        entries = [e.to_dict() for e in catalog.entries]
+        if not args.json:
+            for e in entries:
+                print(f"{e['id']}  upper {e['upper']}  since {e['since']}  {e['files']} files  {e['bytes']} bytes")
+            print(f"{len(entries)} checkpoint(s)")
+            return {}
+        return {"shard": shard_id, "checkpoints": entries}
+    if args.checkpoint_command == "verify":
+        ids = [args.checkpoint] if args.checkpoint else [e.id for e in catalog.entries]
+        verified = []
+        for checkpoint_id in ids:
+            manifest = ckpt.verify_checkpoint(ctx.blob, shard_id, checkpoint_id)
+            verified.append({"id": checkpoint_id, "files": len(manifest["files"]), "ok": True})
+        return {"shard": shard_id, "verified": verified}
+    latest = catalog.latest()
+    checkpoint_id = args.checkpoint or (latest.id if latest else None)
+    if checkpoint_id is None:
+        raise ConfigurationError(f"shard {shard_id!r} has no checkpoint to restore", shard=shard_id)
+    record = ckpt.restore_checkpoint(ctx.consensus, ctx.blob, shard_id, checkpoint_id, target_shard_id=args.target,
+                                     actor=actor_of(args))
+    state = streams.read_stream(ctx.consensus, record.shard_id)
+    next_step = f"upsertctl recover seek {record.shard_id}"
+    if not args.json:
+        print(f"restored shard {record.shard_id} from checkpoint {checkpoint_id} of shard {shard_id}: "
+              f"upper {record.upper}, since {record.since}")
+        print(printable(f"shard {record.shard_id}: {state.describe()}"))
+        print(f"next: {next_step}, then upsertctl recover resume {record.shard_id} (docs/recovery.md)")
+        return {}
+    return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since,
+            "stream": state.to_dict(), "next_step": next_step}
+
+
+def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+
+    grace = DEFAULT_GRACE_SECONDS if args.grace is None else args.grace
+    report = collect_garbage(ctx.consensus, ctx.blob, args.shard, grace_seconds=grace, dry_run=args.dry_run)
+    if not args.json:
+        verb = "would delete" if args.dry_run else "deleted"
+        for item in report.items:
+            print(f"{verb} {item.kind} {item.path} ({item.files} files, {item.bytes} bytes)")
+        for skipped in report.skipped:
+            print(f"skipped {skipped['path']}: {skipped['reason']}")
+        print(f"{verb} {len(report.items)} item(s), {report.files} files, {report.bytes} bytes; "
+              f"kept {report.kept_referenced} referenced and {report.kept_in_grace} in the grace period")
+        return {}
+    return report.to_dict()

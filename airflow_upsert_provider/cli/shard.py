@@ -1,0 +1,216 @@
+"""Commands on a shard's table: init, status, run-batch and read."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import uuid
+from typing import Any
+
+from airflow_upsert_provider.cli.context import Context
+from airflow_upsert_provider.cli.options import actor_of, duration_option, integer_option
+from airflow_upsert_provider.cli.output import printable
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+
+def add_shard_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
+    init = commands.add_parser("init", parents=[common, spark_conf], help="create a shard")
+    init.add_argument("shard")
+    init.add_argument("--source", required=True, help="dir:/path/to/landing or kafka:TOPIC (with --kafka-config)")
+    init.add_argument("--key", action="append", required=True, help="key column (repeat for a compound key)")
+    init.add_argument("--order-by", help="order column: within a key the highest wins")
+    init.add_argument("--delete-marker", help="boolean column: true deletes the key")
+    init.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", dest="source_format")
+    init.add_argument("--buckets", type=integer_option("--buckets", 1, 4096), default=None)
+    init.add_argument("--max-files-per-batch", type=integer_option("--max-files-per-batch", 1), default=None)
+    init.add_argument("--schema", help="column types as DDL ('id BIGINT, name STRING'); inferred from the source if omitted")
+    init.add_argument("--envelope", choices=("json", "debezium"), default=None,
+                      help="kafka: each message value is the record (json, default) or a Debezium change event")
+    init.add_argument("--max-records-per-batch", type=integer_option("--max-records-per-batch", 1), default=None,
+                      help="kafka: offsets one batch reads at most over all partitions (default 100000)")
+    init.add_argument("--group-id", default=None,
+                      help="kafka: consumer group whose offsets follow the shard (default: the config's group.id, "
+                           "else upsert-SHARD)")
+    init.add_argument("--json", action="store_true")
+
+    status = commands.add_parser("status", parents=[common, spark_conf], help="frontier, source lag and row count")
+    status.add_argument("shard")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--no-rows", action="store_true", help="skip the row count (no Spark job)")
+
+    run = commands.add_parser("run-batch", parents=[common, spark_conf], help="run micro-batches")
+    run.add_argument("shard")
+    amount = run.add_mutually_exclusive_group()
+    amount.add_argument("--max-batches", type=integer_option("--max-batches", 1), default=1)
+    amount.add_argument("--until-caught-up", action="store_true")
+    amount.add_argument("--continuous", action="store_true",
+                        help="one Spark session, batches back to back (the next slice fetched while one commits) "
+                             "until --for ends or a stop or recovery is requested")
+    run.add_argument("--for", dest="run_for", metavar="DURATION", default=None, type=duration_option("--for"),
+                     help="how long --continuous runs: seconds, or e.g. 90s, 10m, 1h")
+    run.add_argument("--writer-id", help="identity recorded with each commit (default: host, pid and a random part)")
+    run.add_argument("--on-bad-record", choices=("fail", "quarantine"), default="fail")
+    run.add_argument("--json", action="store_true")
+
+    read = commands.add_parser("read", parents=[common, spark_conf], help="print the table, sorted by key")
+    read.add_argument("shard")
+    read.add_argument("--as-of", type=integer_option("--as-of", 0), default=None)
+    read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
+    read.add_argument("--out", help="write to this file instead of stdout")
+
+
+def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.config import (
+        DEFAULT_BUCKETS,
+        DEFAULT_MAX_FILES_PER_BATCH,
+        ShardConfig,
+        validate_shard_id,
+    )
+    from airflow_upsert_provider.engine.table.shard import Shard
+    from airflow_upsert_provider.engine.sources import is_kafka_uri, open_source
+    from airflow_upsert_provider.engine.write.upsert import infer_schema, parse_schema
+
+    validate_shard_id(args.shard)
+    source = open_source(args.source, args.source_format,
+                         kafka_config=ctx.kafka_config() if is_kafka_uri(args.source) else None)
+    extra = _kafka_init_options(args, is_kafka_uri(source.uri))
+    source.check()
+    spark = ctx.spark()
+    if args.schema:
+        schema = parse_schema(spark, args.schema)
+    elif extra:
+        from airflow_upsert_provider.engine.write.kafka_records import infer_kafka_schema
+
+        schema = infer_kafka_schema(spark, source, envelope=extra["kafka"]["envelope"], keys=tuple(args.key))
+    else:
+        schema = infer_schema(spark, source)
+    config = ShardConfig(
+        source=source.uri,
+        keys=tuple(args.key),
+        schema=schema,
+        order_by=args.order_by,
+        delete_marker=args.delete_marker,
+        source_format=args.source_format,
+        # `is None`, not `or`: an explicit 0 is refused by ShardConfig, never replaced.
+        buckets=DEFAULT_BUCKETS if args.buckets is None else args.buckets,
+        max_files_per_batch=(
+            DEFAULT_MAX_FILES_PER_BATCH if args.max_files_per_batch is None else args.max_files_per_batch
+        ),
+        extra=extra,
+    )
+    shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config,
+                         kafka_config=ctx.kafka_config() if is_kafka_uri(source.uri) else None)
+    return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0}
+
+
+def _kafka_init_options(args: argparse.Namespace, is_kafka: bool) -> dict[str, Any]:
+    """``extra`` of a new shard: the Kafka options for a kafka:TOPIC source; refused for a
+    directory source, where they would mean nothing."""
+    from airflow_upsert_provider.engine.sources.kafka_options import DEFAULT_MAX_RECORDS_PER_BATCH, KafkaShardOptions
+
+    given = {"--envelope": args.envelope, "--max-records-per-batch": args.max_records_per_batch, "--group-id": args.group_id}
+    if not is_kafka:
+        named = [flag for flag, value in given.items() if value is not None]
+        if named:
+            raise ConfigurationError(f"{', '.join(named)} apply to kafka:TOPIC sources only", field="source")
+        return {}
+    return KafkaShardOptions(
+        envelope=args.envelope or "json",
+        max_records_per_batch=(DEFAULT_MAX_RECORDS_PER_BATCH if args.max_records_per_batch is None
+                               else args.max_records_per_batch),
+        group_id=args.group_id,
+    ).to_extra()
+
+
+def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    shard = ctx.shard(args.shard)
+    out = shard.status(None if args.no_rows else ctx.spark()).to_dict()
+    if shard.is_kafka:
+        from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
+
+        # What lag tools see: the consumer group against the shard's frontier.
+        out["group"] = group_status(shard)
+    return out
+
+
+def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.write.writer import Writer
+
+    if args.continuous != (args.run_for is not None):
+        raise ConfigurationError("--continuous and --for DURATION go together", field="--for")
+    run_for = args.run_for if args.continuous else None
+    shard = ctx.shard(args.shard)
+    writer_id = args.writer_id or f"{actor_of(args)}:{uuid.uuid4().hex[:8]}"
+    writer = Writer(shard, writer_id, spark_factory=ctx.spark, on_bad_record=args.on_bad_record)
+    tty = sys.stderr.isatty()
+    done = 0
+
+    def on_result(result) -> None:
+        nonlocal done
+        if not result.progressed:
+            return
+        done += 1
+        lag = sum(result.lag_offsets.values())
+        line = (
+            f"batch ts={result.ts} {result.outcome}: rows in {result.rows_in}, out {result.rows_out}, "
+            f"rejected {result.rejected}, {result.seconds:.2f}s; {done} done, lag {lag} offsets"
+        )
+        if tty:
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+        elif not args.json:
+            print(line, flush=True)
+
+    if args.continuous:
+        from airflow_upsert_provider.engine.write.continuous import run_continuous
+
+        report = run_continuous(writer, duration_seconds=run_for, on_result=on_result)
+    else:
+        report = writer.run(
+            max_batches=None if args.until_caught_up else args.max_batches,
+            until_caught_up=args.until_caught_up,
+            on_result=on_result,
+        )
+    if tty and done:
+        print(file=sys.stderr)
+    out = {"shard": shard.shard_id, "writer_id": writer_id, **report.to_dict()}
+    if not args.json:
+        print(f"upper: {report.upper} ({out['committed']} committed, {len(report.results)} step(s))")
+        if report.stopped_because:
+            print(printable(f"stopped early: {report.stopped_because}; no further batch started"))
+        return {}
+    return out
+
+
+def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.engine.table.runs import read_runs, table_columns
+
+    shard = ctx.shard(args.shard)
+    handle = _open_output(args.out) if args.out else sys.stdout
+    runs = shard.live_runs(args.as_of)
+    frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
+    columns = table_columns(shard.config)
+    try:
+        # A run file damaged in place fails inside Spark: exit 4 naming it, as a missing one.
+        with shard.reading(runs):
+            if args.output_format == "csv":
+                writer = csv.writer(handle)
+                writer.writerow(columns)
+                for row in frame.toLocalIterator():
+                    writer.writerow(["" if row[c] is None else row[c] for c in columns])
+            else:
+                for row in frame.toLocalIterator():
+                    handle.write(json.dumps(row.asDict(), default=str, sort_keys=False) + "\n")
+    finally:
+        if args.out:
+            handle.close()
+    return {}
+
+
+def _open_output(path: str):
+    # Opened before Spark starts, so that a bad path fails at once and clearly.
+    try:
+        return open(path, "w", newline="", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write --out {path}: {exc.strerror}", field="out") from None
