@@ -26,7 +26,8 @@ from airflow.sdk import BaseOperator
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_int, parse_seconds
-from airflow_upsert_provider.operators.upsert import to_airflow_error, writer_id_for
+from airflow_upsert_provider.operators.errors import to_airflow_error
+from airflow_upsert_provider.operators.upsert import writer_id_for
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
-from airflow_upsert_provider.operators.upsert import to_airflow_error
+from airflow_upsert_provider.operators.errors import to_airflow_error
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -75,7 +75,7 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
     recorded. ``compose_page``: see ``observations.evaluate_shard`` (the outbox)."""
     from airflow_upsert_provider.engine.errors import UpsertError
     from airflow_upsert_provider.engine.frontier.observations import evaluate_shard
-    from airflow_upsert_provider.operators.upsert import to_airflow_error
+    from airflow_upsert_provider.operators.errors import to_airflow_error
 
     hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
     try:

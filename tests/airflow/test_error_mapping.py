@@ -20,7 +20,7 @@ from airflow_upsert_provider.engine.store.stream_rules import (
     fenced_by,
     refuse_start,
 )
-from airflow_upsert_provider.operators.upsert import _error_from_result, to_airflow_error
+from airflow_upsert_provider.operators.errors import error_from_result, to_airflow_error
 
 ENGINE_ERRORS = sorted(
     (cls for _, cls in inspect.getmembers(errors, inspect.isclass) if issubclass(cls, errors.UpsertError)),
@@ -57,14 +57,14 @@ def test_messages_of_determinate_errors_are_kept():
 def test_a_submitted_jobs_result_maps_like_the_error_itself(cls):
     # What spark_job writes for the error: its to_dict() and its exit code.
     result = {"ok": False, "exit_code": cls.exit_code, **cls("lost the store", ts=4).to_dict(), "driver_seconds": 1.0}
-    mapped = _error_from_result(result)
+    mapped = error_from_result(result)
     assert f"{cls.__name__}: lost the store" in str(mapped)
     assert (type(mapped) is AirflowException) == cls.retryable
     assert isinstance(mapped, AirflowFailException) != cls.retryable
 
 
 def test_a_job_that_crashed_without_an_engine_error_is_retried():
-    mapped = _error_from_result({"ok": False, "exit_code": 1, "error": "Py4JError", "message": "gateway gone"})
+    mapped = error_from_result({"ok": False, "exit_code": 1, "error": "Py4JError", "message": "gateway gone"})
     assert type(mapped) is AirflowException and str(mapped) == "the Spark job failed: Py4JError: gateway gone"
 
 
@@ -135,9 +135,9 @@ def test_a_submitted_jobs_stream_refusal_maps_to_its_own_class(error, prefix):
     # Exit 6 and 7, as spark_job writes them: the class name and the stream state in details.
     result = {"ok": False, "exit_code": error.exit_code, **error.to_dict(), "driver_seconds": 0.4}
     assert result["exit_code"] in (6, 7)
-    mapped = _error_from_result(result)
+    mapped = error_from_result(result)
     assert type(mapped) is AirflowFailException
     assert str(mapped).startswith(prefix)
     # A class the operator does not know by name still maps by its exit code, without retry.
-    unknown = _error_from_result({**result, "error": "StreamGone"})
+    unknown = error_from_result({**result, "error": "StreamGone"})
     assert type(unknown) is AirflowFailException and str(unknown).startswith("stream refused: StreamGone: ")
