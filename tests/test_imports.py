@@ -37,6 +37,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("write",),
 )
 
+# A batch's data flow inside the write layer, lowest first: the record readers return records,
+# the batch job (upsert) consumes them, the writer runs the batch job, and continuous runs and
+# the Spark job drive the writer. A module imports only those listed before it, so that nothing
+# calls back up the flow (function-level imports included).
+WRITE_FLOW: tuple[str, ...] = ("records", "kafka_records", "upsert", "writer", "continuous", "spark_job")
+
 # Modules outside the engine that the engine may import: the sample data generator is pure
 # (it imports nothing of the package) and the class archive replays a sample run with it.
 ENGINE_MAY_IMPORT_OUTSIDE = frozenset({f"{PACKAGE}.sample_data"})
@@ -175,6 +181,21 @@ def layer_violations(graph: dict[str, dict[str, int]]) -> list[str]:
     return problems
 
 
+def write_flow_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports inside the write layer that go back up :data:`WRITE_FLOW`."""
+    prefix = f"{ENGINE}.write."
+    problems = []
+    for module, edges in sorted(graph.items()):
+        if not module.startswith(prefix):
+            continue
+        name = module[len(prefix):]
+        assert name in WRITE_FLOW, f"write module {module} is not in WRITE_FLOW: add it where the batch's data flow puts it"
+        for target, line in sorted(edges.items()):
+            if target.startswith(prefix) and WRITE_FLOW.index(target[len(prefix):]) > WRITE_FLOW.index(name):
+                problems.append(f"{module}:{line} imports {target}, which comes after it in a batch's data flow")
+    return problems
+
+
 ROOT = Path(airflow_upsert_provider.__file__).resolve().parent.parent
 
 
@@ -225,6 +246,23 @@ def test_an_import_of_a_higher_layer_is_reported():
     }
     assert layer_violations(graph) == [
         f"{ENGINE}.store.streams:7 (store) imports {ENGINE}.frontier.observations (frontier), a layer above it"
+    ]
+
+
+def test_the_write_path_imports_only_down_a_batchs_data_flow():
+    # The record readers (records, kafka_records) never import the batch job or the writer.
+    assert write_flow_violations(import_graph(ROOT)) == []
+
+
+def test_a_record_reader_importing_the_batch_job_is_reported(tmp_path):
+    write = tmp_path / PACKAGE / "engine" / "write"
+    write.mkdir(parents=True)
+    for package in (tmp_path / PACKAGE, tmp_path / PACKAGE / "engine", write):
+        (package / "__init__.py").write_text("")
+    (write / "upsert.py").write_text("from airflow_upsert_provider.engine.write.records import read\n")
+    (write / "records.py").write_text("def read():\n    from airflow_upsert_provider.engine.write import upsert\n")
+    assert write_flow_violations(import_graph(tmp_path)) == [
+        f"{ENGINE}.write.records:2 imports {ENGINE}.write.upsert, which comes after it in a batch's data flow"
     ]
 
 

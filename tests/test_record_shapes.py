@@ -28,7 +28,6 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import Segment
-from airflow_upsert_provider.engine.write.upsert import _segment_columns
 from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 from tests.helpers import sample_config
 
@@ -331,9 +330,9 @@ def reader_verdicts(spark, tmp_path_factory, fast_path_decides) -> tuple[dict, d
         path.write_bytes(SHAPES[shape][0])
         segments[shape] = Segment(0, partition_of(shape), str(path))
     config = sample_config(str(landing), schema=SCHEMA, order_by=None, delete_marker=None)
-    exact = R.jsonl_records(spark, config, list(segments.values()), _segment_columns).records
+    exact = R.jsonl_records(spark, config, list(segments.values())).records
     decided = [segments[s] for s in ORDERED if fast_path_decides[s]]
-    fast = R.jsonl_records_fast(spark, config, decided, _segment_columns).records
+    fast = R.jsonl_records_fast(spark, config, decided).records
     return verdicts(exact), verdicts(fast)
 
 

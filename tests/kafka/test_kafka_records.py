@@ -20,6 +20,8 @@ from airflow_upsert_provider.engine.write.kafka_records import (
     infer_kafka_schema,
     kafka_batch_records,
     map_messages,
+    message_file,
+    message_position,
 )
 from tests.kafka.conftest import produce_changes
 
@@ -33,6 +35,12 @@ SLICE_ARROW = pa.schema(
         ("timestamp", pa.timestamp("us", tz="UTC")),
     ]
 )
+
+
+def test_a_message_position_is_read_back_from_the_file_name_it_was_given():
+    # Topic names may hold dots, dashes and underscores; the position is the last two parts.
+    assert message_position(message_file("db.public-orders_v2", 3, 1234)) == ("db.public-orders_v2", 3, 1234)
+    assert message_position("/landing/0/17.jsonl") is None
 
 
 def slice_batch(messages):
@@ -327,9 +335,7 @@ def jsonl_reason(spark, tmp_path, line):
     path = tmp_path / "0" / "1.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(line + "\n")
-    batch = jsonl_records(
-        spark, shard_config(), [Segment(1, "0", str(path))], lambda f: {"_partition": "'0'", "_offset": "CAST(1 AS BIGINT)"}
-    )
+    batch = jsonl_records(spark, shard_config(), [Segment(1, "0", str(path))])
     return batch.records.collect()[0]["_reason"]
 
 

@@ -60,6 +60,15 @@ def message_file(topic: str, partition: int, offset: int) -> str:
     return f"{FILE_PREFIX}{topic}/{partition}/{offset}"
 
 
+def message_position(file: str) -> tuple[str, int, int] | None:
+    """(topic, partition, offset) of a ``_file`` that :func:`message_file` made; None for a
+    segment file's path."""
+    if not file.startswith(FILE_PREFIX):
+        return None
+    topic, partition, offset = file[len(FILE_PREFIX):].rsplit("/", 2)
+    return topic, int(partition), int(offset)
+
+
 # --- JSON that keeps what it read -------------------------------------------------------------
 # A record is re-serialised only when it must be (Debezium's after/before, a record given key
 # columns). It is then written back as read: numbers keep their text (1.10 stays 1.10, 1e400
@@ -442,7 +451,7 @@ def infer_kafka_schema(
     sample_per_partition: int = 200,
     keys: Sequence[str] = (),
 ) -> str:
-    """The schema JSON (as ``upsert.infer_schema`` gives) of the records in the first
+    """The schema JSON (as a shard stores it) of the records in the first
     ``sample_per_partition`` messages of each partition, read on the driver; columns in the
     order of the first record. ``keys``: key columns to take from message keys when the
     values lack them (without it, such a column is not seen). Raises ConfigurationError

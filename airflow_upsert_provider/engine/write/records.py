@@ -13,7 +13,7 @@ rejected (see :meth:`BatchRecords.rejected`), so a clean batch pays nothing for 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,10 +44,6 @@ MALFORMED = "malformed JSON: not a JSON object"
 TRAILING = "malformed JSON: text after the object (one JSON object per line)"
 INVALID_UTF8 = "not valid UTF-8"
 
-# (partition, offset) of a segment as SQL expressions over its path column.
-SegmentColumns = Callable[[str], dict[str, str]]
-
-
 def sql_string(text: str) -> str:
     """``text`` as a Spark SQL string literal."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -56,6 +52,16 @@ def sql_string(text: str) -> str:
 def sql_name(name: str) -> str:
     """A column name quoted for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def segment_columns(file_column: str) -> dict[str, str]:
+    """Partition and offset of a segment as SQL expressions over its path
+    ``.../<partition>/<seq>.<ext>`` (both validated when the batch was bound). substring_index
+    is used because a regular expression per record costs more than parsing the record."""
+    return {
+        "_partition": f"substring_index(substring_index({file_column}, '/', -2), '/', 1)",
+        "_offset": f"CAST(substring_index(substring_index({file_column}, '/', -1), '.', 1) AS BIGINT)",
+    }
 
 
 @dataclass(frozen=True)
@@ -86,9 +92,7 @@ class BatchRecords:
         return _numbered(self.lines, bad)
 
 
-def jsonl_records(
-    spark: "SparkSession", config: ShardConfig, segments: list[Segment], segment_columns: SegmentColumns
-) -> BatchRecords:
+def jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> BatchRecords:
     """Every non-blank line of the segments as a record, judged on its own (docs/input.md):
     the exact path, with a reason for every rejected record."""
     lines = spark.read.text([s.path for s in segments]).selectExpr(
@@ -230,9 +234,7 @@ def _read(path: str) -> bytes:
         return handle.read()
 
 
-def jsonl_records_fast(
-    spark: "SparkSession", config: ShardConfig, segments: list[Segment], segment_columns: SegmentColumns
-) -> BatchRecords:
+def jsonl_records_fast(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> BatchRecords:
     """The records of a batch for which :func:`jsonl_fast_path_decides`, read by Spark's JSON
     reader (faster than parsing lines as expressions) with the same parser options and the
     same typed checks as :func:`jsonl_records`, so a record gets the same verdict. ``_reason``
@@ -345,9 +347,7 @@ def _numbered(lines: "DataFrame", bad: "DataFrame") -> "DataFrame":
     )
 
 
-def parquet_records(
-    spark: "SparkSession", config: ShardConfig, segments: list[Segment], segment_columns: SegmentColumns
-) -> BatchRecords:
+def parquet_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> BatchRecords:
     """Parquet segments. Their schemas were checked when the batch was bound (a missing key
     column or an incompatible type is a whole-file problem); here null keys are bad records.
     A Parquet file has one reader and no neighbours to depend on: ``_line`` is the row number."""

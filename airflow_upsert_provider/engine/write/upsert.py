@@ -26,6 +26,7 @@ from airflow_upsert_provider.engine.table.runs import (
     table_columns,
     write_bucketed,
 )
+from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records, message_position
 from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
     jsonl_fast_path_decides,
@@ -88,16 +89,16 @@ def stage_batch(
         # other batch is staged by the exact path, which alone says why and where.
         batch = None
         if jsonl_fast_path_decides(spark, segments):
-            batch = jsonl_records_fast(spark, config, segments, _segment_columns)
+            batch = jsonl_records_fast(spark, config, segments)
             rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
             if rejected:
                 shard.blob.delete_tree(run_dir)
                 batch = None
         if batch is None:
-            batch = jsonl_records(spark, config, segments, _segment_columns)
+            batch = jsonl_records(spark, config, segments)
             rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
     else:
-        batch = parquet_records(spark, config, segments, _segment_columns)
+        batch = parquet_records(spark, config, segments)
         rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
     return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
                    run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
@@ -115,8 +116,6 @@ def _stage_kafka(
 ) -> StagedOutput:
     """A Kafka batch: the bound slice (prefetched, or read now on the executors), mapped from
     its envelope and judged record by record as JSON lines are."""
-    from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records
-
     ranges = {int(p): (int(r["from"]), int(r["to"])) for p, r in binding.ranges.items() if r["to"] > r["from"]}
     if not ranges:
         return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
@@ -190,15 +189,13 @@ def _finish(
     return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
 
 
-KAFKA_FILE_PREFIX = "kafka:"
-
-
 def _reject_entry(file: str, line: int, reason: str) -> dict[str, Any]:
     """A rejected record as an error lists it: a Kafka message by topic, partition and
     offset; a line of a segment file by path and line."""
-    if file.startswith(KAFKA_FILE_PREFIX):
-        topic, partition, offset = file[len(KAFKA_FILE_PREFIX):].rsplit("/", 2)
-        return {"topic": topic, "partition": int(partition), "offset": int(offset), "reason": reason}
+    message = message_position(file)
+    if message is not None:
+        topic, partition, offset = message
+        return {"topic": topic, "partition": partition, "offset": offset, "reason": reason}
     return {"file": _local_path(file), "line": line, "reason": reason}
 
 
@@ -241,16 +238,6 @@ def _write_run(batch: "BatchRecords", config: ShardConfig, ts: int, run_dir: str
             F.max(F.xxhash64(*[F.col(f"`{c}`") for c in config.column_names()])).alias("_all_columns"),
         ).first()
     return int(metrics["rows_in"]), int(metrics["rejected"])
-
-
-def _segment_columns(file_column: str) -> dict[str, str]:
-    """Partition and offset of a segment as SQL expressions over its path
-    ``.../<partition>/<seq>.<ext>`` (both validated when the batch was bound). substring_index
-    is used because a regular expression per record costs more than parsing the record."""
-    return {
-        "_partition": f"substring_index(substring_index({file_column}, '/', -2), '/', 1)",
-        "_offset": f"CAST(substring_index(substring_index({file_column}, '/', -1), '.', 1) AS BIGINT)",
-    }
 
 
 def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int, *, change_events: bool) -> "DataFrame":
