@@ -130,6 +130,7 @@ def run() -> NoReturn:
     code = main()
     if any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()):
         sys.exit(code)
+    # Private: no public API runs the atexit handlers without the interpreter's teardown.
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -309,6 +309,7 @@ class UpsertShardHook(BaseHook):
         except AirflowNotFoundException:
             # The Spark provider would fall back to YARN; an embedded default runs locally.
             return DEFAULT_SPARK_MASTER
+        # Private: no public API of the Spark provider gives the resolved master.
         return SparkSubmitHook(conn_id=self.settings.spark_conn_id)._connection["master"]
 
     def get_spark(self, app_name: str = "airflow-upsert-provider", conf: Mapping[str, str] | None = None) -> SparkSession:

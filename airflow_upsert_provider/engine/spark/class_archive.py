@@ -248,6 +248,7 @@ for argv in commands:
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 SparkSession.getActiveSession().stop()
+# Private: no public API gives the driver JVM's process, whose exit completes the archive.
 proc = SparkContext._gateway.proc
 proc.stdin.close()
 sys.exit(proc.wait(timeout=600))

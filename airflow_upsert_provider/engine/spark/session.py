@@ -73,6 +73,7 @@ def _check_sql_values(conf: Mapping[str, str]) -> None:
     from py4j.protocol import Py4JJavaError
     from pyspark import SparkContext
 
+    # Private: no public API reaches the driver JVM before a session is built.
     jvm = SparkContext._jvm
     if jvm is None or not conf:
         return
@@ -411,6 +412,7 @@ def connect_address(spark: "SparkSession") -> str:
 
 
 def _connect_address(spark: "SparkSession") -> tuple[str, int]:
+    # Private: no public API gives the port (``spark.client.host`` gives the host only).
     endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", "")
     host, _, port = str(endpoint).rpartition(":")
     return (host.strip("[]"), int(port)) if port.isdigit() else ("", 0)
@@ -477,6 +479,7 @@ def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) 
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
+    # Private: no public API says whether this process has a gateway (a stopped session keeps it).
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
     conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name)
@@ -490,6 +493,7 @@ def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) 
         gateway = launch_gateway(conf, popen_kwargs={"stdout": write_end, "stderr": write_end})
     finally:
         os.close(write_end)  # the JVM holds its own copy; EOF comes when it exits
+    # Private: no public API adopts a gateway without creating a SparkContext on it.
     SparkContext._ensure_initialized(gateway=gateway)
 
 

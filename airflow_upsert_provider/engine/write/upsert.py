@@ -313,11 +313,11 @@ def _local_path(uri: str) -> str:
 
 def parse_schema(spark: "SparkSession", ddl: str) -> str:
     """A DDL string (``id BIGINT, name STRING``) as the schema JSON a shard stores."""
-    from pyspark.sql.types import StructType, _parse_datatype_string
+    from pyspark.sql.types import DataType, StructType
 
     del spark  # required only so that an active SparkContext exists for the parser
     try:
-        parsed = _parse_datatype_string(ddl)
+        parsed = DataType.fromDDL(ddl)
     except Exception as exc:
         # Spark's parse errors start with an empty line: the reason is the first line with text.
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
