@@ -26,6 +26,7 @@ ENGINE = f"{PACKAGE}.engine"
 # (every module under it) or a single module.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
+    ("common",),
     ("spark", "blob"),
     ("sources",),
     ("config",),

@@ -29,32 +29,15 @@ from typing import Any
 from airflow.sdk import BaseNotifier
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com"
 CHANNEL_PAGERDUTY = "pagerduty"
 CHANNEL_SLACK = "slack"
 
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a page is retried: ``max_attempts`` in all, waiting ``base_seconds * 2**n`` (at most
-    ``max_wait_seconds``) between attempts."""
-
-    max_attempts: int = 6
-    base_seconds: float = 1.0
-    max_wait_seconds: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
-        for name in ("base_seconds", "max_wait_seconds"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-
-
-DEFAULT_RETRY = RetryPolicy()
+DEFAULT_RETRY = PAGE_DELIVERY
 
 
 class PageDeliveryError(AirflowException):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import sqlalchemy as sa
 
+from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.frontier.rules import (
@@ -51,7 +52,7 @@ OBSERVATION_RETENTION_SECONDS = 24 * 3600.0
 MAX_OBSERVATIONS_PER_SHARD = 2000
 # Fresh reads and decisions an evaluation makes when other evaluators keep beating its
 # compare-and-set, before it gives up writing (it then returns no page action).
-MAX_CAS_ATTEMPTS = 5
+MAX_CAS_ATTEMPTS = CAS_CONTENTION.max_attempts
 
 # Called between an evaluation's load of the alert state and its compare-and-set, with the
 # shard id, the state read and its version: tests land a concurrent evaluator exactly there.

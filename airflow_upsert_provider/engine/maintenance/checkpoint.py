@@ -29,6 +29,7 @@ from typing import Any, Callable
 from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_lock
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
+from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import (
     BatchRecord,
     Binding,
@@ -48,7 +49,7 @@ MANIFEST_NAME = "MANIFEST.json"
 COMMIT_NAME = "COMMIT"
 # A checkpoint whose snapshot was overtaken by a compaction, or whose directory GC collected,
 # is written again (see create).
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
 
 
 class CheckpointCorrupt(IntegrityError):

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.errors import (
     CommitOutcomeUnknown,
     CommitRefused,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 COMPACTED = "compacted"
 NOTHING_TO_DO = "nothing_to_do"
 # A lost race means another compaction advanced since; a few rounds settle any real contention.
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import (
     CommitAttempt,
     Consensus,
@@ -92,7 +93,7 @@ stream_history_table = sa.Table(
 
 # Fresh reads and decisions a transition makes when concurrent changes keep beating its
 # compare-and-set, before it reports the lost race.
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
 
 # Called between a transition's read and its compare-and-set: tests use it to land a
 # concurrent change exactly there.

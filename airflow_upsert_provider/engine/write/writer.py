@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import tenacity
 
+from airflow_upsert_provider.engine.common.retry import OUTCOME_UNKNOWN_APPEND, RESTAGE
 from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchRecord
 from airflow_upsert_provider.engine.errors import (
     BlobWriteFailed,
@@ -49,9 +50,8 @@ ALREADY_COMMITTED = "already_committed"
 ALREADY_PERSISTED = "already_persisted"
 NOTHING_TO_DO = "nothing_to_do"
 
-# Restages of a batch whose commit was refused because GC claimed its staged files (the
-# writer paused past GC's grace period, again and again).
-MAX_RESTAGES = 3
+# Restages of a batch whose commit was refused because GC claimed its staged files.
+MAX_RESTAGES = RESTAGE.retries
 
 # Filesystem failures of a blob write that no retry fixes by itself, as the OS (and, through
 # Hadoop, the JVM) words them.
@@ -112,11 +112,11 @@ def staging_lost(exc: BaseException, staging_dirs: tuple[str, ...], *, claimed: 
     return False
 
 
-# Retries of an append whose outcome is unknown, with the same token: exponential backoff
-# from the delay, each wait capped.
-APPEND_RETRIES = 3
-APPEND_RETRY_DELAY_SECONDS = 0.5
-APPEND_RETRY_MAX_DELAY_SECONDS = 5.0
+# Retries of an append whose outcome is unknown, with the same token (module names, read at
+# call time, so that a test can shorten the wait).
+APPEND_RETRIES = OUTCOME_UNKNOWN_APPEND.retries
+APPEND_RETRY_DELAY_SECONDS = OUTCOME_UNKNOWN_APPEND.base_seconds
+APPEND_RETRY_MAX_DELAY_SECONDS = OUTCOME_UNKNOWN_APPEND.max_wait_seconds
 
 
 @dataclass
