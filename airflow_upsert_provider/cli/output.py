@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Any
+
+from airflow_upsert_provider.engine.common.time_text import format_timestamp
 
 
 def printable(text: str) -> str:
@@ -32,6 +33,4 @@ def print_human(result: dict[str, Any]) -> None:
 
 
 def iso(at: float | None) -> str:
-    if at is None:
-        return "never"
-    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="seconds")
+    return format_timestamp(at)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_upsert_provider.engine.common.time_text import DURATION_PATTERN, parse_duration  # noqa: F401 (re-exported)
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
 SHARD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -19,27 +19,6 @@ INTERNAL_COLUMNS = (
     "_ts", "_deleted", "_bucket", "_partition", "_offset", "_line", "_file", "_raw", "_reason",
     "_corrupt", "_pos", "_r", "_m", "_w", "_delete", "_srcpos", "_map_reason",
 )
-
-
-DURATION_PATTERN = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
-
-
-def parse_duration(text: str, *, field: str = "duration") -> float:
-    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``1.5h``; positive and finite."""
-    text = str(text)
-    shown = repr(text) if len(text) <= 40 else f"of {len(text)} characters"
-    cleaned = text.strip().lower()
-    match = DURATION_PATTERN.fullmatch(cleaned) if cleaned else None
-    if match is None or not any(match.groups()):
-        raise ConfigurationError(f"{field}: {shown} is not a duration (seconds, or e.g. 90s, 10m, 1h30m)", field=field)
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise ConfigurationError(f"{field}: {shown} must be longer than zero", field=field)
-    if not math.isfinite(total):
-        # Enough digits make float() infinite: a run that would never end by itself.
-        raise ConfigurationError(f"{field}: the duration {shown} is too long to be finite", field=field)
-    return total
 
 
 def validate_shard_id(shard_id: str) -> str:

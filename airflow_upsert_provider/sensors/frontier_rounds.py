@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second, format_timestamp
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
 
@@ -89,18 +89,7 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
 
 
 def _iso(ts: float | None) -> str:
-    if ts is None:
-        return "never"
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    return format_timestamp(ts, zulu=True)
 
 
 def describe_breach(evaluation: Mapping[str, Any]) -> str:
@@ -113,7 +102,7 @@ def describe_breach(evaluation: Mapping[str, Any]) -> str:
     lag_seconds = evaluation.get("lag_seconds")
     parts = [
         f"shard {evaluation['shard_id']}: frontier {evaluation['status']}",
-        f"upper {evaluation.get('upper')} stuck since {_iso(stuck_since)} ({_duration(evaluation.get('stuck_seconds'))}; "
+        f"upper {evaluation.get('upper')} stuck since {_iso(stuck_since)} ({format_duration_to_the_second(evaluation.get('stuck_seconds'))}; "
         f"last advance {_iso(evaluation.get('last_advance_at'))})",
         f"{'unknown' if lag_records is None else f'{lag_records:,}'} records and "
         f"{'no' if lag_seconds is None else f'{lag_seconds:.0f}'} seconds behind",

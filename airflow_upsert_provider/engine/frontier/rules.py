@@ -29,13 +29,13 @@ finish, so a stop that never finalizes while records pend is a stall like any ot
 
 from __future__ import annotations
 
-import datetime
 import enum
 import hashlib
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
+from airflow_upsert_provider.engine.common.time_text import format_duration, format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
 
@@ -396,24 +396,8 @@ class Evaluation:
 # Formatting
 
 
-def format_duration(seconds: float | None) -> str:
-    """A duration as an on-call engineer reads it: 45s, 14m, 2h05m, 3d04h."""
-    if seconds is None:
-        return "unknown"
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
-
-
 def _iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
+    return format_timestamp(t, missing=None)
 
 
 def _stall_formula(settings: StallSettings) -> str:

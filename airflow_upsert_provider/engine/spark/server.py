@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
 
 if TYPE_CHECKING:
@@ -430,7 +431,7 @@ class SparkServer:
         env["PYSPARK_PYTHON"] = sys.executable
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(command)} "
+            log.write(f"--- {format_timestamp(time.time())} starting: {' '.join(command)} "
                       f"(settings: {', '.join(sorted(settings))})\n".encode())
             log.flush()
             # A session of its own: the server outlives this process and a terminal's ^C.

@@ -19,6 +19,8 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any
 
+from airflow_upsert_provider.engine.common.time_text import format_timestamp
+
 
 class Status(str, enum.Enum):
     READY = "READY"
@@ -57,12 +59,9 @@ class StreamState:
 
     def describe(self) -> str:
         """The status with who set it, when and why, for messages."""
-        import datetime
-
         text = f"{self.status.value} (epoch {self.epoch})"
         if self.changed_at:
-            when = datetime.datetime.fromtimestamp(self.changed_at, datetime.timezone.utc)
-            text += f", set by {self.changed_by or 'unknown'} at {when.isoformat(timespec='seconds')}"
+            text += f", set by {self.changed_by or 'unknown'} at {format_timestamp(self.changed_at)}"
         if self.reason:
             text += f": {self.reason}"
         return text
