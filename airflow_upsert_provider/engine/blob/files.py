@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from airflow_upsert_provider.engine.common.atomic_file import fsync_dir
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
 
@@ -247,14 +248,6 @@ class LocalBlob:
             self.unlink(path)
         except FileNotFoundError:
             pass
-
-
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_blob(root: str) -> LocalBlob:

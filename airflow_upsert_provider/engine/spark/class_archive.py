@@ -42,6 +42,7 @@ import tempfile
 import time
 from typing import Any, Callable, Iterator, Mapping
 
+from airflow_upsert_provider.engine.common.atomic_file import write_atomically
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.spark.server import state_root
 
@@ -275,12 +276,7 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def _write_json_atomically(path: str, data: Mapping[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def target_path(version: str, base: str | None = None, environ: Mapping[str, str] | None = None) -> str:

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from airflow_upsert_provider.engine.common.atomic_file import write_atomically
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
 
@@ -291,12 +292,7 @@ class SparkServer:
             return None  # a torn or foreign file: no server we know of
 
     def _write_state(self, state: ServerState) -> None:
-        tmp = f"{self.state_path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(asdict(state), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.state_path)
+        write_atomically(self.state_path, json.dumps(asdict(state)))
 
     def _clear_state(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, BinaryIO, Mapping
 
+from airflow_upsert_provider.engine.common.atomic_file import write_atomically
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
 
@@ -264,11 +265,7 @@ def shared_session_id(host: str, port: int, now: float, *, base: str | None = No
             record = None
         decided = shared_session_decision(record, now, new_session_id(), closed_id=closed_id)
         if decided != record:
-            tmp = f"{path}.tmp-{os.getpid()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(decided, handle)
-            os.replace(tmp, path)
+            write_atomically(path, json.dumps(decided), durable=False, mode=0o600)
         return str(decided["session_id"])
     except OSError:
         return None

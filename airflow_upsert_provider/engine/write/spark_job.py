@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from airflow_upsert_provider.engine.common.atomic_file import write_atomically
+
 CONSENSUS_URL_ENV = "UPSERT_CONSENSUS_URL"
 
 
@@ -155,10 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["driver_seconds"] = round(time.monotonic() - started, 3)
     directory = os.path.dirname(os.path.abspath(args.result_file))
     os.makedirs(directory, exist_ok=True)
-    tmp = f"{args.result_file}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, default=str)
-    os.replace(tmp, args.result_file)
+    write_atomically(args.result_file, json.dumps(result, default=str), durable=False)
     print(f"upsert spark_job: {'ok' if result['ok'] else result.get('error')} (exit {exit_code})", flush=True)
     return exit_code
 
