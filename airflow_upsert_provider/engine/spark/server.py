@@ -31,6 +31,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from airflow_upsert_provider.engine.common.atomic_file import write_atomically
+from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F401 (the server's names)
+    DEFAULT_PORT,
+    check_port,
+    display_remote,
+    format_remote,
+    parse_remote,
+)
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
 
@@ -38,7 +45,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 15002
 DEFAULT_STATE_DIR = "./.upsert"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_SECONDS = 120.0
@@ -114,44 +120,6 @@ def state_root(base: str | None = None, environ: Mapping[str, str] | None = None
 def state_dir(base: str | None = None) -> str:
     """Directory of the server's pid, port, log and lock files."""
     return os.path.join(state_root(base), "spark-server")
-
-
-def check_port(port: int) -> int:
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise ConfigurationError(f"--port must be a TCP port (1-65535), not {port!r}", field="port")
-    return port
-
-
-def parse_remote(url: str) -> tuple[str, int]:
-    """(host, port) of a Spark Connect address ``sc://HOST:PORT[/;params]`` (port default
-    15002, as Spark's own client does); a malformed one is a ConfigurationError."""
-    if not isinstance(url, str) or not url.startswith("sc://"):
-        raise ConfigurationError("a Spark Connect address looks like sc://HOST:PORT, not "
-                                 f"{str(url).split(';', 1)[0]!r}", field="remote")
-    rest = url[len("sc://"):].split("/", 1)[0].split(";", 1)[0]
-    host, sep, port_text = rest.rpartition(":")
-    if not sep:
-        host, port_text = rest, str(DEFAULT_PORT)
-    host = host.strip("[]")
-    if not host or not port_text.isdigit():
-        raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url.split(';', 1)[0]!r}",
-                                 field="remote")
-    return host, check_port(int(port_text))
-
-
-def display_remote(url: str) -> str:
-    """``sc://HOST:PORT`` of a Connect address, without its parameters (``token=`` is a
-    secret): what messages and logs show."""
-    try:
-        host, port = parse_remote(url)
-    except ConfigurationError:
-        return "sc://?"
-    return format_remote(host, port)
-
-
-def format_remote(host: str, port: int) -> str:
-    """``sc://HOST:PORT``, an IPv6 host in brackets."""
-    return f"sc://[{host}]:{port}" if ":" in host else f"sc://{host}:{port}"
 
 
 _PROPERTIES_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\f": "\\f",

@@ -10,6 +10,13 @@ import time
 from typing import TYPE_CHECKING, BinaryIO, Mapping
 
 from airflow_upsert_provider.engine.common.atomic_file import write_atomically
+from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F401 (the session's names)
+    SESSION_ID_PARAM,
+    format_remote,
+    named_session_id,
+    parse_endpoint,
+    with_session_id,
+)
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
 
@@ -197,7 +204,6 @@ _SERVER_ONLY_PREFIXES = ("spark.ui.", "spark.driver.", "spark.executor.", "spark
 # server closed after its idle timeout (60 min by default), whose id it then refuses for good,
 # is not asked for either.
 SHARED_SESSION_WINDOW_SECONDS = 1800
-SESSION_ID_PARAM = "session_id"
 SHARED_SESSION_SUBDIR = "spark-connect"
 # Ids of the server sessions this process opened as shared ones (see is_shared_session).
 _SHARED_SESSION_IDS: set[str] = set()
@@ -278,24 +284,6 @@ def is_shared_session(spark: "SparkSession") -> bool:
     (other tasks run in it too): nothing secret may be registered in it."""
     # A classic session has no server session id (its ``client`` raises, not None).
     return is_connect_session(spark) and spark.session_id in _SHARED_SESSION_IDS
-
-
-def named_session_id(remote: str) -> str | None:
-    """The ``session_id`` parameter of a Connect address, if it names one."""
-    params = remote.split("/", 3)[3] if remote.count("/") >= 3 else ""
-    for param in params.split(";"):
-        name, _, value = param.partition("=")
-        if name == SESSION_ID_PARAM and value:
-            return value
-    return None
-
-
-def with_session_id(remote: str, session_id: str) -> str:
-    """``remote`` with its server session named ``session_id`` (its other parameters kept)."""
-    head, slash, params = remote[len("sc://"):].partition("/")
-    params = params.lstrip(";") if slash else ""
-    kept = [p for p in params.split(";") if p and not p.startswith(f"{SESSION_ID_PARAM}=")]
-    return f"sc://{head}/;" + ";".join([*kept, f"{SESSION_ID_PARAM}={session_id}"])
 
 
 def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None, *, private: bool = False) -> "SparkSession":
@@ -403,16 +391,14 @@ def _open_connect(url: str, shown: str, conf: Mapping[str, str], *, named: bool)
 
 def connect_address(spark: "SparkSession") -> str:
     """``sc://HOST:PORT`` of the server a Connect session talks to (never a token)."""
-    from airflow_upsert_provider.engine.spark.server import format_remote
-
     return format_remote(*_connect_address(spark))
 
 
 def _connect_address(spark: "SparkSession") -> tuple[str, int]:
     # Private: no public API gives the port (``spark.client.host`` gives the host only).
     endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", "")
-    host, _, port = str(endpoint).rpartition(":")
-    return (host.strip("[]"), int(port)) if port.isdigit() else ("", 0)
+    host, port = parse_endpoint(str(endpoint))
+    return (host, int(port)) if port.isdigit() else ("", 0)
 
 
 def _apply_connect_conf(spark: "SparkSession", remote: str, conf: Mapping[str, str], *, defaults: bool) -> None:
