@@ -19,8 +19,20 @@ _FALSE = frozenset({"false", "no", "off", "0"})
 _UNSET = (None, "", "None")
 
 
-def _is_unset(value: Any) -> bool:
+def is_unset(value: Any) -> bool:
+    """Whether an optional (templated) argument was left unset: ``None``, or what a template
+    renders for one ("", "None", blanks). Every operator and sensor asks this here."""
     return isinstance(value, str) and value.strip() in _UNSET or value is None
+
+
+def optional_text(value: Any) -> str | None:
+    """An optional (templated) string argument: ``None`` when unset, else its text."""
+    return None if is_unset(value) else str(value)
+
+
+def is_templated(value: Any) -> bool:
+    """Whether an argument is still a Jinja template (known only when the task runs)."""
+    return "{{" in str(value)
 
 
 def parse_bool(value: Any, name: str) -> bool:
@@ -40,7 +52,7 @@ def parse_bool(value: Any, name: str) -> bool:
 
 def parse_int(value: Any, name: str, *, minimum: int = 1, optional: bool = True) -> int | None:
     """An integer >= ``minimum``; ``None`` when unset and ``optional``."""
-    if _is_unset(value):
+    if is_unset(value):
         if optional:
             return None
         raise AirflowFailException(f"{name} is required, got {value!r}")
@@ -66,7 +78,7 @@ def parse_int(value: Any, name: str, *, minimum: int = 1, optional: bool = True)
 def parse_seconds(value: Any, name: str) -> float | None:
     """A finite, non-negative number of seconds (a number, a numeric string or a
     ``timedelta``); ``None`` when unset."""
-    if _is_unset(value):
+    if is_unset(value):
         return None
     if hasattr(value, "total_seconds"):
         value = value.total_seconds()
@@ -102,7 +114,7 @@ def parse_duration(value: Any, name: str) -> float | None:
     from airflow_upsert_provider.engine.config import parse_duration as engine_duration
     from airflow_upsert_provider.engine.errors import ConfigurationError
 
-    if _is_unset(value):
+    if is_unset(value):
         return None
     seconds: float | None = None
     if isinstance(value, str):

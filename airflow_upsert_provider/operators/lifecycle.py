@@ -25,7 +25,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.arguments import parse_int, parse_seconds
+from airflow_upsert_provider.operators.arguments import optional_text, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import to_airflow_error
 from airflow_upsert_provider.operators.upsert import writer_id_for
 
@@ -96,8 +96,7 @@ class _StreamOperator(BaseOperator):
 
     @property
     def reason_text(self) -> str:
-        # An unset templated reason renders as "None" with native rendering off.
-        return "" if self.reason in (None, "None") else str(self.reason)
+        return optional_text(self.reason) or ""
 
     def run(self, hook: UpsertShardHook, actor: str) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
+from airflow_upsert_provider.operators.arguments import is_unset, parse_bool, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import to_airflow_error
 
 if TYPE_CHECKING:
@@ -218,13 +218,13 @@ class RestoreCheckpointOperator(_ShardMaintenanceOperator):
         from airflow_upsert_provider.engine.store.streams import read_stream
 
         blob = hook.get_blob()
-        checkpoint_id = None if self.checkpoint_id in (None, "", "None", "latest") else self.checkpoint_id
+        checkpoint_id = None if is_unset(self.checkpoint_id) or self.checkpoint_id == "latest" else self.checkpoint_id
         if checkpoint_id is None:
             latest = Catalog.load(blob, self.shard).latest()
             if latest is None:
                 raise AirflowFailException(f"shard {self.shard!r} has no checkpoint to restore")
             checkpoint_id = latest.id
-        target = None if self.target_shard in (None, "", "None") else self.target_shard
+        target = None if is_unset(self.target_shard) else self.target_shard
         consensus = hook.get_consensus()
         record = restore_checkpoint(consensus, blob, self.shard, checkpoint_id, target_shard_id=target,
                                     actor=self._actor)

@@ -22,7 +22,14 @@ from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertErro
 from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.store.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.arguments import parse_bool, parse_choice, parse_duration, parse_int
+from airflow_upsert_provider.operators.arguments import (
+    is_templated,
+    optional_text,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_int,
+)
 from airflow_upsert_provider.operators.errors import error_from_result, to_airflow_error
 
 if TYPE_CHECKING:
@@ -205,7 +212,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         self.continuous_for = continuous_for
         self.kafka_conn_id = kafka_conn_id
         self.spark_connect_conn_id = spark_connect_conn_id
-        if "{{" not in str(shard) and "{{" not in str(upsert_conn_id):
+        if not is_templated(shard) and not is_templated(upsert_conn_id):
             # A literal shard is declared, so the DAG's graph and the asset views show it.
             asset = shard_asset(upsert_conn_id, shard)
             if all(getattr(o, "uri", None) != asset.uri for o in self.outlets):
@@ -230,7 +237,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         on_bad_record = parse_choice(self.on_bad_record, "on_bad_record", BAD_RECORD_MODES)
         spark_mode = parse_choice(self.spark_mode, "spark_mode", SPARK_MODES)
         continuous_seconds = parse_duration(self.continuous_for, "continuous_for")
-        kafka_conn_id = None if self.kafka_conn_id in (None, "", "None") else str(self.kafka_conn_id)
+        kafka_conn_id = optional_text(self.kafka_conn_id)
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
@@ -329,7 +336,7 @@ class MicroBatchUpsertOperator(BaseOperator):
 
         from airflow_upsert_provider.engine.spark.server import display_remote
 
-        named = None if self.spark_connect_conn_id in (None, "", "None") else str(self.spark_connect_conn_id)
+        named = optional_text(self.spark_connect_conn_id)
         conn_id = named or hook.settings.spark_conn_id
         try:
             conn = hook.get_connection(conn_id)

@@ -38,7 +38,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
-from airflow_upsert_provider.operators.arguments import parse_seconds
+from airflow_upsert_provider.operators.arguments import optional_text, parse_seconds
 from airflow_upsert_provider.sensors.frontier_rounds import (
     BLIND,
     DEFAULT_POKE_INTERVAL,
@@ -175,8 +175,7 @@ class FrontierStallSensor(BaseSensorOperator):
         return settings.stale_limit_seconds if seconds is None else seconds
 
     def _optional(self, value: Any) -> str | None:
-        # A templated optional connection id renders as "" or "None" when unset.
-        return None if value in (None, "", "None") else str(value)
+        return optional_text(value)
 
     def observer(self, context: Context) -> str:
         ti = context.get("ti")
