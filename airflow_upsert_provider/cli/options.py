@@ -111,10 +111,10 @@ def finite_number(option: str, *, above_zero: bool) -> Callable[[str], float]:
 
 def duration_option(option: str) -> Callable[[str], float]:
     """The ``type=`` of an option of a duration (``90``, ``90s``, ``10m``, ``1h30m``):
-    :func:`~airflow_upsert_provider.engine.config.parse_duration`, positive and finite."""
+    :func:`~airflow_upsert_provider.engine.common.time_text.parse_duration`, positive and finite."""
 
     def duration(text: str) -> float:
-        from airflow_upsert_provider.engine.config import parse_duration
+        from airflow_upsert_provider.engine.common.time_text import parse_duration
 
         return parse_duration(text, field=option)
 

@@ -109,9 +109,9 @@ def parse_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
 def parse_duration(value: Any, name: str) -> float | None:
     """A positive, finite duration in seconds: a number of seconds, a numeric string, a
     ``timedelta``, or a string such as ``"90s"``, ``"10m"``, ``"1h30m"`` (read by the engine's
-    :func:`~airflow_upsert_provider.engine.config.parse_duration`, as ``upsertctl --for`` is);
+    :func:`~airflow_upsert_provider.engine.common.time_text.parse_duration`, as ``upsertctl --for`` is);
     ``None`` when unset."""
-    from airflow_upsert_provider.engine.config import parse_duration as engine_duration
+    from airflow_upsert_provider.engine.common.time_text import parse_duration as engine_duration
     from airflow_upsert_provider.engine.errors import ConfigurationError
 
     if is_unset(value):
