@@ -41,3 +41,12 @@ def test_every_retry_loop_takes_its_bounds_from_the_policies() -> None:
 def test_a_policy_refuses_bounds_that_cannot_work(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         retry.RetryPolicy(**kwargs)
+
+
+def test_the_connect_client_policy_is_spark_s_backoff_bounded_to_about_a_minute() -> None:
+    from airflow_upsert_provider.engine.spark import server
+
+    policy = retry.SPARK_CONNECT_CLIENT
+    assert (server.CLIENT_RETRIES, server.CLIENT_MAX_BACKOFF_MS) == (policy.retries, 30_000) == (6, 30_000)
+    waits = [min(policy.base_seconds * policy.multiplier ** n, policy.max_wait_seconds) for n in range(policy.retries)]
+    assert round(sum(waits), 2) == 47.05

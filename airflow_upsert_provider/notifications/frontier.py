@@ -108,7 +108,8 @@ async def _with_retries(channel: str, attempt: Callable[[], Any], policy: RetryP
     class _WaitHonouringRetryAfter(wait_base):
         # Exponential backoff, lengthened to a 429's Retry-After (both capped).
         def __init__(self) -> None:
-            self._exponential = wait_exponential(multiplier=policy.base_seconds, max=policy.max_wait_seconds)
+            self._exponential = wait_exponential(multiplier=policy.base_seconds, max=policy.max_wait_seconds,
+                                                 exp_base=policy.multiplier)
 
         def __call__(self, retry_state: Any) -> float:
             wait = self._exponential(retry_state)

@@ -38,6 +38,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
     format_remote,
     parse_remote,
 )
+from airflow_upsert_provider.engine.common.retry import SPARK_CONNECT_CLIENT
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
 
@@ -171,11 +172,10 @@ def require_reachable(url: str, timeout: float = 2.0) -> None:
         )
 
 
-# The Connect client's own policy retries a server that stopped answering for at least ten
-# minutes; a task should fail within about a minute instead (retryable: Airflow's retries and
-# backoff take over). 50 ms x 4^n, each wait at most 30 s: six retries, about 47 s.
-CLIENT_RETRIES = 6
-CLIENT_MAX_BACKOFF_MS = 30_000
+# The Connect client's retries of a server that stopped answering (read at call time, so that a
+# test can shorten them).
+CLIENT_RETRIES = SPARK_CONNECT_CLIENT.retries
+CLIENT_MAX_BACKOFF_MS = int(SPARK_CONNECT_CLIENT.max_wait_seconds * 1000)
 # What the client says when the server is gone (refused, reset, timed out after its retries)
 # or was restarted under the session (a new server does not know it).
 _GONE_MARKERS = ("UNAVAILABLE", "Connection refused", "failed to connect", "RetriesExceeded",
@@ -189,7 +189,9 @@ def bound_client_retries(spark: "SparkSession") -> None:
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     spark.client.set_retry_policies(
-        [DefaultPolicy(max_retries=CLIENT_RETRIES, max_backoff=CLIENT_MAX_BACKOFF_MS)]
+        [DefaultPolicy(max_retries=CLIENT_RETRIES, max_backoff=CLIENT_MAX_BACKOFF_MS,
+                       initial_backoff=int(SPARK_CONNECT_CLIENT.base_seconds * 1000),
+                       backoff_multiplier=SPARK_CONNECT_CLIENT.multiplier)]
     )
 
 
