@@ -15,7 +15,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_upsert_provider.engine.config import DURATION_PATTERN, SHARD_ID_PATTERN
+from airflow_upsert_provider.engine.common.time_text import DURATION_PATTERN
+from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 
 with DAG(

@@ -394,7 +394,7 @@ def test_grace_nan_deletes_nothing_in_the_grace_period(tmp_path, monkeypatch, sq
 
 
 def test_a_duration_too_long_to_be_finite_is_refused(env, capsys):
-    from airflow_upsert_provider.engine.config import parse_duration
+    from airflow_upsert_provider.engine.common.time_text import parse_duration
 
     for text in (NOT_A_FLOAT, NOT_A_FLOAT + "h", "1" + "0" * 306 + "h"):
         with pytest.raises(ConfigurationError) as raised:

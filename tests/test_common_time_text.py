@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from airflow_upsert_provider.cli import output
-from airflow_upsert_provider.engine import config
 from airflow_upsert_provider.engine.common.time_text import (
     format_duration,
     format_duration_to_the_second,
@@ -39,7 +38,6 @@ def test_a_timestamp_is_utc_with_its_offset() -> None:
 
 def test_every_caller_formats_through_the_one_module() -> None:
     assert rules.format_duration is format_duration
-    assert config.parse_duration is parse_duration
     assert rules._iso(AT) == output.iso(AT) == "2025-11-26T00:00:00+00:00"
     assert rules._iso(None) is None and output.iso(None) == "never"
     assert frontier_rounds._iso(AT) == "2025-11-26T00:00:00Z" and frontier_rounds._iso(None) == "never"

@@ -7,7 +7,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_upsert_provider.engine.common.time_text import DURATION_PATTERN, parse_duration  # noqa: F401 (re-exported)
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
 SHARD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_upsert_provider.engine.config import ShardConfig, parse_duration
+from airflow_upsert_provider.engine.common.time_text import parse_duration
+from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError, KafkaSliceUnavailable
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource
