@@ -172,7 +172,17 @@ def test_the_driver_jvm_holds_none_of_the_process_output_streams():
         "pid = int(jvm.java.lang.ProcessHandle.current().pid())\n"
         "mine = {os.readlink(f'/proc/self/fd/{fd}') for fd in (1, 2)}\n"
         "held = {os.readlink(f'/proc/{pid}/fd/{fd}') for fd in (1, 2)}\n"
-        "print(json.dumps({'mine': sorted(mine), 'jvm': sorted(held)}))\n"
+        "print(json.dumps({'mine': sorted(mine), 'jvm': sorted(held)}), flush=True)\n"
+        # The marker crosses a pipe and a forwarding thread: let the JVM exit (its stdin
+        # closed), then join the thread, which ends at the pipe's EOF, so the marker has been
+        # forwarded however slowly the machine runs.
+        "import threading\n"
+        "from pyspark import SparkContext\n"
+        "spark.stop()\n"
+        "proc = SparkContext._gateway.proc\n"
+        "proc.stdin.close()\n"
+        "proc.wait(timeout=240)\n"
+        "[t.join(timeout=240) for t in threading.enumerate() if t.name == 'spark-driver-stderr']\n"
     )
     done = run_probe(probe)
     assert "jvm-stdout-marker" in done.stderr and "jvm-stdout-marker" not in done.stdout
