@@ -13,7 +13,9 @@ from tests.test_writer import (  # noqa: F401
     test_lagging_writer_drops_persisted_batches_and_reaches_upper,
     test_read_as_of_every_ts_matches_oracle_of_bound_offsets,
 )
-from tests.test_bad_input import (  # noqa: F401
+from tests.test_bad_input import (  # noqa: F401  (the module-scoped batches they share, too)
+    bad_records_failed,
+    bad_records_quarantined,
     test_bad_record_fails_the_batch_naming_file_line_reason,
     test_bad_record_quarantined_is_counted_and_batch_commits,
     test_batch_whose_every_record_is_bad,
