@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from airflow_upsert_provider.engine.common.atomic_file import write_atomically
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.spark.server import state_root
+from airflow_upsert_provider.engine.spark.server import pid_alive, state_root
 
 log = logging.getLogger(__name__)
 
@@ -415,18 +415,8 @@ def _run_process_group(argv: list[str], *, env: Mapping[str, str], timeout: floa
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
 def leftover_paths(directory: str, now: float | None = None,
-                   alive: Callable[[int], bool] = _pid_alive) -> list[str]:
+                   alive: Callable[[int], bool] = pid_alive) -> list[str]:
     """The temporary files and directories in ``directory`` of builds whose process is gone
     (a live build's are kept, whoever runs it)."""
     now = time.time() if now is None else now

@@ -209,7 +209,8 @@ def server_gone(exc: BaseException) -> bool:
     return False
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that pid runs (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -221,7 +222,7 @@ def _pid_alive(pid: int) -> bool:
 
 def is_server_process(pid: int) -> bool:
     """Whether ``pid`` is alive and a Spark Connect server (a reused pid is not)."""
-    if pid <= 0 or not _pid_alive(pid):
+    if pid <= 0 or not pid_alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -416,7 +417,7 @@ class SparkServer:
             if port_answers(state.host, state.port, timeout=0.5) and is_server_process(state.pid):
                 return
             code = process.poll() if process is not None else None
-            if code is not None or not _pid_alive(state.pid):
+            if code is not None or not pid_alive(state.pid):
                 raise SparkUnavailable(
                     f"the Spark Connect server exited (code {code}) before it listened on {state.address}; "
                     f"see {state.log}: {_log_tail(state.log)}",
