@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -85,3 +86,16 @@ def recover(shard: Shard, actor: str = "test"):
 
     sought = recovery.seek(shard, actor=actor)
     return streams.resume_after_recovery(shard.consensus, shard.shard_id, sought.epoch, actor)
+
+
+def quarantined_records(shard: Shard) -> list[dict]:
+    """The records quarantined beside the shard's first committed run (its rejects files)."""
+    committed = shard.batches()
+    rejects = committed[0].stats.get("rejects") if committed else None
+    if not rejects:
+        return []
+    written = []
+    for path in glob.glob(os.path.join(shard.blob.path(rejects["path"]), "*.json")):
+        with open(path) as handle:
+            written += [json.loads(line) for line in handle]
+    return written

@@ -9,7 +9,6 @@ batch's error, rows, rejects and quarantined files.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 from airflow_upsert_provider.sample_data import write_segment
 from tests.conftest import sqlite_only
-from tests.helpers import make_shard
+from tests.helpers import make_shard, quarantined_records
 from tests.oracle import table_from_rows
 
 
@@ -92,13 +91,8 @@ def run_bad_records(spark, root, mode: str) -> SharedBatch:
             batch.error = error
         batch.ids = sorted(k[0] for k in rows(shard, spark))
         batch.upper = shard.state().upper
-        committed = shard.batches()
-        batch.batches = len(committed)
-        rejects = committed[0].stats.get("rejects") if committed else None
-        if rejects:
-            for path in glob.glob(os.path.join(blob.path(rejects["path"]), "*.json")):
-                with open(path) as handle:
-                    batch.written += [json.loads(line) for line in handle]
+        batch.batches = len(shard.batches())
+        batch.written = quarantined_records(shard)
     finally:
         consensus.dispose()
     return batch

@@ -15,7 +15,6 @@ plain assertions on those batches' committed rows, rejects and errors.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import Segment
 from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
-from tests.helpers import sample_config
+from tests.helpers import quarantined_records, sample_config
 
 SCHEMA = json.dumps(
     {
@@ -191,13 +190,8 @@ def run_shape_batch(spark, root, shapes: tuple[str, ...], neighbour: bool, mode:
             batch.error = error
         batch.table = table(shard, spark)
         batch.upper = shard.state().upper
-        committed = shard.batches()
-        batch.batches = len(committed)
-        rejects = committed[0].stats.get("rejects") if committed else None
-        if rejects:
-            for path in glob.glob(os.path.join(blob.path(rejects["path"]), "*.json")):
-                with open(path) as handle:
-                    batch.written += [json.loads(line) for line in handle]
+        batch.batches = len(shard.batches())
+        batch.written = quarantined_records(shard)
     finally:
         consensus.dispose()
     return batch
