@@ -1,0 +1,204 @@
+"""The ``pyarrow.fs`` filesystem that holds a blob URI, in whatever process asks.
+
+``filesystem_for`` is called on the driver and in Spark executors alike, so it builds
+everything from the URI and the process's own environment: nothing is shipped from the driver
+and no secret ever travels in a URI. Credentials come from the standard chain of the process
+(``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, the shared config
+files, web identity, the instance profile; ``GOOGLE_APPLICATION_CREDENTIALS`` and the metadata
+server for GCS; ``DefaultAzureCredential`` for Azure); an S3-compatible server is reached
+through ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` the region comes from
+``AWS_REGION`` / ``AWS_DEFAULT_REGION`` and the bound of retries from ``AWS_MAX_ATTEMPTS``.
+
+Failed requests are retried by the filesystem layer itself, within a bound
+(:data:`S3_MAX_ATTEMPTS` attempts on S3, :data:`GCS_RETRY_SECONDS` on GCS); nothing here loops
+around it.
+
+Filesystems are cached per process, keyed by the URI's scheme and authority (bucket, container,
+namenode) and the endpoint, region and retry bound the environment names: building one resolves credentials,
+and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
+never reuses its parent's clients, whose connections and threads did not survive the fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+
+# Schemes of object stores and distributed filesystems (URIs of them are kept whole); a path
+# without a scheme, or with ``file://``, is on the local filesystem.
+OBJECT_SCHEMES = ("s3", "gs", "abfs", "abfss", "hdfs")
+
+# Attempts of one S3 request (the first one included) before the error reaches the caller,
+# unless ``AWS_MAX_ATTEMPTS`` (the AWS SDKs' own variable) says otherwise: enough to ride out a
+# throttled or restarting endpoint; the standard strategy's backoff makes 5 attempts cost
+# about 10 s against an endpoint where nothing listens.
+S3_MAX_ATTEMPTS = 5
+# GCS's client retries by time rather than by count.
+GCS_RETRY_SECONDS = 30
+
+_lock = threading.Lock()
+_cache: dict[tuple[str, ...], "pyarrow.fs.FileSystem"] = {}
+_cache_pid = os.getpid()
+
+
+def split_uri(uri_or_path: str) -> tuple[str, str, str]:
+    """(scheme, authority, path) of a blob location: ``("", "", "/abs/path")`` for a local
+    path or ``file://`` URI, else the URI's scheme (lower case), authority and path (no
+    leading ``/``). Refuses an unknown scheme and user information in the authority (a
+    credential written into a URI would reach logs and ``ps``), naming the URI without it."""
+    if "://" not in uri_or_path:
+        return "", "", os.path.abspath(uri_or_path)
+    scheme, rest = uri_or_path.split("://", 1)
+    scheme = scheme.lower()
+    if scheme == "file":
+        # file:///abs/path and file://localhost/abs/path; a relative file:// is a local path too.
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost") :]
+        return "", "", os.path.abspath(rest)
+    if scheme not in OBJECT_SCHEMES:
+        raise ConfigurationError(
+            f"blob root {display_uri(uri_or_path)!r} has the unsupported scheme {scheme!r}; "
+            f"use a local path or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}",
+            field="blob_root",
+        )
+    authority, _, path = rest.partition("/")
+    if not authority:
+        raise ConfigurationError(
+            f"blob root {display_uri(uri_or_path)!r} names no bucket, container or host after {scheme}://",
+            field="blob_root",
+        )
+    if "@" in authority and scheme not in ("abfs", "abfss"):
+        raise ConfigurationError(
+            f"blob root {display_uri(uri_or_path)!r} carries credentials in the URI; give them through "
+            "the environment or the connection instead (docs/storage.md)",
+            field="blob_root",
+        )
+    if scheme in ("abfs", "abfss") and ":" in authority.split("@", 1)[0]:
+        raise ConfigurationError(
+            f"blob root {display_uri(uri_or_path)!r} carries credentials in the URI; give them through "
+            "the environment instead (docs/storage.md)",
+            field="blob_root",
+        )
+    return scheme, authority, path.strip("/")
+
+
+def display_uri(uri: str) -> str:
+    """``uri`` as a message may show it: any user information before the host is cut out."""
+    if "://" not in uri:
+        return uri
+    scheme, rest = uri.split("://", 1)
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        user, _, host = authority.rpartition("@")
+        # abfs's container@account is a name, not a credential; anything else before '@' is cut.
+        authority = authority if scheme.lower() in ("abfs", "abfss") and ":" not in user else f"***@{host}"
+    return f"{scheme}://{authority}{slash}{path}"
+
+
+def s3_endpoint() -> str | None:
+    """The S3 endpoint the environment names (the service-specific variable first, as the AWS
+    SDKs read them), or None for AWS itself."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def s3_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def s3_max_attempts() -> int:
+    text = os.environ.get("AWS_MAX_ATTEMPTS")
+    if not text:
+        return S3_MAX_ATTEMPTS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 100:
+        raise ConfigurationError(f"AWS_MAX_ATTEMPTS takes an integer from 1 to 100, not {text[:20]!r}",
+                                 field="AWS_MAX_ATTEMPTS")
+    return value
+
+
+def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
+    """The pyarrow filesystem that holds ``uri_or_path`` and the path inside it.
+
+    A local path or ``file://`` URI gives ``LocalFileSystem`` and the absolute path;
+    ``s3://bucket/key`` gives the S3 filesystem and ``bucket/key``; ``gs://bucket/key`` the GCS
+    one and ``bucket/key``; ``abfs[s]://container@account.dfs.core.windows.net/key`` the Azure
+    one and ``container/key``; ``hdfs://host:port/path`` the HDFS one and ``/path``."""
+    scheme, authority, path = split_uri(uri_or_path)
+    import pyarrow.fs as pafs
+
+    if not scheme:
+        return pafs.LocalFileSystem(), path
+    if scheme == "s3":
+        key: tuple[str, ...] = (scheme, authority, s3_endpoint() or "", s3_region() or "", str(s3_max_attempts()))
+    else:
+        key = (scheme, authority)
+    filesystem = _cached(key, lambda: _build(scheme, authority))
+    if scheme in ("s3", "gs"):
+        inner = f"{authority}/{path}" if path else authority
+    elif scheme in ("abfs", "abfss"):
+        container = authority.split("@", 1)[0]
+        inner = f"{container}/{path}" if path else container
+    else:  # hdfs
+        inner = f"/{path}"
+    return filesystem, inner
+
+
+def _cached(key: tuple[str, ...], build) -> "pyarrow.fs.FileSystem":
+    global _cache_pid
+    with _lock:
+        if _cache_pid != os.getpid():
+            _cache.clear()
+            _cache_pid = os.getpid()
+        filesystem = _cache.get(key)
+        if filesystem is None:
+            filesystem = _cache[key] = build()
+        return filesystem
+
+
+def _build(scheme: str, authority: str) -> "pyarrow.fs.FileSystem":
+    import pyarrow.fs as pafs
+
+    if scheme == "s3":
+        return _s3(authority)
+    if scheme == "gs":
+        return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
+    if scheme in ("abfs", "abfss"):
+        # container@account.dfs.core.windows.net: the account is the host's first label.
+        host = authority.split("@", 1)[1] if "@" in authority else authority
+        account = host.split(".", 1)[0]
+        return pafs.AzureFileSystem(account_name=account)
+    host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
+    return pafs.HadoopFileSystem(host, int(port) if port else 8020)
+
+
+def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
+    import pyarrow.fs as pafs
+
+    options: dict = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=s3_max_attempts())}
+    endpoint = s3_endpoint()
+    region = s3_region()
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        options.update(endpoint_override=parts.netloc, scheme=parts.scheme or "https")
+    elif region is None:
+        # AWS itself with no region configured: ask where the bucket lives (one anonymous
+        # request), as the SDKs do; a bucket that cannot be located is reported by the
+        # first real request, with its reason.
+        try:
+            region = pafs.resolve_s3_region(bucket)
+        except OSError:
+            region = None
+    if region:
+        options["region"] = region
+    return pafs.S3FileSystem(**options)
