@@ -1,5 +1,5 @@
-"""Shared fixtures: one real SparkSession per test session, a real PostgreSQL server, and
-consensus stores of both kinds."""
+"""Shared fixtures: one real SparkSession per test session, a real PostgreSQL server, an
+S3-compatible server, and consensus stores of both kinds."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from tests.pgserver import PostgresServer  # noqa: E402
+from tests.s3server import S3Server  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,6 +47,35 @@ def pg_server():
 def pg_url(pg_server):
     """A fresh database on the shared server for one test."""
     return pg_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+# Variables of the AWS credential and endpoint chain: a test on the S3 server sets its own and
+# sees none of the machine's.
+AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_MAX_ATTEMPTS",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE")
+
+
+@pytest.fixture
+def s3_root(s3_server, monkeypatch, tmp_path):
+    """A fresh bucket on the S3 server and the URI of a prefix in it, with the process's
+    environment pointing at the server (dummy credentials) for the test's duration; a
+    subprocess gets the same variables through ``cli_env``."""
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    # No shared config or credentials file of the machine is read.
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config-absent"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials-absent"))
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{s3_server.create_bucket()}/shards"
 
 
 @pytest.fixture

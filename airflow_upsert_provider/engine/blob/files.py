@@ -1,8 +1,8 @@
-"""Blob: where runs, rejects, manifests and checkpoints live.
+"""Blob on the local (or a shared, POSIX-mounted) filesystem, and :func:`open_blob`, which
+picks the store a root names (object storage: :mod:`.objects`).
 
-Paths are strings that Spark and Hadoop understand, so that every executor reads and writes
-the same place. The local filesystem is implemented here; the interface is what a Hadoop
-filesystem (``hdfs://``, ``s3a://``) implementation has to provide.
+Paths are absolute paths, strings Spark understands, so that every executor reads and writes
+the same place. :class:`~.interface.Blob` is the interface both stores satisfy.
 """
 
 from __future__ import annotations
@@ -11,19 +11,11 @@ import hashlib
 import os
 import tempfile
 import uuid
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
 from airflow_upsert_provider.engine.common.atomic_file import fsync_dir
 from airflow_upsert_provider.engine.errors import ConfigurationError
-
-
-@dataclass(frozen=True)
-class BlobFile:
-    path: str
-    size: int
-    # Last modification (seconds since the epoch): GC's grace period is measured from it.
-    mtime: float = 0.0
 
 
 class LocalBlob:
@@ -250,5 +242,15 @@ class LocalBlob:
             pass
 
 
-def open_blob(root: str) -> LocalBlob:
-    return LocalBlob(root)
+def open_blob(root: str) -> Blob:
+    """The blob store at ``root``: a local path (or ``file://``) is a :class:`LocalBlob`, a
+    URI of an object store an :class:`~.objects.ObjectBlob`; an unknown scheme is refused
+    naming the value."""
+    from airflow_upsert_provider.engine.blob.filesystems import split_uri
+
+    scheme, _, local_path = split_uri(root)
+    if not scheme:
+        return LocalBlob(local_path)
+    from airflow_upsert_provider.engine.blob.objects import ObjectBlob
+
+    return ObjectBlob(root)

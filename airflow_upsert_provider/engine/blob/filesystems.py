@@ -185,7 +185,12 @@ def _build(scheme: str, authority: str) -> "pyarrow.fs.FileSystem":
 def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
     import pyarrow.fs as pafs
 
-    options: dict = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=s3_max_attempts())}
+    options: dict = {
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=s3_max_attempts()),
+        # An output stream opens no multipart upload before its first part is full: a small
+        # object is one PUT (errors surface when the stream is closed, which every writer does).
+        "allow_delayed_open": True,
+    }
     endpoint = s3_endpoint()
     region = s3_region()
     if endpoint:

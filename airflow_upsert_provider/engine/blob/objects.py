@@ -1,0 +1,370 @@
+"""Blob on object storage (``s3://``, and ``gs://``, ``abfs[s]://``, ``hdfs://`` through the
+same layer), over ``pyarrow.fs`` (:func:`~.filesystems.filesystem_for`).
+
+Paths are full URIs (``s3://bucket/prefix/a/b``): :meth:`ObjectBlob.path` makes them and every
+method takes them, so a path means the same thing on the driver and on every executor.
+
+What the operations mean here, where a POSIX filesystem and an object store differ:
+
+- **Writes.** A completed PUT is durable and atomic: readers see the old object or the whole
+  new one, never part of it. ``write_atomic`` and ``write_file`` are one PUT each (small
+  objects in one request; pyarrow switches to a multipart upload, published atomically by its
+  completion, above its part size). ``sync_written``, ``sync_file``, ``fsync_dir``,
+  ``make_dirs``, ``mkdir`` and ``rmdir`` have nothing to do and do nothing.
+- **No rename.** Object stores cannot rename; :meth:`ObjectBlob.rename` is refused. Writers
+  write every object under its final, unique name, and the consensus commit is the only
+  publication.
+- **Directories are prefixes.** A prefix exists while some key lies below it (``exists``,
+  ``is_dir``, ``listdir`` say what pyarrow lists). PyArrow's deletions leave a zero-byte
+  directory marker (``parent/``) behind them (apache/arrow#36275): a prefix may therefore be
+  listed although it holds no object. Markers are never yielded as files, and ``delete_tree``
+  of an enclosing prefix removes them.
+- **Ages.** An object's mtime is its last-modified time. A prefix has none of its own: its
+  age (``mtime``, ``walk_dirs``) is that of the newest object below it, and a prefix with no
+  object below (markers only) has no age and is not yielded by ``walk_dirs``. GC's grace rule
+  stays sound: a prefix a writer is writing into holds the writer's newest object, which is
+  young; a writer that has not completed its first PUT has nothing GC can list, so nothing GC
+  could delete. An object uploaded in parts is dated from the start of its upload and appears
+  only when the upload completes (an upload slower than the grace period can thus appear
+  already old: GC's claim in consensus, checked by every commit, keeps a commit from naming it
+  once GC decided to delete it).
+- **Listings** go one prefix level at a time (delimiter listings, paged by the store at 1,000
+  keys and followed by pyarrow), recursing in name order: the memory a walk holds is the
+  listing of one level per depth, never the whole tree.
+- **Deletions.** ``delete_tree(p)`` deletes every key below ``p/`` (a sibling ``p0/`` is not
+  below it) in batched requests; a key written under ``p`` after pyarrow listed it survives,
+  as a file created in a directory being removed does on a POSIX filesystem. A missing object
+  or prefix is no error.
+- **The root.** ``ensure_root`` and ``check_root`` never create a bucket: a missing bucket,
+  denied access or an endpoint where nothing answers is a :class:`ConfigurationError`
+  (``field: blob_root``) naming the bucket, the prefix and the endpoint, never a credential.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import uuid
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+from airflow_upsert_provider.engine.blob.filesystems import display_uri, filesystem_for, s3_endpoint, s3_region, split_uri
+from airflow_upsert_provider.engine.blob.interface import BlobFile
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+
+# Bytes read at a time when an object is hashed: memory stays bounded whatever its size.
+CHECKSUM_CHUNK = 1 << 20
+
+# PyArrow's S3 errors read "... AWS Error <CODE> [(HTTP status <N>)] during <Operation>
+# operation: <detail>" (the status where the SDK knows no name for the error).
+_AWS_ERROR = re.compile(r"AWS Error ([A-Z_]+)(?: \(HTTP status (\d+)\))? during (\w+) operation")
+_DENIED = {"ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "UNRECOGNIZED_CLIENT",
+           "INVALID_CLIENT_TOKEN_ID", "EXPIRED_TOKEN", "MISSING_AUTHENTICATION_TOKEN", "INVALID_SIGNATURE",
+           "FORBIDDEN", "UNAUTHORIZED"}
+# Environment variables whose values are secrets: never repeated, whatever a store's error says.
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY",
+                    "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET")
+
+
+class ObjectBlob:
+    """Blob store on object storage, rooted at a bucket (container, namenode) and prefix."""
+
+    def __init__(self, root: str) -> None:
+        scheme, authority, prefix = split_uri(root)
+        if not scheme:
+            raise ConfigurationError(f"blob root {root!r} is a local path: use LocalBlob", field="blob_root")
+        self.scheme, self.authority, self.prefix = scheme, authority, prefix
+        self.root = f"{scheme}://{authority}/{prefix}" if prefix else f"{scheme}://{authority}"
+
+    def __repr__(self) -> str:
+        return f"ObjectBlob({self.root!r})"
+
+    def path(self, *parts: str) -> str:
+        """The URI of ``parts`` below the root."""
+        tail = "/".join(part.strip("/") for part in parts if part.strip("/"))
+        return f"{self.root}/{tail}" if tail else self.root
+
+    # -- the root ------------------------------------------------------------------------------
+
+    def ensure_root(self) -> None:
+        """Nothing to create (a prefix exists once an object lies below it; buckets are never
+        created here): check that the bucket is there and reachable."""
+        if self.scheme == "hdfs":
+            filesystem, inner = filesystem_for(self.root)
+            try:
+                filesystem.create_dir(inner, recursive=True)
+            except OSError as exc:
+                raise self._root_error(exc) from None
+            return
+        self.check_root(writable=False)
+
+    def check_root(self, *, writable: bool = True) -> None:
+        """Raise a clear :class:`ConfigurationError` unless the bucket exists and answers,
+        the root is not an object, and, with ``writable``, an object can be written below it
+        (probed with a real PUT and DELETE: permissions are the store's to say)."""
+        import pyarrow.fs as pafs
+
+        filesystem, inner = filesystem_for(self.root)
+        bucket = inner.split("/", 1)[0] if self.scheme != "hdfs" else inner
+        try:
+            if filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise ConfigurationError(
+                    f"blob root {self.root}: {self._container_word()} {self._bucket()!r} does not exist "
+                    f"({self._where()}); create it, or fix --blob-root / UPSERT_BLOB_ROOT or the endpoint",
+                    field="blob_root",
+                )
+            if self.prefix and filesystem.get_file_info(inner).type == pafs.FileType.File:
+                raise ConfigurationError(f"blob root {self.root} is an object, not a prefix ({self._where()})",
+                                         field="blob_root")
+            if writable:
+                probe = f"{inner}/.probe-{uuid.uuid4().hex}"
+                with filesystem.open_output_stream(probe) as out:
+                    out.write(b"")
+                filesystem.delete_file(probe)
+        except OSError as exc:
+            raise self._root_error(exc, writing=writable) from None
+
+    def _bucket(self) -> str:
+        return self.authority.split("@", 1)[0] if self.scheme in ("abfs", "abfss") else self.authority
+
+    def _container_word(self) -> str:
+        return {"abfs": "container", "abfss": "container", "hdfs": "namenode"}.get(self.scheme, "bucket")
+
+    def _endpoint(self) -> str:
+        if self.scheme == "s3":
+            endpoint = s3_endpoint()
+            if endpoint:
+                return display_uri(endpoint)
+            region = s3_region()
+            return f"AWS S3{' in ' + region if region else ''}"
+        if self.scheme in ("abfs", "abfss"):
+            return self.authority.split("@", 1)[-1]
+        if self.scheme == "hdfs":
+            return self.authority
+        return "Google Cloud Storage"
+
+    def _where(self) -> str:
+        return f"{self._container_word()} {self._bucket()!r}, prefix {self.prefix!r}, endpoint {self._endpoint()}"
+
+    def _root_error(self, exc: OSError, *, writing: bool = False) -> ConfigurationError:
+        code, reason = store_failure(exc)
+        if code in _DENIED:
+            what = f"access denied ({code})"
+            hint = "check the credentials of this process (docs/storage.md) and the bucket's policy"
+        elif code == "NETWORK_CONNECTION":
+            what = "nothing answered at the endpoint"
+            hint = "check AWS_ENDPOINT_URL and that the store is up"
+        elif code == "NO_SUCH_BUCKET":
+            what = f"the {self._container_word()} does not exist"
+            hint = "create it, or fix --blob-root / UPSERT_BLOB_ROOT or the endpoint"
+        else:
+            what = f"{'writing a probe object' if writing else 'reading'} failed: {reason}"
+            hint = "fix --blob-root / UPSERT_BLOB_ROOT, the credentials or the endpoint"
+        return ConfigurationError(f"blob root {self.root} cannot be used: {what} ({self._where()}); {hint}",
+                                  field="blob_root")
+
+    # -- primitive operations ------------------------------------------------------------------
+
+    def write_file(self, path: str, data: bytes, *, sync: bool) -> None:
+        """One PUT: the object is durable once it returns, ``sync`` or not."""
+        filesystem, inner = filesystem_for(path)
+        with filesystem.open_output_stream(inner) as out:
+            out.write(data)
+
+    def rename(self, src: str, dst: str) -> None:
+        raise NotImplementedError(
+            f"object storage has no rename ({src} -> {dst}): write the object under its final name"
+        )
+
+    def fsync_dir(self, directory: str) -> None:
+        """Nothing to sync: a completed PUT is durable."""
+
+    def sync_file(self, path: str) -> None:
+        """Nothing to sync: a completed PUT is durable."""
+
+    def mkdir(self, path: str) -> None:
+        """Nothing to create: a prefix exists once an object lies below it."""
+
+    def rmdir(self, path: str) -> None:
+        """Nothing to remove: an empty prefix does not exist. (Deleting a directory marker
+        would take pyarrow's ``delete_dir``, which deletes whatever a writer put below the
+        prefix meanwhile.)"""
+
+    def unlink(self, path: str) -> None:
+        filesystem, inner = filesystem_for(path)
+        filesystem.delete_file(inner)
+
+    # -- metadata objects ----------------------------------------------------------------------
+
+    def make_dirs(self, path: str) -> None:
+        """Nothing to create: a prefix exists once an object lies below it."""
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write ``data`` so that ``path`` holds either its old content or all of ``data``,
+        durably: one PUT (atomic and durable on the store, no temporary object, no rename)."""
+        self.write_file(path, data, sync=True)
+
+    def sync_written(self, paths: Iterable[str]) -> None:
+        """Nothing to sync: every object another writer completed is durable."""
+
+    def read_bytes(self, path: str) -> bytes:
+        filesystem, inner = filesystem_for(path)
+        with filesystem.open_input_stream(inner) as stream:
+            return stream.read()
+
+    def checksum(self, path: str) -> str:
+        """SHA-256 of the object at ``path``, hex, read in chunks."""
+        filesystem, inner = filesystem_for(path)
+        digest = hashlib.sha256()
+        with filesystem.open_input_stream(inner) as stream:
+            while chunk := stream.read(CHECKSUM_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def exists(self, path: str) -> bool:
+        import pyarrow.fs as pafs
+
+        filesystem, inner = filesystem_for(path)
+        return filesystem.get_file_info(inner).type != pafs.FileType.NotFound
+
+    def is_dir(self, path: str) -> bool:
+        import pyarrow.fs as pafs
+
+        filesystem, inner = filesystem_for(path)
+        return filesystem.get_file_info(inner).type == pafs.FileType.Directory
+
+    def listdir(self, path: str) -> list[str]:
+        filesystem, inner = filesystem_for(path)
+        return [info.base_name for info in _children(filesystem, inner)]
+
+    def walk_files(self, path: str) -> Iterator[BlobFile]:
+        """Every object below ``path`` (recursively), with its size and last-modified time,
+        in name order at every level (the order :class:`~.files.LocalBlob` yields). One
+        delimiter listing per prefix; no request per object."""
+        filesystem, inner = filesystem_for(path)
+        for entry, _ in _walk(filesystem, path.rstrip("/"), inner):
+            if entry is not None:
+                yield entry
+
+    def walk_dirs(self, path: str) -> Iterator[BlobFile]:
+        """Every prefix below ``path`` (``path`` itself excluded) that holds an object, with
+        the last-modified time of the newest object below it as its mtime: a prefix's own
+        age does not exist on an object store. Deepest first within each prefix (a prefix
+        comes after everything below it, whose ages make its own)."""
+        filesystem, inner = filesystem_for(path)
+        for _, directory in _walk(filesystem, path.rstrip("/"), inner):
+            if directory is not None:
+                yield directory
+
+    def mtime(self, path: str) -> float | None:
+        """Last modification of the object at ``path``; of a prefix, that of the newest
+        object below it; None if there is neither (any more)."""
+        import pyarrow.fs as pafs
+
+        filesystem, inner = filesystem_for(path)
+        info = filesystem.get_file_info(inner)
+        if info.type == pafs.FileType.File:
+            return _seconds(info)
+        if info.type == pafs.FileType.NotFound:
+            return None
+        newest = None
+        for entry, _ in _walk(filesystem, path.rstrip("/"), inner):
+            if entry is not None and (newest is None or entry.mtime > newest):
+                newest = entry.mtime
+        return newest
+
+    def size(self, path: str) -> int:
+        import pyarrow.fs as pafs
+
+        filesystem, inner = filesystem_for(path)
+        info = filesystem.get_file_info(inner)
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(errno.ENOENT, "no such object", path)
+        return info.size
+
+    def delete_tree(self, path: str) -> None:
+        """Delete every object below ``path`` (and the object ``path`` itself, if any): a
+        sibling sharing its first characters (``runs/10`` beside ``runs/1``) is not below it."""
+        filesystem, inner = filesystem_for(path)
+        try:
+            filesystem.delete_dir(inner)
+        except FileNotFoundError:
+            pass
+
+    def delete_file(self, path: str) -> None:
+        try:
+            self.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _children(filesystem: "pyarrow.fs.FileSystem", inner: str) -> list["pyarrow.fs.FileInfo"]:
+    """The entries one level below ``inner`` (one delimiter listing, every page), by name."""
+    import pyarrow.fs as pafs
+
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(infos, key=lambda info: info.base_name)
+
+
+def _walk(
+    filesystem: "pyarrow.fs.FileSystem", uri: str, inner: str
+) -> Iterator[tuple[BlobFile | None, BlobFile | None]]:
+    """(file, None) for every object below ``uri`` in name order, and (None, prefix) for every
+    prefix below it holding an object, after its contents, dated by its newest object."""
+    yield from _walk_level(filesystem, uri, inner, [])
+
+
+def _walk_level(
+    filesystem: "pyarrow.fs.FileSystem", uri: str, inner: str, newest: list[float]
+) -> Iterator[tuple[BlobFile | None, BlobFile | None]]:
+    import pyarrow.fs as pafs
+
+    for info in _children(filesystem, inner):
+        child = f"{uri}/{info.base_name}"
+        if info.type == pafs.FileType.Directory:
+            below: list[float] = []
+            yield from _walk_level(filesystem, child, info.path, below)
+            if below:
+                yield None, BlobFile(child, 0, below[0])
+                _note(newest, below[0])
+        elif info.type == pafs.FileType.File:
+            mtime = _seconds(info)
+            _note(newest, mtime)
+            yield BlobFile(child, info.size, mtime), None
+
+
+def _note(newest: list[float], mtime: float) -> None:
+    if not newest:
+        newest.append(mtime)
+    elif mtime > newest[0]:
+        newest[0] = mtime
+
+
+def _seconds(info: "pyarrow.fs.FileInfo") -> float:
+    return info.mtime_ns / 1e9 if info.mtime_ns is not None else 0.0
+
+
+def store_failure(exc: BaseException) -> tuple[str, str]:
+    """(error code, one-line reason) of a failed store request, with every secret the
+    environment holds cut out: PyArrow's S3 errors carry the code of the AWS error; a store's
+    own message may quote a signed request."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    match = _AWS_ERROR.search(text)
+    code = ""
+    if match:
+        code, status, operation = match.groups()
+        if code == "UNKNOWN" and status == "403":
+            code = "ACCESS_DENIED"  # a HEAD request's 403 has no body to name the error
+        text = f"{code}{f' (HTTP {status})' if status else ''} during {operation}"
+    for name in SECRET_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            text = text.replace(value, "***")
+    return code, text[:300]

@@ -1,0 +1,104 @@
+"""An S3-compatible server on a loopback port, for tests: moto's server mode, in this process.
+
+It speaks the S3 API over HTTP (pyarrow, boto3 and a subprocess's clients reach it through
+``AWS_ENDPOINT_URL``), records the requests it answered (method and path: what a batch costs
+in requests), and can turn on moto's IAM checks for a test of denied access.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.request
+import uuid
+from typing import Any
+
+# Dummy credentials: moto accepts any until its IAM checks are on. The secret is distinctive so
+# that a test can assert it appears nowhere.
+ACCESS_KEY_ID = "AKIAUPSERTTESTKEY000"
+SECRET_ACCESS_KEY = "upsert-test-secret-Zq8Rk2Lw"
+REGION = "us-east-1"
+
+
+class S3Server:
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        # werkzeug logs every request line on stderr.
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.endpoint = ""
+        self._lock = threading.Lock()
+        self._requests: list[tuple[str, str]] = []
+
+    def start(self) -> "S3Server":
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        # Record (method, path?query) of every request the server answers.
+        wsgi = self._server._server  # the werkzeug server ThreadedMotoServer started
+        app = wsgi.app
+
+        def recording(environ: dict[str, Any], start_response: Any) -> Any:
+            query = environ.get("QUERY_STRING", "")
+            with self._lock:
+                self._requests.append((environ["REQUEST_METHOD"], environ["PATH_INFO"] + (f"?{query}" if query else "")))
+            return app(environ, start_response)
+
+        wsgi.app = recording
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def environment(self) -> dict[str, str]:
+        """The variables a process needs to reach this server with the dummy credentials."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
+            "AWS_REGION": REGION,
+            # Never ask an instance metadata service on the test machine for anything.
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def client(self, service: str = "s3", **credentials: str) -> Any:
+        import boto3
+
+        return boto3.client(
+            service, endpoint_url=self.endpoint, region_name=REGION,
+            aws_access_key_id=credentials.get("key", ACCESS_KEY_ID),
+            aws_secret_access_key=credentials.get("secret", SECRET_ACCESS_KEY),
+        )
+
+    def create_bucket(self, name: str | None = None) -> str:
+        name = name or f"t-{uuid.uuid4().hex[:16]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """Every key below ``prefix`` in ``bucket``, directory markers included."""
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+    def requests(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self._requests)
+
+    def denied_credentials(self) -> tuple[str, str]:
+        """(key id, secret) of an IAM user with no policy: every request it signs is denied
+        while :meth:`checking_access` is on."""
+        iam = self.client("iam")
+        user = f"nobody-{uuid.uuid4().hex[:8]}"
+        iam.create_user(UserName=user)
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def checking_access(self, on: bool) -> None:
+        """Turn moto's IAM authorization of every request on or off (off by default)."""
+        # A form content type would make the server parse the body away: plain text.
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=b"0" if on else b"inf",
+                                         method="POST", headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            json.load(response)
