@@ -41,7 +41,7 @@ from airflow_upsert_provider.engine.frontier.rules import (
 )
 
 if TYPE_CHECKING:
-    from airflow_upsert_provider.engine.blob.files import LocalBlob
+    from airflow_upsert_provider.engine.blob.interface import Blob
     from airflow_upsert_provider.engine.table.shard import Shard, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def observe(
 ShardOpener = Callable[[str], "Shard"]
 
 
-def _opener(consensus: Consensus, blob: "LocalBlob", open_shard: ShardOpener | None) -> ShardOpener:
+def _opener(consensus: Consensus, blob: "Blob", open_shard: ShardOpener | None) -> ShardOpener:
     if open_shard is not None:
         return open_shard
     from airflow_upsert_provider.engine.table.shard import Shard
@@ -290,7 +290,7 @@ def _shard_exists(consensus: Consensus, shard_id: str) -> bool:
 
 def evaluate_shard(
     consensus: Consensus,
-    blob: "LocalBlob",
+    blob: "Blob",
     shard_id: str,
     settings: StallSettings,
     *,
@@ -380,7 +380,7 @@ def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[st
 
 def peek_shard(
     consensus: Consensus,
-    blob: "LocalBlob",
+    blob: "Blob",
     shard_id: str,
     settings: StallSettings,
     *,
@@ -408,7 +408,7 @@ def peek_shard(
 
 def evaluate_shards(
     consensus: Consensus,
-    blob: "LocalBlob",
+    blob: "Blob",
     shard_ids: Sequence[str] | None,
     settings: StallSettings,
     observer: str,
@@ -432,7 +432,7 @@ class ObserveReport:
 
 
 def observe_shards(
-    consensus: Consensus, blob: "LocalBlob", shard_ids: Sequence[str] | None, *, observer: str,
+    consensus: Consensus, blob: "Blob", shard_ids: Sequence[str] | None, *, observer: str,
     now: float | None = None, open_shard: ShardOpener | None = None,
 ) -> ObserveReport:
     """Observe and record each of ``shard_ids`` (None: every shard). Unknown shards raise

@@ -9,7 +9,7 @@ bindings and the quarantined files, so that consensus can be rebuilt from it. On
     <id>/MANIFEST.json  {"format": 1, "checkpoint": ..., "state": ..., "files": [...], ...}
     <id>/COMMIT         {"checkpoint": ..., "manifest_sha256": ...}
 
-Every one of them is written atomically and durably (``LocalBlob.write_atomic``), in the
+Every one of them is written atomically and durably (``Blob.write_atomic``), in the
 order manifest, commit marker, catalog: a catalog entry never points at anything missing.
 The catalog is written (empty) before the first checkpoint directory exists, so a missing
 catalog beside committed checkpoint directories is corruption, never "no checkpoints"; a
@@ -26,7 +26,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_lock
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
@@ -85,17 +85,17 @@ class CheckpointEntry:
         )
 
 
-def checkpoints_root(blob: LocalBlob, shard_id: str) -> str:
+def checkpoints_root(blob: Blob, shard_id: str) -> str:
     return blob.path(shard_id, "checkpoints")
 
 
-def checkpoint_dirs(blob: LocalBlob, shard_id: str) -> list[str]:
+def checkpoint_dirs(blob: Blob, shard_id: str) -> list[str]:
     """Names of the checkpoint directories of a shard, committed or not."""
     root = checkpoints_root(blob, shard_id)
     return [n for n in blob.listdir(root) if not n.startswith(".") and blob.is_dir(os.path.join(root, n))]
 
 
-def is_committed(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> bool:
+def is_committed(blob: Blob, shard_id: str, checkpoint_id: str) -> bool:
     return blob.exists(os.path.join(checkpoints_root(blob, shard_id), checkpoint_id, COMMIT_NAME))
 
 
@@ -110,7 +110,7 @@ class Catalog:
 
     def __init__(
         self,
-        blob: LocalBlob,
+        blob: Blob,
         shard_id: str,
         entries: list[CheckpointEntry],
         exists: bool,
@@ -127,7 +127,7 @@ class Catalog:
         return os.path.join(checkpoints_root(self.blob, self.shard_id), CATALOG_NAME)
 
     @classmethod
-    def load(cls, blob: LocalBlob, shard_id: str, consensus: Consensus | None = None) -> "Catalog":
+    def load(cls, blob: Blob, shard_id: str, consensus: Consensus | None = None) -> "Catalog":
         """Read the catalog. Refuses (CheckpointCorrupt) an empty, truncated or corrupt one,
         and a missing one while committed checkpoint directories exist. ``consensus`` (whose
         catalog lock every change holds) is needed to change it."""
@@ -293,7 +293,7 @@ class CommittedFileBad(IntegrityError):
 HASH_THREADS = 4
 
 
-def manifest_files(blob: LocalBlob, snapshot: ShardSnapshot) -> list[dict[str, Any]]:
+def manifest_files(blob: Blob, snapshot: ShardSnapshot) -> list[dict[str, Any]]:
     """Every file the state of ``snapshot`` at its upper needs, with size and SHA-256, each
     verified as ``verify`` would (present, the size and SHA-256 recorded when its run was
     written, a readable Parquet footer), so that a checkpoint never lists a file that fails
@@ -368,7 +368,7 @@ def snapshot_from_manifest(manifest: dict[str, Any], shard_id: str) -> ShardSnap
     )
 
 
-def read_manifest(blob: LocalBlob, shard_id: str, checkpoint_id: str, expected_sha256: str | None = None) -> dict[str, Any]:
+def read_manifest(blob: Blob, shard_id: str, checkpoint_id: str, expected_sha256: str | None = None) -> dict[str, Any]:
     """The parsed manifest of a checkpoint, checked against its commit marker (and the
     catalog's checksum when given). Raises CheckpointCorrupt naming the file."""
     directory = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id)
@@ -500,11 +500,11 @@ def create_checkpoint(
     )
 
 
-def list_checkpoints(blob: LocalBlob, shard_id: str) -> list[CheckpointEntry]:
+def list_checkpoints(blob: Blob, shard_id: str) -> list[CheckpointEntry]:
     return list(Catalog.load(blob, shard_id).entries)
 
 
-def verify_checkpoint(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> dict[str, Any]:
+def verify_checkpoint(blob: Blob, shard_id: str, checkpoint_id: str) -> dict[str, Any]:
     """Check every file a checkpoint lists: present, same size, same SHA-256, parses as
     Parquet. Returns the manifest; raises CheckpointCorrupt naming every bad file."""
     entry = Catalog.load(blob, shard_id).get(checkpoint_id)
@@ -530,7 +530,7 @@ def verify_checkpoint(blob: LocalBlob, shard_id: str, checkpoint_id: str) -> dic
 
 def restore_checkpoint(
     consensus: Consensus,
-    blob: LocalBlob,
+    blob: Blob,
     shard_id: str,
     checkpoint_id: str,
     *,
@@ -594,7 +594,7 @@ def retained_ids(
     return keep
 
 
-def newest_verifying(blob: LocalBlob, shard_id: str, verified: set[str] = frozenset()) -> str | None:
+def newest_verifying(blob: Blob, shard_id: str, verified: set[str] = frozenset()) -> str | None:
     """The id of the newest checkpoint the catalog lists now that verifies, trying newest
     first and stopping at the first (``verified``: ids known to verify, not read again);
     None if none does."""
@@ -644,7 +644,7 @@ def apply_retention(
     return removed
 
 
-def _delete_quietly(blob: LocalBlob, directory: str) -> None:
+def _delete_quietly(blob: Blob, directory: str) -> None:
     """Delete an unlisted checkpoint directory; what a failure leaves is GC's to remove."""
     try:
         blob.delete_tree(directory)

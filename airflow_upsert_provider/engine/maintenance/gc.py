@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from airflow_upsert_provider.engine.blob.files import BlobFile, LocalBlob
+from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
 from airflow_upsert_provider.engine.maintenance.checkpoint import (
     Catalog,
     CheckpointCorrupt,
@@ -119,7 +119,7 @@ class GcReport:
         }
 
 
-def run_dir_of(blob: LocalBlob, path: str) -> str:
+def run_dir_of(blob: Blob, path: str) -> str:
     """The run directory (``<shard>/runs/<group>/<name>``, relative to the blob root, as a
     run's ``path`` is recorded) that a file, absolute or relative, belongs to."""
     relative = os.path.relpath(path, blob.root) if os.path.isabs(path) else path
@@ -128,7 +128,7 @@ def run_dir_of(blob: LocalBlob, path: str) -> str:
 
 def collect_garbage(
     consensus: Consensus,
-    blob: LocalBlob,
+    blob: Blob,
     shard_id: str,
     *,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -281,7 +281,7 @@ def collect_garbage(
     return report
 
 
-def _read_listed_manifest(blob: LocalBlob, owner: str, entry) -> dict[str, Any] | None:
+def _read_listed_manifest(blob: Blob, owner: str, entry) -> dict[str, Any] | None:
     """The manifest of a checkpoint the catalog listed, or None if retention removed the
     checkpoint since the catalog was read (a harmless race, not corruption)."""
     try:
@@ -296,7 +296,7 @@ def _young(files, cutoff: float) -> bool:
     return any(f.mtime >= cutoff for f in files)
 
 
-def _shards_with_checkpoints(blob: LocalBlob, shard_id: str) -> list[str]:
+def _shards_with_checkpoints(blob: Blob, shard_id: str) -> list[str]:
     """Every shard directory in the blob that has a checkpoints directory (this one first,
     and always, so that its own catalog is checked even when it has none)."""
     others = [
@@ -306,7 +306,7 @@ def _shards_with_checkpoints(blob: LocalBlob, shard_id: str) -> list[str]:
     return [shard_id] + others
 
 
-def _delete_claimed_tree(blob: LocalBlob, path: str) -> str | None:
+def _delete_claimed_tree(blob: Blob, path: str) -> str | None:
     """Delete a claimed directory; the reason it could not be, or None. A writer whose grace
     ran out may still be writing into it (Spark's ``_temporary`` attempt directories) or
     renaming out of it: a directory that gains an entry, or an entry that vanishes, under the
@@ -322,7 +322,7 @@ def _delete_claimed_tree(blob: LocalBlob, path: str) -> str | None:
     return None
 
 
-def _remove_empty_groups(blob: LocalBlob, runs_root: str, cutoff: float) -> None:
+def _remove_empty_groups(blob: Blob, runs_root: str, cutoff: float) -> None:
     """Remove ``ts=…``/``since=…`` directories that are empty and older than the grace
     period: a younger one may be where a writer is about to stage (its age is that of its
     last entry added or removed). A writer creating a run in one right now makes rmdir fail,

@@ -46,7 +46,7 @@ import sqlalchemy as sa
 
 import uuid
 
-from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.store.consensus import (
     CommitAttempt,
     Consensus,
@@ -300,11 +300,11 @@ def recorded_generation(consensus: Consensus, shard_id: str) -> str | None:
     )
 
 
-def owner_path(blob: LocalBlob, shard_id: str) -> str:
+def owner_path(blob: Blob, shard_id: str) -> str:
     return blob.path(shard_id, OWNER_NAME)
 
 
-def blob_generation(blob: LocalBlob, shard_id: str) -> str | None:
+def blob_generation(blob: Blob, shard_id: str) -> str | None:
     """The generation ``<shard>/OWNER.json`` marks; None if there is no marker."""
     path = owner_path(blob, shard_id)
     try:
@@ -324,7 +324,7 @@ def blob_generation(blob: LocalBlob, shard_id: str) -> str | None:
         ) from None
 
 
-def mark_blob_owner(consensus: Consensus, blob: LocalBlob, shard_id: str) -> None:
+def mark_blob_owner(consensus: Consensus, blob: Blob, shard_id: str) -> None:
     """Write the generation this store recorded for ``shard_id`` to its blob directory, if
     it recorded one and the marker says otherwise (after a restore; idempotent)."""
     generation = recorded_generation(consensus, shard_id)
@@ -334,7 +334,7 @@ def mark_blob_owner(consensus: Consensus, blob: LocalBlob, shard_id: str) -> Non
     blob.write_atomic(owner_path(blob, shard_id), json.dumps(doc, sort_keys=True).encode())
 
 
-def check_blob_owner(consensus: Consensus, blob: LocalBlob, shard_id: str, doing: str) -> None:
+def check_blob_owner(consensus: Consensus, blob: Blob, shard_id: str, doing: str) -> None:
     """Refuse (``BlobOwnedElsewhere``) to ``doing`` in the blob directory of ``shard_id``
     unless it is unmarked or marked with the generation this store recorded."""
     on_blob = blob_generation(blob, shard_id)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.store.consensus import (
     AppendResult,
@@ -126,7 +126,7 @@ class Shard:
     stored with the shard); without it, what needs only consensus still works."""
 
     def __init__(
-        self, consensus: Consensus, blob: LocalBlob, shard_id: str, config: ShardConfig,
+        self, consensus: Consensus, blob: Blob, shard_id: str, config: ShardConfig,
         *, kafka_config: "KafkaConfig | None" = None,
     ) -> None:
         self.consensus = consensus
@@ -155,7 +155,7 @@ class Shard:
 
     @classmethod
     def create(
-        cls, consensus: Consensus, blob: LocalBlob, shard_id: str, config: ShardConfig,
+        cls, consensus: Consensus, blob: Blob, shard_id: str, config: ShardConfig,
         *, kafka_config: "KafkaConfig | None" = None,
     ) -> "Shard":
         validate_shard_id(shard_id)
@@ -166,7 +166,7 @@ class Shard:
 
     @classmethod
     def open(
-        cls, consensus: Consensus, blob: LocalBlob, shard_id: str, *, kafka_config: "KafkaConfig | None" = None
+        cls, consensus: Consensus, blob: Blob, shard_id: str, *, kafka_config: "KafkaConfig | None" = None
     ) -> "Shard":
         record = consensus.get_shard(shard_id)
         return cls(consensus, blob, shard_id, ShardConfig.from_json(record.config), kafka_config=kafka_config)
@@ -382,7 +382,7 @@ class Shard:
         )
 
 
-def damaged_run_files(blob: LocalBlob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
+def damaged_run_files(blob: Blob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
     """``{file, reason}`` of every file of ``runs`` that is missing or not what was recorded
     when it was written (the checks of ``checkpoint verify``)."""
     damaged = []
