@@ -93,8 +93,9 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "blob_root": {
                         "label": "Blob root",
-                        "description": "Directory of runs and checkpoints that every Spark executor "
-                        "reaches. Default: $AIRFLOW_HOME/upsert/blob",
+                        "description": "Where runs and checkpoints live, reached by every Spark executor: "
+                        "a shared directory, or s3://BUCKET/PREFIX (docs/storage.md). "
+                        "Default: $AIRFLOW_HOME/upsert/blob",
                         "schema": {"type": ["string", "null"], "examples": ["/shared/upsert/blob"]},
                     },
                     "spark_conn_id": {

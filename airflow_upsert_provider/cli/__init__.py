@@ -36,7 +36,7 @@ docs: errors.md, recovery.md (stop, resume, recovery), frontier.md (stall paging
       maintenance.md; also served by the Airflow api-server at /upsert-provider/docs/
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
-          --blob-root from UPSERT_BLOB_ROOT, else ./.upsert/blob;
+          --blob-root from UPSERT_BLOB_ROOT (a path, or s3://BUCKET/PREFIX: storage.md), else ./.upsert/blob;
           --master from UPSERT_SPARK_MASTER, else local[*];
           --remote from UPSERT_SPARK_REMOTE, else none (Spark runs in this process)"""
 

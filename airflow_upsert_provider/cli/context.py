@@ -42,7 +42,8 @@ class Context:
             self.blob.ensure_root()
         if access in ("create", "write"):
             self.blob.check_root()
-        elif os.path.exists(self.blob.root):
+        elif "://" in self.blob.root or os.path.exists(self.blob.root):
+            # On object storage a prefix need not exist, but its bucket and endpoint must answer.
             self.blob.check_root(writable=False)
         self.consensus = open_consensus(url)
         self.master = getattr(args, "master", None)

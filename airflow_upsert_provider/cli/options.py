@@ -20,7 +20,9 @@ def common_options() -> argparse.ArgumentParser:
     # `upsertctl status s --consensus X` mean the same.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--consensus", default=argparse.SUPPRESS, metavar="URL", help="consensus store URL")
-    common.add_argument("--blob-root", default=argparse.SUPPRESS, metavar="PATH", help="root of runs and checkpoints")
+    common.add_argument("--blob-root", default=argparse.SUPPRESS, metavar="PATH|URI", type=blob_root_option,
+                        help="root of runs and checkpoints: a local path, or s3://BUCKET/PREFIX (gs://, abfs[s]://, "
+                             "hdfs:// through the same layer; docs/storage.md)")
     common.add_argument("--master", default=argparse.SUPPRESS, help="Spark master (default local[*])")
     common.add_argument("--remote", default=argparse.SUPPRESS, metavar="sc://HOST:PORT",
                         help="run Spark through this Spark Connect server instead of in this process "
@@ -119,6 +121,16 @@ def duration_option(option: str) -> Callable[[str], float]:
         return parse_duration(text, field=option)
 
     return duration
+
+
+def blob_root_option(text: str) -> str:
+    """The ``type=`` of ``--blob-root``: a local path or the URI of a supported store; an
+    unknown scheme, or credentials written into the URI, is refused naming the value (without
+    the credentials). ``UPSERT_BLOB_ROOT`` gets the same check when the root is opened."""
+    from airflow_upsert_provider.engine.blob.filesystems import split_uri
+
+    split_uri(text)
+    return text
 
 
 def blob_root(args: argparse.Namespace) -> str:

@@ -19,7 +19,7 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_upsert_provider.engine.blob.files import LocalBlob
+    from airflow_upsert_provider.engine.blob.interface import Blob
     from airflow_upsert_provider.engine.store.consensus import Consensus
     from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
@@ -76,8 +76,9 @@ class UpsertShardHook(BaseHook):
 
     Connection fields (declared in the provider info, stored in the connection's extra):
     ``consensus_url`` (``sqlite:///PATH`` or ``postgresql://USER@HOST:PORT/DB``; its password
-    goes in the connection's password field), ``blob_root``, ``spark_conn_id`` (default
-    ``spark_default``), ``default_buckets`` and ``default_max_files_per_batch`` (for shards
+    goes in the connection's password field), ``blob_root`` (a local path, or
+    ``s3://BUCKET/PREFIX``: docs/storage.md), ``spark_conn_id`` (default ``spark_default``),
+    ``default_buckets`` and ``default_max_files_per_batch`` (for shards
     created through :meth:`create_shard`), ``kafka_conn_id`` (the Airflow ``kafka`` connection
     whose extra is the client config of Kafka shards, unless a task names another).
 
@@ -101,7 +102,7 @@ class UpsertShardHook(BaseHook):
         self.upsert_conn_id = upsert_conn_id
         self._settings: UpsertSettings | None = None
         self._consensus: Consensus | None = None
-        self._blob: LocalBlob | None = None
+        self._blob: Blob | None = None
 
     # -- connection --------------------------------------------------------------------------
 
@@ -131,11 +132,17 @@ class UpsertShardHook(BaseHook):
             )
         extra = conn.extra_dejson
         url = extra.get("consensus_url") or embedded_consensus_url()
+        blob_root = extra.get("blob_root") or embedded_blob_root()
+        # A local path or a supported store's URI: anything else is refused here, naming the
+        # value, before a task opens the store or starts Spark.
+        from airflow_upsert_provider.engine.blob.filesystems import split_uri
+
+        split_uri(blob_root)
         self._mask(conn.password)
         self._mask_url_password(url)
         return UpsertSettings(
             consensus_url=with_password(url, conn.password),
-            blob_root=extra.get("blob_root") or embedded_blob_root(),
+            blob_root=blob_root,
             spark_conn_id=extra.get("spark_conn_id") or DEFAULT_SPARK_CONN_ID,
             default_buckets=_optional_int(extra, "default_buckets"),
             default_max_files_per_batch=_optional_int(extra, "default_max_files_per_batch"),
@@ -173,7 +180,7 @@ class UpsertShardHook(BaseHook):
             self._consensus = open_consensus(self.settings.consensus_url)
         return self._consensus
 
-    def get_blob(self, *, create: bool = False) -> LocalBlob:
+    def get_blob(self, *, create: bool = False) -> Blob:
         """The blob store; its root must exist unless ``create``."""
         if self._blob is None:
             from airflow_upsert_provider.engine.blob.files import open_blob

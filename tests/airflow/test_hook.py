@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.airflow.conftest import failure_text
 
@@ -78,3 +80,25 @@ def test_hook_builds_engine_objects_from_the_connection(airflow_home, tmp_path, 
         "blob": f"{airflow_home.path}/upsert/blob",
         "master": "spark://10.0.0.5:7077",
     }
+
+
+def test_the_blob_root_field_takes_an_s3_uri_and_refuses_an_unknown_scheme(s3_root, monkeypatch):
+    # In process: the connection comes from the environment, no metadata database is read.
+    from airflow_upsert_provider.engine.blob.objects import ObjectBlob
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+    from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+
+    def connection(blob_root: str) -> None:
+        monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
+            {"conn_type": "upsert", "extra": {"consensus_url": "sqlite:////nonexistent/c.db", "blob_root": blob_root}}))
+
+    connection(s3_root)
+    blob = UpsertShardHook().get_blob()
+    assert isinstance(blob, ObjectBlob) and blob.root == s3_root
+
+    connection("ftp://files.example/blob")
+    with pytest.raises(ConfigurationError) as caught:
+        UpsertShardHook().settings
+    refused = caught.value
+    assert refused.details["field"] == "blob_root"
+    assert "'ftp://files.example/blob'" in refused.message and "unsupported scheme 'ftp'" in refused.message
