@@ -152,3 +152,17 @@ def test_a_listing_of_more_than_a_thousand_objects_is_complete(any_blob):
     assert [os.path.basename(f.path) for f in any_blob.walk_files(any_blob.path("many"))] == names
     assert any_blob.listdir(any_blob.path("many", "level")) == names
     assert len(list(any_blob.walk_dirs(any_blob.path("many")))) == 1
+
+
+@pytest.mark.parametrize("store", [LocalBlob, ObjectBlob])
+def test_both_stores_offer_every_method_of_the_blob_protocol_with_its_parameters(store):
+    import inspect
+
+    from airflow_upsert_provider.engine.blob.interface import Blob
+
+    for name, member in vars(Blob).items():
+        if name.startswith("_") or not callable(member):
+            continue
+        wanted = [(p.name, p.kind) for p in inspect.signature(member).parameters.values()]
+        offered = [(p.name, p.kind) for p in inspect.signature(getattr(store, name)).parameters.values()]
+        assert offered == wanted, f"{store.__name__}.{name}"
