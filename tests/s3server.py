@@ -95,6 +95,21 @@ class S3Server:
         key = iam.create_access_key(UserName=user)["AccessKey"]
         return key["AccessKeyId"], key["SecretAccessKey"]
 
+    def role_credentials(self) -> tuple[str, str, str]:
+        """(key id, secret, session token) of a freshly assumed role that may do anything on S3:
+        while :meth:`checking_access` is on, a request is allowed only when signed with all
+        three (a missing or wrong token is refused). Distinctive values, new on every call."""
+        role = f"upsert-{uuid.uuid4().hex[:8]}"
+        iam = self.client("iam")
+        iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}]}))
+        iam.put_role_policy(RoleName=role, PolicyName="s3", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        credentials = self.client("sts").assume_role(RoleArn=f"arn:aws:iam::123456789012:role/{role}",
+                                                     RoleSessionName="upsert-tests")["Credentials"]
+        return credentials["AccessKeyId"], credentials["SecretAccessKey"], credentials["SessionToken"]
+
     def checking_access(self, on: bool) -> None:
         """Turn moto's IAM authorization of every request on or off (off by default)."""
         # A form content type would make the server parse the body away: plain text.

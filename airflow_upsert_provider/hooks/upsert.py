@@ -19,6 +19,7 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from airflow_upsert_provider.engine.blob.filesystems import S3Credentials
     from airflow_upsert_provider.engine.blob.interface import Blob
     from airflow_upsert_provider.engine.store.consensus import Consensus
     from airflow_upsert_provider.engine.table.shard import Shard
@@ -53,6 +54,8 @@ class UpsertSettings:
     default_max_files_per_batch: int | None
     # The Airflow `kafka` connection of Kafka shards opened without one named by the task.
     kafka_conn_id: str | None = None
+    # The Amazon provider's `aws` connection whose credentials reach a blob root on S3.
+    aws_conn_id: str | None = None
 
     @property
     def redacted_consensus_url(self) -> str:
@@ -80,7 +83,9 @@ class UpsertShardHook(BaseHook):
     ``s3://BUCKET/PREFIX``: docs/storage.md), ``spark_conn_id`` (default ``spark_default``),
     ``default_buckets`` and ``default_max_files_per_batch`` (for shards
     created through :meth:`create_shard`), ``kafka_conn_id`` (the Airflow ``kafka`` connection
-    whose extra is the client config of Kafka shards, unless a task names another).
+    whose extra is the client config of Kafka shards, unless a task names another),
+    ``aws_conn_id`` (the Amazon provider's ``aws`` connection whose credentials, region and
+    endpoint reach a blob root on S3: :meth:`get_s3_credentials`).
 
     When the connection ``upsert_default`` is not defined the embedded defaults apply: SQLite
     consensus at ``$AIRFLOW_HOME/upsert/consensus.db``, blob at ``$AIRFLOW_HOME/upsert/blob``.
@@ -103,6 +108,9 @@ class UpsertShardHook(BaseHook):
         self._settings: UpsertSettings | None = None
         self._consensus: Consensus | None = None
         self._blob: Blob | None = None
+        # The environment's S3 variables before the aws connection's were exported (restored
+        # by close); None while nothing was exported.
+        self._aws_previous: dict[str, str | None] | None = None
 
     # -- connection --------------------------------------------------------------------------
 
@@ -147,6 +155,7 @@ class UpsertShardHook(BaseHook):
             default_buckets=_optional_int(extra, "default_buckets"),
             default_max_files_per_batch=_optional_int(extra, "default_max_files_per_batch"),
             kafka_conn_id=extra.get("kafka_conn_id") or None,
+            aws_conn_id=extra.get("aws_conn_id") or None,
         )
 
     @staticmethod
@@ -164,6 +173,84 @@ class UpsertShardHook(BaseHook):
             self._mask(make_url(url).password)
         except Exception:
             pass
+
+    def get_s3_credentials(self) -> S3Credentials | None:
+        """The credentials, region and endpoint of the ``aws`` connection ``aws_conn_id`` as
+        plain values, resolved by the Amazon provider's AWS hook (keys, session token, an
+        assumed role, ``region_name`` and ``endpoint_url`` of its extra); None when no
+        ``aws_conn_id`` is given or the blob root is not on S3. The secret and the token are
+        masked in Airflow's logs before anything else is done with them. Without the Amazon
+        provider (``pip install airflow-upsert-provider[s3]``) this is a configuration error
+        saying so."""
+        from airflow_upsert_provider.engine.blob.filesystems import S3Credentials, split_uri
+
+        conn_id = self.settings.aws_conn_id
+        if not conn_id or split_uri(self.settings.blob_root)[0] != "s3":
+            return None
+        try:
+            from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+        except ImportError:
+            raise ConfigurationError(
+                f"connection {self.upsert_conn_id!r} names the aws connection {conn_id!r} (aws_conn_id), which "
+                "needs the Amazon provider: pip install 'airflow-upsert-provider[s3]' "
+                "(or remove aws_conn_id to use the standard credential chain of this machine)",
+                field="aws_conn_id",
+            ) from None
+        try:
+            conn = self.get_connection(conn_id)
+        except AirflowNotFoundException:
+            # The AWS hook would fall back to the machine's chain: a named connection must exist.
+            raise ConfigurationError(
+                f"Airflow connection {conn_id!r} (aws_conn_id of {self.upsert_conn_id!r}) is not defined "
+                "(create it with conn type 'aws')",
+                field="aws_conn_id",
+            ) from None
+        if conn.conn_type != "aws":
+            raise ConfigurationError(
+                f"Airflow connection {conn_id!r} has type {conn.conn_type!r}; aws_conn_id needs type 'aws'",
+                field="aws_conn_id",
+            )
+        self._mask(conn.password)
+        aws = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
+        try:
+            frozen = aws.get_credentials()
+        except Exception as exc:
+            # Only the class: a botocore message may quote a request; the chain's own failures
+            # (no credentials, a role that cannot be assumed) are named by it.
+            raise ConfigurationError(
+                f"the aws connection {conn_id!r} gives no credentials ({type(exc).__name__}); check its "
+                "login/password, aws_session_token or role_arn (docs/storage.md)",
+                field="aws_conn_id",
+            ) from None
+        self._mask(frozen.secret_key)
+        self._mask(frozen.token)
+        return S3Credentials(
+            access_key_id=frozen.access_key,
+            secret_access_key=frozen.secret_key,
+            session_token=frozen.token or None,
+            region=aws.conn_config.region_name or None,
+            endpoint_url=aws.conn_config.get_service_endpoint_url("s3") or None,
+        )
+
+    def _export_s3_credentials(self) -> None:
+        """Give this process the aws connection's credentials (once), before the blob store is
+        opened and before a Spark session starts: the driver's filesystems read them from the
+        environment, and the processes started later (a local session's JVM and Python
+        workers, spark-submit) inherit them there, never through argv or a Spark setting."""
+        if self._aws_previous is not None:
+            return
+        credentials = self.get_s3_credentials()
+        if credentials is None:
+            return
+        from airflow_upsert_provider.engine.blob.filesystems import export_s3_credentials
+
+        self._aws_previous = export_s3_credentials(credentials)
+        self.log.info(
+            "blob root %s: credentials of the aws connection %r%s%s", self.settings.blob_root,
+            self.settings.aws_conn_id,
+            f", region {credentials.region}" if credentials.region else "",
+            f", endpoint {credentials.endpoint_url}" if credentials.endpoint_url else "",
+        )
 
     def get_conn(self) -> Consensus:
         return self.get_consensus()
@@ -185,6 +272,7 @@ class UpsertShardHook(BaseHook):
         if self._blob is None:
             from airflow_upsert_provider.engine.blob.files import open_blob
 
+            self._export_s3_credentials()
             blob = open_blob(self.settings.blob_root)
             if create:
                 blob.ensure_root()
@@ -324,9 +412,17 @@ class UpsertShardHook(BaseHook):
         if this process has one)."""
         from airflow_upsert_provider.engine.spark.session import get_spark
 
+        # Before the JVM starts: its executors and Python workers inherit the credentials.
+        self._export_s3_credentials()
         return get_spark(self.spark_master(), app_name=app_name, conf=conf)
 
     def close(self) -> None:
         if self._consensus is not None:
             self._consensus.dispose()
             self._consensus = None
+        if self._aws_previous is not None:
+            from airflow_upsert_provider.engine.blob.filesystems import restore_environment
+
+            # The process outlives the task in some executors: the credentials leave with it.
+            restore_environment(self._aws_previous)
+            self._aws_previous = None

@@ -53,6 +53,37 @@ def test_another_endpoint_gets_another_filesystem(s3_env, monkeypatch):
     assert filesystem_for("s3://bucket-a/x")[0] is not first
 
 
+def test_other_credentials_get_another_filesystem_and_the_key_holds_none_of_them(s3_env, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFIRST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "first-secret-Hq7")
+    first = filesystem_for("s3://bucket-a/x")[0]
+    assert filesystem_for("s3://bucket-a/x")[0] is first
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "second-secret-Jm2")
+    second = filesystem_for("s3://bucket-a/x")[0]
+    assert second is not first
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-token-Pz4")
+    assert filesystem_for("s3://bucket-a/x")[0] is not second
+    assert not any(secret in repr(list(filesystems._cache))
+                   for secret in ("first-secret-Hq7", "second-secret-Jm2", "a-token-Pz4"))
+
+
+def test_exported_credentials_become_the_process_chain_and_can_be_restored(s3_env, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAMACHINE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "machine-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "machine-token")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    credentials = filesystems.S3Credentials("AKIACONN", "conn-secret-Wd9", endpoint_url="http://127.0.0.1:11")
+    assert "conn-secret-Wd9" not in repr(credentials)
+    previous = filesystems.export_s3_credentials(credentials)
+    assert (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]) == ("AKIACONN", "conn-secret-Wd9")
+    # The machine's token belongs to other credentials; the region was left open: the machine's.
+    assert "AWS_SESSION_TOKEN" not in os.environ and os.environ["AWS_REGION"] == "eu-west-1"
+    assert filesystems.s3_endpoint() == "http://127.0.0.1:11"
+    filesystems.restore_environment(previous)
+    assert (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SESSION_TOKEN"]) == ("AKIAMACHINE", "machine-token")
+    assert "AWS_ENDPOINT_URL_S3" not in os.environ
+
+
 def test_a_forked_process_builds_its_own_filesystems(s3_env, monkeypatch):
     first = filesystem_for("s3://bucket-a/x")[0]
     monkeypatch.setattr(filesystems, "_cache_pid", os.getpid() + 1)

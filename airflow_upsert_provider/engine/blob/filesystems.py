@@ -13,16 +13,25 @@ Failed requests are retried by the filesystem layer itself, within a bound
 (:data:`S3_MAX_ATTEMPTS` attempts on S3, :data:`GCS_RETRY_SECONDS` on GCS); nothing here loops
 around it.
 
+Credentials held elsewhere (an Airflow ``aws`` connection) reach this chain as plain values,
+:class:`S3Credentials`, through :func:`export_s3_credentials`: it sets the standard variables in
+this process's environment, which the driver's filesystems read and every process started
+afterwards inherits (a local Spark session's JVM and its Python workers, a ``spark-submit``
+child), so a secret never has to travel in argv, a Spark setting or a query plan.
+
 Filesystems are cached per process, keyed by the URI's scheme and authority (bucket, container,
-namenode) and the endpoint, region and retry bound the environment names: building one resolves credentials,
-and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
+namenode), the endpoint, region and retry bound the environment names and a digest of the
+credentials it holds: building one resolves credentials, and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
 never reuses its parent's clients, whose connections and threads did not survive the fork.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -113,6 +122,68 @@ def s3_region() -> str | None:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
+# The variables of the S3 credential chain that name who this process is: a change of any of
+# them gives new filesystems (the cache never serves one built for other credentials).
+S3_IDENTITY_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                         "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+                         "AWS_CONFIG_FILE")
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    """Credentials, region and endpoint of S3 as plain values (what an Airflow ``aws``
+    connection resolves to). Its repr never shows the secret or the token."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    region: str | None = None
+    endpoint_url: str | None = None
+
+    def environment(self) -> dict[str, str | None]:
+        """The standard variables that carry these values; None: the variable is unset (a
+        session token of other credentials must not be sent with these). A region or an
+        endpoint left open keeps what the environment says, as the AWS SDKs do."""
+        variables: dict[str, str | None] = {
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_SESSION_TOKEN": self.session_token or None,
+        }
+        if self.region:
+            variables["AWS_REGION"] = self.region
+        if self.endpoint_url:
+            # The S3-specific variable, read before AWS_ENDPOINT_URL (s3_endpoint).
+            variables["AWS_ENDPOINT_URL_S3"] = self.endpoint_url
+        return variables
+
+
+def export_s3_credentials(credentials: S3Credentials) -> dict[str, str | None]:
+    """Make ``credentials`` this process's S3 credential chain: the driver's filesystems use
+    them from now on, and every process started afterwards inherits them through its
+    environment (never its argv). Returns the previous values, for
+    :func:`restore_environment`."""
+    variables = credentials.environment()
+    previous = {name: os.environ.get(name) for name in variables}
+    restore_environment(variables)
+    return previous
+
+
+def restore_environment(variables: Mapping[str, str | None]) -> None:
+    """Set each variable to its value, unset it where the value is None."""
+    for name, value in variables.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def s3_identity() -> str:
+    """A digest of the credential variables of this process: a cache key that changes with
+    them and holds none of them."""
+    text = "\0".join(os.environ.get(name, "") for name in S3_IDENTITY_VARIABLES)
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def s3_max_attempts() -> int:
     text = os.environ.get("AWS_MAX_ATTEMPTS")
     if not text:
@@ -140,7 +211,8 @@ def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
     if not scheme:
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
-        key: tuple[str, ...] = (scheme, authority, s3_endpoint() or "", s3_region() or "", str(s3_max_attempts()))
+        key: tuple[str, ...] = (scheme, authority, s3_endpoint() or "", s3_region() or "", str(s3_max_attempts()),
+                                s3_identity())
     else:
         key = (scheme, authority)
     filesystem = _cached(key, lambda: _build(scheme, authority))
