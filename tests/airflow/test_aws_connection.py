@@ -151,3 +151,42 @@ def test_an_unusable_aws_conn_id_is_a_configuration_error_naming_it(problem, s3_
                 "no provider": "pip install 'airflow-upsert-provider[s3]'"}[problem]
     assert expected in error.message
     assert "lake-secret-Tq3" not in error.message and "p-Kd2" not in error.message
+
+
+def test_submit_mode_hands_the_credentials_to_spark_submit_through_its_environment_never_argv(
+        s3_server, s3_root, identities, tmp_path, monkeypatch):
+    """On a YARN master the Spark provider turns ``env_vars`` into ``--conf`` arguments: the
+    credentials are in the task process's environment, which spark-submit inherits, and in
+    neither. A recording spark-submit keeps the argv and environment it was started with."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, _RunPlan
+    from tests.airflow.test_submit_secrets import RECORDER, VENV_BIN
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "spark-submit"
+    script.write_text(RECORDER.format(python=sys.executable, real=os.path.join(VENV_BIN, "spark-submit")))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    record_file = tmp_path / "record.json"
+    monkeypatch.setenv("SUBMIT_RECORD", str(record_file))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "yarn", "extra": {"queue": "etl"}}))
+    key, secret, token = identities.role
+    upsert_connection(monkeypatch, s3_root, aws_conn_id="aws_lake")
+    aws_connection(monkeypatch, "aws_lake", key, secret, token, endpoint_url=s3_server.endpoint)
+
+    operator = MicroBatchUpsertOperator(task_id="upsert", shard="orders", spark_mode="submit")
+    hook = UpsertShardHook()
+    plan = _RunPlan("writer", 1, False, None, "fail")
+    with pytest.raises(AirflowException, match="the Spark job ended without a result"):
+        operator._run_submit(hook, plan)
+    record = json.loads(record_file.read_text())
+    argv = " ".join(record["argv"])
+    assert "spark.yarn.appMasterEnv.PYSPARK_PYTHON=" in argv  # env_vars did become arguments
+    assert secret not in argv and token not in argv
+    env = record["env"]
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]) == (key, secret, token)
+    assert env["AWS_ENDPOINT_URL_S3"] == s3_server.endpoint
+    hook.close()
