@@ -121,6 +121,14 @@ def get_provider_info() -> dict[str, Any]:
                         "another.",
                         "schema": {"type": ["string", "null"], "examples": ["kafka_default"]},
                     },
+                    "aws_conn_id": {
+                        "label": "AWS connection id",
+                        "description": "Airflow connection of type aws (the Amazon provider: "
+                        "pip install airflow-upsert-provider[s3]) whose credentials, region and "
+                        "endpoint_url reach a blob root on s3://. Blank: the standard AWS credential "
+                        "chain of each machine (docs/storage.md).",
+                        "schema": {"type": ["string", "null"], "examples": ["aws_default"]},
+                    },
                 },
             }
         ],

@@ -215,10 +215,11 @@ class UpsertShardHook(BaseHook):
         try:
             frozen = aws.get_credentials()
         except Exception as exc:
-            # Only the class: a botocore message may quote a request; the chain's own failures
-            # (no credentials, a role that cannot be assumed) are named by it.
+            # Only the class: a botocore message may quote a request. botocore finds no
+            # credentials at all as None, which get_credentials then dereferences.
+            reason = "none found" if isinstance(exc, AttributeError) else type(exc).__name__
             raise ConfigurationError(
-                f"the aws connection {conn_id!r} gives no credentials ({type(exc).__name__}); check its "
+                f"the aws connection {conn_id!r} gives no credentials ({reason}); check its "
                 "login/password, aws_session_token or role_arn (docs/storage.md)",
                 field="aws_conn_id",
             ) from None
@@ -242,14 +243,14 @@ class UpsertShardHook(BaseHook):
         credentials = self.get_s3_credentials()
         if credentials is None:
             return
-        from airflow_upsert_provider.engine.blob.filesystems import export_s3_credentials
+        from airflow_upsert_provider.engine.blob.filesystems import display_uri, export_s3_credentials
 
         self._aws_previous = export_s3_credentials(credentials)
         self.log.info(
             "blob root %s: credentials of the aws connection %r%s%s", self.settings.blob_root,
             self.settings.aws_conn_id,
             f", region {credentials.region}" if credentials.region else "",
-            f", endpoint {credentials.endpoint_url}" if credentials.endpoint_url else "",
+            f", endpoint {display_uri(credentials.endpoint_url)}" if credentials.endpoint_url else "",
         )
 
     def get_conn(self) -> Consensus:

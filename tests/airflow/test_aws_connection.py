@@ -190,3 +190,14 @@ def test_submit_mode_hands_the_credentials_to_spark_submit_through_its_environme
     assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]) == (key, secret, token)
     assert env["AWS_ENDPOINT_URL_S3"] == s3_server.endpoint
     hook.close()
+
+
+def test_a_connection_that_yields_no_credentials_is_named(s3_root, monkeypatch, tmp_path):
+    upsert_connection(monkeypatch, s3_root, aws_conn_id="aws_empty")
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_EMPTY", json.dumps({"conn_type": "aws", "extra": {}}))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigurationError) as caught:
+        UpsertShardHook().get_s3_credentials()
+    assert "the aws connection 'aws_empty' gives no credentials (none found)" in caught.value.message
+    assert caught.value.details["field"] == "aws_conn_id"

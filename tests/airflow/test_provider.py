@@ -61,7 +61,7 @@ def test_providers_manager_discovers_the_provider_and_its_connection_form(airflo
     fields = {w["field"]: w for w in found["widgets"].values()}
     assert set(fields) == {
         "consensus_url", "blob_root", "spark_conn_id", "default_buckets", "default_max_files_per_batch",
-        "kafka_conn_id",
+        "kafka_conn_id", "aws_conn_id",
     }
     assert fields["spark_conn_id"]["schema"]["default"] == "spark_default"
     assert fields["default_buckets"]["schema"]["type"] == ["integer", "null"]
