@@ -15,6 +15,7 @@ import pytest
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+from tests.pgserver import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -54,8 +55,10 @@ def identities(s3_server, s3_root, monkeypatch):
     found = Identities(s3_server.denied_credentials(), s3_server.role_credentials(), s3_server.denied_credentials())
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", found.machine[0])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", found.machine[1])
-    # The endpoint comes from the connection only.
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    # The machine's endpoint is a loopback port where nothing listens: the server is reached
+    # only through the connection's endpoint, and nothing ever leaves this machine.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     s3_server.checking_access(True)
     yield found
     s3_server.checking_access(False)
@@ -104,8 +107,6 @@ def test_without_aws_conn_id_the_machine_chain_is_used_and_refused_without_a_sec
 
 def test_a_denied_connection_and_a_wrong_endpoint_are_errors_without_the_secret(
         s3_server, s3_root, identities, monkeypatch):
-    from tests.pgserver import free_port
-
     key, secret = identities.denied
     upsert_connection(monkeypatch, s3_root, aws_conn_id="aws_lake")
     aws_connection(monkeypatch, "aws_lake", key, secret, None, endpoint_url=s3_server.endpoint)
@@ -117,7 +118,6 @@ def test_a_denied_connection_and_a_wrong_endpoint_are_errors_without_the_secret(
     nowhere = f"http://127.0.0.1:{free_port()}"
     key, secret, token = identities.role
     aws_connection(monkeypatch, "aws_lake", key, secret, token, endpoint_url=nowhere)
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     with pytest.raises(ConfigurationError) as unreachable:
         UpsertShardHook().get_blob()
     assert "nothing answered at the endpoint" in unreachable.value.message and nowhere in unreachable.value.message

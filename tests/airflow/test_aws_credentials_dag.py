@@ -142,8 +142,10 @@ def test_a_task_reaches_s3_with_the_aws_connection_and_its_secret_shows_nowhere(
     for name in AWS_VARIABLES:
         env.pop(name, None)
     env.update(
-        # The machine's own chain: an identity the server refuses, and no endpoint.
+        # The machine's own chain: an identity the server refuses, and an endpoint on loopback
+        # where nothing listens (the server is reached only through the connections').
         AWS_ACCESS_KEY_ID=machine_key, AWS_SECRET_ACCESS_KEY=machine_secret, AWS_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",
         AWS_CONFIG_FILE=str(tmp_path / "aws-config-absent"),
         AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "aws-credentials-absent"),
         AWS_EC2_METADATA_DISABLED="true", AWS_MAX_ATTEMPTS="2",
