@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -55,6 +56,24 @@ def history(shard) -> list[tuple[str, str | None, str]]:
 STREAM_KEYS = {"shard", "status", "version", "epoch", "seeked_epoch", "seek_position", "changed_by", "changed_at",
                "reason"}
 TRANSITION_KEYS = STREAM_KEYS | {"action", "changed", "from"}
+
+
+def drain_waits(monkeypatch, on_wait) -> list[float]:
+    """Replace time.sleep so that the drain's waits (this thread's) are recorded and call
+    ``on_wait``; the list of waits is returned. time.sleep is replaced process-wide, and
+    another thread's sleep (a connection pool, the JVM's callback server) is not a wait of the
+    drain: it sleeps for real and is not counted."""
+    waits: list[float] = []
+    real_sleep, drain_thread = time.sleep, threading.current_thread()
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread() is not drain_thread:
+            return real_sleep(seconds)
+        waits.append(seconds)
+        on_wait(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return waits
 
 
 def test_stop_status_resume_history(store_shard, capsys):
@@ -102,13 +121,11 @@ def test_stop_drains_the_batch_in_hand_and_fences_a_writer_still_working(store_s
     shard = store_shard
     # A writer holds batch 0 (bound, not committed). The drain's first wait is where it commits.
     shard.mint_binding(0, minted_by="w")
-    waits = []
 
     def writer_commits_while_we_wait(seconds: float) -> None:
-        waits.append(seconds)
         shard.compare_and_append(0, 1, batch(0), epoch=0)
 
-    monkeypatch.setattr(time, "sleep", writer_commits_while_we_wait)
+    waits = drain_waits(monkeypatch, writer_commits_while_we_wait)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     code, out, err = cli(capsys, "stream", "stop", "orders", "--drain", "30")
     assert code == 0 and len(waits) == 1
@@ -330,15 +347,13 @@ def test_run_batch_on_a_stopped_shard_and_the_disaster_runbook(spark, tmp_path, 
 def test_a_stop_superseded_by_a_resume_exits_7_and_stops_waiting(store_shard, capsys, monkeypatch):
     shard = store_shard
     shard.mint_binding(0, minted_by="w")  # a writer holds batch 0
-    waits = []
 
     def resumed_by_someone_else(seconds: float) -> None:
-        waits.append(seconds)
         assert len(waits) == 1, "the drain went on waiting after the stream was resumed"
         streams.finalize_stop(shard.consensus, streams.read_stream(shard.consensus, "orders"), "other")
         streams.resume(shard.consensus, "orders", "other", "done already")
 
-    monkeypatch.setattr(time, "sleep", resumed_by_someone_else)
+    waits = drain_waits(monkeypatch, resumed_by_someone_else)
     code, out, err = run(capsys, "stream", "stop", "orders", "--drain", "600")
     assert code == 7 and len(waits) == 1
     assert "superseded" in err and "READY" in err and "writers may run" in err
@@ -355,13 +370,11 @@ def test_a_batch_left_by_a_killed_writer_does_not_make_the_stop_wait(store_shard
     # The writer died an hour ago, before writing any staging file.
     with shard.consensus.engine.begin() as conn:
         conn.execute(sa.update(bindings_table).values(minted_at=time.time() - 3600))
-    waits = []
 
     def no_writer_will_come(seconds: float) -> None:
-        waits.append(seconds)
         assert len(waits) < 3, "the stop waited on a batch no writer holds"
 
-    monkeypatch.setattr(time, "sleep", no_writer_will_come)
+    waits = drain_waits(monkeypatch, no_writer_will_come)
     code, text, _ = run(capsys, "stream", "stop", "orders", "--drain", "600")
     assert code == 0 and waits == [] and text.startswith("shard orders: STOPPED (epoch 0)")
     assert "a batch was still in hand when the drain ended" in text
