@@ -166,3 +166,21 @@ def test_both_stores_offer_every_method_of_the_blob_protocol_with_its_parameters
         wanted = [(p.name, p.kind) for p in inspect.signature(member).parameters.values()]
         offered = [(p.name, p.kind) for p in inspect.signature(getattr(store, name)).parameters.values()]
         assert offered == wanted, f"{store.__name__}.{name}"
+
+
+@pytest.mark.parametrize("blob", [LocalBlob("/srv/blob"), ObjectBlob("s3://lake/shards")], ids=["local", "s3"])
+def test_path_arithmetic_gives_the_same_relative_paths_on_every_store(blob):
+    """Paths recorded in consensus are relative to the root and '/'-separated on every store;
+    the engine derives them, and parents and names, only through the blob. No I/O."""
+    directory = blob.path("orders", "runs", "ts=000000000001", "w-0123")
+    path = blob.join(directory, "_bucket=0", "part-0.parquet")
+    assert path == blob.path("orders", "runs", "ts=000000000001", "w-0123", "_bucket=0", "part-0.parquet")
+    assert blob.relative(path) == "orders/runs/ts=000000000001/w-0123/_bucket=0/part-0.parquet"
+    assert blob.path(blob.relative(path)) == path
+    assert blob.name(path) == "part-0.parquet"
+    assert blob.parent(blob.parent(path)) == directory
+    assert blob.relative(blob.root) == ""
+    # A sibling of the root sharing its first characters is not below it.
+    for outside in (blob.root + "0/orders/x", blob.parent(blob.root) + "/other/x"):
+        with pytest.raises(ValueError, match="not below the blob root"):
+            blob.relative(outside)

@@ -73,6 +73,28 @@ class LocalBlob:
         """The absolute path (a string Spark accepts) of ``parts`` below the root."""
         return os.path.join(self.root, *parts)
 
+    # -- path arithmetic (the engine never applies os.path to a blob path itself) -------------
+
+    def join(self, path: str, *parts: str) -> str:
+        """The path of ``parts`` below ``path``."""
+        return os.path.join(path, *parts)
+
+    def parent(self, path: str) -> str:
+        return os.path.dirname(path)
+
+    def name(self, path: str) -> str:
+        """The last component of ``path``."""
+        return os.path.basename(path)
+
+    def relative(self, path: str) -> str:
+        """``path`` relative to the root, '/'-separated, as consensus records it (``""`` for
+        the root itself). A path outside the root is a ValueError: nothing the engine
+        records may point outside its blob root."""
+        relative = os.path.relpath(path, self.root)
+        if os.path.isabs(relative) or relative == os.pardir or relative.startswith(os.pardir + os.sep):
+            raise ValueError(f"{path} is not below the blob root {self.root}")
+        return "" if relative == os.curdir else relative.replace(os.sep, "/")
+
     # -- primitive operations ----------------------------------------------------------------
     # Every metadata write and every deletion goes through these few methods, so that a test
     # double can record them and simulate a crash that drops what was not made durable.

@@ -18,7 +18,10 @@ class BlobFile:
 
 class Blob(Protocol):
     """Where runs, rejects, manifests and checkpoints live. Every path is a string
-    :meth:`path` made (an absolute path, or a full URI on object storage)."""
+    :meth:`path` made (an absolute path, or a full URI on object storage). Arithmetic on such
+    paths goes through :meth:`join`, :meth:`parent`, :meth:`name` and :meth:`relative`, never
+    ``os.path``: a URI is no local path. Paths recorded in consensus, manifests and GC claims
+    are relative to the root and '/'-separated on every store (:meth:`relative`)."""
 
     root: str
 
@@ -27,6 +30,14 @@ class Blob(Protocol):
     def check_root(self, *, writable: bool = True) -> None: ...
 
     def path(self, *parts: str) -> str: ...
+
+    def join(self, path: str, *parts: str) -> str: ...
+
+    def parent(self, path: str) -> str: ...
+
+    def name(self, path: str) -> str: ...
+
+    def relative(self, path: str) -> str: ...
 
     def write_file(self, path: str, data: bytes, *, sync: bool) -> None: ...
 

@@ -85,8 +85,36 @@ class ObjectBlob:
 
     def path(self, *parts: str) -> str:
         """The URI of ``parts`` below the root."""
+        return self.join(self.root, *parts)
+
+    # -- path arithmetic: keys are '/'-separated whatever the machine's os.sep -----------------
+
+    def join(self, path: str, *parts: str) -> str:
+        """The URI of ``parts`` below ``path``."""
         tail = "/".join(part.strip("/") for part in parts if part.strip("/"))
-        return f"{self.root}/{tail}" if tail else self.root
+        base = path.rstrip("/")
+        return f"{base}/{tail}" if tail else base
+
+    def parent(self, path: str) -> str:
+        """The prefix ``path`` lies in; a bucket's URI is its own parent (as ``/`` is)."""
+        if not split_uri(path)[2]:
+            return path.rstrip("/")
+        return path.rstrip("/").rpartition("/")[0]
+
+    def name(self, path: str) -> str:
+        """The last component of ``path``."""
+        return path.rstrip("/").rpartition("/")[2]
+
+    def relative(self, path: str) -> str:
+        """``path`` relative to the root, '/'-separated, as consensus records it (``""`` for
+        the root itself). A path outside the root is a ValueError: nothing the engine
+        records may point outside its blob root."""
+        path = path.rstrip("/")
+        if path == self.root:
+            return ""
+        if not path.startswith(self.root + "/"):
+            raise ValueError(f"{path} is not below the blob root {self.root}")
+        return path[len(self.root) + 1 :]
 
     # -- the root ------------------------------------------------------------------------------
 
