@@ -82,6 +82,25 @@ class S3Server:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
+    def age(self, bucket: str, prefix: str = "", seconds: float = 3 * 3600) -> int:
+        """Make every object below ``prefix`` in ``bucket`` look ``seconds`` older (its
+        last-modified time, which GC's grace period is measured from), as ``os.utime`` does on
+        disk: the server runs in this process, so its store is changed directly. Returns how
+        many object versions were aged."""
+        from datetime import timedelta
+
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        aged = 0
+        for key_name, versions in s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[bucket].keys.iterlists():
+            if not key_name.startswith(prefix):
+                continue
+            for key in versions:
+                key.last_modified = key.last_modified - timedelta(seconds=seconds)
+                aged += 1
+        return aged
+
     def requests(self) -> list[tuple[str, str]]:
         with self._lock:
             return list(self._requests)

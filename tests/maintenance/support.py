@@ -85,3 +85,18 @@ def age_compaction(consensus, shard_id: str, seconds: float = 3 * 3600) -> None:
 
 def files_of(blob, runs) -> set[str]:
     return {blob.path(f["path"]) for run in runs for f in run["files"]}
+
+
+def copy_blob(source, target) -> int:
+    """Copy every file below ``source``'s root to ``target``'s (an S3 root, say) under the same
+    relative path, leaving consensus as it is: its records name files by those relative paths,
+    so the shard opened on ``target`` is the same shard. Returns the number of files copied.
+
+    Why: the engine does not write a batch's runs to object storage yet (Spark writes them
+    through Hadoop's local filesystem), so a test of maintenance on an object-storage root
+    takes the files of real batches written on local disk."""
+    copied = 0
+    for f in source.walk_files(source.root):
+        target.write_file(target.path(source.relative(f.path)), source.read_bytes(f.path), sync=True)
+        copied += 1
+    return copied

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -89,14 +88,19 @@ def checkpoints_root(blob: Blob, shard_id: str) -> str:
     return blob.path(shard_id, "checkpoints")
 
 
+def checkpoint_path(blob: Blob, shard_id: str, checkpoint_id: str, *names: str) -> str:
+    """The directory of a checkpoint, or a file in it (``names``)."""
+    return blob.path(shard_id, "checkpoints", checkpoint_id, *names)
+
+
 def checkpoint_dirs(blob: Blob, shard_id: str) -> list[str]:
     """Names of the checkpoint directories of a shard, committed or not."""
     root = checkpoints_root(blob, shard_id)
-    return [n for n in blob.listdir(root) if not n.startswith(".") and blob.is_dir(os.path.join(root, n))]
+    return [n for n in blob.listdir(root) if not n.startswith(".") and blob.is_dir(blob.join(root, n))]
 
 
 def is_committed(blob: Blob, shard_id: str, checkpoint_id: str) -> bool:
-    return blob.exists(os.path.join(checkpoints_root(blob, shard_id), checkpoint_id, COMMIT_NAME))
+    return blob.exists(checkpoint_path(blob, shard_id, checkpoint_id, COMMIT_NAME))
 
 
 class Catalog:
@@ -124,7 +128,7 @@ class Catalog:
 
     @property
     def path(self) -> str:
-        return os.path.join(checkpoints_root(self.blob, self.shard_id), CATALOG_NAME)
+        return self.blob.join(checkpoints_root(self.blob, self.shard_id), CATALOG_NAME)
 
     @classmethod
     def load(cls, blob: Blob, shard_id: str, consensus: Consensus | None = None) -> "Catalog":
@@ -144,7 +148,7 @@ class Catalog:
                     "catalog file before running checkpoint or GC commands",
                     shard=shard_id,
                     file=path,
-                    records=[{"file": os.path.join(os.path.dirname(path), n), "reason": "committed, not in a catalog"}
+                    records=[{"file": blob.join(blob.parent(path), n), "reason": "committed, not in a catalog"}
                              for n in committed[:MAX_REPORTED]],
                 ) from None
             # No catalog and nothing committed: no checkpoint yet (or the first one is being
@@ -371,9 +375,8 @@ def snapshot_from_manifest(manifest: dict[str, Any], shard_id: str) -> ShardSnap
 def read_manifest(blob: Blob, shard_id: str, checkpoint_id: str, expected_sha256: str | None = None) -> dict[str, Any]:
     """The parsed manifest of a checkpoint, checked against its commit marker (and the
     catalog's checksum when given). Raises CheckpointCorrupt naming the file."""
-    directory = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id)
-    manifest_path = os.path.join(directory, MANIFEST_NAME)
-    commit_path = os.path.join(directory, COMMIT_NAME)
+    manifest_path = checkpoint_path(blob, shard_id, checkpoint_id, MANIFEST_NAME)
+    commit_path = checkpoint_path(blob, shard_id, checkpoint_id, COMMIT_NAME)
 
     def corrupt(path: str, reason: str) -> CheckpointCorrupt:
         return CheckpointCorrupt(
@@ -439,7 +442,7 @@ def create_checkpoint(
         step("snapshot")
         created_at = time.time()
         checkpoint_id = f"{snapshot.record.upper:012d}-{uuid.uuid4().hex[:8]}"
-        directory = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id)
+        directory = checkpoint_path(blob, shard_id, checkpoint_id)
         try:
             files = manifest_files(blob, snapshot)
         except CommittedFileBad:
@@ -450,7 +453,7 @@ def create_checkpoint(
         data = json.dumps(build_manifest(checkpoint_id, snapshot, files, created_at), indent=1, sort_keys=True).encode()
         digest = hashlib.sha256(data).hexdigest()
         try:
-            blob.write_atomic(os.path.join(directory, MANIFEST_NAME), data)
+            blob.write_atomic(blob.join(directory, MANIFEST_NAME), data)
         except FileNotFoundError:
             continue  # GC collected the directory as it was being made (see below)
         step("manifest")
@@ -462,7 +465,7 @@ def create_checkpoint(
             continue
         marker = {"checkpoint": checkpoint_id, "manifest_sha256": digest}
         try:
-            blob.write_atomic(os.path.join(directory, COMMIT_NAME), json.dumps(marker, sort_keys=True).encode())
+            blob.write_atomic(blob.join(directory, COMMIT_NAME), json.dumps(marker, sort_keys=True).encode())
         except FileNotFoundError:
             # GC collected the directory under the write (the create paused past the grace
             # period): it claimed it, so it is GC's to delete; write the checkpoint again
@@ -549,7 +552,7 @@ def restore_checkpoint(
     try:
         snapshot = snapshot_from_manifest(manifest, target)
     except (KeyError, TypeError, ValueError) as exc:
-        path = os.path.join(checkpoints_root(blob, shard_id), checkpoint_id, MANIFEST_NAME)
+        path = checkpoint_path(blob, shard_id, checkpoint_id, MANIFEST_NAME)
         raise CheckpointCorrupt(
             f"checkpoint {checkpoint_id} of shard {shard_id!r}: {path}: state does not parse: {exc!r}",
             shard=shard_id,
@@ -640,7 +643,7 @@ def apply_retention(
 
     catalog.update(drop)
     for entry in removed:
-        _delete_quietly(catalog.blob, os.path.join(checkpoints_root(catalog.blob, catalog.shard_id), entry.id))
+        _delete_quietly(catalog.blob, checkpoint_path(catalog.blob, catalog.shard_id, entry.id))
     return removed
 
 

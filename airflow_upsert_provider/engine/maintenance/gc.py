@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
 from airflow_upsert_provider.engine.maintenance.checkpoint import (
+    MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
     checkpoint_dirs,
@@ -57,7 +58,12 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
 )
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.store.gc_claims import check_blob_owner, claim_for_deletion, recently_replaced
+from airflow_upsert_provider.engine.store.gc_claims import (
+    check_blob_owner,
+    claim_for_deletion,
+    recently_replaced,
+    run_dir_of_relative,
+)
 
 # Long enough for a writer to stage a batch and commit it; a staged batch older than this
 # whose commit never landed is garbage.
@@ -121,9 +127,27 @@ class GcReport:
 
 def run_dir_of(blob: Blob, path: str) -> str:
     """The run directory (``<shard>/runs/<group>/<name>``, relative to the blob root, as a
-    run's ``path`` is recorded) that a file, absolute or relative, belongs to."""
-    relative = os.path.relpath(path, blob.root) if os.path.isabs(path) else path
-    return os.sep.join(relative.split(os.sep)[:4])
+    run's ``path`` is recorded) that a file or directory of the blob (a path the blob made:
+    absolute, or a URI) belongs to. A path recorded in consensus or a manifest is relative
+    already: ``run_dir_of_relative``."""
+    return run_dir_of_relative(blob.relative(path))
+
+
+@dataclass
+class _RunDir:
+    """What GC's plan keeps of one run directory's listing: counts and the newest age, not
+    the files (a shard's run files may number hundreds of thousands)."""
+
+    files: int = 0
+    bytes: int = 0
+    newest: float | None = None
+
+    def add(self, mtime: float, size: int = 0, *, is_file: bool = True) -> None:
+        if is_file:
+            self.files += 1
+            self.bytes += size
+        if self.newest is None or mtime > self.newest:
+            self.newest = mtime
 
 
 def collect_garbage(
@@ -152,28 +176,27 @@ def collect_garbage(
     report = GcReport(shard=shard_id, dry_run=dry_run, grace_seconds=grace_seconds)
     cutoff = (time.time() if now is None else now) - grace_seconds
 
-    # 1. What exists now. Anything written after this listing is not a candidate.
+    # 1. What exists now. Anything written after this listing is not a candidate. The walk
+    # streams (on object storage one paged listing per prefix level); the plan keeps counts
+    # and the newest age per run directory, not the listing.
     runs_root = blob.path(shard_id, "runs")
-    run_dirs: dict[str, list[BlobFile]] = {}
+    run_dirs: dict[str, _RunDir] = {}
     for f in blob.walk_files(runs_root):
-        run_dirs.setdefault(run_dir_of(blob, f.path), []).append(f)
+        run_dirs.setdefault(run_dir_of(blob, f.path), _RunDir()).add(f.mtime, f.size)
         report.files_scanned += 1
     # Directory ages count as much as file ages: an attempt directory with no file yet is a
-    # writer about to stage into it.
-    dir_ages: dict[str, list[BlobFile]] = {}
+    # writer about to stage into it (on object storage a prefix is as old as its newest object).
     for d in blob.walk_dirs(runs_root):
-        if len(os.path.relpath(d.path, runs_root).split(os.sep)) >= 2:  # the run directory or below
-            dir_ages.setdefault(run_dir_of(blob, d.path), []).append(d)
-    for run_dir in dir_ages:
-        run_dirs.setdefault(run_dir, [])
+        if len(blob.relative(d.path).split("/")) >= 4:  # <shard>/runs/<group>/<name>, or below
+            run_dirs.setdefault(run_dir_of(blob, d.path), _RunDir()).add(d.mtime, is_file=False)
     ckpt_root = checkpoints_root(blob, shard_id)
-    ckpt_entries = {name: list(blob.walk_files(os.path.join(ckpt_root, name))) for name in checkpoint_dirs(blob, shard_id)}
+    ckpt_entries = {name: list(blob.walk_files(blob.join(ckpt_root, name))) for name in checkpoint_dirs(blob, shard_id)}
     ckpt_ages = {
-        name: [BlobFile(os.path.join(ckpt_root, name), 0, blob.mtime(os.path.join(ckpt_root, name)) or 0.0)]
-        + list(blob.walk_dirs(os.path.join(ckpt_root, name)))
+        name: [BlobFile(blob.join(ckpt_root, name), 0, blob.mtime(blob.join(ckpt_root, name)) or 0.0)]
+        + list(blob.walk_dirs(blob.join(ckpt_root, name)))
         for name in ckpt_entries
     }
-    stray = [f for f in blob.walk_files(ckpt_root) if os.path.basename(f.path).startswith(".tmp-")]
+    stray = [f for f in blob.walk_files(ckpt_root) if blob.name(f.path).startswith(".tmp-")]
     step("listed")
 
     # 2. Live state of every shard, read before any manifest (see the module docstring).
@@ -188,7 +211,7 @@ def collect_garbage(
             planned_upper = snapshot.record.upper
         for run in snapshot.live_runs():
             referenced.add(run["path"])
-            referenced.update(run_dir_of(blob, f["path"]) for f in run["files"])
+            referenced.update(run_dir_of_relative(f["path"]) for f in run["files"])
         if snapshot.compaction is not None and snapshot.compaction.compacted_at >= cutoff:
             replaced_in_grace.update(snapshot.compaction.run.get("replaces", []))
     step("state")
@@ -204,13 +227,13 @@ def collect_garbage(
         for entry in catalog.entries:
             manifest = _read_listed_manifest(blob, owner, entry)
             if manifest is not None:
-                referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
+                referenced.update(run_dir_of_relative(f["path"]) for f in manifest["files"])
                 report.checkpoints_read += 1
         for name in checkpoint_dirs(blob, owner):
-            if name in listed or not _young(blob.walk_files(os.path.join(checkpoints_root(blob, owner), name)), cutoff):
+            if name in listed or not _young(blob.walk_files(blob.join(checkpoints_root(blob, owner), name)), cutoff):
                 continue
             # A checkpoint being written: its manifest, once on disk, pins its files.
-            manifest_path = os.path.join(checkpoints_root(blob, owner), name, "MANIFEST.json")
+            manifest_path = blob.join(checkpoints_root(blob, owner), name, MANIFEST_NAME)
             if blob.exists(manifest_path):
                 try:
                     manifest = read_manifest(blob, owner, name)
@@ -218,18 +241,18 @@ def collect_garbage(
                     if blob.exists(manifest_path):
                         raise
                     continue  # its writer gave up (a compaction overtook it) and deleted it
-                referenced.update(run_dir_of(blob, f["path"]) for f in manifest["files"])
+                referenced.update(run_dir_of_relative(f["path"]) for f in manifest["files"])
                 report.checkpoints_read += 1
     step("checkpoints")
 
     # 4. Decide.
-    for run_dir, files in sorted(run_dirs.items()):
+    for run_dir, listed in sorted(run_dirs.items()):
         if run_dir in referenced:
-            report.kept_referenced += len(files)
-        elif _young(files + dir_ages.get(run_dir, []), cutoff) or run_dir in replaced_in_grace:
-            report.kept_in_grace += len(files)
+            report.kept_referenced += listed.files
+        elif (listed.newest is not None and listed.newest >= cutoff) or run_dir in replaced_in_grace:
+            report.kept_in_grace += listed.files
         else:
-            report.items.append(GcItem(run_dir, "run", len(files), sum(f.size for f in files)))
+            report.items.append(GcItem(run_dir, "run", listed.files, listed.bytes))
     doomed: set[str] = set()
     for name, files in sorted(ckpt_entries.items()):
         if name in ours_listed:
@@ -239,12 +262,13 @@ def collect_garbage(
             continue
         doomed.add(name)
         kind = "abandoned_checkpoint" if not is_committed(blob, shard_id, name) else "unlisted_checkpoint"
-        report.items.append(GcItem(os.path.relpath(os.path.join(ckpt_root, name), blob.root), kind, len(files), sum(f.size for f in files)))
+        report.items.append(GcItem(blob.relative(blob.join(ckpt_root, name)), kind, len(files), sum(f.size for f in files)))
     for f in stray:
         # A temporary file a crash left behind an atomic write (the catalog's, a manifest's).
-        owner_dir = os.path.relpath(f.path, ckpt_root).split(os.sep)[0]
+        relative = blob.relative(f.path)
+        owner_dir = relative.split("/")[2]  # <shard>/checkpoints/<id or the file's name>/...
         if f.mtime < cutoff and owner_dir not in doomed:
-            report.items.append(GcItem(os.path.relpath(f.path, blob.root), "temporary_file", 1, f.size))
+            report.items.append(GcItem(relative, "temporary_file", 1, f.size))
     report.plan_seconds = time.monotonic() - started
     if dry_run:
         return report
@@ -328,7 +352,7 @@ def _remove_empty_groups(blob: Blob, runs_root: str, cutoff: float) -> None:
     last entry added or removed). A writer creating a run in one right now makes rmdir fail,
     which is fine."""
     for name in blob.listdir(runs_root):
-        path = os.path.join(runs_root, name)
+        path = blob.join(runs_root, name)
         mtime = blob.mtime(path)
         if mtime is None or mtime >= cutoff or not blob.is_dir(path) or blob.listdir(path):
             continue

@@ -38,7 +38,6 @@ replaced it (the compactions table holds only the latest).
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Callable, Iterable
 
@@ -92,8 +91,14 @@ CHUNK = 500
 
 
 def run_dir_of_relative(path: str) -> str:
-    """The run directory (``<shard>/<runs|rejects>/<group>/<name>``) a blob-relative path is in."""
-    return os.sep.join(path.split(os.sep)[:4])
+    """The run directory (``<shard>/<runs|rejects>/<group>/<name>``) a blob-relative path is in.
+    Relative paths are '/'-separated on every store (``Blob.relative``)."""
+    return "/".join(path.split("/")[:4])
+
+
+def checkpoint_dir_relative(shard_id: str, checkpoint_id: str) -> str:
+    """A checkpoint's directory relative to the blob root, as GC claims it."""
+    return f"{shard_id}/checkpoints/{checkpoint_id}"
 
 
 def directories_of(runs: Iterable[dict[str, Any] | None]) -> set[str]:
@@ -110,7 +115,7 @@ def directories_of(runs: Iterable[dict[str, Any] | None]) -> set[str]:
 def claim_needed(path: str, upper: int, since: int) -> bool:
     """Whether a commit could still name ``path``: a batch's run at ts >= upper, a compaction
     output to a since above the current one, or anything whose group does not parse."""
-    parts = path.split(os.sep)
+    parts = path.split("/")
     if len(parts) >= 2 and parts[1] == "checkpoints":
         return True  # a paused create may still try to list it, however late
     group = parts[2] if len(parts) >= 3 else ""
@@ -232,7 +237,7 @@ def claim_for_deletion(
             locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
             conn.execute(locked.with_for_update() if consensus.dialect == "postgresql" else locked)
             listed = listed_now()
-            doomed_checkpoints = [p for p in checkpoint_candidates if os.path.basename(p) not in listed]
+            doomed_checkpoints = [p for p in checkpoint_candidates if p.rpartition("/")[2] not in listed]
             _insert_claims(conn, shard_id, doomed_checkpoints, now)
         return doomed, doomed_checkpoints
 
@@ -251,7 +256,7 @@ def _insert_claims(conn, shard_id: str, paths: list[str], now: float) -> None:
 def refuse_claimed_checkpoints(conn, shard_id: str, checkpoint_ids: list[str]) -> str | None:
     """Run under the catalog lock before listing checkpoints: a reason to refuse if GC
     claimed the directory of any of them, else None."""
-    paths = [os.path.join(shard_id, "checkpoints", i) for i in checkpoint_ids]
+    paths = [checkpoint_dir_relative(shard_id, i) for i in checkpoint_ids]
     claimed = conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(paths))).scalars().all()
     return f"GC claimed {sorted(claimed)[0]} for deletion" if claimed else None
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -105,7 +104,7 @@ def staging_lost(exc: BaseException, staging_dirs: tuple[str, ...], *, claimed: 
             text += f" {current.filename}"
         # A staging directory's name is unique to its attempt (a nonce): naming it is enough.
         if any(marker in text for marker in MISSING_FILE_MARKERS) and any(
-            d.rstrip(os.sep) in text for d in staging_dirs
+            d.rstrip("/") in text for d in staging_dirs
         ):
             return True
         current = current.__cause__ or current.__context__
@@ -378,8 +377,7 @@ class Writer:
             claimed = set(claims(self.shard.consensus, self.shard.shard_id))
         except UpsertError:
             return False
-        root = self.shard.blob.root
-        return any(os.path.relpath(d, root) in claimed for d in staging_dirs)
+        return any(self.shard.blob.relative(d) in claimed for d in staging_dirs)
 
     def append(self, staged: StagedBatch) -> str:
         """compare_and_append(ts -> ts+1) of a held batch; the outcome as a result word."""
