@@ -31,6 +31,10 @@ grace period: a writer may have just created one to stage into. A directory that
 (with a grace period shorter than it takes) fills while GC deletes it is left for the next GC
 and reported as skipped; its claim already keeps any commit from naming it.
 
+On object storage the same rules hold (docs/maintenance.md, "On object storage"): paths are
+URIs, and every path GC records or compares is relative to the blob root (``Blob.relative``);
+an object's age is its last-modified time, a prefix's that of its newest object.
+
 Every catalog and manifest is read before the first deletion; any one that cannot be read
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
 manifest) aborts GC with an error naming it, and nothing is deleted. A manifest that cannot be
