@@ -29,6 +29,7 @@ from airflow_upsert_provider.engine.maintenance.gc import collect_garbage, run_d
 from airflow_upsert_provider.engine.store.gc_claims import OWNER_NAME, BlobOwnedElsewhere, run_dir_of_relative
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
+from tests.helpers import make_shard
 from tests.maintenance.support import age_compaction, copy_blob, written_shard
 
 GRACE = 600
@@ -41,6 +42,39 @@ def test_run_dir_of_a_file_is_its_run_directory_relative_to_the_root(blob):
     assert run_dir_of(blob, path) == "orders/runs/ts=000000000003/w-0123456789ab"
     since = blob.path(SHARD, "runs", "since=000000000004", "compaction-ab12")
     assert run_dir_of(blob, since) == "orders/runs/since=000000000004/compaction-ab12"
+
+
+def test_gc_on_s3_deletes_an_old_run_of_more_than_a_page_and_keeps_a_young_one(s3_server, s3_root, sqlite_url, tmp_path):
+    """No Spark: a shard with no batch, a writer's run abandoned long ago whose one level holds
+    more objects than a listing page, and one a writer is staging now."""
+    consensus = open_consensus(sqlite_url)
+    try:
+        blob = open_blob(s3_root)
+        blob.ensure_root()
+        make_shard(consensus, blob, tmp_path, shard_id=SHARD)
+        abandoned = f"{SHARD}/runs/ts=000000000000/lost-writer-0123456789ab"
+        for i in range(1001):
+            blob.write_file(blob.path(abandoned, "_bucket=0", f"part-{i:05d}.parquet"), b"x", sync=True)
+        s3_server.age(bucket_of(blob), f"{blob.prefix}/{abandoned}/")
+        staging = f"{SHARD}/runs/ts=000000000000/stager-0123456789ab/_bucket=0/part-00000.parquet"
+        blob.write_file(blob.path(staging), b"staged", sync=True)
+        started = len(s3_server.requests())
+        steps: dict[str, int] = {}
+
+        report = collect_garbage(consensus, blob, SHARD, grace_seconds=GRACE,
+                                 on_step=lambda name: steps.setdefault(name, len(s3_server.requests())))
+
+        assert [(i.path, i.kind, i.files, i.bytes) for i in report.items] == [(abandoned, "run", 1001, 1001)]
+        assert (report.files_scanned, report.kept_in_grace) == (1002, 1)
+        assert keys(s3_server, blob, f"{SHARD}/runs/") == {staging}
+        # The plan listed by prefix level (never the whole tree in one listing), following the
+        # second page of the level of 1,001 objects.
+        planning = s3_server.requests()[started : steps["listed"]]
+        listed = [query for method, query in planning if method == "GET" and "list-type=2" in query]
+        assert listed and all("delimiter=" in query for query in listed), listed
+        assert any("continuation-token=" in query for query in listed), listed
+    finally:
+        consensus.dispose()
 
 
 # -- a shard of real batches on an S3 root ---------------------------------------------------
