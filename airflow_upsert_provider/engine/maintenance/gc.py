@@ -250,13 +250,13 @@ def collect_garbage(
     step("checkpoints")
 
     # 4. Decide.
-    for run_dir, listed in sorted(run_dirs.items()):
+    for run_dir, found in sorted(run_dirs.items()):
         if run_dir in referenced:
-            report.kept_referenced += listed.files
-        elif (listed.newest is not None and listed.newest >= cutoff) or run_dir in replaced_in_grace:
-            report.kept_in_grace += listed.files
+            report.kept_referenced += found.files
+        elif (found.newest is not None and found.newest >= cutoff) or run_dir in replaced_in_grace:
+            report.kept_in_grace += found.files
         else:
-            report.items.append(GcItem(run_dir, "run", listed.files, listed.bytes))
+            report.items.append(GcItem(run_dir, "run", found.files, found.bytes))
     doomed: set[str] = set()
     for name, files in sorted(ckpt_entries.items()):
         if name in ours_listed:
