@@ -18,6 +18,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from tests.pgserver import PostgresServer  # noqa: E402
+from tests.s3proxy import S3FaultProxy  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +77,32 @@ def s3_root(s3_server, monkeypatch, tmp_path):
     for name, value in s3_server.environment().items():
         monkeypatch.setenv(name, value)
     return f"s3://{s3_server.create_bucket()}/shards"
+
+
+class S3Faults:
+    """A fresh bucket reached through a fault-injecting proxy (:mod:`tests.s3proxy`): ``root``
+    is the URI of a prefix in it, ``proxy`` sets faults and records requests, ``server`` is
+    the S3 server behind it."""
+
+    # Attempts per request (AWS_MAX_ATTEMPTS) on the proxy's root: with the default of 5, the
+    # standard backoff makes every request that fails to the end cost several seconds.
+    attempts = 3
+
+    def __init__(self, root: str, proxy: S3FaultProxy, server: S3Server) -> None:
+        self.root, self.proxy, self.server = root, proxy, server
+        self.bucket = root.split("/")[2]
+
+
+@pytest.fixture
+def s3_faults(s3_server, s3_root, monkeypatch):
+    """An ``s3_root`` whose endpoint (``AWS_ENDPOINT_URL``, for this process and through
+    ``cli_env`` for a subprocess) is a fault-injecting proxy in front of the S3 server, with
+    ``S3Faults.attempts`` attempts per request."""
+    proxy = S3FaultProxy(s3_server.endpoint).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", str(S3Faults.attempts))
+    yield S3Faults(s3_root, proxy, s3_server)
+    proxy.stop()
 
 
 @pytest.fixture
