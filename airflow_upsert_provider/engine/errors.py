@@ -55,6 +55,16 @@ class ConsensusUnavailable(UpsertError):
     retryable = True
 
 
+class BlobUnavailable(UpsertError):
+    """The object store of the blob root failed a request transiently (a 5xx answer,
+    throttling, a connection cut or timed out) on every attempt the filesystem layer made.
+    Nothing was committed by the step that failed (exit 2). Retryable: the store may answer
+    the next run. ``details`` name the operation, bucket, key and endpoint."""
+
+    exit_code = 2
+    retryable = True
+
+
 class BlobWriteFailed(UpsertError):
     """Writing data files to the blob root failed for a reason of the filesystem (no space
     left, read-only, quota). Nothing was committed and the files of the attempt were removed

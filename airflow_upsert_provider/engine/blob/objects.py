@@ -38,20 +38,36 @@ What the operations mean here, where a POSIX filesystem and an object store diff
 - **The root.** ``ensure_root`` and ``check_root`` never create a bucket: a missing bucket,
   denied access or an endpoint where nothing answers is a :class:`ConfigurationError`
   (``field: blob_root``) naming the bucket, the prefix and the endpoint, never a credential.
+- **Failures.** The filesystem layer retries a failed request itself, within its bound
+  (:mod:`.filesystems`). What still fails comes out of every method that sends requests in
+  its class (:func:`_store_requests`): a transient failure (a 5xx answer, throttling, a
+  connection cut or timed out) is :class:`BlobUnavailable` (retryable), denied access or a
+  missing bucket the :class:`ConfigurationError` of the root; each names the operation, the
+  URI, bucket, prefix and endpoint, never a credential. A missing object stays a
+  ``FileNotFoundError``; a failure of no known kind leaves pyarrow's ``OSError`` as it is.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
+import inspect
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
-from airflow_upsert_provider.engine.blob.filesystems import display_uri, filesystem_for, s3_endpoint, s3_region, split_uri
+from airflow_upsert_provider.engine.blob.filesystems import (
+    display_uri,
+    filesystem_for,
+    s3_endpoint,
+    s3_max_attempts,
+    s3_region,
+    split_uri,
+)
 from airflow_upsert_provider.engine.blob.interface import BlobFile
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import BlobUnavailable, ConfigurationError, UpsertError
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -65,9 +81,59 @@ _AWS_ERROR = re.compile(r"AWS Error ([A-Z_]+)(?: \(HTTP status (\d+)\))? during 
 _DENIED = {"ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "UNRECOGNIZED_CLIENT",
            "INVALID_CLIENT_TOKEN_ID", "EXPIRED_TOKEN", "MISSING_AUTHENTICATION_TOKEN", "INVALID_SIGNATURE",
            "FORBIDDEN", "UNAUTHORIZED"}
+# Errors that may pass: the store is overloaded, restarting or throttling, or a connection was
+# cut or timed out (NETWORK_CONNECTION: curl's error); an error the SDK has no name for is
+# transient by its HTTP status (5xx, 429).
+_TRANSIENT = {"SERVICE_UNAVAILABLE", "SLOW_DOWN", "THROTTLING", "INTERNAL_FAILURE", "REQUEST_TIMEOUT",
+              "NETWORK_CONNECTION"}
+# curl's codes for "nothing could be reached": the host is not known, nothing listens. At the
+# root check that is a wrong endpoint; once the root answered, the store went away for now.
+_CURL_CODE = re.compile(r"curlCode: (\d+)")
+_UNREACHABLE_CURL_CODES = {"6", "7"}
+# A missing object or a path of the wrong kind means what it says to the caller.
+_MEANINGFUL_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 # Environment variables whose values are secrets: never repeated, whatever a store's error says.
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY",
                     "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET")
+
+
+_Method = TypeVar("_Method", bound=Callable)
+
+
+def _store_requests(operation: str) -> Callable[[_Method], _Method]:
+    """Decorate a method of :class:`ObjectBlob` that sends requests about the path it takes
+    first: pyarrow's ``OSError`` of a failed request comes out in its class
+    (:meth:`ObjectBlob._store_error`), also from a walk while it is iterated. The one place
+    where the blob's failures are translated."""
+
+    def decorate(method: _Method) -> _Method:
+        if inspect.isgeneratorfunction(method):
+
+            @functools.wraps(method)
+            def walking(self: "ObjectBlob", path: str, *args, **kwargs):
+                try:
+                    yield from method(self, path, *args, **kwargs)
+                except OSError as exc:
+                    error = self._store_error(exc, operation, path)
+                    if error is None:
+                        raise
+                    raise error from None
+
+            return walking  # type: ignore[return-value]
+
+        @functools.wraps(method)
+        def calling(self: "ObjectBlob", path: str, *args, **kwargs):
+            try:
+                return method(self, path, *args, **kwargs)
+            except OSError as exc:
+                error = self._store_error(exc, operation, path)
+                if error is None:
+                    raise
+                raise error from None
+
+        return calling  # type: ignore[return-value]
+
+    return decorate
 
 
 class ObjectBlob:
@@ -178,8 +244,11 @@ class ObjectBlob:
     def _where(self) -> str:
         return f"{self._container_word()} {self._bucket()!r}, prefix {self.prefix!r}, endpoint {self._endpoint()}"
 
-    def _root_error(self, exc: OSError, *, writing: bool = False) -> ConfigurationError:
+    def _root_error(self, exc: OSError, *, writing: bool = False) -> UpsertError:
         code, reason = store_failure(exc)
+        if failure_kind(exc) == "transient":
+            # The endpoint answered (or the connection broke midway): the store may answer next time.
+            return self._unavailable(exc, "check", self.root)
         if code in _DENIED:
             what = f"access denied ({code})"
             hint = "check the credentials of this process (docs/storage.md) and the bucket's policy"
@@ -195,8 +264,36 @@ class ObjectBlob:
         return ConfigurationError(f"blob root {self.root} cannot be used: {what} ({self._where()}); {hint}",
                                   field="blob_root")
 
+    def _store_error(self, exc: OSError, operation: str, path: str) -> UpsertError | None:
+        """The error a failed request of ``operation`` on ``path`` raises, once the filesystem
+        layer gave up retrying it; None: ``exc`` means what it says (a missing object) or is of
+        no known kind, and goes up as it is."""
+        if isinstance(exc, _MEANINGFUL_ERRORS):
+            return None
+        kind = failure_kind(exc)
+        if kind in ("transient", "unreachable"):
+            # The root answered when the command started: the store went away for now.
+            return self._unavailable(exc, operation, path)
+        if kind in ("denied", "no_bucket"):
+            return self._root_error(exc)
+        return None
+
+    def _unavailable(self, exc: OSError, operation: str, path: str) -> BlobUnavailable:
+        code, reason = store_failure(exc)
+        attempts = f", retried up to {s3_max_attempts()} attempts (AWS_MAX_ATTEMPTS)" if self.scheme == "s3" else ""
+        return BlobUnavailable(
+            f"{_VERBS[operation]} {display_uri(path)} failed{attempts}: {reason} ({self._where()}); a transient "
+            "failure of the store: run the step again when it answers (docs/storage.md)",
+            operation=operation,
+            bucket=self._bucket(),
+            key=split_uri(path)[2],
+            endpoint=self._endpoint(),
+            reason=code or reason,
+        )
+
     # -- primitive operations ------------------------------------------------------------------
 
+    @_store_requests("write")
     def write_file(self, path: str, data: bytes, *, sync: bool) -> None:
         """One PUT: the object is durable once it returns, ``sync`` or not."""
         filesystem, inner = filesystem_for(path)
@@ -222,6 +319,7 @@ class ObjectBlob:
         would take pyarrow's ``delete_dir``, which deletes whatever a writer put below the
         prefix meanwhile.)"""
 
+    @_store_requests("delete")
     def unlink(self, path: str) -> None:
         filesystem, inner = filesystem_for(path)
         filesystem.delete_file(inner)
@@ -239,11 +337,13 @@ class ObjectBlob:
     def sync_written(self, paths: Iterable[str]) -> None:
         """Nothing to sync: every object another writer completed is durable."""
 
+    @_store_requests("read")
     def read_bytes(self, path: str) -> bytes:
         filesystem, inner = filesystem_for(path)
         with filesystem.open_input_stream(inner) as stream:
             return stream.read()
 
+    @_store_requests("read")
     def checksum(self, path: str) -> str:
         """SHA-256 of the object at ``path``, hex, read in chunks."""
         filesystem, inner = filesystem_for(path)
@@ -253,22 +353,26 @@ class ObjectBlob:
                 digest.update(chunk)
         return digest.hexdigest()
 
+    @_store_requests("stat")
     def exists(self, path: str) -> bool:
         import pyarrow.fs as pafs
 
         filesystem, inner = filesystem_for(path)
         return filesystem.get_file_info(inner).type != pafs.FileType.NotFound
 
+    @_store_requests("stat")
     def is_dir(self, path: str) -> bool:
         import pyarrow.fs as pafs
 
         filesystem, inner = filesystem_for(path)
         return filesystem.get_file_info(inner).type == pafs.FileType.Directory
 
+    @_store_requests("list")
     def listdir(self, path: str) -> list[str]:
         filesystem, inner = filesystem_for(path)
         return [info.base_name for info in _children(filesystem, inner)]
 
+    @_store_requests("list")
     def walk_files(self, path: str) -> Iterator[BlobFile]:
         """Every object below ``path`` (recursively), with its size and last-modified time,
         in name order at every level (the order :class:`~.files.LocalBlob` yields). One
@@ -278,6 +382,7 @@ class ObjectBlob:
             if entry is not None:
                 yield entry
 
+    @_store_requests("list")
     def walk_dirs(self, path: str) -> Iterator[BlobFile]:
         """Every prefix below ``path`` (``path`` itself excluded) that holds an object, with
         the last-modified time of the newest object below it as its mtime: a prefix's own
@@ -288,6 +393,7 @@ class ObjectBlob:
             if directory is not None:
                 yield directory
 
+    @_store_requests("stat")
     def mtime(self, path: str) -> float | None:
         """Last modification of the object at ``path``; of a prefix, that of the newest
         object below it; None if there is neither (any more)."""
@@ -305,6 +411,7 @@ class ObjectBlob:
                 newest = entry.mtime
         return newest
 
+    @_store_requests("stat")
     def size(self, path: str) -> int:
         import pyarrow.fs as pafs
 
@@ -314,6 +421,7 @@ class ObjectBlob:
             raise FileNotFoundError(errno.ENOENT, "no such object", path)
         return info.size
 
+    @_store_requests("delete")
     def delete_tree(self, path: str) -> None:
         """Delete every object below ``path`` (and the object ``path`` itself, if any): a
         sibling sharing its first characters (``runs/10`` beside ``runs/1``) is not below it."""
@@ -377,6 +485,32 @@ def _note(newest: list[float], mtime: float) -> None:
 
 def _seconds(info: "pyarrow.fs.FileInfo") -> float:
     return info.mtime_ns / 1e9 if info.mtime_ns is not None else 0.0
+
+
+# How a message names each operation.
+_VERBS = {"write": "writing", "read": "reading", "stat": "looking up", "list": "listing", "delete": "deleting",
+          "check": "checking the blob root at"}
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What a failed request says about the store, from pyarrow's message: ``"denied"``,
+    ``"no_bucket"``, ``"unreachable"`` (no such host, nothing listens), ``"transient"`` (a
+    5xx answer, throttling, a connection cut or timed out), or ``""`` (none of these)."""
+    text = str(exc)
+    match = _AWS_ERROR.search(text)
+    if not match:
+        return ""
+    code, status, _operation = match.groups()
+    if code in _DENIED or (code == "UNKNOWN" and status in ("401", "403")):
+        return "denied"
+    if code == "NO_SUCH_BUCKET":
+        return "no_bucket"
+    if code == "NETWORK_CONNECTION":
+        curl = _CURL_CODE.search(text)
+        return "unreachable" if curl is not None and curl.group(1) in _UNREACHABLE_CURL_CODES else "transient"
+    if code in _TRANSIENT or (status is not None and (status.startswith("5") or status == "429")):
+        return "transient"
+    return ""
 
 
 def store_failure(exc: BaseException) -> tuple[str, str]:

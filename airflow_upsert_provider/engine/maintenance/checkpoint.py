@@ -37,7 +37,13 @@ from airflow_upsert_provider.engine.store.consensus import (
     ShardRecord,
     ShardSnapshot,
 )
-from airflow_upsert_provider.engine.errors import CommitRefused, ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.errors import (
+    BlobUnavailable,
+    CommitRefused,
+    ConfigurationError,
+    IntegrityError,
+    UpsertError,
+)
 from airflow_upsert_provider.engine.store.gc_claims import check_blob_owner, mark_blob_owner, refuse_claimed_checkpoints
 from airflow_upsert_provider.engine.table.runs import file_problem
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
@@ -240,7 +246,7 @@ class Catalog:
             current = self.blob.read_bytes(self.path)
         except FileNotFoundError:
             current = None
-        except OSError:
+        except (OSError, BlobUnavailable):
             current = b""
         if current == old:
             return
@@ -651,5 +657,5 @@ def _delete_quietly(blob: Blob, directory: str) -> None:
     """Delete an unlisted checkpoint directory; what a failure leaves is GC's to remove."""
     try:
         blob.delete_tree(directory)
-    except OSError:
+    except (OSError, BlobUnavailable):
         pass
