@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,6 +69,25 @@ def test_a_checkpoint_whose_manifest_put_fails_beyond_the_bound_is_not_recorded_
     entry = create_checkpoint(shard)
     assert [e.id for e in list_checkpoints(shard.blob, SHARD)] == [entry.id]
     assert [f["path"] for f in verify_checkpoint(shard.blob, SHARD, entry.id)["files"]] == [PART]
+
+
+def test_a_checkpoint_is_listed_only_once_its_manifest_put_completed(s3_faults, shard):
+    """Guards item 3 (an object is durable before the record naming it): while the manifest's
+    PUT is held in flight, neither the commit marker nor the catalog names the checkpoint."""
+    hold = s3_faults.proxy.hold("PUT", r"/MANIFEST\.json$")
+    created = []
+    creating = threading.Thread(target=lambda: created.append(create_checkpoint(shard)))
+    creating.start()
+    try:
+        assert hold.arrived.wait(60)
+        assert list_checkpoints(shard.blob, SHARD) == []
+        assert keys(s3_faults, f"{SHARD}/checkpoints/") == {f"{SHARD}/checkpoints/CATALOG.json"}
+    finally:
+        hold.release()
+        creating.join(60)
+    (entry,) = created
+    assert [e.id for e in list_checkpoints(shard.blob, SHARD)] == [entry.id]
+    verify_checkpoint(shard.blob, SHARD, entry.id)
 
 
 def test_a_run_file_unreadable_for_now_fails_create_and_verify_retryably_not_as_corrupt(s3_faults, shard):
