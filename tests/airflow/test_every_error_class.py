@@ -30,6 +30,7 @@ DOCUMENTED: dict[str, tuple[int, bool]] = {
     "ShardNotFound": (2, False),
     "ShardExists": (2, False),
     "ConsensusUnavailable": (2, True),
+    "BlobUnavailable": (2, True),
     "BlobWriteFailed": (2, False),
     "CommitRefused": (2, True),
     "StagingLost": (2, True),
