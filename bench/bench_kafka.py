@@ -394,7 +394,7 @@ def build_base(spark, shard: Shard, rows: int) -> None:
     from pyspark.sql import functions as F
 
     from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding
-    from airflow_upsert_provider.engine.table.runs import bucket_column, describe_run, write_bucketed
+    from airflow_upsert_provider.engine.table.runs import bucket_column, write_bucketed
 
     base = spark.range(rows).select(
         (F.col("id") * PARTITIONS + 1_000_000_000).alias("id"),  # never an id the topic produces
@@ -405,9 +405,9 @@ def build_base(spark, shard: Shard, rows: int) -> None:
     run_rows = base.select("*", F.lit(False).alias("_deleted"), F.lit(0).cast("long").alias("_ts"),
                            bucket_column(shard.config).alias("_bucket"))
     run_dir = shard.run_dir(0, "bench-base", "0")
-    write_bucketed(run_rows, shard.config, run_dir)
+    run = write_bucketed(run_rows, shard.config, shard.blob, run_dir)
     shard.consensus.mint_binding(shard.shard_id, Binding(0, {}), "bench")
-    record = BatchRecord(0, "bench-base", "base", describe_run(shard.blob, run_dir), {})
+    record = BatchRecord(0, "bench-base", "base", run, {})
     assert shard.compare_and_append(0, 1, record).outcome.value == "committed"
 
 

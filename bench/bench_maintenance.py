@@ -70,11 +70,10 @@ def synthetic_rows(spark, shard: Shard, *, rows: int, keys: int, ts: int, seed: 
 
 
 def commit_run(spark, shard: Shard, rows_frame, ts: int) -> dict:
-    from airflow_upsert_provider.engine.table.runs import describe_run, write_bucketed
+    from airflow_upsert_provider.engine.table.runs import write_bucketed
 
     run_dir = shard.run_dir(ts, "bench", uuid.uuid4().hex[:12])
-    write_bucketed(rows_frame, shard.config, run_dir)
-    run = describe_run(shard.blob, run_dir)
+    run = write_bucketed(rows_frame, shard.config, shard.blob, run_dir)
     result = shard.compare_and_append(ts, ts + 1, BatchRecord(ts, "bench", uuid.uuid4().hex, run, {}))
     assert result.outcome.value == "committed", result
     return run

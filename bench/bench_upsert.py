@@ -33,7 +33,7 @@ from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding 
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.spark.session import get_spark  # noqa: E402
-from airflow_upsert_provider.engine.table.runs import describe_run, user_schema, write_bucketed  # noqa: E402
+from airflow_upsert_provider.engine.table.runs import user_schema, write_bucketed  # noqa: E402
 from airflow_upsert_provider.engine.write.writer import StagedBatch, Writer  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
 from tests.helpers import sample_config  # noqa: E402
@@ -87,9 +87,9 @@ def build_base_table(spark, shard: Shard, rows: int, naive_dir: str) -> None:
     )
     run_rows = base.select("*", F.lit(False).alias("_deleted"), F.lit(0).cast("long").alias("_ts"), bucket_column(shard.config).alias("_bucket"))
     run_dir = shard.run_dir(0, "bench-base", "0")
-    write_bucketed(run_rows, shard.config, run_dir)
+    run = write_bucketed(run_rows, shard.config, shard.blob, run_dir)
     shard.consensus.mint_binding(shard.shard_id, Binding(0, {}), "bench")
-    record = BatchRecord(0, "bench-base", "base", describe_run(shard.blob, run_dir), {})
+    record = BatchRecord(0, "bench-base", "base", run, {})
     assert shard.compare_and_append(0, 1, record).outcome.value == "committed"
     base.write.parquet(naive_dir)
 

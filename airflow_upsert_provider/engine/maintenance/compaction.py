@@ -30,7 +30,7 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusUnavailable,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.runs import bucket_column, describe_run, merge_runs, order_column, write_bucketed
+from airflow_upsert_provider.engine.table.runs import bucket_column, merge_runs, order_column, write_bucketed
 from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
@@ -110,9 +110,10 @@ def compact(
             survivors = survivors.where(~F.col("_deleted"))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         with shard.reading(runs):  # a run file damaged in place: exit 4 naming it
-            write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config, run_dir)
+            written = write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config,
+                                     blob, run_dir)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
-        run = {**describe_run(blob, run_dir), "replaces": [r["path"] for r in runs]}
+        run = {**written, "replaces": [r["path"] for r in runs]}
         if on_step is not None:
             on_step("written")
         try:

@@ -5,8 +5,9 @@ by key, holding the table columns (the user schema without the delete marker) an
 columns ``_deleted`` and ``_ts``. Reads merge runs per key: the row with the highest order
 value wins, then the highest ``_ts`` (see :func:`merge_runs`).
 
-Every file of a run is fsynced, with its directories, while it is described (checksummed),
-before any commit can name it (invariant 17).
+Every file of a run is durable before any commit can name it (invariant 17): fsynced with
+its directories while the driver describes (checksums) what Spark's writer wrote, or by the
+executor that wrote it (engine/table/run_io.py: object storage).
 
 Everything here takes a shard's config and its blob, never a Shard, so the batch writer
 (``upsert``), the shard's reads and compaction share it without importing each other.
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import IntegrityError
+from airflow_upsert_provider.engine.table import run_io
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -67,23 +70,47 @@ def bucket_column(config: ShardConfig) -> "Column":
     return F.pmod(F.xxhash64(*config.keys), F.lit(config.buckets))
 
 
-def write_bucketed(rows: "DataFrame", config: ShardConfig, run_dir: str, *, partitioned: bool = False) -> None:
+def write_bucketed(
+    rows: "DataFrame",
+    config: ShardConfig,
+    blob: LocalBlob,
+    run_dir: str,
+    *,
+    partitioned: bool = False,
+    timings: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Write ``rows`` (run columns plus ``_bucket``) under ``run_dir``: one Parquet file per
-    bucket, sorted by key. Batches and compaction write runs the same way. ``partitioned``
-    says the rows are already hash-partitioned by ``_bucket``, so they are not shuffled again."""
+    bucket, sorted by key, durable when this returns; return the run as consensus records it
+    (its path, files and row count). Batches and compaction write runs the same way.
+    ``partitioned`` says the rows are already hash-partitioned by ``_bucket``, so they are
+    not shuffled again. ``timings`` gets "describe" added: the seconds the driver spent
+    describing the written files (reading a batch, reducing and writing it are one fused
+    Spark job, which cannot be timed apart).
+
+    Where :func:`run_io.executor_io` says so, the executors write through pyarrow and report
+    what they wrote; elsewhere Spark's Parquet writer writes and the driver describes the
+    files (:func:`describe_run`)."""
     if not partitioned:
         rows = rows.repartition(config.buckets, "_bucket")
-    (
-        rows.sortWithinPartitions("_bucket", *config.keys)
-        .write.mode("error")  # "errorifexists": Spark Connect knows only this name
-        .partitionBy("_bucket")
-        .parquet(run_dir)
-    )
+    rows = rows.sortWithinPartitions("_bucket", *config.keys)
+    described = 0.0
+    if run_io.executor_io(blob.root):
+        # The run directory exists, durably, before a task names a file in it.
+        blob.make_dirs(run_dir)
+        run = run_io.write_run_files(rows, run_schema(config).fieldNames(), blob.root, run_dir)
+    else:
+        rows.write.mode("error").partitionBy("_bucket").parquet(run_dir)  # "error": Spark Connect knows only this name
+        started = time.monotonic()
+        run = describe_run(blob, run_dir)
+        described = time.monotonic() - started
+    if timings is not None:
+        timings["describe"] = timings.get("describe", 0.0) + described
+    return run
 
 
 def describe_run(blob: LocalBlob, run_dir: str) -> dict[str, Any]:
-    """A written run as consensus records it: its path, files and row count. Its files are
-    durable when this returns."""
+    """A run Spark's Parquet writer wrote, as consensus records it: its path, files and row
+    count. Its files are durable when this returns."""
     files = run_files(blob, run_dir)
     rows = parquet_rows([blob.path(f["path"]) for f in files])
     return {"path": os.path.relpath(run_dir, blob.root), "files": files, "rows": rows}
@@ -140,20 +167,35 @@ def merge_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs
     A listed file that is missing is an :class:`IntegrityError` naming it, raised before
     Spark reads anything.
     """
+    schema = run_schema(config)
+    files = [f for run in runs for f in run["files"]]
+    check_present(blob, [blob.path(f["path"]) for f in files])
+    return merge_rows(scan_run_files(spark, schema, blob, files, executor=run_io.executor_io(blob.root)), config)
+
+
+def scan_run_files(
+    spark: "SparkSession", schema: "StructType", blob: LocalBlob, files: list[dict[str, Any]], *, executor: bool
+) -> "DataFrame":
+    """The rows of the listed run files in ``schema``, unmerged: read by executors through
+    pyarrow (``executor``) or by Spark's Parquet reader."""
+    if not files:
+        return spark.createDataFrame([], schema)
+    if executor:
+        return run_io.read_run_files(spark, schema, blob.root, files)
+    paths = [blob.path(f["path"]) for f in files]
+    return spark.read.schema(schema).option("recursiveFileLookup", "true").parquet(*paths)
+
+
+def merge_rows(rows: "DataFrame", config: ShardConfig) -> "DataFrame":
+    """Per key the winning row of ``rows`` (run columns), as :func:`merge_runs` ranks them."""
     from pyspark.sql import functions as F
 
-    schema = run_schema(config)
-    paths = [blob.path(f["path"]) for run in runs for f in run["files"]]
-    check_present(blob, paths)
-    if not paths:
-        return spark.createDataFrame([], schema)
-    df = spark.read.schema(schema).option("recursiveFileLookup", "true").parquet(*paths)
     keys = list(config.keys)
     values = [c for c in table_columns(config) if c not in keys]
     order = order_column(config)
     rank = F.struct(F.col(f"`{order}`"), F.col("_ts")) if order else F.col("_ts")
     winner = F.max_by(F.struct(*values, "_deleted", "_ts"), rank).alias("_w")
-    merged = df.groupBy(*keys).agg(winner)
+    merged = rows.groupBy(*keys).agg(winner)
     return merged.select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values + ["_deleted", "_ts"]])
 
 

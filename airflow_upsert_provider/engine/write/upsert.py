@@ -21,7 +21,6 @@ from airflow_upsert_provider.engine.store.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.engine.table.runs import (
     bucket_column,
-    describe_run,
     sync_data_files,
     table_columns,
     write_bucketed,
@@ -83,6 +82,7 @@ def stage_batch(
         return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
 
     job_started = time.monotonic()
+    timings: dict[str, float] = {}
     if config.source_format == "jsonl":
         # One verdict per record (engine/write/records.py): Spark's JSON reader stages a batch only
         # when it reads every line as the exact path does, and only if nothing is bad; any
@@ -90,17 +90,18 @@ def stage_batch(
         batch = None
         if jsonl_fast_path_decides(spark, segments):
             batch = jsonl_records_fast(spark, config, segments)
-            rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
+            rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
             if rejected:
                 shard.blob.delete_tree(run_dir)
                 batch = None
         if batch is None:
             batch = jsonl_records(spark, config, segments)
-            rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
+            rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
     else:
         batch = parquet_records(spark, config, segments)
-        rows_in, rejected = _write_run(batch, config, binding.ts, run_dir)
-    return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
+        rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
+    timings["spark_job"] = time.monotonic() - job_started - timings["describe"]
+    return _finish(shard, binding, batch, rows_in, rejected, run, timings,
                    run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
 
 
@@ -125,8 +126,10 @@ def _stage_kafka(
     batch = kafka_batch_records(
         spark, shard.config, messages, topic=shard.source.topic, envelope=shard.kafka_options.envelope
     )
-    rows_in, rejected = _write_run(batch, shard.config, binding.ts, run_dir)
-    return _finish(shard, binding, batch, rows_in, rejected, time.monotonic() - job_started,
+    timings: dict[str, float] = {}
+    rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
+    timings["spark_job"] = time.monotonic() - job_started - timings["describe"]
+    return _finish(shard, binding, batch, rows_in, rejected, run, timings,
                    run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
 
 
@@ -136,14 +139,15 @@ def _finish(
     batch: "BatchRecords",
     rows_in: int,
     rejected: int,
-    job_seconds: float,
+    run: dict[str, Any],
+    timings: dict[str, float],
     *,
     run_dir: str,
     rejects_dir: str,
     on_bad_record: str,
 ) -> StagedOutput:
     """Rejects (fail: raise naming the first; quarantine: write them beside the run) and the
-    description of the run written."""
+    staged output around the description of the run written."""
     from pyspark.sql import functions as F
 
     rejects = None
@@ -180,13 +184,7 @@ def _finish(
         )
         sync_data_files(shard.blob, rejects_dir)
         rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
-    describe_started = time.monotonic()
-    run = describe_run(shard.blob, run_dir)
-    rows_out = run["rows"]
-    # Reading, validating, reducing and writing are one fused Spark job: they cannot be
-    # timed apart. "describe" is listing the written files and checksumming them.
-    timings = {"spark_job": job_seconds, "describe": time.monotonic() - describe_started}
-    return StagedOutput(run, rejects, rows_in, rows_out, rejected, timings)
+    return StagedOutput(run, rejects, rows_in, run["rows"], rejected, timings)
 
 
 def _reject_entry(file: str, line: int, reason: str) -> dict[str, Any]:
@@ -205,9 +203,12 @@ def _where(entry: dict[str, Any]) -> str:
     return f"{entry['file']} line {entry['line']}"
 
 
-def _write_run(batch: "BatchRecords", config: ShardConfig, ts: int, run_dir: str) -> tuple[int, int]:
+def _write_run(
+    batch: "BatchRecords", shard: Shard, ts: int, run_dir: str, timings: dict[str, float]
+) -> tuple[int, int, dict[str, Any]]:
     """Reduce the batch's records to the latest per key and write them as the run of batch
-    ``ts``; return (records read, records rejected).
+    ``ts``; return (records read, records rejected, the run's description). ``timings``
+    gets "describe": the seconds the driver spent describing the written files.
 
     One Spark job: the records are validated, reduced and written in a single pass, and the
     totals are observed on the way instead of counted by a pre-pass.
@@ -215,12 +216,13 @@ def _write_run(batch: "BatchRecords", config: ShardConfig, ts: int, run_dir: str
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    config = shard.config
     records = batch.records
     totals = Observation(f"batch-{ts}-{uuid.uuid4().hex[:8]}")
     observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
     latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts,
                              change_events=batch.change_events)
-    write_bucketed(latest, config, run_dir, partitioned=True)
+    run = write_bucketed(latest, config, shard.blob, run_dir, partitioned=True, timings=timings)
     try:
         metrics = totals.get
         if "rows_in" not in metrics:
@@ -237,7 +239,7 @@ def _write_run(batch: "BatchRecords", config: ShardConfig, ts: int, run_dir: str
             F.count("_reason").alias("rejected"),
             F.max(F.xxhash64(*[F.col(f"`{c}`") for c in config.column_names()])).alias("_all_columns"),
         ).first()
-    return int(metrics["rows_in"]), int(metrics["rejected"])
+    return int(metrics["rows_in"]), int(metrics["rejected"]), run
 
 
 def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int, *, change_events: bool) -> "DataFrame":

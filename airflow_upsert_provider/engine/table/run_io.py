@@ -1,0 +1,391 @@
+"""Run files written and read by Spark executors through pyarrow filesystems.
+
+Each executor opens the blob with :func:`~airflow_upsert_provider.engine.blob.filesystems.filesystem_for`
+itself, so that an object store (``s3://`` and the other schemes pyarrow knows) is reached with
+the executor's own credential chain on a stock ``pip install pyspark`` (Spark's Hadoop has no
+S3 connector there). What crosses from the driver to the executors is the blob root, the run's
+relative paths and the schema: never a credential (a root carrying one is refused).
+
+Writing: every task writes each bucket it holds as one Parquet file straight to its final,
+unique name under the run directory (no temporary name, no rename, no marker file), hashes
+the bytes as they go out, and reports (path, bytes, rows, SHA-256); the driver collects the
+reports into the run's description, so nothing is read back to describe a run. On the local
+filesystem the task fsyncs the file and the run directory before it reports (data durable
+before the commit that names it); on an object store a completed PUT is durable.
+
+The reports come back through ``mapInArrow(...).collect()`` rather than a Python data source
+writer: a data source writer's ``commit(messages)`` runs in a Python worker the JVM starts,
+not in the process that called ``save()`` (nor on the client of a Spark Connect server), so
+its messages could reach the caller only through one more object written and read back.
+
+Reading: a Python data source (:func:`read_run_files`) whose input partitions are groups of
+the listed files, each read on an executor with pyarrow, yielding record batches in the run
+schema.
+
+Which path a root takes is decided in one place, :func:`executor_io`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from urllib.parse import urlsplit
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow
+    import pyarrow.fs
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+# What each writing task reports per file it wrote.
+WRITTEN_SCHEMA = "path STRING, bytes BIGINT, rows BIGINT, sha256 STRING"
+# Rows gathered before a row group is written: Spark hands a task record batches of 10k rows,
+# and a row group per batch would make files of many small row groups.
+ROW_GROUP_BYTES = 64 << 20
+# How the files of a read are packed into input partitions, as Spark packs file splits:
+# at most this many bytes per partition, each file counting this much more for its opening.
+READ_PARTITION_BYTES = 128 << 20
+READ_OPEN_COST_BYTES = 4 << 20
+# The name the run reader data source is registered under in a session.
+READER_SOURCE_NAME = "upsert_run_files"
+
+
+def executor_io(root: str) -> bool:
+    """Whether runs under ``root`` are written and read by executors through pyarrow (every
+    root with a scheme other than ``file://``) rather than by Spark's own Parquet writer and
+    reader (local and POSIX-mounted roots).
+
+    Local disk keeps Spark's native path because it is measurably faster there
+    (bench/bench_run_io.py, 2 cores, local[2], same run): see docs/performance.md,
+    "Run files through pyarrow". The native path's cost is the driver-side checksum of a
+    batch's files, which the page cache makes cheap on one machine."""
+    return "://" in root and not root.startswith("file://")
+
+
+def check_root_uri(root: str) -> None:
+    """Refuse a root that carries a credential (``s3://KEY:SECRET@bucket``): it would travel
+    to every executor and into query plans. The message never repeats the root."""
+    if "://" not in root:
+        return
+    parts = urlsplit(root)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigurationError(
+            f"blob root {parts.scheme}://{parts.hostname or ''}{parts.path} carries credentials in the URI; "
+            "give them through the environment or the connection instead",
+            field="blob_root",
+        )
+
+
+def relative_to_root(root: str, path: str) -> str:
+    """``path`` (below ``root``) relative to it, for local paths and URIs alike."""
+    base = root.rstrip("/") + "/"
+    if not path.startswith(base):
+        raise ValueError(f"{path} is not below the blob root {root}")
+    return path[len(base) :].strip("/")
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+class HashingSink:
+    """A writable file object over a pyarrow output stream that hashes and counts the bytes
+    as they go out: the checksum of a file is known when it is closed, without reading it."""
+
+    def __init__(self, stream: "pyarrow.NativeFile") -> None:
+        self._stream = stream
+        self._sha256 = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self._sha256.update(view)
+        self._stream.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._stream.close()
+
+    @property
+    def hexdigest(self) -> str:
+        return self._sha256.hexdigest()
+
+
+@dataclass(frozen=True)
+class RunFileTarget:
+    """Where a writing task puts its files: the blob root (a local path or a URI), the run
+    directory relative to it, and the columns a run file holds. Pickled to the executors:
+    no credential in it."""
+
+    root: str
+    run_path: str
+    columns: tuple[str, ...]
+
+
+def sync_local(path: str) -> None:
+    """fsync a file another handle wrote, then its bucket directory and the run directory
+    above it (the new names)."""
+    from airflow_upsert_provider.engine.common.atomic_file import fsync_dir
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    bucket_dir = os.path.dirname(path)
+    fsync_dir(bucket_dir)
+    fsync_dir(os.path.dirname(bucket_dir))
+
+
+def write_bucket_files(
+    batches: Iterable["pyarrow.RecordBatch"], target: RunFileTarget, task_tag: str
+) -> Iterator[dict[str, Any]]:
+    """Write the rows of one task, sorted by (``_bucket``, key), as one Parquet file per bucket
+    (``<run>/_bucket=<n>/part-<task>-<nonce>.parquet``, the layout Spark's writer gives a run)
+    and yield ``{path, bytes, rows, sha256}`` for each file once it is complete (and, on local
+    disk, durable). A bucket without rows writes no file. The run directory must exist on
+    local disk: a task never creates it, so a run directory deleted under a writer fails the
+    task with an error naming it instead of coming back half-filled."""
+    import pyarrow as pa
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
+
+    filesystem, base = filesystem_for(target.root)
+    local = isinstance(filesystem, pyarrow.fs.LocalFileSystem)
+    current: dict[str, Any] | None = None
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        if pending:
+            table = pa.Table.from_batches(pending)
+            current["writer"].write_table(table, row_group_size=table.num_rows)
+            current["rows"] += table.num_rows
+        pending, pending_bytes = [], 0
+
+    def finish() -> dict[str, Any]:
+        flush()
+        current["writer"].close()
+        current["sink"].close()
+        if local:
+            sync_local(current["full"])
+        return {"path": current["path"], "bytes": current["sink"].size, "rows": current["rows"],
+                "sha256": current["sink"].hexdigest}
+
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            buckets = batch.column("_bucket").to_numpy(zero_copy_only=False)
+            data = batch.select(list(target.columns))
+            start = 0
+            # Rows are sorted by bucket: each change of value starts the next bucket's file.
+            for end in [*(int(i) + 1 for i in (buckets[1:] != buckets[:-1]).nonzero()[0]), len(buckets)]:
+                bucket = int(buckets[start])
+                if current is None or current["bucket"] != bucket:
+                    if current is not None:
+                        yield finish()
+                    relative = f"{target.run_path}/_bucket={bucket}/part-{task_tag}-{uuid.uuid4().hex[:8]}.parquet"
+                    full = f"{base.rstrip('/')}/{relative}"
+                    if local:
+                        try:
+                            os.mkdir(os.path.dirname(full))
+                        except FileExistsError:  # another attempt at this bucket made it
+                            pass
+                    sink = HashingSink(filesystem.open_output_stream(full))
+                    current = {"bucket": bucket, "path": relative, "full": full, "sink": sink, "rows": 0,
+                               "writer": pq.ParquetWriter(sink, data.schema)}
+                piece = data.slice(start, end - start)
+                pending.append(piece)
+                pending_bytes += piece.nbytes
+                if pending_bytes >= ROW_GROUP_BYTES:
+                    flush()
+                start = end
+        if current is not None:
+            yield finish()
+            current = None
+    except BaseException:
+        # A failed task leaves no partial file behind where it can (a killed one may: the run
+        # directory is unique to this attempt, and GC collects it with the directory).
+        if current is not None:
+            try:
+                current["sink"].close()
+                filesystem.delete_file(current["full"])
+            except Exception:
+                pass
+        raise
+
+
+def _task_tag() -> str:
+    """This task attempt's id (unique in the Spark application), for its file names."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"t{context.taskAttemptId()}" if context is not None else "t0"
+
+
+def run_writer_task(target: RunFileTarget) -> Callable[[Iterator["pyarrow.RecordBatch"]], Iterator["pyarrow.RecordBatch"]]:
+    """The function each task runs (``mapInArrow``): writes its buckets' files and yields
+    one report row per file, in :data:`WRITTEN_SCHEMA`. It carries ``target`` and nothing
+    else to the executors."""
+
+    def write_task(batches: Iterator["pyarrow.RecordBatch"]) -> Iterator["pyarrow.RecordBatch"]:
+        import pyarrow as pa
+
+        schema = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("rows", pa.int64()), ("sha256", pa.string())])
+        for written in write_bucket_files(batches, target, _task_tag()):
+            yield pa.RecordBatch.from_pylist([written], schema=schema)
+
+    return write_task
+
+
+def write_run_files(rows: "DataFrame", columns: list[str], root: str, run_dir: str) -> dict[str, Any]:
+    """Write ``rows`` (``columns`` plus ``_bucket``, partitioned by bucket and sorted by
+    (``_bucket``, key) within partitions) as a run under ``run_dir`` (which exists), on the
+    executors; return the run's description: ``{path, files: [{path, bytes, sha256}],
+    rows}``, paths relative to ``root``."""
+    check_root_uri(root)
+    target = RunFileTarget(root, relative_to_root(root, run_dir), tuple(columns))
+    reports = rows.mapInArrow(run_writer_task(target), WRITTEN_SCHEMA).collect()
+    files = sorted(({"path": r["path"], "bytes": r["bytes"], "sha256": r["sha256"]} for r in reports),
+                   key=lambda f: f["path"])
+    return {"path": target.run_path, "files": files, "rows": sum(r["rows"] for r in reports)}
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def plan_read_partitions(
+    files: list[tuple[str, int]],
+    *,
+    parallelism: int,
+    max_bytes: int = READ_PARTITION_BYTES,
+    open_cost: int = READ_OPEN_COST_BYTES,
+) -> list[list[str]]:
+    """Pack ``files`` (relative path, bytes) into input partitions the way Spark packs file
+    splits: a partition holds at most ``min(max_bytes, max(open_cost, total / parallelism))``
+    bytes (each file weighing ``open_cost`` more), largest files first, unless one file alone
+    is larger. The listed order of files within a partition is kept stable."""
+    if not files:
+        return []
+    total = sum(size + open_cost for _, size in files)
+    target = min(max_bytes, max(open_cost, total // max(1, parallelism)))
+    partitions: list[list[str]] = []
+    current: list[str] = []
+    current_bytes = 0
+    for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
+        weight = size + open_cost
+        if current and current_bytes + weight > target:
+            partitions.append(current)
+            current, current_bytes = [], 0
+        current.append(path)
+        current_bytes += weight
+    partitions.append(current)
+    return partitions
+
+
+def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
+    """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
+    ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
+    timestamps as INT96, which pyarrow reads as nanoseconds)."""
+    import pyarrow.parquet as pq
+
+    from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
+
+    filesystem, base = filesystem_for(root)
+    for path in paths:
+        with filesystem.open_input_file(f"{base.rstrip('/')}/{path}") as handle:
+            parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
+            for batch in parquet.iter_batches(columns=schema.names, use_threads=False):
+                yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
+
+
+_reader_source: type | None = None
+
+
+def _run_reader_source() -> type:
+    """The data source class that reads run files (one class per process: it carries no state,
+    a read's root, files and schema come in its options)."""
+    global _reader_source
+    if _reader_source is not None:
+        return _reader_source
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class RunFilesReader(DataSourceReader):
+        def __init__(self, options: dict[str, str], schema: "StructType") -> None:
+            self.root = options["root"]
+            self.partitioned = json.loads(options["partitions"])
+            self.schema = schema
+
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(paths) for paths in self.partitioned]
+
+        def read(self, partition: InputPartition) -> Iterator["pyarrow.RecordBatch"]:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            if partition.value is None:
+                return  # Spark reads one placeholder partition when there are none
+            yield from read_files(self.root, partition.value, to_arrow_schema(self.schema, timezone="UTC"))
+
+    class RunFilesSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return READER_SOURCE_NAME
+
+        def schema(self) -> str:
+            raise ValueError("the run reader is given the run schema by the caller")
+
+        def reader(self, schema: "StructType") -> DataSourceReader:
+            return RunFilesReader(dict(self.options), schema)
+
+    _reader_source = RunFilesSource
+    return RunFilesSource
+
+
+def _read_parallelism(spark: "SparkSession") -> int:
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # a Spark Connect client has no SparkContext
+        return int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8)
+
+
+def read_run_files(spark: "SparkSession", schema: "StructType", root: str, files: list[dict[str, Any]]) -> "DataFrame":
+    """The rows of the run ``files`` (``{path, bytes}``, paths relative to ``root``) in
+    ``schema``, read by executors through pyarrow. Lazy like any DataFrame."""
+    check_root_uri(root)
+    # Registered on every read: registering again replaces the same stateless class, and a
+    # session this process opened later (or a Connect session the server renewed) has it too.
+    spark.dataSource.register(_run_reader_source())
+    partitions = plan_read_partitions([(f["path"], int(f["bytes"])) for f in files],
+                                      parallelism=_read_parallelism(spark))
+    return (
+        spark.read.format(READER_SOURCE_NAME)
+        .schema(schema)
+        .option("root", root)
+        .option("partitions", json.dumps(partitions))
+        .load()
+    )
