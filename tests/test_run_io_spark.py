@@ -61,10 +61,11 @@ def listed_files(directory: str) -> set[str]:
 
 
 @sqlite_only
-def test_the_executors_report_what_they_wrote(spark, consensus, blob, tmp_path):
+def test_the_executors_report_what_they_wrote(spark, consensus, blob, tmp_path, monkeypatch):
     """The run's description comes from the tasks, and is exactly what is on disk: every
     file listed with its real size and SHA-256, the row count of the footers, one file per
     bucket, nothing else in the run directory (no temporary name, no marker file)."""
+    monkeypatch.setattr(run_io, "executor_io", lambda root: True)  # also where imported alone
     landing = str(tmp_path / "landing")
     write_segment(landing, "p0", 0, [{"id": i, "v": f"a{i}", "ts": 1} for i in range(200)])
     write_segment(landing, "p1", 0, [{"id": i, "v": f"b{i}", "ts": 2, "deleted": i % 7 == 0} for i in range(100, 300)])
@@ -93,11 +94,14 @@ def test_the_executors_report_what_they_wrote(spark, consensus, blob, tmp_path):
 
 
 @sqlite_only
-def test_a_compaction_reads_runs_spark_wrote_and_writes_through_the_executors(spark, consensus, blob, tmp_path):
+def test_a_compaction_reads_runs_spark_wrote_and_writes_through_the_executors(spark, consensus, blob, tmp_path,
+                                                                              monkeypatch):
     """A shard whose runs Spark's writer wrote (INT96 timestamps among them) is compacted by
     the executors: same table before and after, and the compacted run is described from
     its tasks."""
     import json
+
+    monkeypatch.setattr(run_io, "executor_io", lambda root: True)  # also where imported alone
 
     landing = str(tmp_path / "landing")
     schema = json.dumps({"type": "struct", "fields": [

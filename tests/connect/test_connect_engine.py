@@ -25,6 +25,10 @@ from tests.kafka.test_kafka_shard import (  # noqa: F401
 )
 from tests.kafka.test_kafka_cli import test_debezium_topic_through_upsertctl  # noqa: F401
 from tests.kafka.test_continuous import test_continuous_run_with_prefetch_equals_the_oracle  # noqa: F401
+from tests.test_run_io_spark import (  # noqa: F401  (runs written and read by the executors through pyarrow)
+    test_a_compaction_reads_runs_spark_wrote_and_writes_through_the_executors,
+    test_the_executors_report_what_they_wrote,
+)
 
 
 def test_the_session_is_a_connect_client_without_a_spark_context(spark):

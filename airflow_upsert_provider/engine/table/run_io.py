@@ -33,7 +33,6 @@ import os
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
-from urllib.parse import urlsplit
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
@@ -69,15 +68,17 @@ def executor_io(root: str) -> bool:
 
 
 def check_root_uri(root: str) -> None:
-    """Refuse a root that carries a credential (``s3://KEY:SECRET@bucket``): it would travel
-    to every executor and into query plans. The message never repeats the root."""
+    """Refuse a root that carries a credential (``s3://KEY:SECRET@bucket``, the secret
+    URL-encoded or not): it would travel to every executor and into query plans. The
+    message never repeats the credential."""
     if "://" not in root:
         return
-    parts = urlsplit(root)
-    if parts.username is not None or parts.password is not None:
+    scheme, rest = root.split("://", 1)
+    userinfo, at, location = rest.partition("@")
+    if at and ("/" not in userinfo or ":" in userinfo):
         raise ConfigurationError(
-            f"blob root {parts.scheme}://{parts.hostname or ''}{parts.path} carries credentials in the URI; "
-            "give them through the environment or the connection instead",
+            f"blob root {scheme}://{location} is given with credentials in the URI; give them "
+            "through the environment or the connection instead",
             field="blob_root",
         )
 
@@ -208,7 +209,8 @@ def write_bucket_files(
                 bucket = int(buckets[start])
                 if current is None or current["bucket"] != bucket:
                     if current is not None:
-                        yield finish()
+                        done, current = finish(), None
+                        yield done
                     relative = f"{target.run_path}/_bucket={bucket}/part-{task_tag}-{uuid.uuid4().hex[:8]}.parquet"
                     full = f"{base.rstrip('/')}/{relative}"
                     if local:
@@ -226,17 +228,17 @@ def write_bucket_files(
                     flush()
                 start = end
         if current is not None:
-            yield finish()
-            current = None
+            done, current = finish(), None
+            yield done
     except BaseException:
         # A failed task leaves no partial file behind where it can (a killed one may: the run
         # directory is unique to this attempt, and GC collects it with the directory).
         if current is not None:
-            try:
-                current["sink"].close()
-                filesystem.delete_file(current["full"])
-            except Exception:
-                pass
+            for step in (current["writer"].close, current["sink"].close, lambda: filesystem.delete_file(current["full"])):
+                try:
+                    step()
+                except Exception:
+                    pass
         raise
 
 
@@ -373,6 +375,13 @@ def _read_parallelism(spark: "SparkSession") -> int:
         return int(spark.conf.get("spark.sql.shuffle.partitions", "8") or 8)
 
 
+def reader_options(root: str, files: list[dict[str, Any]], parallelism: int) -> dict[str, str]:
+    """The run reader's options for one read: the root and the files, packed into input
+    partitions. Options are part of what Spark records about a query: nothing secret here."""
+    partitions = plan_read_partitions([(f["path"], int(f["bytes"])) for f in files], parallelism=parallelism)
+    return {"root": root, "partitions": json.dumps(partitions)}
+
+
 def read_run_files(spark: "SparkSession", schema: "StructType", root: str, files: list[dict[str, Any]]) -> "DataFrame":
     """The rows of the run ``files`` (``{path, bytes}``, paths relative to ``root``) in
     ``schema``, read by executors through pyarrow. Lazy like any DataFrame."""
@@ -380,12 +389,9 @@ def read_run_files(spark: "SparkSession", schema: "StructType", root: str, files
     # Registered on every read: registering again replaces the same stateless class, and a
     # session this process opened later (or a Connect session the server renewed) has it too.
     spark.dataSource.register(_run_reader_source())
-    partitions = plan_read_partitions([(f["path"], int(f["bytes"])) for f in files],
-                                      parallelism=_read_parallelism(spark))
     return (
         spark.read.format(READER_SOURCE_NAME)
         .schema(schema)
-        .option("root", root)
-        .option("partitions", json.dumps(partitions))
+        .options(**reader_options(root, files, _read_parallelism(spark)))
         .load()
     )
