@@ -36,6 +36,7 @@ from tests.test_writer import (  # noqa: F401
     test_two_writers_stage_identical_batches,
 )
 from tests.maintenance.test_compaction import test_reads_at_every_ts_from_since_are_unchanged  # noqa: F401
+from tests.maintenance.test_cli import test_read_of_a_run_damaged_in_place_exits_4_naming_it  # noqa: F401
 from tests.test_record_shapes import (  # noqa: F401
     fail_batches,
     fast_path_decides,
