@@ -59,7 +59,7 @@ def write_native(rows, config, blob, run_dir: str) -> dict:
 def write_executors(rows, config, blob, run_dir: str) -> dict:
     rows = rows.repartition(config.buckets, "_bucket").sortWithinPartitions("_bucket", *config.keys)
     blob.make_dirs(run_dir)
-    return write_run_files(rows, runs.run_schema(config).fieldNames(), blob.root, run_dir)
+    return write_run_files(rows, runs.run_schema(config).fieldNames(), blob, run_dir)
 
 
 def merged(spark, config, blob, run: dict, executor: bool):

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_upsert_provider.engine.blob import filesystems
-from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.run_io import RunFileTarget, plan_read_partitions, write_bucket_files
 
@@ -200,20 +199,6 @@ def test_no_credential_travels_in_what_the_executors_receive(monkeypatch):
     assert SECRET.encode() in carried
 
 
-def test_a_root_carrying_credentials_is_refused_without_repeating_them():
-    from urllib.parse import quote
-
-    for secret in (SECRET, quote(SECRET, safe="")):
-        with pytest.raises(ConfigurationError) as caught:
-            run_io.check_root_uri(f"s3://AKIAEXAMPLE:{secret}@bucket/prefix")
-        assert caught.value.details["field"] == "blob_root"
-        assert secret not in caught.value.message and "AKIAEXAMPLE" not in caught.value.message
-        assert "s3://bucket/prefix" in caught.value.message
-    run_io.check_root_uri("s3://bucket/prefix")
-    run_io.check_root_uri("s3://bucket/team@example/prefix")  # an @ inside a key is no credential
-    run_io.check_root_uri("/var/lib/upsert")
-
-
 # -- which path a root takes, and paths ----------------------------------------------------
 
 
@@ -224,23 +209,6 @@ def test_a_root_carrying_credentials_is_refused_without_repeating_them():
 )
 def test_executors_do_run_io_for_roots_with_a_scheme(root, executors):
     assert run_io.executor_io(root) is executors
-
-
-def test_paths_relative_to_the_root():
-    assert run_io.relative_to_root("/b", "/b/s/runs/x") == "s/runs/x"
-    assert run_io.relative_to_root("s3://bucket/p/", "s3://bucket/p/s/runs/x") == "s/runs/x"
-    with pytest.raises(ValueError, match="not below the blob root"):
-        run_io.relative_to_root("/b", "/bb/s")
-
-
-def test_filesystem_for_local_paths_and_uris(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    fs, path = filesystems.filesystem_for("blob/x")
-    assert isinstance(fs, pyarrow.fs.LocalFileSystem) and path == str(tmp_path / "blob" / "x")
-    fs, path = filesystems.filesystem_for("file:///var/x")
-    assert isinstance(fs, pyarrow.fs.LocalFileSystem) and path == "/var/x"
-    fs, path = filesystems.filesystem_for("mock:///bucket/p")
-    assert fs.type_name == "mock" and path == "bucket/p"
 
 
 # -- reading -------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Each executor opens the blob with :func:`~airflow_upsert_provider.engine.blob.fi
 itself, so that an object store (``s3://`` and the other schemes pyarrow knows) is reached with
 the executor's own credential chain on a stock ``pip install pyspark`` (Spark's Hadoop has no
 S3 connector there). What crosses from the driver to the executors is the blob root, the run's
-relative paths and the schema: never a credential (a root carrying one is refused).
+relative paths and the schema: never a credential (a root carrying one is refused when the
+blob is opened).
 
 Writing: every task writes each bucket it holds as one Parquet file straight to its final,
 unique name under the run directory (no temporary name, no rename, no marker file), hashes
@@ -34,13 +35,14 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from airflow_upsert_provider.engine.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import pyarrow
     import pyarrow.fs
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from airflow_upsert_provider.engine.blob.interface import Blob
 
 # What each writing task reports per file it wrote.
 WRITTEN_SCHEMA = "path STRING, bytes BIGINT, rows BIGINT, sha256 STRING"
@@ -66,31 +68,9 @@ def executor_io(root: str) -> bool:
     compacts them 0.98-1.71x (every row crosses from a Python worker to the JVM as Arrow,
     where Spark's reader decodes Parquet in the JVM): beyond the 15% one code path would be
     worth. Figures: docs/performance.md, "Run files through pyarrow"."""
-    return "://" in root and not root.startswith("file://")
+    from airflow_upsert_provider.engine.blob.filesystems import split_uri
 
-
-def check_root_uri(root: str) -> None:
-    """Refuse a root that carries a credential (``s3://KEY:SECRET@bucket``, the secret
-    URL-encoded or not): it would travel to every executor and into query plans. The
-    message never repeats the credential."""
-    if "://" not in root:
-        return
-    scheme, rest = root.split("://", 1)
-    userinfo, at, location = rest.partition("@")
-    if at and ("/" not in userinfo or ":" in userinfo):
-        raise ConfigurationError(
-            f"blob root {scheme}://{location} is given with credentials in the URI; give them "
-            "through the environment or the connection instead",
-            field="blob_root",
-        )
-
-
-def relative_to_root(root: str, path: str) -> str:
-    """``path`` (below ``root``) relative to it, for local paths and URIs alike."""
-    base = root.rstrip("/") + "/"
-    if not path.startswith(base):
-        raise ValueError(f"{path} is not below the blob root {root}")
-    return path[len(base) :].strip("/")
+    return bool(split_uri(root)[0])
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -267,13 +247,12 @@ def run_writer_task(target: RunFileTarget) -> Callable[[Iterator["pyarrow.Record
     return write_task
 
 
-def write_run_files(rows: "DataFrame", columns: list[str], root: str, run_dir: str) -> dict[str, Any]:
+def write_run_files(rows: "DataFrame", columns: list[str], blob: "Blob", run_dir: str) -> dict[str, Any]:
     """Write ``rows`` (``columns`` plus ``_bucket``, partitioned by bucket and sorted by
-    (``_bucket``, key) within partitions) as a run under ``run_dir`` (which exists), on the
-    executors; return the run's description: ``{path, files: [{path, bytes, sha256}],
-    rows}``, paths relative to ``root``."""
-    check_root_uri(root)
-    target = RunFileTarget(root, relative_to_root(root, run_dir), tuple(columns))
+    (``_bucket``, key) within partitions) as a run under ``run_dir`` (which exists on local
+    disk), on the executors; return the run's description: ``{path, files: [{path, bytes,
+    sha256}], rows}``, paths relative to the blob root."""
+    target = RunFileTarget(blob.root, blob.relative(run_dir), tuple(columns))
     reports = rows.mapInArrow(run_writer_task(target), WRITTEN_SCHEMA).collect()
     files = sorted(({"path": r["path"], "bytes": r["bytes"], "sha256": r["sha256"]} for r in reports),
                    key=lambda f: f["path"])
@@ -387,7 +366,6 @@ def reader_options(root: str, files: list[dict[str, Any]], parallelism: int) -> 
 def read_run_files(spark: "SparkSession", schema: "StructType", root: str, files: list[dict[str, Any]]) -> "DataFrame":
     """The rows of the run ``files`` (``{path, bytes}``, paths relative to ``root``) in
     ``schema``, read by executors through pyarrow. Lazy like any DataFrame."""
-    check_root_uri(root)
     # Registered on every read: registering again replaces the same stateless class, and a
     # session this process opened later (or a Connect session the server renewed) has it too.
     spark.dataSource.register(_run_reader_source())

@@ -20,7 +20,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow_upsert_provider.engine.blob.files import LocalBlob
+from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import IntegrityError
 from airflow_upsert_provider.engine.table import run_io
@@ -73,7 +73,7 @@ def bucket_column(config: ShardConfig) -> "Column":
 def write_bucketed(
     rows: "DataFrame",
     config: ShardConfig,
-    blob: LocalBlob,
+    blob: Blob,
     run_dir: str,
     *,
     partitioned: bool = False,
@@ -97,7 +97,7 @@ def write_bucketed(
     if run_io.executor_io(blob.root):
         # The run directory exists, durably, before a task names a file in it.
         blob.make_dirs(run_dir)
-        run = run_io.write_run_files(rows, run_schema(config).fieldNames(), blob.root, run_dir)
+        run = run_io.write_run_files(rows, run_schema(config).fieldNames(), blob, run_dir)
     else:
         rows.write.mode("error").partitionBy("_bucket").parquet(run_dir)  # "error": Spark Connect knows only this name
         started = time.monotonic()
@@ -108,7 +108,7 @@ def write_bucketed(
     return run
 
 
-def describe_run(blob: LocalBlob, run_dir: str) -> dict[str, Any]:
+def describe_run(blob: Blob, run_dir: str) -> dict[str, Any]:
     """A run Spark's Parquet writer wrote, as consensus records it: its path, files and row
     count. Its files are durable when this returns."""
     files = run_files(blob, run_dir)
@@ -116,7 +116,7 @@ def describe_run(blob: LocalBlob, run_dir: str) -> dict[str, Any]:
     return {"path": os.path.relpath(run_dir, blob.root), "files": files, "rows": rows}
 
 
-def run_files(blob: LocalBlob, run_dir: str) -> list[dict[str, Any]]:
+def run_files(blob: Blob, run_dir: str) -> list[dict[str, Any]]:
     """The Parquet files of a written run, relative to the blob root, with their sizes and
     SHA-256, fsynced with their directories. The checksum is taken here, while the files
     are fresh in the page cache, so that a checkpoint lists it without reading the table
@@ -130,7 +130,7 @@ def run_files(blob: LocalBlob, run_dir: str) -> list[dict[str, Any]]:
     return listed
 
 
-def sync_data_files(blob: LocalBlob, directory: str) -> None:
+def sync_data_files(blob: Blob, directory: str) -> None:
     """Make the data files Spark wrote below ``directory`` (e.g. a batch's rejects) durable
     before a commit names it; Spark's hidden and marker files (``.crc``, ``_SUCCESS``) are
     not data."""
@@ -146,7 +146,7 @@ def parquet_rows(paths: list[str]) -> int:
     return sum(pq.read_metadata(p).num_rows for p in paths)
 
 
-def read_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs: list[dict[str, Any]]) -> "DataFrame":
+def read_runs(spark: "SparkSession", config: ShardConfig, blob: Blob, runs: list[dict[str, Any]]) -> "DataFrame":
     """Merge runs (see :func:`merge_runs`); tombstones removed, user columns only."""
     from pyspark.sql import functions as F
 
@@ -155,7 +155,7 @@ def read_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs:
     return merge_runs(spark, config, blob, runs).where(~F.col("_deleted")).select(*keys, *values)
 
 
-def merge_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs: list[dict[str, Any]]) -> "DataFrame":
+def merge_runs(spark: "SparkSession", config: ShardConfig, blob: Blob, runs: list[dict[str, Any]]) -> "DataFrame":
     """Merge runs keeping the run columns: per key the winning row, with its ``_deleted``
     and ``_ts`` (tombstones kept; compaction writes this, reads filter it).
 
@@ -174,7 +174,7 @@ def merge_runs(spark: "SparkSession", config: ShardConfig, blob: LocalBlob, runs
 
 
 def scan_run_files(
-    spark: "SparkSession", schema: "StructType", blob: LocalBlob, files: list[dict[str, Any]], *, executor: bool
+    spark: "SparkSession", schema: "StructType", blob: Blob, files: list[dict[str, Any]], *, executor: bool
 ) -> "DataFrame":
     """The rows of the listed run files in ``schema``, unmerged: read by executors through
     pyarrow (``executor``) or by Spark's Parquet reader."""
@@ -203,7 +203,7 @@ def merge_rows(rows: "DataFrame", config: ShardConfig) -> "DataFrame":
 MAX_LISTED_MISSING = 20
 
 
-def check_present(blob: LocalBlob, paths: list[str]) -> None:
+def check_present(blob: Blob, paths: list[str]) -> None:
     """Raise :class:`IntegrityError` naming the first missing file (one stat per file), so
     that a committed run whose file was deleted fails as corruption, not inside Spark."""
     missing = [p for p in paths if not blob.exists(p)]
@@ -217,7 +217,7 @@ def check_present(blob: LocalBlob, paths: list[str]) -> None:
         )
 
 
-def file_problem(blob: LocalBlob, listed: dict[str, Any], recorded_by: str) -> tuple[str | None, str | None]:
+def file_problem(blob: Blob, listed: dict[str, Any], recorded_by: str) -> tuple[str | None, str | None]:
     """One check of a listed run file, for checkpoint ``create`` and ``verify`` and a failed read:
     (SHA-256, None) for a listed file that is present, of the recorded size and checksum
     (a ``sha256`` of None: none was recorded) and readable Parquet; else (None, reason).

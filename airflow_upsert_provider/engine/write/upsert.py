@@ -303,7 +303,7 @@ def batch_ts_column(ts: int) -> "Column":
 
 
 def _relative(shard: Shard, path: str) -> str:
-    return os.path.relpath(path, shard.blob.root)
+    return shard.blob.relative(path)
 
 
 def _local_path(uri: str) -> str:
