@@ -6,6 +6,11 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # The slowest tests of each pytest process, so that a suite growing slow shows where.
 DURATIONS ?= --durations=25
+# The main suite runs on this many pytest-xdist workers, each with its own SparkSession,
+# PostgreSQL server and Airflow home; whole modules go to a worker (--dist loadfile), so a
+# module's shared batches are built once. Two, not one per core: every worker's Spark jobs
+# and subprocesses use more than one core, and memory grows with each worker.
+WORKERS ?= 2
 
 .PHONY: demo test test-fast bench check-java clean
 
@@ -22,13 +27,14 @@ check-java:
 demo: $(STAMP) check-java
 	$(BIN)/python demo/demo.py
 
-# Two pytest processes: tests/connect runs the engine through a Spark Connect server, and a
-# process that holds an in-process SparkSession cannot also hold a Connect one. Either run
+# Two pytest runs: tests/connect runs the engine through a Spark Connect server, and a
+# process that holds an in-process SparkSession cannot also hold a Connect one (it runs on
+# one process: its tests share one Connect server). Either run
 # failing, or collecting nothing (exit 5), fails the target. The last line gives each
 # process's wall time and their total (pytest reports each process's own only).
 test: $(STAMP) check-java
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -ra $(DURATIONS) --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest -ra $(DURATIONS) -n $(WORKERS) --dist loadfile --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
 	middle=$$(date +%s); \
 	$(BIN)/python -m pytest -ra $(DURATIONS) tests/connect $(PYTEST_ARGS); connect=$$?; \
 	end=$$(date +%s); \
@@ -38,7 +44,7 @@ test: $(STAMP) check-java
 # The fast set: no multi-process, cluster or Airflow end-to-end tests.
 test-fast: $(STAMP) check-java
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" -n $(WORKERS) --dist loadfile --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
 	middle=$$(date +%s); \
 	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" tests/connect $(PYTEST_ARGS); connect=$$?; \
 	end=$$(date +%s); \

@@ -53,6 +53,8 @@ UPSERT_CONNECTION_EXTRA = {
     "default_max_files_per_batch": MAX_FILES_PER_BATCH,
     # Used only by shards that read a Kafka topic (the demo's shard reads a directory).
     "kafka_conn_id": "kafka_default",
+    # Used only when blob_root is on S3 (the demo's is a local directory).
+    "aws_conn_id": "aws_default",
 }
 BIN = os.path.dirname(sys.executable)
 

@@ -162,3 +162,19 @@ def pytest_collection_modifyitems(config, items):
             "tests/connect must run in its own pytest process: run `pytest --ignore=tests/connect` "
             "and `pytest tests/connect` (make test runs both)"
         )
+    slow_modules_first(items)
+
+
+def slow_modules_first(items: list) -> None:
+    """Modules with the most ``slow`` tests go first, each module's tests kept together and
+    in their order. ``make test`` hands whole modules to its workers (``--dist loadfile``) in
+    this order, so the longest ones start at once instead of ending the run on one worker
+    while the other idles."""
+    first_seen: dict[str, int] = {}
+    slow: dict[str, int] = {}
+    for item in items:
+        module = str(item.path)
+        first_seen.setdefault(module, len(first_seen))
+        if item.get_closest_marker("slow") is not None:
+            slow[module] = slow.get(module, 0) + 1
+    items.sort(key=lambda item: (-slow.get(str(item.path), 0), first_seen[str(item.path)]))
