@@ -196,20 +196,9 @@ class UpsertShardHook(BaseHook):
                 "(or remove aws_conn_id to use the standard credential chain of this machine)",
                 field="aws_conn_id",
             ) from None
-        try:
-            conn = self.get_connection(conn_id)
-        except AirflowNotFoundException:
-            # The AWS hook would fall back to the machine's chain: a named connection must exist.
-            raise ConfigurationError(
-                f"Airflow connection {conn_id!r} (aws_conn_id of {self.upsert_conn_id!r}) is not defined "
-                "(create it with conn type 'aws')",
-                field="aws_conn_id",
-            ) from None
-        if conn.conn_type != "aws":
-            raise ConfigurationError(
-                f"Airflow connection {conn_id!r} has type {conn.conn_type!r}; aws_conn_id needs type 'aws'",
-                field="aws_conn_id",
-            )
+        # The AWS hook would fall back to the machine's chain: a named connection must exist.
+        conn = self._typed_connection(conn_id, "aws", "aws_conn_id",
+                                      f"aws_conn_id of {self.upsert_conn_id!r}; create it with conn type 'aws'")
         self._mask(conn.password)
         aws = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
         try:
@@ -320,19 +309,8 @@ class UpsertShardHook(BaseHook):
         """
         from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 
-        try:
-            conn = self.get_connection(kafka_conn_id)
-        except AirflowNotFoundException:
-            raise ConfigurationError(
-                f"Airflow connection {kafka_conn_id!r} is not defined (create it with conn type 'kafka', "
-                "its extra the client config)",
-                field="kafka_conn_id",
-            ) from None
-        if conn.conn_type != "kafka":
-            raise ConfigurationError(
-                f"Airflow connection {kafka_conn_id!r} has type {conn.conn_type!r}; expected 'kafka'",
-                field="kafka_conn_id",
-            )
+        conn = self._typed_connection(kafka_conn_id, "kafka", "kafka_conn_id",
+                                      "create it with conn type 'kafka', its extra the client config")
         try:
             extra = conn.extra_dejson
         except Exception:  # never quote an extra: it holds the credentials
@@ -416,6 +394,20 @@ class UpsertShardHook(BaseHook):
         # Before the JVM starts: its executors and Python workers inherit the credentials.
         self._export_s3_credentials()
         return get_spark(self.spark_master(), app_name=app_name, conf=conf)
+
+    def _typed_connection(self, conn_id: str, conn_type: str, field: str, hint: str) -> Any:
+        """The Airflow connection ``conn_id``, which must exist and be of ``conn_type``; a
+        :class:`ConfigurationError` on ``field`` otherwise (``hint``: how to make it)."""
+        try:
+            conn = self.get_connection(conn_id)
+        except AirflowNotFoundException:
+            raise ConfigurationError(f"Airflow connection {conn_id!r} is not defined ({hint})", field=field) from None
+        if conn.conn_type != conn_type:
+            raise ConfigurationError(
+                f"Airflow connection {conn_id!r} has type {conn.conn_type!r}; {field} needs type {conn_type!r}",
+                field=field,
+            )
+        return conn
 
     def close(self) -> None:
         if self._consensus is not None:

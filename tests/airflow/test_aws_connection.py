@@ -161,16 +161,9 @@ def test_submit_mode_hands_the_credentials_to_spark_submit_through_its_environme
     from airflow.sdk.exceptions import AirflowException
 
     from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, _RunPlan
-    from tests.airflow.test_submit_secrets import RECORDER, VENV_BIN
+    from tests.airflow.test_submit_secrets import install_recorder
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "spark-submit"
-    script.write_text(RECORDER.format(python=sys.executable, real=os.path.join(VENV_BIN, "spark-submit")))
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    record_file = tmp_path / "record.json"
-    monkeypatch.setenv("SUBMIT_RECORD", str(record_file))
+    record_file = install_recorder(tmp_path, monkeypatch)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
         {"conn_type": "spark", "host": "yarn", "extra": {"queue": "etl"}}))
     key, secret, token = identities.role

@@ -59,8 +59,8 @@ class TaskInstance:
     dag_id, run_id, task_id, map_index, try_number = "upsert_microbatch", "manual__1", "upsert", -1, 1
 
 
-@pytest.fixture
-def recorder(tmp_path, monkeypatch):
+def install_recorder(tmp_path, monkeypatch):
+    """Put a recording spark-submit first on PATH; return the file its record lands in."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "spark-submit"
@@ -69,6 +69,12 @@ def recorder(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     record = tmp_path / "record.json"
     monkeypatch.setenv("SUBMIT_RECORD", str(record))
+    return record
+
+
+@pytest.fixture
+def recorder(tmp_path, monkeypatch):
+    record = install_recorder(tmp_path, monkeypatch)
     # Nothing secret may come from the worker's own environment either.
     monkeypatch.delenv("UPSERT_CONSENSUS_URL", raising=False)
     return lambda: json.loads(record.read_text())

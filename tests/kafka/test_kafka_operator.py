@@ -73,7 +73,7 @@ def test_a_kafka_shard_without_a_kafka_connection_or_with_the_wrong_type_fails_w
     assert str(unnamed.value).startswith(
         f"configuration error: shard 'events' reads kafka topic {shard.source.topic!r} and no kafka connection is "
         "named: pass kafka_conn_id to the operator, or set 'kafka_conn_id' in the extra of the upsert connection")
-    with pytest.raises(AirflowFailException, match="connection 'not_kafka' has type 'http'; expected 'kafka'"):
+    with pytest.raises(AirflowFailException, match="connection 'not_kafka' has type 'http'; kafka_conn_id needs type 'kafka'"):
         MicroBatchUpsertOperator(task_id="upsert", shard=shard.shard_id, kafka_conn_id="not_kafka").execute(
             {"ti": TaskInstance()})
     name_in_upsert_connection("missing")
