@@ -70,3 +70,42 @@ def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_p
     finally:
         consensus.dispose()
     assert table_from_rows(json.loads(line) for line in run("read", "s").splitlines()) == expected
+
+
+def test_a_quarantining_batch_on_s3_writes_its_rejects_from_the_executors(s3_server, s3_root, tmp_path):
+    """Rejects go where Spark's JSON writer cannot reach on a stock PySpark: each task writes
+    its quarantined records as one JSON Lines object at its final name and reports it; the
+    batch commits, and the rejects are readable from the bucket as the batch describes them."""
+    landing = str(tmp_path / "landing")
+    write_segment(landing, "p0", 0, [{"id": i, "v": "a", "ts": 1} for i in range(40)])
+    expected = oracle_table(landing, order_by="ts", delete_marker="deleted")
+    bad_lines = ['{"id": "seven", "v": "x", "ts": 3}', "not json at all"]
+    with open(f"{landing}/p0/1.jsonl", "w") as handle:
+        handle.write("\n".join(bad_lines) + "\n" + json.dumps({"id": 99, "v": "z", "ts": 2}) + "\n")
+    expected[(99,)] = {"id": 99, "v": "z", "ts": 2}
+    url = f"sqlite:///{tmp_path / 'consensus.db'}"
+    env = cli_env(url, s3_root)
+    bucket, prefix = s3_root[len("s3://"):].split("/", 1)
+
+    def run(*args: str) -> str:
+        done = upsertctl(*args, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
+        "--buckets", "2", "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
+    run("run-batch", "s", "--on-bad-record", "quarantine")
+    assert table_from_rows(json.loads(line) for line in run("read", "s").splitlines()) == expected
+
+    consensus = open_consensus(url)
+    try:
+        rejects = consensus.get_batch("s", 0).stats["rejects"]
+    finally:
+        consensus.dispose()
+    assert rejects["rows"] == 2 and rejects["path"].startswith("s/rejects/ts=000000000000/")
+    check_run_is_what_is_stored(s3_server, bucket, prefix, rejects)
+    quarantined = [json.loads(line) for data in stored_objects(s3_server, bucket, f"{prefix}/{rejects['path']}/").values()
+                   for line in data.decode().splitlines()]
+    assert sorted((r["file"], r["line"], r["record"]) for r in quarantined) == [
+        (f"{landing}/p0/1.jsonl", 1, bad_lines[0]), (f"{landing}/p0/1.jsonl", 2, bad_lines[1])]
+    assert all(r["reason"] for r in quarantined)

@@ -232,19 +232,34 @@ def _task_tag() -> str:
     return f"t{context.taskAttemptId()}" if context is not None else "t0"
 
 
-def run_writer_task(target: RunFileTarget) -> Callable[[Iterator["pyarrow.RecordBatch"]], Iterator["pyarrow.RecordBatch"]]:
-    """The function each task runs (``mapInArrow``): writes its buckets' files and yields
-    one report row per file, in :data:`WRITTEN_SCHEMA`. It carries ``target`` and nothing
-    else to the executors."""
+FileWriter = Callable[[Iterable["pyarrow.RecordBatch"], RunFileTarget, str], Iterator[dict[str, Any]]]
+
+
+def run_writer_task(
+    target: RunFileTarget, write_files: FileWriter | None = None
+) -> Callable[[Iterator["pyarrow.RecordBatch"]], Iterator["pyarrow.RecordBatch"]]:
+    """The function each task runs (``mapInArrow``): writes its files with ``write_files``
+    (a run's bucket files by default) and yields one report row per file, in
+    :data:`WRITTEN_SCHEMA`. It carries ``target`` and nothing else to the executors."""
+    write = write_files or write_bucket_files
 
     def write_task(batches: Iterator["pyarrow.RecordBatch"]) -> Iterator["pyarrow.RecordBatch"]:
         import pyarrow as pa
 
         schema = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("rows", pa.int64()), ("sha256", pa.string())])
-        for written in write_bucket_files(batches, target, _task_tag()):
+        for written in write(batches, target, _task_tag()):
             yield pa.RecordBatch.from_pylist([written], schema=schema)
 
     return write_task
+
+
+def _written_by_tasks(rows: "DataFrame", target: RunFileTarget, write_files: FileWriter) -> dict[str, Any]:
+    """Run ``write_files`` in every task of ``rows`` and gather what the tasks report:
+    ``{path, files: [{path, bytes, sha256}], rows}``, paths relative to the blob root."""
+    reports = rows.mapInArrow(run_writer_task(target, write_files), WRITTEN_SCHEMA).collect()
+    files = sorted(({"path": r["path"], "bytes": r["bytes"], "sha256": r["sha256"]} for r in reports),
+                   key=lambda f: f["path"])
+    return {"path": target.run_path, "files": files, "rows": sum(r["rows"] for r in reports)}
 
 
 def write_run_files(rows: "DataFrame", columns: list[str], blob: "Blob", run_dir: str) -> dict[str, Any]:
@@ -252,12 +267,61 @@ def write_run_files(rows: "DataFrame", columns: list[str], blob: "Blob", run_dir
     (``_bucket``, key) within partitions) as a run under ``run_dir`` (which exists on local
     disk), on the executors; return the run's description: ``{path, files: [{path, bytes,
     sha256}], rows}``, paths relative to the blob root."""
-    target = RunFileTarget(blob.root, blob.relative(run_dir), tuple(columns))
-    reports = rows.mapInArrow(run_writer_task(target), WRITTEN_SCHEMA).collect()
-    files = sorted(({"path": r["path"], "bytes": r["bytes"], "sha256": r["sha256"]} for r in reports),
-                   key=lambda f: f["path"])
-    return {"path": target.run_path, "files": files, "rows": sum(r["rows"] for r in reports)}
+    return _written_by_tasks(rows, RunFileTarget(blob.root, blob.relative(run_dir), tuple(columns)), write_bucket_files)
 
+
+def write_json_lines_task_file(
+    batches: Iterable["pyarrow.RecordBatch"], target: RunFileTarget, task_tag: str
+) -> Iterator[dict[str, Any]]:
+    """Write the rows of one task as one JSON Lines file (``<dir>/part-<task>-<nonce>.json``,
+    one object per row, null fields left out as Spark's JSON writer leaves them) straight
+    to its final name, and yield its ``{path, bytes, rows, sha256}`` once complete (and, on
+    local disk, durable). A task without rows writes no file; on failure the partial file
+    is deleted where it can be, as :func:`write_bucket_files` does."""
+    import pyarrow.fs
+
+    from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
+
+    filesystem, base = filesystem_for(target.root)
+    relative = f"{target.run_path}/part-{task_tag}-{uuid.uuid4().hex[:8]}.json"
+    full = f"{base.rstrip('/')}/{relative}"
+    sink: HashingSink | None = None
+    rows = 0
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if sink is None:
+                sink = HashingSink(filesystem.open_output_stream(full))
+            lines = [
+                json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False, separators=(",", ":"))
+                for row in batch.select(list(target.columns)).to_pylist()
+            ]
+            sink.write(("\n".join(lines) + "\n").encode("utf-8"))
+            rows += batch.num_rows
+        if sink is None:
+            return
+        sink.close()
+        if isinstance(filesystem, pyarrow.fs.LocalFileSystem):
+            sync_local(full)
+        yield {"path": relative, "bytes": sink.size, "rows": rows, "sha256": sink.hexdigest}
+    except BaseException:
+        if sink is not None:
+            for step in (sink.close, lambda: filesystem.delete_file(full)):
+                try:
+                    step()
+                except Exception:
+                    pass
+        raise
+
+
+def write_json_lines_files(rows: "DataFrame", blob: "Blob", directory: str) -> dict[str, Any]:
+    """Write ``rows`` as JSON Lines under ``directory`` (which exists on local disk), one file
+    per task that holds rows, written by its executor as runs are; return ``{path, files:
+    [{path, bytes, sha256}], rows}``, paths relative to the blob root. For what Spark's JSON
+    writer cannot reach (quarantined records on object storage)."""
+    return _written_by_tasks(rows, RunFileTarget(blob.root, blob.relative(directory), tuple(rows.columns)),
+                             write_json_lines_task_file)
 
 # -- reading --------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.store.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
+from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.runs import (
     bucket_column,
     sync_data_files,
@@ -171,19 +172,22 @@ def _finish(
                 count=rejected,
                 ts=binding.ts,
             )
-        (
-            bad.select(
-                F.regexp_replace("_file", "^file:(//)?", "").alias("file"),
-                F.col("_line").alias("line"),
-                F.col("_reason").alias("reason"),
-                F.col("_raw").alias("record"),
-            )
-            .coalesce(1)
-            .write.mode("error")  # "errorifexists": Spark Connect knows only this name
-            .json(rejects_dir)
-        )
-        sync_data_files(shard.blob, rejects_dir)
-        rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
+        quarantined = bad.select(
+            F.regexp_replace("_file", "^file:(//)?", "").alias("file"),
+            F.col("_line").alias("line"),
+            F.col("_reason").alias("reason"),
+            F.col("_raw").alias("record"),
+        ).coalesce(1)
+        if run_io.executor_io(shard.blob.root):
+            # Spark's JSON writer cannot reach object storage on a stock PySpark: the executor
+            # writes the JSON Lines file straight to its final name and reports it, as runs are.
+            shard.blob.make_dirs(rejects_dir)
+            written = run_io.write_json_lines_files(quarantined, shard.blob, rejects_dir)
+            rejects = {"path": written["path"], "rows": rejected, "files": written["files"]}
+        else:
+            quarantined.write.mode("error").json(rejects_dir)  # "errorifexists": Spark Connect knows only this name
+            sync_data_files(shard.blob, rejects_dir)
+            rejects = {"path": _relative(shard, rejects_dir), "rows": rejected}
     return StagedOutput(run, rejects, rows_in, run["rows"], rejected, timings)
 
 
