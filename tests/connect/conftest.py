@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from tests.conftest import AWS_VARIABLES
 from tests.kafka.conftest import kafka_bootstrap, kafka_topic  # noqa: F401  (fixtures)
 
 UPSERTCTL = [sys.executable, "-m", "airflow_upsert_provider.cli"]
@@ -35,15 +36,21 @@ def spark_server_cli(state_dir: str, *argv: str, timeout: float = 300) -> subpro
 
 
 @pytest.fixture(scope="session")
-def connect_server(tmp_path_factory):
+def connect_server(tmp_path_factory, s3_server):
     """{address, state_dir, starts: the two racing starts' JSON outputs}; the server is
-    stopped at the end of the session."""
+    stopped at the end of the session. The server process has the loopback S3 server's
+    variables in its environment (and none of the machine's), as a server whose executors
+    reach a bucket with their own chain would: a test's ``s3_root`` bucket is on it."""
     state_dir = str(tmp_path_factory.mktemp("spark-state"))
+    env = {name: value for name, value in os.environ.items() if name not in AWS_VARIABLES}
+    env.update(s3_server.environment(), AWS_CONFIG_FILE=os.path.join(state_dir, "aws-config-absent"),
+               AWS_SHARED_CREDENTIALS_FILE=os.path.join(state_dir, "aws-credentials-absent"))
     port = free_port()
     # 2 GiB: the machine is shared with other test runs.
     argv = [*UPSERTCTL, "spark-server", "start", "--state-dir", state_dir, "--json", "--port", str(port),
             "--memory", "2g", "--conf", "spark.sql.shuffle.partitions=4", "--conf", "spark.master=local[2]"]
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
     starts = []
     try:
         for proc in procs:
