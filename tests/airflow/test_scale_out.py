@@ -1,11 +1,15 @@
-"""Scale-out: a Spark standalone master and worker on loopback, the operator in `submit` mode
-through the Spark provider's SparkSubmitHook, a PostgreSQL consensus. The table equals the
-in-process run's (and the oracle)."""
+"""Scale-out: a Spark standalone master and workers on loopback. The operator in `submit` mode
+through the Spark provider's SparkSubmitHook, a PostgreSQL consensus: the table equals the
+in-process run's (and the oracle). Batches on a cluster of two workers whose executors write
+the runs to the loopback S3 server with their own environment's credentials: the table
+equals the oracle, and both workers wrote run files."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
 import signal
 import subprocess
 
@@ -14,8 +18,9 @@ import pytest
 
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.sample_data import SampleSpec, generate
-from tests.airflow.conftest import failure_text, init_shard, read_table
-from tests.oracle import oracle_table
+from tests.airflow.conftest import SAMPLE_SCHEMA, failure_text, init_shard, read_table
+from tests.conftest import REPO_ROOT, cli_env
+from tests.oracle import oracle_table, table_from_rows
 from tests.pgserver import free_port, wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,13 +29,17 @@ SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 
 
 class StandaloneCluster:
-    """One master and one small worker, both on 127.0.0.1."""
+    """One master and ``workers`` small workers (one core each), all on 127.0.0.1; ``env``:
+    variables of the workers' own environment (their executors inherit it)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, workers: int = 1, env: dict[str, str] | None = None) -> None:
         self.dir = directory
         self.port = free_port()
-        self.work_dir = os.path.join(directory, "work")
-        os.makedirs(self.work_dir, exist_ok=True)
+        self.workers = workers
+        self.work_dirs = [os.path.join(directory, f"work-{n}") for n in range(workers)]
+        for work_dir in self.work_dirs:
+            os.makedirs(work_dir, exist_ok=True)
+        self.work_dir = self.work_dirs[0]
         self.env = dict(
             os.environ,
             SPARK_HOME=SPARK_HOME,
@@ -38,6 +47,7 @@ class StandaloneCluster:
             SPARK_LOG_DIR=directory,
             # No REST submission server: it would claim a fixed port.
             SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+            **(env or {}),
         )
         self.procs: list[subprocess.Popen] = []
 
@@ -58,11 +68,17 @@ class StandaloneCluster:
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(free_port()))
         assert wait_for(lambda: "I have been elected leader" in self.log("master"), timeout=120), self.log("master")
-        self._start("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                    "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
-                    "--work-dir", self.work_dir, f"spark://127.0.0.1:{self.port}")
-        assert wait_for(lambda: "Registering worker" in self.log("master"), timeout=120), self.log("worker")
+        for n, work_dir in enumerate(self.work_dirs):
+            self._start("worker" if n == 0 else f"worker-{n}", "org.apache.spark.deploy.worker.Worker",
+                        "--host", "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                        "--work-dir", work_dir, f"spark://127.0.0.1:{self.port}")
+        assert wait_for(lambda: self.log("master").count("Registering worker") == self.workers, timeout=120), \
+            self.log("master")
         return self
+
+    def executor_logs(self, work_dir: str) -> list[str]:
+        """The stderr of every executor a worker ran (``<work dir>/<app>/<executor id>/stderr``)."""
+        return glob.glob(os.path.join(work_dir, "app-*", "*", "stderr"))
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -118,3 +134,71 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_local_run(airflow_home, 
     assert [(ts, rows) for ts, _, rows in submitted] == [(ts, rows) for ts, _, rows in local]
     expected = oracle_table(landing)
     assert read_table(pg_url, blob, "orders", spark) == read_table(pg_url, blob, "orders_local", spark) == expected
+
+
+@pytest.fixture
+def s3_cluster(tmp_path, s3_server, s3_root):
+    """Two workers whose own environment points at the S3 server (their executors take the
+    credentials from there: nothing is sent from the driver) and imports this checkout."""
+    running = StandaloneCluster(str(tmp_path / "spark-cluster"), workers=2, env=dict(
+        s3_server.environment(), PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))).start()
+    yield running
+    running.stop()
+
+
+def tasks_run_by(cluster: StandaloneCluster) -> list[set[int]]:
+    """Per worker, the ids (TID) of the task attempts its executors ran, from their logs."""
+    ran = []
+    for work_dir in cluster.work_dirs:
+        tids: set[int] = set()
+        for path in cluster.executor_logs(work_dir):
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                tids |= {int(t) for t in re.findall(r"Running task \S+ in stage \S+ \(TID (\d+)\)", handle.read())}
+        ran.append(tids)
+    return ran
+
+
+def test_batches_on_two_workers_write_a_shard_on_s3_from_both(s3_cluster, s3_server, s3_root, tmp_path):
+    from tests.test_run_io_s3 import check_run_is_what_is_stored, upsertctl
+
+    landing = str(tmp_path / "landing")
+    generate(landing, SampleSpec(records=2000, keys=400, partitions=2, segments_per_partition=4, seed=9))
+    url = f"sqlite:///{tmp_path / 'consensus.db'}"
+    env = cli_env(url, s3_root)
+
+    def run(*args: str) -> str:
+        done = upsertctl(*args, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    run("init", "orders", "--source", f"dir:{landing}", "--key", "id", "--order-by", "updated_at",
+        "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA, "--buckets", "4", "--max-files-per-batch", "4")
+    # The batches run on the cluster (one application): they start once both executors are
+    # registered, and a task goes to whichever executor is free (no wait for locality).
+    report = json.loads(run(
+        "run-batch", "orders", "--until-caught-up", "--json", "--master", f"spark://127.0.0.1:{s3_cluster.port}",
+        "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+        "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=300s",
+        "--conf", "spark.locality.wait=0", "--conf", "spark.executor.memory=512m"))
+    assert [b["outcome"] for b in report["batches"]][:2] == ["committed", "committed"]
+    assert "Registered app airflow-upsert-provider" in s3_cluster.log("master")
+    assert table_from_rows(json.loads(line) for line in run("read", "orders").splitlines()) == oracle_table(landing)
+
+    bucket, prefix = s3_root[len("s3://"):].split("/", 1)
+    consensus = open_consensus(url)
+    try:
+        runs = [batch.run for batch in consensus.batches("orders")]
+    finally:
+        consensus.dispose()
+    assert len(runs) == 2
+    for written in runs:
+        check_run_is_what_is_stored(s3_server, bucket, prefix, written)
+    # Which worker wrote each file: a file is named after the task attempt that wrote it
+    # (part-t<TID>-…), and each worker's executor log lists the attempts it ran.
+    ran = tasks_run_by(s3_cluster)
+    writers = []
+    for listed in (f for written in runs for f in written["files"]):
+        tid = int(re.search(r"/part-t(\d+)-[0-9a-f]+\.parquet$", listed["path"]).group(1))
+        writers.append([n for n, tids in enumerate(ran) if tid in tids])
+    assert all(len(w) == 1 for w in writers), (writers, ran)
+    assert {w[0] for w in writers} == {0, 1}, (writers, ran)
