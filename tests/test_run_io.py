@@ -149,6 +149,34 @@ def test_on_an_object_store_each_file_is_written_once_at_its_final_name(monkeypa
         assert report["bytes"] == len(data) and report["sha256"] == hashlib.sha256(data).hexdigest()
 
 
+REJECTS = pa.schema([("file", pa.string()), ("line", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
+
+
+def test_quarantined_records_are_one_json_lines_object_per_task_at_its_final_name(monkeypatch):
+    """What Spark's JSON writer writes, written by the task itself on an object store: one
+    output stream (one PUT) at the name the task reports, one object per line (a null field
+    left out), the checksum of the bytes written; a task without rows writes nothing."""
+    import json
+
+    handler = RecordingHandler()
+    store = pyarrow.fs.PyFileSystem(handler)
+    monkeypatch.setattr(filesystems, "filesystem_for", lambda uri: (store, "bucket/prefix"))
+    monkeypatch.setattr(os, "fsync", lambda fd: pytest.fail("an object store has nothing to fsync"))
+    target = RunFileTarget("s3://bucket/prefix", "s/rejects/ts=000000000003/w-abc", tuple(REJECTS.names))
+    bad = [{"file": "/landing/p0/1.jsonl", "line": 1, "reason": "malformed JSON", "record": "not json"},
+           {"file": "/landing/p0/1.jsonl", "line": 4, "reason": "id: not a BIGINT", "record": None}]
+    batches = [pa.RecordBatch.from_pylist(bad[:1], schema=REJECTS), pa.RecordBatch.from_pylist([], schema=REJECTS),
+               pa.RecordBatch.from_pylist(bad[1:], schema=REJECTS)]
+    [report] = list(run_io.write_json_lines_task_file(batches, target, "t5"))
+    assert report["path"].startswith("s/rejects/ts=000000000003/w-abc/part-t5-") and report["path"].endswith(".json")
+    assert handler.calls == [("open_output_stream", f"bucket/prefix/{report['path']}")]
+    data = handler.fs.open_input_stream(f"bucket/prefix/{report['path']}").read()
+    assert [json.loads(line) for line in data.decode().splitlines()] == [bad[0], {k: v for k, v in bad[1].items() if v}]
+    assert (report["rows"], report["bytes"], report["sha256"]) == (2, len(data), hashlib.sha256(data).hexdigest())
+    assert list(run_io.write_json_lines_task_file(iter([]), target, "t6")) == []
+    assert len(handler.calls) == 1
+
+
 def test_a_failed_task_removes_the_file_it_was_writing(tmp_path, run_dir):
     def failing():
         yield rows([(0, 1), (1, 2)])
