@@ -20,6 +20,25 @@ ACCESS_KEY_ID = "AKIAUPSERTTESTKEY000"
 SECRET_ACCESS_KEY = "upsert-test-secret-Zq8Rk2Lw"
 REGION = "us-east-1"
 
+# The kinds of request a batch is counted in (docs/storage.md, "What a batch costs"): LIST is
+# ListObjectsV2, DELETE a single or batched (``POST ?delete``) deletion, "other" anything
+# else (multipart upload's create and complete, bucket-level queries).
+REQUEST_KINDS = ("PUT", "GET", "LIST", "DELETE", "HEAD", "other")
+
+
+def request_kind(method: str, target: str) -> str:
+    """The kind of a request, from its method and its target (``path?query``)."""
+    params = {part.partition("=")[0] for part in target.partition("?")[2].split("&") if part}
+    if method in ("PUT", "HEAD", "DELETE"):  # a PUT of a multipart upload's part too
+        return method
+    if method == "POST":
+        return "DELETE" if "delete" in params else "other"
+    if method == "GET":
+        if "list-type" in params:
+            return "LIST"
+        return "GET" if not params - {"partNumber", "versionId"} else "other"
+    return "other"
+
 
 class S3Server:
     def __init__(self) -> None:
