@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from urllib.parse import parse_qs, unquote
 
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.conftest import REPO_ROOT, cli_env
@@ -37,6 +38,23 @@ def check_run_is_what_is_stored(s3_server, bucket: str, prefix: str, run: dict) 
         assert listed["bytes"] == len(data) and listed["sha256"] == hashlib.sha256(data).hexdigest()
 
 
+def shard_requests(s3_server, since: int, bucket: str, prefix: str) -> list[tuple[str, str]]:
+    """(method, key) of each request the server answered after the ``since``-th that names
+    an object or lists a prefix below ``prefix`` in ``bucket`` (a listing as ``LIST``)."""
+    named = []
+    for method, target in s3_server.requests()[since:]:
+        path, _, query = target.partition("?")
+        path_bucket, _, key = unquote(path).lstrip("/").partition("/")
+        if path_bucket != bucket:
+            continue
+        listed = parse_qs(query).get("prefix", [""])[0] if "list-type" in query else None
+        if listed is not None and listed.startswith(prefix):
+            named.append(("LIST", listed))
+        elif key.startswith(prefix):
+            named.append((method, key))
+    return named
+
+
 def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_path):
     landing = str(tmp_path / "landing")
     write_segment(landing, "p0", 0, [{"id": i, "v": "a", "ts": 1} for i in range(50)])
@@ -54,7 +72,9 @@ def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_p
 
     run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
         "--buckets", "4", "--max-files-per-batch", "2", "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
+    before = len(s3_server.requests())
     run("run-batch", "s", "--until-caught-up")
+    batch_requests = shard_requests(s3_server, before, bucket, f"{prefix}/s/")
     assert table_from_rows(json.loads(line) for line in run("read", "s").splitlines()) == expected
 
     consensus = open_consensus(url)
@@ -63,6 +83,10 @@ def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_p
         assert consensus.get_batch("s", 2) is None and all(b.run["rows"] > 0 for b in batches)
         for batch in batches:
             check_run_is_what_is_stored(s3_server, bucket, prefix, batch.run)
+        # What a batch costs (docs/storage.md): one PUT per run file, and no other request
+        # about the shard's objects: nothing listed, read or checked, whatever the table holds.
+        assert sorted(batch_requests) == sorted(
+            ("PUT", f"{prefix}/{f['path']}") for batch in batches for f in batch.run["files"])
         run("compact", "s")
         compacted = consensus.get_compaction("s").run
         check_run_is_what_is_stored(s3_server, bucket, prefix, compacted)
