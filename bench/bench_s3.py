@@ -3,6 +3,7 @@ loopback S3 server and on local disk, in one run, with the requests each batch s
 
     .venv/bin/python bench/bench_s3.py            # tables of 1M and 5M rows, batches of 100k changes
     .venv/bin/python bench/bench_s3.py --quick    # 100k and 500k rows, batches of 20k
+    .venv/bin/python bench/bench_s3.py --warm-only --repeat 7   # no upsertctl processes, more rounds
 
 For each table size, two shards over one landing directory, one rooted on local disk (the
 baseline) and one on an S3 server this process starts on 127.0.0.1 (moto's server mode,
@@ -85,7 +86,7 @@ def upsertctl(env: dict[str, str], *args: str) -> float:
 
 
 def bench_size(spark, server: S3Server, work: str, rows: int, batch: int, repeat: int,
-               cli_env: dict[str, str]) -> dict:
+               cli_env: dict[str, str] | None) -> dict:
     landing = os.path.join(work, f"landing-{rows}")
     os.makedirs(landing)
     consensus_url = f"sqlite:///{work}/consensus-{rows}.db"
@@ -121,8 +122,9 @@ def bench_size(spark, server: S3Server, work: str, rows: int, batch: int, repeat
             assert result.outcome == "committed" and shard.state().upper == upper + 1, result
             samples[store]["warm"].append(seconds)
             samples[store]["warm_requests"].append(counted(server, before))
-        land()
-        for store in order:
+        for store in order if cli_env is not None else ():
+            if store == order[0]:
+                land()
             shard = shards[store]
             upper = shard.state().upper
             before = len(server.requests())
@@ -132,14 +134,16 @@ def bench_size(spark, server: S3Server, work: str, rows: int, batch: int, repeat
             samples[store]["process"].append(seconds)
             samples[store]["process_requests"].append(counted(server, before))
         print(f"[{rows:>9,} rows] round {r + 1}: " + ", ".join(
-            f"{store} warm {samples[store]['warm'][-1]:.2f}s process {samples[store]['process'][-1]:.2f}s"
+            f"{store} warm {samples[store]['warm'][-1]:.2f}s"
+            + (f" process {samples[store]['process'][-1]:.2f}s" if cli_env is not None else "")
             for store in STORES), flush=True)
     consensus.dispose()
     result = {}
     for store in STORES:
         s = samples[store]
         result[store] = {
-            "warm_s": statistics.median(s["warm"]), "process_s": statistics.median(s["process"]),
+            "warm_s": statistics.median(s["warm"]),
+            "process_s": statistics.median(s["process"]) if s["process"] else float("nan"),
             "warm_all_s": s["warm"], "process_all_s": s["process"],
             # Requests per batch: the same in every round (printed if not).
             "warm_requests": s["warm_requests"], "process_requests": s["process_requests"],
@@ -149,6 +153,8 @@ def bench_size(spark, server: S3Server, work: str, rows: int, batch: int, repeat
 
 def requests_text(samples: list[dict[str, int]]) -> str:
     """One batch's requests by kind; a kind that varied between rounds as min-max."""
+    if not samples:
+        return "-"
     parts = []
     for kind in REQUEST_KINDS:
         values = sorted(sample[kind] for sample in samples)
@@ -163,6 +169,7 @@ def main() -> None:
     parser.add_argument("--sizes", help="comma-separated table sizes (rows)")
     parser.add_argument("--batch", type=int, help="changes per batch")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per size (median reported)")
+    parser.add_argument("--warm-only", action="store_true", help="no upsertctl processes: more rounds in the time")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "s3.json"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
@@ -184,7 +191,8 @@ def main() -> None:
         print(f"batch of {batch:,} changes into tables of {', '.join(f'{s:,}' for s in sizes)} rows, local disk "
               f"and the S3 server on {server.endpoint} ({os.cpu_count()} cores, Spark {spark.version}, "
               f"{args.repeat} rounds)", flush=True)
-        results = {rows: bench_size(spark, server, work, rows, batch, args.repeat, cli_env) for rows in sizes}
+        results = {rows: bench_size(spark, server, work, rows, batch, args.repeat, None if args.warm_only else cli_env)
+                   for rows in sizes}
     finally:
         spark.stop()
         server.stop()
@@ -207,7 +215,7 @@ def main() -> None:
         ratios[rows] = {"warm": s3["warm_s"] / local["warm_s"], "process": s3["process_s"] / local["process_s"]}
         print(f"S3 / local at {rows:,} rows: warm batch {ratios[rows]['warm']:.2f}x, "
               f"upsertctl run-batch {ratios[rows]['process']:.2f}x (target <= 1.5x)")
-    for kind in ("warm_requests", "process_requests"):
+    for kind in ("warm_requests",) if args.warm_only else ("warm_requests", "process_requests"):
         per_size = {rows: requests_text(results[rows]["s3"][kind]) for rows in sizes}
         same = len(set(per_size.values())) == 1
         print(f"{kind.replace('_', ' ')} independent of table size: {'yes' if same else 'NO'} "
