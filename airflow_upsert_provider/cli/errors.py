@@ -41,6 +41,11 @@ def report_unexpected(exc: Exception, args: argparse.Namespace) -> int:
     from airflow_upsert_provider.engine.spark.server import display_remote, server_gone
     from airflow_upsert_provider.engine.write.writer import blob_write_failure
 
+    from airflow_upsert_provider.engine.sources.kafka import carried_error
+
+    carried = carried_error(exc)  # an executor's request to the store failed (a read): its class
+    if carried is not None:
+        return report(carried, getattr(args, "json", False))
     remote = getattr(args, "remote", None) or os.environ.get("UPSERT_SPARK_REMOTE")
     if remote and server_gone(exc):
         # Outside a batch's staging (which raises SparkUnavailable itself): a read, a

@@ -438,6 +438,14 @@ class ObjectBlob:
             pass
 
 
+def request_error(root: str, exc: OSError, operation: str, uri: str) -> UpsertError | None:
+    """The engine error a request of ``operation`` on ``uri`` (below the object-storage
+    ``root``) that failed with ``exc`` stands for, as :class:`ObjectBlob`'s own requests raise
+    it; None when ``exc`` is of no kind the store explains. For code that reaches the store
+    through ``pyarrow.fs`` directly (the executors writing and reading runs)."""
+    return ObjectBlob(root)._store_error(exc, operation, uri)
+
+
 def _children(filesystem: "pyarrow.fs.FileSystem", inner: str) -> list["pyarrow.fs.FileInfo"]:
     """The entries one level below ``inner`` (one delimiter listing, every page), by name."""
     import pyarrow.fs as pafs

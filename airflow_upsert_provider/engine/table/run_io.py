@@ -212,7 +212,7 @@ def write_bucket_files(
         if current is not None:
             done, current = finish(), None
             yield done
-    except BaseException:
+    except BaseException as exc:
         # A failed task leaves no partial file behind where it can (a killed one may: the run
         # directory is unique to this attempt, and GC collects it with the directory).
         if current is not None:
@@ -221,6 +221,9 @@ def write_bucket_files(
                     step()
                 except Exception:
                     pass
+        if not local and isinstance(exc, OSError):
+            failed = f"{target.root.rstrip('/')}/{current['path']}" if current is not None else target.root
+            raise_store_error(target.root, exc, "write", failed)
         raise
 
 
@@ -256,7 +259,11 @@ def run_writer_task(
 def _written_by_tasks(rows: "DataFrame", target: RunFileTarget, write_files: FileWriter) -> dict[str, Any]:
     """Run ``write_files`` in every task of ``rows`` and gather what the tasks report:
     ``{path, files: [{path, bytes, sha256}], rows}``, paths relative to the blob root."""
-    reports = rows.mapInArrow(run_writer_task(target, write_files), WRITTEN_SCHEMA).collect()
+    try:
+        reports = rows.mapInArrow(run_writer_task(target, write_files), WRITTEN_SCHEMA).collect()
+    except Exception as exc:
+        raise_carried_error(exc)  # a PUT that failed beyond the bound: BlobUnavailable, retryable
+        raise
     files = sorted(({"path": r["path"], "bytes": r["bytes"], "sha256": r["sha256"]} for r in reports),
                    key=lambda f: f["path"])
     return {"path": target.run_path, "files": files, "rows": sum(r["rows"] for r in reports)}
@@ -305,13 +312,15 @@ def write_json_lines_task_file(
         if isinstance(filesystem, pyarrow.fs.LocalFileSystem):
             sync_local(full)
         yield {"path": relative, "bytes": sink.size, "rows": rows, "sha256": sink.hexdigest}
-    except BaseException:
+    except BaseException as exc:
         if sink is not None:
             for step in (sink.close, lambda: filesystem.delete_file(full)):
                 try:
                     step()
                 except Exception:
                     pass
+        if not isinstance(filesystem, pyarrow.fs.LocalFileSystem) and isinstance(exc, OSError):
+            raise_store_error(target.root, exc, "write", f"{target.root.rstrip('/')}/{relative}")
         raise
 
 
@@ -359,16 +368,45 @@ def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterato
     """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
     ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
     timestamps as INT96, which pyarrow reads as nanoseconds)."""
+    import pyarrow.fs
     import pyarrow.parquet as pq
 
     from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
 
     filesystem, base = filesystem_for(root)
+    local = isinstance(filesystem, pyarrow.fs.LocalFileSystem)
     for path in paths:
-        with filesystem.open_input_file(f"{base.rstrip('/')}/{path}") as handle:
-            parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
-            for batch in parquet.iter_batches(columns=schema.names, use_threads=False):
-                yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
+        try:
+            with filesystem.open_input_file(f"{base.rstrip('/')}/{path}") as handle:
+                parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
+                for batch in parquet.iter_batches(columns=schema.names, use_threads=False):
+                    yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
+        except OSError as exc:
+            if not local:
+                raise_store_error(root, exc, "read", f"{root.rstrip('/')}/{path}")
+            raise
+
+
+def raise_store_error(root: str, exc: OSError, operation: str, uri: str) -> None:
+    """On an executor: raise the engine error (``BlobUnavailable``, ``ConfigurationError``) a
+    failed request to the object store stands for, in the form that reaches the driver in its
+    class (:func:`carried_error` there); return when ``exc`` is of no kind the store explains."""
+    from airflow_upsert_provider.engine.blob.objects import request_error
+    from airflow_upsert_provider.engine.sources.kafka import ExecutorError
+
+    error = request_error(root, exc, operation, uri)
+    if error is not None:
+        raise ExecutorError(error) from None
+
+
+def raise_carried_error(exc: BaseException) -> None:
+    """On the driver: raise the engine error an executor's task failed with, in its class;
+    return when the Spark error ``exc`` carries none."""
+    from airflow_upsert_provider.engine.sources.kafka import carried_error
+
+    carried = carried_error(exc)
+    if carried is not None:
+        raise carried from None
 
 
 _reader_source: type | None = None

@@ -1,0 +1,110 @@
+"""The shard's invariants on an S3 root, end to end: `upsertctl` processes whose local Spark
+executors write the runs to the loopback S3 server (through the fault proxy where a test
+needs one), against the oracle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from airflow_upsert_provider.engine.store.registry import open_consensus
+from tests.conftest import REPO_ROOT, cli_env
+from tests.oracle import oracle_table, table_from_rows
+from tests.test_runs import write_segment
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN"
+RUN_FILE = r"/runs/ts=.*\.parquet$"
+
+
+def upsertctl_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "airflow_upsert_provider.cli", *args]
+
+
+def upsertctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(upsertctl_command(*args), env=env, capture_output=True, text=True, timeout=600,
+                          cwd=REPO_ROOT)
+
+
+def ok(*args: str, env: dict[str, str]) -> str:
+    done = upsertctl(*args, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def landing_of(tmp_path, segments: int = 2, per_segment: int = 200) -> str:
+    """A landing directory of two partitions, ``segments`` segments each, keys overlapping
+    across segments (updates and deletes)."""
+    landing = str(tmp_path / "landing")
+    for n in range(segments):
+        for p, partition in enumerate(("p0", "p1")):
+            base = n * per_segment // 2 + p * 1000
+            write_segment(landing, partition, n, [
+                {"id": base + i, "v": f"{partition}-{n}", "ts": n, "deleted": (base + i) % 7 == 0 and n > 0}
+                for i in range(per_segment)])
+    return landing
+
+
+def expected(landing: str):
+    return oracle_table(landing, order_by="ts", delete_marker="deleted")
+
+
+def init_shard(shard_id: str, landing: str, env: dict[str, str], files_per_batch: int = 2) -> None:
+    ok("init", shard_id, "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker",
+       "deleted", "--buckets", "2", "--max-files-per-batch", str(files_per_batch), "--schema", SCHEMA, env=env)
+
+
+def read_table(shard_id: str, env: dict[str, str]):
+    return table_from_rows(json.loads(line) for line in ok("read", shard_id, env=env).splitlines())
+
+
+# -- item: data durable before the commit that names it --------------------------------------
+
+
+def test_a_batch_commits_only_after_every_executor_put_completed_and_a_failing_put_fails_it_retryably(
+    s3_faults, sqlite_url, tmp_path
+):
+    landing = landing_of(tmp_path, segments=2)
+    env = cli_env(sqlite_url, s3_faults.root)
+    init_shard("s", landing, env, files_per_batch=2)
+    consensus = open_consensus(sqlite_url)
+    try:
+        # One executor PUT of the first batch's run is held: the batch is not committed while
+        # it is, and is once it completes.
+        held = s3_faults.proxy.hold("PUT", RUN_FILE)
+        writer = subprocess.Popen(upsertctl_command("run-batch", "s", "--json"), env=env, cwd=REPO_ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert held.arrived.wait(300), "no run file PUT reached the proxy"
+            assert consensus.get_batch("s", 0) is None
+            assert consensus.get_shard("s").upper == 0
+        finally:
+            held.release()
+        out, err = writer.communicate(timeout=600)
+        assert writer.returncode == 0, err[-3000:]
+        batch = consensus.get_batch("s", 0)
+        assert batch is not None and batch.run["rows"] > 0
+        stored = set(s3_faults.server.keys(s3_faults.bucket, ""))
+        assert {f"shards/{f['path']}" for f in batch.run["files"]} <= stored
+
+        # Every PUT of a run file fails beyond the filesystem layer's bound: the batch fails
+        # retryably (exit 2, BlobUnavailable) and nothing is committed.
+        s3_faults.proxy.fail("PUT", RUN_FILE, times=1000, status=503)
+        failed = upsertctl("run-batch", "s", "--json", env=env)
+        assert failed.returncode == 2, failed.stderr[-3000:]
+        error = json.loads(failed.stdout)
+        assert (error["error"], error["retryable"], error["operation"]) == ("BlobUnavailable", True, "write")
+        assert error["bucket"] == s3_faults.bucket and "/runs/ts=" in error["key"]
+        assert "SERVICE_UNAVAILABLE" in error["reason"] or "503" in error["reason"], error
+        assert consensus.get_batch("s", 1) is None
+        s3_faults.proxy.clear()
+        # The retry converges.
+        ok("run-batch", "s", "--until-caught-up", env=env)
+        assert consensus.get_batch("s", 1) is not None and consensus.get_batch("s", 2) is None
+    finally:
+        consensus.dispose()
+    assert read_table("s", env) == expected(landing)
