@@ -7,6 +7,8 @@ Environment:
                              however far apart their JVMs started
   FAULT=exit_before_cas      stage, then die (os._exit) before the compare-and-set
   FAULT=hang_after_stage     stage, then wait to be killed before the compare-and-set
+  FAULT=wait_after_stage     stage the first batch, print "STAGED <run path>" on stderr, and
+                             hold its compare-and-set until the file RACE_RELEASE exists
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ rng = random.Random(int(os.environ.get("RACE_SEED", "0")))
 max_delay = float(os.environ.get("RACE_MAX_DELAY", "0"))
 fault = os.environ.get("FAULT", "")
 barrier = os.environ.get("RACE_BARRIER", "")
+release = os.environ.get("RACE_RELEASE", "")
 # A writer that never reaches the barrier (it failed) must not hang the others for ever.
 BARRIER_TIMEOUT = 600.0
 real_append = writer_module.Writer.append
@@ -43,7 +46,7 @@ def wait_at_barrier() -> None:
 
 
 def append(self, staged):
-    global barrier
+    global barrier, fault
     if barrier:
         wait_at_barrier()
         barrier = ""
@@ -53,6 +56,12 @@ def append(self, staged):
     if fault == "hang_after_stage":
         print(f"STAGED {staged.run['path']}", file=sys.stderr, flush=True)
         time.sleep(600)
+    if fault == "wait_after_stage":
+        fault = ""  # the first batch only: a restaged one commits at once
+        print(f"STAGED {staged.run['path']}", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + BARRIER_TIMEOUT
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep(rng.uniform(0, max_delay))
     return real_append(self, staged)
 
