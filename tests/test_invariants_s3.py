@@ -234,3 +234,54 @@ def test_three_writers_on_s3_one_sigkilled_mid_write_converge_to_the_oracle_and_
     finally:
         consensus.dispose()
     assert read_table("s", env) == expected(landing)
+
+
+# -- checkpoints through upsertctl on an S3 root ---------------------------------------------
+
+
+def test_checkpoint_of_executor_written_batches_on_s3_restores_into_a_new_store_and_the_shard_resumes(
+    s3_root, tmp_path
+):
+    landing = landing_of(tmp_path, segments=2)
+    env = cli_env(f"sqlite:///{tmp_path / 'first.db'}", s3_root)
+    init_shard("s", landing, env, files_per_batch=2)
+    ok("run-batch", "s", "--until-caught-up", env=env)
+    created = json.loads(ok("checkpoint", "create", "s", "--json", env=env))["checkpoint"]
+    assert (created["upper"], created["since"]) == (2, 0)
+    verified = json.loads(ok("checkpoint", "verify", "s", created["id"], "--json", env=env))["verified"]
+    assert verified == [{"id": created["id"], "files": created["files"], "ok": True}]
+    # The checkpoint lists exactly the objects the executors wrote for the two batches.
+    first = open_consensus(f"sqlite:///{tmp_path / 'first.db'}")
+    try:
+        written = committed_files(first, "s")
+    finally:
+        first.dispose()
+    blob = open_blob(s3_root)
+    manifest = json.loads(blob.read_bytes(blob.path("s", "checkpoints", created["id"], "MANIFEST.json")))
+    assert {f["path"] for f in manifest["files"]} == written and written <= run_keys(blob, "s")
+
+    # One object of the checkpoint replaced by other bytes of its size: verify names it (exit 4).
+    damaged = blob.path(sorted(written)[0])
+    original = blob.read_bytes(damaged)
+    blob.write_file(damaged, bytes(b ^ 0xFF for b in original), sync=True)
+    bad = upsertctl("checkpoint", "verify", "s", created["id"], "--json", env=env)
+    assert bad.returncode == 4 and sorted(written)[0] in bad.stdout, bad.stdout[-2000:] + bad.stderr[-2000:]
+    blob.write_file(damaged, original, sync=True)
+
+    # More data lands; the shard is restored into a new consensus store and resumes there.
+    for p, partition in enumerate(("p0", "p1")):
+        write_segment(landing, partition, 2, [{"id": p * 1000 + i, "v": "late", "ts": 9, "deleted": i % 5 == 0}
+                                             for i in range(0, 300, 3)])
+    other = cli_env(f"sqlite:///{tmp_path / 'restored.db'}", s3_root)
+    restored = json.loads(ok("checkpoint", "restore", "s", created["id"], "--json", env=other))
+    assert (restored["upper"], restored["since"]) == (2, 0)
+    ok("recover", "seek", "s", env=other)
+    ok("recover", "resume", "s", env=other)
+    ok("run-batch", "s", "--until-caught-up", env=other)
+    store = open_consensus(f"sqlite:///{tmp_path / 'restored.db'}")
+    try:
+        assert store.get_shard("s").upper == 3
+        assert store.get_batch("s", 2).run["rows"] > 0
+    finally:
+        store.dispose()
+    assert read_table("s", other) == expected(landing)
