@@ -275,3 +275,29 @@ def test_files_spark_wrote_are_read_in_the_run_schema(tmp_path):
     table = pa.Table.from_batches(batches)
     assert table.schema == schema
     assert table.to_pylist() == [{"id": 7, "at": instant, "_ts": 1}, {"id": 8, "at": None, "_ts": 2}]
+
+
+def test_a_put_or_get_failing_beyond_the_bound_on_a_task_carries_blob_unavailable_to_the_driver(s3_faults):
+    """pyarrow's OSError of a request the filesystem layer gave up on leaves the task as the
+    engine's BlobUnavailable (retryable, exit 2), in the form that survives the trip through
+    Spark to the driver, not as an unexplained worker exception."""
+    from airflow_upsert_provider.engine.errors import BlobUnavailable
+    from airflow_upsert_provider.engine.sources.kafka import ExecutorError, carried_error
+
+    target = RunFileTarget(s3_faults.root, "s/runs/ts=000000000003/w-abc", COLUMNS)
+    s3_faults.proxy.fail("PUT", r"/_bucket=2/", times=100, status=503)
+    with pytest.raises(ExecutorError) as put:
+        list(write_bucket_files(sorted_batches(), target, "t1"))
+    error = carried_error(RuntimeError(f"Python worker failed: {put.value}"))
+    assert isinstance(error, BlobUnavailable) and error.exit_code == 2 and error.retryable
+    assert (error.details["operation"], error.details["bucket"]) == ("write", s3_faults.bucket)
+    assert "/s/runs/ts=000000000003/w-abc/_bucket=2/part-t1-" in error.details["key"]
+
+    s3_faults.proxy.clear()
+    written = list(write_bucket_files(sorted_batches(), target, "t2"))
+    s3_faults.proxy.fail("GET", r"/_bucket=5/", times=100, status=500)
+    with pytest.raises(ExecutorError) as get:
+        list(run_io.read_files(s3_faults.root, [w["path"] for w in written], SCHEMA.remove(4)))
+    error = carried_error(get.value)
+    assert isinstance(error, BlobUnavailable) and error.details["operation"] == "read"
+    assert error.details["key"].endswith(next(w["path"] for w in written if "_bucket=5" in w["path"]))
