@@ -285,6 +285,27 @@ def test_a_write_failure_names_the_path_the_jvm_or_the_os_names(env, capsys, mon
     assert "blob root" not in err
 
 
+def test_a_store_failure_an_executor_carried_is_reported_in_its_class_not_as_unexpected(env, capsys, monkeypatch):
+    """A compaction or read whose executor's GET failed beyond the bound reaches the CLI as a Spark error
+    quoting the task's carried BlobUnavailable: it exits 2, retryable, as the driver's own would."""
+    from airflow_upsert_provider.engine.errors import BlobUnavailable
+    from airflow_upsert_provider.engine.sources.kafka import ExecutorError
+
+    carried = BlobUnavailable("reading s3://lake/s/runs/a.parquet failed: SERVICE_UNAVAILABLE", operation="read",
+                              bucket="lake", key="s/runs/a.parquet", endpoint="http://127.0.0.1:9", reason="503")
+
+    def read_whose_executor_failed(ctx, args):
+        raise RuntimeError(f"An exception was thrown from the Python worker: {ExecutorError(carried)}")
+
+    monkeypatch.setattr(Context, "__init__", lambda self, args: None)
+    monkeypatch.setitem(cli.COMMANDS, "compact", read_whose_executor_failed)  # a compaction reads the runs
+    code, out, err = run(capsys, "compact", "s", "--json")
+    assert_clean_error(code, err, 2, "reading s3://lake/s/runs/a.parquet failed: SERVICE_UNAVAILABLE")
+    assert "unexpected" not in err
+    assert json.loads(out) == {"error": "BlobUnavailable", "message": carried.message, "retryable": True,
+                               **carried.details}
+
+
 # -- a directory that is not the blob root, read-only ----------------------------------------------
 
 def test_a_read_only_landing_directory_is_named_by_source_prune(tmp_path, monkeypatch, sqlite_url, capsys, tmpfs):
