@@ -5,22 +5,16 @@ needs one), against the oracle."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 
-import pyarrow.fs
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
-from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
-from airflow_upsert_provider.engine.store.gc_claims import claims
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.conftest import REPO_ROOT, cli_env
 from tests.oracle import oracle_table, table_from_rows
-from tests.pgserver import wait_for
+from tests.test_run_io_s3 import upsertctl
 from tests.test_runs import write_segment
 
 pytestmark = pytest.mark.slow
@@ -31,11 +25,6 @@ RUN_FILE = r"/runs/ts=.*\.parquet$"
 
 def upsertctl_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "airflow_upsert_provider.cli", *args]
-
-
-def upsertctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(upsertctl_command(*args), env=env, capture_output=True, text=True, timeout=600,
-                          cwd=REPO_ROOT)
 
 
 def ok(*args: str, env: dict[str, str]) -> str:
@@ -70,7 +59,19 @@ def read_table(shard_id: str, env: dict[str, str]):
     return table_from_rows(json.loads(line) for line in ok("read", shard_id, env=env).splitlines())
 
 
-# -- item: data durable before the commit that names it --------------------------------------
+def run_keys(s3_server, root: str, shard_id: str) -> set[str]:
+    """The objects below the shard's runs/ prefix as the S3 server lists them (directory
+    markers left out), relative to the root."""
+    bucket, prefix = root[len("s3://"):].split("/", 1)
+    return {key[len(prefix) + 1:] for key in s3_server.keys(bucket, f"{prefix}/{shard_id}/runs/")
+            if not key.endswith("/")}
+
+
+def committed_files(consensus, shard_id: str) -> set[str]:
+    return {f["path"] for b in consensus.batches(shard_id) for f in b.run["files"]}
+
+
+# -- data durable before the commit that names it --------------------------------------
 
 
 def test_a_batch_commits_only_after_every_executor_put_completed_and_a_failing_put_fails_it_retryably(
@@ -118,129 +119,11 @@ def test_a_batch_commits_only_after_every_executor_put_completed_and_a_failing_p
     assert read_table("s", env) == expected(landing)
 
 
-# -- racing writers and GC on an S3 root ------------------------------------------------------
-
-RUNNER = os.path.join(os.path.dirname(__file__), "racing_writer.py")
-
-
-def start_writer(env: dict[str, str], shard_id: str, writer_id: str, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, RUNNER, "run-batch", shard_id, "--until-caught-up", "--json", "--writer-id", writer_id],
-        env={**env, **extra}, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def wait_staged(proc: subprocess.Popen) -> str:
-    """The run path the writer printed once it staged its batch (racing_writer's STAGED line)."""
-    line = proc.stderr.readline()
-    while line and not line.startswith("STAGED "):
-        line = proc.stderr.readline()
-    assert line.startswith("STAGED "), proc.stderr.read()[-3000:]
-    return line.split(" ", 1)[1].strip()
-
-
-def run_keys(blob, shard_id: str) -> set[str]:
-    """The objects below the shard's runs/ prefix (directory markers left out), relative to the root."""
-    filesystem, inner = filesystem_for(blob.root)
-    prefix = f"{inner.rstrip('/')}/{shard_id}/runs"
-    selector = pyarrow.fs.FileSelector(prefix, recursive=True, allow_not_found=True)
-    return {info.path[len(inner.rstrip('/')) + 1:] for info in filesystem.get_file_info(selector)
-            if info.type == pyarrow.fs.FileType.File}
-
-
-def committed_files(consensus, shard_id: str) -> set[str]:
-    return {f["path"] for b in consensus.batches(shard_id) for f in b.run["files"]}
-
-
-def test_gc_with_grace_0_against_a_writer_held_after_staging_on_s3_claims_its_run_and_the_writer_restages(
-    s3_root, sqlite_url, tmp_path
-):
-    landing = landing_of(tmp_path, segments=2)
-    env = cli_env(sqlite_url, s3_root)
-    init_shard("s", landing, env, files_per_batch=2)
-    release = tmp_path / "release"
-    consensus, blob = open_consensus(sqlite_url), open_blob(s3_root)
-    try:
-        writer = start_writer(env, "s", "slow", FAULT="wait_after_stage", RACE_RELEASE=str(release))
-        staged = wait_staged(writer)
-        staged_objects = {k for k in run_keys(blob, "s") if k.startswith(staged + "/")}
-        assert staged_objects and all(k.endswith(".parquet") for k in staged_objects)
-
-        # Its objects are older than a grace of 0: GC claims the staging prefix and deletes it.
-        report = collect_garbage(consensus, blob, "s", grace_seconds=0)
-        assert staged in {i.path for i in report.items}
-        assert not {k for k in run_keys(blob, "s") if k.startswith(staged + "/")}
-        assert claims(consensus, "s") == [staged]
-
-        release.touch()
-        out, err = writer.communicate(timeout=600)
-        assert writer.returncode == 0, err[-3000:]
-        # The held commit was refused; the writer restaged batch 0 and went on.
-        assert [(b["ts"], b["outcome"]) for b in json.loads(out)["batches"]][:2] == [(0, "committed"), (1, "committed")]
-        first = consensus.get_batch("s", 0)
-        assert first.run["path"] != staged and first.run["rows"] > 0
-        assert consensus.get_shard("s").upper == 2
-        # Nothing committed is lost: every file a batch names is in the bucket.
-        assert committed_files(consensus, "s") <= run_keys(blob, "s")
-    finally:
-        consensus.dispose()
-    assert read_table("s", env) == expected(landing)
-
-
-def test_three_writers_on_s3_one_sigkilled_mid_write_converge_to_the_oracle_and_gc_leaves_the_committed_runs(
-    s3_root, pg_url, tmp_path
-):
-    landing = landing_of(tmp_path, segments=3, per_segment=150)  # 6 segments, one per batch
-    env = cli_env(pg_url, s3_root)
-    init_shard("s", landing, env, files_per_batch=1)
-    consensus, blob = open_consensus(pg_url), open_blob(s3_root)
-    barrier = tmp_path / "barrier"
-    barrier.mkdir()
-    try:
-        # The victim never reaches its compare-and-set; it is killed once its executor's
-        # first run object is in the bucket, whether or not the rest of its run is.
-        victim = start_writer(env, "s", "victim", FAULT="hang_after_stage")
-        assert wait_for(lambda: any("/victim-" in k for k in run_keys(blob, "s")), timeout=300, interval=0.05)
-        # Both racers hold batch 0 before either appends it: one of them loses that race.
-        racers = [start_writer(env, "s", f"racer-{n}", RACE_SEED=str(n), RACE_MAX_DELAY="0.3",
-                               RACE_BARRIER=f"{barrier}:2") for n in range(2)]
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=60)
-        assert victim.returncode == -signal.SIGKILL
-        reports = []
-        for proc in racers:
-            out, err = proc.communicate(timeout=900)
-            assert proc.returncode == 0, err[-3000:]
-            reports.append(json.loads(out))
-
-        batches = consensus.batches("s")
-        assert consensus.get_shard("s").upper == 6
-        assert [b.ts for b in batches] == list(range(6))  # each ts once
-        for ts in range(1, 6):  # contiguous bindings
-            prev, cur = consensus.get_binding("s", ts - 1), consensus.get_binding("s", ts)
-            for partition, rng in cur.ranges.items():
-                assert rng["from"] == prev.ranges.get(partition, {"to": 0})["to"]
-        committed = [(b["ts"], r["writer_id"]) for r in reports for b in r["batches"] if b["outcome"] == "committed"]
-        assert sorted(committed) == [(b.ts, b.writer_id) for b in batches]
-        assert not any(b.writer_id == "victim" for b in batches)
-        lost_batch_0 = [r["writer_id"] for r in reports for b in r["batches"]
-                        if (b["ts"], b["outcome"]) == (0, "already_persisted")]
-        assert len(lost_batch_0) == 1 and batches[0].writer_id not in lost_batch_0
-
-        # GC with grace 0: what is left under runs/ is exactly what the committed batches name.
-        assert any("/victim-" in k for k in run_keys(blob, "s"))
-        collect_garbage(consensus, blob, "s", grace_seconds=0)
-        assert run_keys(blob, "s") == committed_files(consensus, "s")
-    finally:
-        consensus.dispose()
-    assert read_table("s", env) == expected(landing)
-
-
 # -- checkpoints through upsertctl on an S3 root ---------------------------------------------
 
 
 def test_checkpoint_of_executor_written_batches_on_s3_restores_into_a_new_store_and_the_shard_resumes(
-    s3_root, tmp_path
+    s3_server, s3_root, tmp_path
 ):
     landing = landing_of(tmp_path, segments=2)
     env = cli_env(f"sqlite:///{tmp_path / 'first.db'}", s3_root)
@@ -258,7 +141,7 @@ def test_checkpoint_of_executor_written_batches_on_s3_restores_into_a_new_store_
         first.dispose()
     blob = open_blob(s3_root)
     manifest = json.loads(blob.read_bytes(blob.path("s", "checkpoints", created["id"], "MANIFEST.json")))
-    assert {f["path"] for f in manifest["files"]} == written and written <= run_keys(blob, "s")
+    assert {f["path"] for f in manifest["files"]} == written and written <= run_keys(s3_server, s3_root, "s")
 
     # One object of the checkpoint replaced by other bytes of its size: verify names it (exit 4).
     damaged = blob.path(sorted(written)[0])
