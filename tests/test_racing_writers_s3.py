@@ -18,7 +18,6 @@ from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.store.gc_claims import claims
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.conftest import REPO_ROOT, cli_env
-from tests.pgserver import wait_for
 from tests.test_invariants_s3 import committed_files, expected, init_shard, landing_of, read_table, run_keys
 
 pytestmark = pytest.mark.slow
@@ -78,8 +77,9 @@ def test_gc_with_grace_0_against_a_writer_held_after_staging_on_s3_claims_its_ru
 
 
 def test_three_writers_on_s3_one_sigkilled_mid_write_converge_to_the_oracle_and_gc_leaves_the_committed_runs(
-    s3_server, s3_root, pg_url, tmp_path
+    s3_faults, pg_url, tmp_path
 ):
+    s3_server, s3_root = s3_faults.server, s3_faults.root
     landing = landing_of(tmp_path, segments=3, per_segment=150)  # 6 segments, one per batch
     env = cli_env(pg_url, s3_root)
     init_shard("s", landing, env, files_per_batch=1)
@@ -87,16 +87,17 @@ def test_three_writers_on_s3_one_sigkilled_mid_write_converge_to_the_oracle_and_
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     try:
-        # The victim never reaches its compare-and-set; it is killed once its executor's
-        # first run object is in the bucket, whether or not the rest of its run is.
+        # The victim is killed while the proxy holds one PUT of its run in flight; the held
+        # PUT is let through after the kill, so the dead writer's object still lands.
+        held = s3_faults.proxy.hold("PUT", r"/runs/ts=\d+/victim-")
         victim = start_writer(env, "s", "victim", FAULT="hang_after_stage")
-        assert wait_for(lambda: any("/victim-" in k for k in run_keys(s3_server, s3_root, "s")),
-                        timeout=300, interval=0.05)
+        assert held.arrived.wait(300), "no PUT of the victim's run reached the proxy"
         # Both racers hold batch 0 before either appends it: one of them loses that race.
         racers = [start_writer(env, "s", f"racer-{n}", RACE_SEED=str(n), RACE_MAX_DELAY="0.3",
                                RACE_BARRIER=f"{barrier}:2") for n in range(2)]
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=60)
+        held.release()
         assert victim.returncode == -signal.SIGKILL
         reports = []
         for proc in racers:
