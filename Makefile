@@ -8,7 +8,8 @@ PYTEST_ARGS ?=
 DURATIONS ?= --durations=25
 # The main suite runs on this many pytest-xdist workers, each with its own SparkSession,
 # PostgreSQL server and Airflow home; whole modules go to a worker (--dist loadfile), so a
-# module's shared batches are built once. Two, not one per core: every worker's Spark jobs
+# module's shared batches are built once, in the order tests/conftest.py gives them (the
+# modules of slow tests first) instead of xdist's largest-module-first. Two, not one per core: every worker's Spark jobs
 # and subprocesses use more than one core, and memory grows with each worker.
 WORKERS ?= 2
 
@@ -34,7 +35,7 @@ demo: $(STAMP) check-java
 # process's wall time and their total (pytest reports each process's own only).
 test: $(STAMP) check-java
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -ra $(DURATIONS) -n $(WORKERS) --dist loadfile --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest -ra $(DURATIONS) -n $(WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
 	middle=$$(date +%s); \
 	$(BIN)/python -m pytest -ra $(DURATIONS) tests/connect $(PYTEST_ARGS); connect=$$?; \
 	end=$$(date +%s); \
@@ -44,7 +45,7 @@ test: $(STAMP) check-java
 # The fast set: no multi-process, cluster or Airflow end-to-end tests.
 test-fast: $(STAMP) check-java
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" -n $(WORKERS) --dist loadfile --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
+	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" -n $(WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/connect $(PYTEST_ARGS); main=$$?; \
 	middle=$$(date +%s); \
 	$(BIN)/python -m pytest -ra $(DURATIONS) -m "not slow" tests/connect $(PYTEST_ARGS); connect=$$?; \
 	end=$$(date +%s); \

@@ -167,9 +167,10 @@ def pytest_collection_modifyitems(config, items):
 
 def slow_modules_first(items: list) -> None:
     """Modules with the most ``slow`` tests go first, each module's tests kept together and
-    in their order. ``make test`` hands whole modules to its workers (``--dist loadfile``) in
-    this order, so the longest ones start at once instead of ending the run on one worker
-    while the other idles."""
+    in their order. ``make test`` hands whole modules to its workers in this order
+    (``--dist loadfile --no-loadscope-reorder``), so the longest ones start at once instead of
+    ending the run on one worker while the other idles (xdist's own order, the modules with
+    the most tests first, put them last)."""
     first_seen: dict[str, int] = {}
     slow: dict[str, int] = {}
     for item in items:
