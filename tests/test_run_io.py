@@ -9,6 +9,7 @@ import hashlib
 import os
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs
 import pyarrow.parquet as pq
@@ -175,6 +176,26 @@ def test_quarantined_records_are_one_json_lines_object_per_task_at_its_final_nam
     assert (report["rows"], report["bytes"], report["sha256"]) == (2, len(data), hashlib.sha256(data).hexdigest())
     assert list(run_io.write_json_lines_task_file(iter([]), target, "t6")) == []
     assert len(handler.calls) == 1
+
+
+def test_a_quarantined_record_that_is_not_utf8_is_written_with_replacement_characters(tmp_path):
+    """A line rejected because it is not UTF-8 reaches the writer as a string of invalid
+    UTF-8 bytes (Spark does not validate): it is written with U+FFFD in their place, as
+    Spark's own JSON writer does, instead of failing the batch."""
+    import json
+
+    raw = "caf\u00e9 ok".encode("latin-1")  # é as one Latin-1 byte: invalid UTF-8
+    offsets = pa.py_buffer(np.array([0, len(raw)], dtype=np.int32).tobytes())
+    record = pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(raw)])
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["/landing/p0/1.jsonl"]), pa.array([3], pa.int64()), pa.array(["not UTF-8"]), record],
+        schema=REJECTS)
+    target = RunFileTarget(str(tmp_path), "s/rejects/ts=000000000001/w-abc", tuple(REJECTS.names))
+    os.makedirs(tmp_path / target.run_path)  # the driver creates it on local disk
+    [report] = list(run_io.write_json_lines_task_file([batch], target, "t7"))
+    with open(os.path.join(tmp_path, report["path"]), encoding="utf-8") as handle:
+        [line] = [json.loads(text) for text in handle]
+    assert line == {"file": "/landing/p0/1.jsonl", "line": 3, "reason": "not UTF-8", "record": "caf\ufffd ok"}
 
 
 def test_a_failed_task_removes_the_file_it_was_writing(tmp_path, run_dir):

@@ -302,7 +302,7 @@ def write_json_lines_task_file(
                 sink = HashingSink(filesystem.open_output_stream(full))
             lines = [
                 json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False, separators=(",", ":"))
-                for row in batch.select(list(target.columns)).to_pylist()
+                for row in _lenient_rows(batch.select(list(target.columns)))
             ]
             sink.write(("\n".join(lines) + "\n").encode("utf-8"))
             rows += batch.num_rows
@@ -322,6 +322,24 @@ def write_json_lines_task_file(
         if not isinstance(filesystem, pyarrow.fs.LocalFileSystem) and isinstance(exc, OSError):
             raise_store_error(target.root, exc, "write", f"{target.root.rstrip('/')}/{relative}")
         raise
+
+
+def _lenient_rows(batch: "pyarrow.RecordBatch") -> list[dict[str, Any]]:
+    """The rows of ``batch`` as dicts, its strings decoded with invalid UTF-8 replaced by
+    U+FFFD, as Spark's own JSON writer does: a quarantined record is often a line that was
+    rejected because it is not UTF-8, and it must be written, not fail the batch."""
+    import pyarrow as pa
+
+    columns = {}
+    for name, column in zip(batch.schema.names, batch.columns):
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            # Arrow casts string to binary without validating; decoding is then ours.
+            columns[name] = [None if v is None else v.decode("utf-8", "replace")
+                             for v in column.cast(pa.large_binary()).to_pylist()]
+        else:
+            columns[name] = column.to_pylist()
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())] if names else []
 
 
 def write_json_lines_files(rows: "DataFrame", blob: "Blob", directory: str) -> dict[str, Any]:
