@@ -14,7 +14,7 @@ from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.conftest import REPO_ROOT, cli_env
 from tests.oracle import oracle_table, table_from_rows
-from tests.test_run_io_s3 import upsertctl
+from tests.test_run_io_s3 import ok, upsertctl
 from tests.test_runs import write_segment
 
 pytestmark = pytest.mark.slow
@@ -25,12 +25,6 @@ RUN_FILE = r"/runs/ts=.*\.parquet$"
 
 def upsertctl_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "airflow_upsert_provider.cli", *args]
-
-
-def ok(*args: str, env: dict[str, str]) -> str:
-    done = upsertctl(*args, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def landing_of(tmp_path, segments: int = 2, per_segment: int = 200) -> str:

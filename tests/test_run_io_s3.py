@@ -22,6 +22,13 @@ def upsertctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
 
 
+def ok(*args: str, env: dict[str, str]) -> str:
+    """``upsertctl`` that must succeed; its stdout."""
+    done = upsertctl(*args, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def stored_objects(s3_server, bucket: str, prefix: str) -> dict[str, bytes]:
     client = s3_server.client()
     return {key: client.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -66,9 +73,7 @@ def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_p
     bucket, prefix = s3_root[len("s3://"):].split("/", 1)
 
     def run(*args: str) -> str:
-        done = upsertctl(*args, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
+        return ok(*args, env=env)
 
     run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
         "--buckets", "4", "--max-files-per-batch", "2", "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
@@ -112,9 +117,7 @@ def test_a_quarantining_batch_on_s3_writes_its_rejects_from_the_executors(s3_ser
     bucket, prefix = s3_root[len("s3://"):].split("/", 1)
 
     def run(*args: str) -> str:
-        done = upsertctl(*args, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
+        return ok(*args, env=env)
 
     run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
         "--buckets", "2", "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
