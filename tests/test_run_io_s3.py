@@ -29,6 +29,21 @@ def ok(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
+def shard_on_s3(tmp_path, s3_root: str, landing: str, buckets: int, *options: str):
+    """Shard ``s`` over ``landing`` on the S3 root, created with ``upsertctl init`` on a SQLite
+    store: (consensus URL, a runner of upsertctl commands that must succeed, bucket, prefix)."""
+    url = f"sqlite:///{tmp_path / 'consensus.db'}"
+    env = cli_env(url, s3_root)
+    bucket, prefix = s3_root[len("s3://"):].split("/", 1)
+
+    def run(*args: str) -> str:
+        return ok(*args, env=env)
+
+    run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
+        "--buckets", str(buckets), *options, "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
+    return url, run, bucket, prefix
+
+
 def stored_objects(s3_server, bucket: str, prefix: str) -> dict[str, bytes]:
     client = s3_server.client()
     return {key: client.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -68,15 +83,7 @@ def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_p
     write_segment(landing, "p0", 1, [{"id": i, "v": "b", "ts": 2, "deleted": i % 10 == 0} for i in range(25, 75)])
     write_segment(landing, "p1", 0, [{"id": i, "v": "c", "ts": 0} for i in range(70, 90)])
     expected = oracle_table(landing, order_by="ts", delete_marker="deleted")
-    url = f"sqlite:///{tmp_path / 'consensus.db'}"
-    env = cli_env(url, s3_root)
-    bucket, prefix = s3_root[len("s3://"):].split("/", 1)
-
-    def run(*args: str) -> str:
-        return ok(*args, env=env)
-
-    run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
-        "--buckets", "4", "--max-files-per-batch", "2", "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
+    url, run, bucket, prefix = shard_on_s3(tmp_path, s3_root, landing, 4, "--max-files-per-batch", "2")
     before = len(s3_server.requests())
     run("run-batch", "s", "--until-caught-up")
     batch_requests = shard_requests(s3_server, before, bucket, f"{prefix}/s/")
@@ -112,15 +119,7 @@ def test_a_quarantining_batch_on_s3_writes_its_rejects_from_the_executors(s3_ser
     with open(f"{landing}/p0/1.jsonl", "w") as handle:
         handle.write("\n".join(bad_lines) + "\n" + json.dumps({"id": 99, "v": "z", "ts": 2}) + "\n")
     expected[(99,)] = {"id": 99, "v": "z", "ts": 2}
-    url = f"sqlite:///{tmp_path / 'consensus.db'}"
-    env = cli_env(url, s3_root)
-    bucket, prefix = s3_root[len("s3://"):].split("/", 1)
-
-    def run(*args: str) -> str:
-        return ok(*args, env=env)
-
-    run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
-        "--buckets", "2", "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
+    url, run, bucket, prefix = shard_on_s3(tmp_path, s3_root, landing, 2)
     run("run-batch", "s", "--on-bad-record", "quarantine")
     assert table_from_rows(json.loads(line) for line in run("read", "s").splitlines()) == expected
 
