@@ -15,24 +15,60 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 logging.getLogger("py4j").setLevel(logging.WARNING)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The Spark JVMs tests start in other processes (upsertctl, airflow dags test, racing writers)
+# live for a batch or two of a few hundred rows: C1 only, through the variable Spark's launcher
+# adds to a driver JVM's options (no notice on stderr, unlike JAVA_TOOL_OPTIONS), and the
+# class-data-sharing archive that pytest_configure builds. Together they took a fresh
+# one-batch task to 0.46x (docs/performance.md, "Cold in-process task"); the suite starts
+# hundreds. The shared in-process session (the spark fixture) and the Connect servers of
+# tests/connect live the whole run and keep the default compilers.
+SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM_OPTIONS)
+# Where pytest_configure builds that archive, once per checkout (gitignored).
+TEST_STATE_DIR = os.path.join(REPO_ROOT, ".upsert-test")
+
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from tests.pgserver import PostgresServer  # noqa: E402
 from tests.s3proxy import S3FaultProxy  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def pytest_configure(config):
+    """Build the class-data-sharing archive of the tests' Spark JVMs (once per checkout: a
+    usable one is kept) and hand it to every process the tests start through
+    ``UPSERT_CLASS_ARCHIVE``. Only in the main pytest process, before xdist starts its
+    workers, which inherit the variable. ``UPSERT_CLASS_ARCHIVE`` set by the caller (a path,
+    or ``off``) is left alone."""
+    if hasattr(config, "workerinput") or "UPSERT_CLASS_ARCHIVE" in os.environ or config.option.collectonly:
+        return
+    from airflow_upsert_provider.engine.spark import class_archive
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    built = class_archive.build_archive(TEST_STATE_DIR)
+    if reporter is not None:
+        how = f"built in {built['seconds']:.0f} s" if built.get("built") else "already built"
+        reporter.write_line(f"class archive of the tests' Spark JVMs: {built['path']} ({how})")
+    os.environ["UPSERT_CLASS_ARCHIVE"] = built["path"]
 
 
 @pytest.fixture(scope="session")
 def spark():
     from airflow_upsert_provider.engine.spark.session import get_spark
 
-    session = get_spark(
-        "local[2]",
-        app_name="upsert-tests",
-        conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g"},
-    )
+    # This session lives the whole run: the default compilers (SHORT_LIVED_JVM_OPTIONS is for
+    # the JVMs of other processes).
+    submit_opts = os.environ.pop("SPARK_SUBMIT_OPTS", None)
+    try:
+        session = get_spark(
+            "local[2]",
+            app_name="upsert-tests",
+            conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g"},
+        )
+    finally:
+        if submit_opts is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = submit_opts
     yield session
     session.stop()
 
