@@ -268,11 +268,13 @@ def test_a_record_reader_importing_the_batch_job_is_reported(tmp_path):
 
 
 def test_opening_a_store_creates_and_enforces_what_the_registry_lists(tmp_path):
+    from airflow_upsert_provider.engine.store.migrations import VERSION_TABLE
     from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA, open_consensus
 
     store = open_consensus(f"sqlite:///{tmp_path / 'c.db'}")
     try:
-        assert set(sa.inspect(store.engine).get_table_names()) == {t.name for t in STORE_SCHEMA.tables}
+        # The registry's tables, and the version table that records their schema revision.
+        assert set(sa.inspect(store.engine).get_table_names()) == {t.name for t in STORE_SCHEMA.tables} | {VERSION_TABLE}
         assert tuple(store.commit_hooks) == STORE_SCHEMA.commit_hooks
         assert tuple(store.restore_hooks) == STORE_SCHEMA.restore_hooks
     finally:

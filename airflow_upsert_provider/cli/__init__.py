@@ -6,7 +6,7 @@ unreachable store, a full or read-only blob root); 3 bad input data (nothing com
 READY, or a commit was fenced); 7 a stream transition was refused; 1 anything unexpected;
 141 the reader of stdout went away.
 
-One module per command group (shard, maintenance, lifecycle, frontier, spark); the parser
+One module per command group (shard, maintenance, lifecycle, frontier, spark, db); the parser
 pieces and option validators in options.py; failures to exit codes in errors.py only.
 """
 
@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import NoReturn, Sequence
 
-from airflow_upsert_provider.cli import frontier, lifecycle, maintenance, shard, spark
+from airflow_upsert_provider.cli import db, frontier, lifecycle, maintenance, shard, spark
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS, Context
 from airflow_upsert_provider.cli.errors import interrupted, reader_went_away, report, report_unexpected
 from airflow_upsert_provider.cli.options import common_options, spark_conf_option
@@ -33,7 +33,7 @@ full or read-only blob root); 3 bad input data (nothing committed); 4 integrity 
 or the commit was fenced); 7 stream transition refused (e.g. recover resume before seek);
 1 unexpected (UPSERT_DEBUG=1 shows the traceback)
 docs: errors.md, recovery.md (stop, resume, recovery), frontier.md (stall paging),
-      maintenance.md; also served by the Airflow api-server at /upsert-provider/docs/
+      maintenance.md, upgrading.md (db upgrade); also served by the Airflow api-server at /upsert-provider/docs/
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
           --blob-root from UPSERT_BLOB_ROOT (a path, or s3://BUCKET/PREFIX: storage.md), else ./.upsert/blob;
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     frontier.add_frontier_commands(commands, common)
     spark.add_spark_server_commands(commands, common)
     spark.add_spark_archive_commands(commands, common)
+    db.add_db_commands(commands, common)
     return parser
 
 
@@ -77,6 +78,7 @@ COMMANDS = {
     "frontier": frontier.cmd_frontier,
     "spark-server": spark.cmd_spark_server,
     "spark-archive": spark.cmd_spark_archive,
+    "db": db.cmd_db,
 }
 
 

@@ -8,8 +8,14 @@ import os
 
 from airflow_upsert_provider.cli.options import DEFAULT_CONSENSUS_URL, blob_root, parse_key_values
 
-# Commands that open no shard, no store and no blob root.
-NO_STORE_COMMANDS = ("spark-server", "spark-archive")
+# Commands that open no shard and no blob root, and no store through the context: `db`
+# opens the store itself, whatever its schema revision.
+NO_STORE_COMMANDS = ("spark-server", "spark-archive", "db")
+
+
+def consensus_url(args: argparse.Namespace) -> str:
+    """The consensus URL of a command: --consensus, else UPSERT_CONSENSUS_URL, else the default."""
+    return getattr(args, "consensus", None) or os.environ.get("UPSERT_CONSENSUS_URL") or DEFAULT_CONSENSUS_URL
 
 
 def blob_access(args: argparse.Namespace) -> str:
@@ -34,7 +40,7 @@ class Context:
 
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
-        url = getattr(args, "consensus", None) or os.environ.get("UPSERT_CONSENSUS_URL") or DEFAULT_CONSENSUS_URL
+        url = consensus_url(args)
         self.blob = open_blob(blob_root(args))
         # Checked up front, with a message naming the root, before any Spark job writes there.
         access = blob_access(args)

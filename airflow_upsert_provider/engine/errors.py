@@ -47,6 +47,13 @@ class ShardExists(ConfigurationError):
     pass
 
 
+class SchemaVersionMismatch(ConfigurationError):
+    """The consensus store's schema is not the one this code is built for: an older schema
+    (or a store from before schema versions) that ``upsertctl db upgrade`` brings to the
+    code's, or a newer one that only a newer provider knows. Checked when a store is opened;
+    nothing was changed (exit 2). ``details`` name the store's and the code's revisions."""
+
+
 class ConsensusUnavailable(UpsertError):
     """The consensus store could not be reached, or failed before anything was committed:
     nothing was changed (exit 2). Retryable: the store may come back."""

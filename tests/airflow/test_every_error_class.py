@@ -29,6 +29,7 @@ DOCUMENTED: dict[str, tuple[int, bool]] = {
     "ConfigurationError": (2, False),
     "ShardNotFound": (2, False),
     "ShardExists": (2, False),
+    "SchemaVersionMismatch": (2, False),
     "ConsensusUnavailable": (2, True),
     "BlobUnavailable": (2, True),
     "BlobWriteFailed": (2, False),

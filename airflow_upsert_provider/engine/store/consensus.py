@@ -370,6 +370,9 @@ class Consensus:
             raise self.store_error(exc, "consensus store {where} failed") from None
 
     def create_schema(self) -> None:
+        """Create the tables of this store's schema, without a schema version: for a store built
+        by hand (tests). A store opened through ``store.registry.open_consensus`` is created at
+        the schema's head revision and checked against it instead (store/migrations/)."""
         try:
             metadata.create_all(self.engine, tables=list(self.tables))
         except sa.exc.DBAPIError as exc:
@@ -943,9 +946,9 @@ def with_password(url: str, password: str | None) -> str:
 SQLITE_URL_OPTIONS = frozenset({"timeout", "check_same_thread", "cached_statements", "detect_types"})
 
 
-def open_store(url: str, schema: StoreSchema, *, create: bool = True) -> Consensus:
-    """Open (and by default create the tables of) the consensus store at ``url``, enforcing
-    ``schema``; callers open through ``store.registry.open_consensus``.
+def open_store(url: str, schema: StoreSchema) -> Consensus:
+    """Open the consensus store at ``url``, enforcing ``schema``; callers open through
+    ``store.registry.open_consensus``, which also checks (or creates) the store's schema.
 
     ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``.
     """
@@ -996,8 +999,5 @@ def open_store(url: str, schema: StoreSchema, *, create: bool = True) -> Consens
             field="consensus",
         )
     event.listen(engine, "after_cursor_execute", _note_write)
-    consensus = Consensus(engine, url, schema)
-    if create:
-        consensus.create_schema()
-    return consensus
+    return Consensus(engine, url, schema)
 

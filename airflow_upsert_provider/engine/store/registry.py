@@ -17,6 +17,7 @@ from airflow_upsert_provider.engine.store.consensus import (
     quarantined_files_table,
     shards_table,
 )
+from airflow_upsert_provider.engine.store.migrations import prepare_on_open
 from airflow_upsert_provider.engine.store.gc_claims import (
     blob_owners_table,
     gc_claims_table,
@@ -53,7 +54,19 @@ STORE_SCHEMA = StoreSchema(
 )
 
 
-def open_consensus(url: str, *, create: bool = True) -> Consensus:
-    """Open (and by default create the tables of) the consensus store at ``url``:
-    ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``."""
-    return open_store(url, STORE_SCHEMA, create=create)
+def open_consensus(url: str, *, create: bool = True, check_schema: bool = True) -> Consensus:
+    """Open the consensus store at ``url``: ``sqlite:///path.db`` or
+    ``postgresql://user:pass@host:port/db``.
+
+    Its schema revision is checked against the code's (one read of the version row): a store
+    without tables of ours is created at the head when ``create``; a store at an older or newer
+    revision is refused with :class:`SchemaVersionMismatch`, nothing changed. Only ``db
+    upgrade``/``db status`` open with ``check_schema=False``, to act on such a store."""
+    consensus = open_store(url, STORE_SCHEMA)
+    if check_schema:
+        try:
+            prepare_on_open(consensus, create=create)
+        except BaseException:
+            consensus.dispose()
+            raise
+    return consensus
