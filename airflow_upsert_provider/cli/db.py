@@ -57,6 +57,8 @@ def _print_status(status: dict[str, Any]) -> None:
         print("upgrade needed: yes (upsertctl db upgrade)")
     elif status["state"] == "newer":
         print("upgrade needed: the store is newer than this provider: upgrade the provider")
+    elif status["state"] == "create":
+        print("upgrade needed: no (no tables yet: the first command that opens the store creates them)")
     else:
         print("upgrade needed: no")
     for name, table in status["tables"].items():

@@ -248,8 +248,9 @@ class UpsertShardHook(BaseHook):
     # -- engine objects ----------------------------------------------------------------------
 
     def get_consensus(self) -> Consensus:
-        """The consensus store (tables created if missing). Raises ConsensusUnavailable when
-        it cannot be reached, with the password masked."""
+        """The consensus store (created at the schema's head revision if it has no tables).
+        Raises ConsensusUnavailable when it cannot be reached, with the password masked, and
+        SchemaVersionMismatch when its schema revision is not this provider's (docs/upgrading.md)."""
         if self._consensus is None:
             from airflow_upsert_provider.engine.store.registry import open_consensus
 

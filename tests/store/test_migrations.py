@@ -1,0 +1,306 @@
+"""Schema versions of the consensus store: a store of the schema from before versions is
+refused on open, upgraded by `upsertctl db upgrade`, and its shards continue; the migration
+chain builds exactly the tables the code declares; a fresh store is created at the head,
+also by two processes at once; a store newer than the code is refused; `db status` counts.
+
+The schema from before versions is frozen in schema_0_sqlite.sql and schema_0_postgresql.sql
+(so that the test does not build it with the code under test). They were generated once from
+the tables of ``STORE_SCHEMA`` as they were when schema versions came in::
+
+    from sqlalchemy.schema import CreateIndex, CreateTable
+    from sqlalchemy.dialects import postgresql, sqlite
+    from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA
+    for table in STORE_SCHEMA.tables:  # with sqlite.dialect(), then postgresql.dialect()
+        print(f"{CreateTable(table).compile(dialect=dialect)};")
+        for index in sorted(table.indexes, key=lambda i: i.name):
+            print(f"{CreateIndex(index).compile(dialect=dialect)};")
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from airflow_upsert_provider.engine.errors import SchemaVersionMismatch
+from airflow_upsert_provider.engine.store import migrations, registry
+from airflow_upsert_provider.engine.store.consensus import metadata, normalize_url
+from airflow_upsert_provider.engine.store.migrations import VERSION_TABLE, code_head
+from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA, open_consensus
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+from tests.helpers import run_cli, run_cli_json
+from tests.oracle import oracle_table
+
+HERE = Path(__file__).resolve().parent
+OUR_TABLES = [t.name for t in STORE_SCHEMA.tables]
+SPEC = SampleSpec(records=1200, keys=300, partitions=2, segments_per_partition=4, seed=20)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """The URL of an empty store: a SQLite file or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'consensus.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def raw_engine(url: str) -> sa.Engine:
+    """An engine of SQLAlchemy's own on the store: none of the store's code runs."""
+    return sa.create_engine(normalize_url(url), poolclass=sa.pool.NullPool)
+
+
+def create_legacy_store(url: str) -> None:
+    """The store as the code before schema versions created it, from the frozen DDL."""
+    engine = raw_engine(url)
+    ddl = (HERE / f"schema_0_{engine.dialect.name}.sql").read_text()
+    body = "\n".join(line for line in ddl.splitlines() if not line.startswith("--"))
+    with engine.begin() as conn:
+        for statement in body.split(";"):
+            if statement.strip():
+                conn.exec_driver_sql(statement)
+    engine.dispose()
+
+
+def dump(url: str) -> dict[str, list[tuple]]:
+    """Every row of every table of the store, in a stable order."""
+    engine = raw_engine(url)
+    reflected = sa.MetaData()
+    reflected.reflect(engine)
+    with engine.connect() as conn:
+        rows = {
+            name: sorted(tuple(map(repr, row)) for row in conn.execute(sa.select(table)))
+            for name, table in reflected.tables.items()
+        }
+    engine.dispose()
+    return rows
+
+
+def schema_differences(url: str) -> list[Any]:
+    engine = raw_engine(url)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        differences = compare_metadata(context, metadata)
+    engine.dispose()
+    return differences
+
+
+def revisions_of(url: str) -> list[str]:
+    engine = raw_engine(url)
+    with engine.connect() as conn:
+        revisions = list(conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalars())
+    engine.dispose()
+    return revisions
+
+
+def init(capsys, shard: str, landing: Path) -> None:
+    code, _, err = run_cli(
+        capsys, "init", shard, "--source", f"dir:{landing}", "--key", "id", "--order-by", "updated_at",
+        "--delete-marker", "deleted", "--max-files-per-batch", "2", "--schema", SAMPLE_SCHEMA_DDL, "--json",
+    )
+    assert code == 0, err
+
+
+def committed(capsys, shard: str, *options: str) -> int:
+    code, report, err = run_cli_json(capsys, "run-batch", shard, *options)
+    assert code == 0, err
+    return sum(b["outcome"] == "committed" for b in report["batches"])
+
+
+def read_table(capsys, shard: str) -> dict[tuple, dict]:
+    import json
+
+    code, out, err = run_cli(capsys, "read", shard)
+    assert code == 0, err
+    return {(row["id"],): row for row in map(json.loads, out.splitlines())}
+
+
+def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_shards_continue(
+    spark, store_url, tmp_path, monkeypatch, capsys
+):
+    create_legacy_store(store_url)
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    landing = tmp_path / "landing"
+    generate(str(landing), SPEC)
+
+    # Filled by the engine as the code before schema versions ran it: no check on open.
+    with monkeypatch.context() as old_code:
+        old_code.setattr(registry, "prepare_on_open", lambda consensus, create=True: None)
+        init(capsys, "orders", landing)
+        init(capsys, "returns", landing)
+        batches = committed(capsys, "orders", "--max-batches", "2") + committed(capsys, "returns", "--max-batches", "1")
+        assert run_cli_json(capsys, "checkpoint", "create", "orders")[0] == 0
+        assert run_cli_json(capsys, "compact", "orders")[0] == 0
+        batches += committed(capsys, "orders", "--max-batches", "1")
+        assert run_cli_json(capsys, "stream", "stop", "orders", "--drain", "0", "--reason", "upgrade")[0] == 0
+        assert run_cli_json(capsys, "stream", "resume", "orders", "--reason", "upgraded")[0] == 0
+        code, observed, err = run_cli_json(capsys, "frontier", "observe")
+        assert code == 0, err
+    before = dump(store_url)
+    assert VERSION_TABLE not in before
+    assert len(before["upsert_batches"]) == batches == 4 and len(before["upsert_shards"]) == 2
+    assert before["upsert_compactions"] and before["upsert_stream_history"]
+    # Each batch records an observation too.
+    assert len(before["upsert_frontier_observations"]) == batches + len(observed["observations"]) == 6
+
+    # Opening it now refuses, naming the command that upgrades it, and changes nothing.
+    code, error, err = run_cli_json(capsys, "status", "orders", "--no-rows")
+    assert code == 2 and error["error"] == "SchemaVersionMismatch"
+    assert "created before schema versions" in err and "upsertctl db upgrade --consensus" in err
+    assert (error["store_revision"], error["code_revision"]) == (None, code_head())
+    assert dump(store_url) == before
+
+    code, status, err = run_cli_json(capsys, "db", "status")
+    assert code == 0, err
+    assert (status["store_revision"], status["code_revision"]) == (None, code_head())
+    assert status["state"] == "unversioned" and status["upgrade_needed"] is True
+    assert {name: t["rows"] for name, t in status["tables"].items()} == {name: len(before[name]) for name in OUR_TABLES}
+    assert status["tables"]["upsert_batches"]["rows"] == 4
+
+    code, out, err = run_cli(capsys, "db", "upgrade")
+    assert code == 0, err
+    assert out == f"consensus store upgraded from schema revision none (no schema version) to {code_head()}\n"
+    # Idempotent.
+    assert run_cli_json(capsys, "db", "upgrade")[1] == {
+        "from_revision": code_head(), "to_revision": code_head(), "upgraded": False,
+    }
+    after = dump(store_url)
+    assert after.pop(VERSION_TABLE) == [(repr(code_head()),)]
+    assert after == before
+    assert schema_differences(store_url) == []
+
+    # The shards continue where they stood, to the oracle's table.
+    assert committed(capsys, "orders", "--until-caught-up") > 0
+    assert committed(capsys, "returns", "--until-caught-up") > 0
+    expected = oracle_table(str(landing))
+    assert read_table(capsys, "orders") == expected
+    assert read_table(capsys, "returns") == expected
+    code, listed, err = run_cli_json(capsys, "checkpoint", "list", "orders")
+    assert code == 0 and len(listed["checkpoints"]) == 1, err
+
+
+def test_the_migration_chain_builds_the_tables_the_code_declares(store_url):
+    consensus = open_consensus(store_url, create=False, check_schema=False)
+    try:
+        result = migrations.upgrade(consensus)
+    finally:
+        consensus.dispose()
+    assert (result.from_revision, result.to_revision, result.upgraded) == (None, code_head(), True)
+    # A table changed without a revision shows here as a difference.
+    assert schema_differences(store_url) == []
+    assert revisions_of(store_url) == [code_head()]
+
+
+def test_a_fresh_store_is_created_at_the_head_and_stamped(store_url):
+    open_consensus(store_url).dispose()
+    assert schema_differences(store_url) == []
+    assert revisions_of(store_url) == [code_head()]
+
+
+def test_opening_a_current_store_reads_only_the_version_row(tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    open_consensus(url).dispose()
+    statements: list[str] = []
+    original = registry.open_store
+
+    def counting_open_store(url, schema):
+        consensus = original(url, schema)
+        sa.event.listen(consensus.engine, "before_cursor_execute",
+                        lambda conn, cursor, statement, *rest: statements.append(statement))
+        return consensus
+
+    registry.open_store = counting_open_store
+    try:
+        open_consensus(url).dispose()
+    finally:
+        registry.open_store = original
+    queries = [s for s in statements if not s.startswith("BEGIN")]
+    assert len(queries) == 1 and VERSION_TABLE in queries[0], statements
+
+
+def test_two_processes_creating_the_same_fresh_store_both_succeed(store_url, monkeypatch):
+    # Both read the store as fresh before either creates it: the second to take the schema lock
+    # must find the first's tables, not create them again.
+    both_read = threading.Barrier(2, timeout=60)
+    read_schema_state = migrations.read_schema_state
+
+    def read_then_wait(consensus):
+        state = read_schema_state(consensus)
+        both_read.wait()
+        return state
+
+    monkeypatch.setattr(migrations, "read_schema_state", read_then_wait)
+    outcomes: list[BaseException | str] = []
+
+    def open_store() -> None:
+        try:
+            consensus = open_consensus(store_url)
+            consensus.create_shard(f"s-{threading.get_ident()}", "{}")
+            consensus.dispose()
+            outcomes.append("ok")
+        except BaseException as exc:  # reported below
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes == ["ok", "ok"]
+    assert revisions_of(store_url) == [code_head()]
+    assert len(dump(store_url)["upsert_shards"]) == 2
+
+
+def test_a_store_stamped_with_a_revision_the_code_does_not_know_is_refused(store_url, tmp_path, monkeypatch, capsys):
+    open_consensus(store_url).dispose()
+    engine = raw_engine(store_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'")
+    engine.dispose()
+    before = dump(store_url)
+
+    with pytest.raises(SchemaVersionMismatch) as refused:
+        open_consensus(store_url)
+    message = refused.value.message
+    assert f"schema revision 9999_future, which this provider (schema revision {code_head()}) does not know" in message
+    assert "upgrade the provider" in message and refused.value.exit_code == 2
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    code, error, err = run_cli_json(capsys, "db", "upgrade")
+    assert code == 2 and error["error"] == "SchemaVersionMismatch" and "9999_future" in err
+    code, status, _ = run_cli_json(capsys, "db", "status")
+    assert code == 0 and status["state"] == "newer" and status["store_revision"] == "9999_future"
+    assert dump(store_url) == before
+
+
+def test_db_status_counts_the_rows_and_bytes_of_each_table(store_url, tmp_path, monkeypatch, capsys):
+    consensus = open_consensus(store_url)
+    try:
+        for n in range(3):
+            consensus.create_shard(f"s{n}", "{}")
+    finally:
+        consensus.dispose()
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    code, status, err = run_cli_json(capsys, "db", "status")
+    assert code == 0, err
+    assert (status["store_revision"], status["state"], status["upgrade_needed"]) == (code_head(), "current", False)
+    assert set(status["tables"]) == {*OUR_TABLES, VERSION_TABLE}
+    assert status["tables"]["upsert_shards"]["rows"] == 3
+    assert status["tables"][VERSION_TABLE]["rows"] == 1
+    assert status["tables"]["upsert_batches"]["rows"] == 0
+    # Every table takes at least a page.
+    assert all(t["bytes"] > 0 for t in status["tables"].values())
+    if store_url.startswith("sqlite"):
+        assert status["file_bytes"] >= sum(t["bytes"] for t in status["tables"].values())
+    else:
+        assert status["total_bytes"] == sum(t["bytes"] for t in status["tables"].values())
+
+    code, out, _ = run_cli(capsys, "db", "status")
+    assert code == 0 and f"store schema revision: {code_head()}" in out and "upgrade needed: no" in out
+    assert "  upsert_shards: 3 rows, " in out
