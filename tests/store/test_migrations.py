@@ -304,3 +304,70 @@ def test_db_status_counts_the_rows_and_bytes_of_each_table(store_url, tmp_path, 
     code, out, _ = run_cli(capsys, "db", "status")
     assert code == 0 and f"store schema revision: {code_head()}" in out and "upgrade needed: no" in out
     assert "  upsert_shards: 3 rows, " in out
+
+
+@pytest.fixture
+def code_with_a_second_revision(tmp_path, monkeypatch):
+    """The migrations as a release after this one would ship them: the baseline, then 0002
+    that adds a table. Yields that head's revision id."""
+    import shutil
+
+    package = Path(migrations.__file__).parent
+    location = tmp_path / "migrations"
+    shutil.copytree(package, location, ignore=shutil.ignore_patterns("__pycache__"))
+    (location / "versions" / "0002_extra.py").write_text(
+        "import sqlalchemy as sa\n"
+        "from alembic import op\n"
+        "revision = '0002'\ndown_revision = '0001'\nbranch_labels = None\ndepends_on = None\n"
+        "def upgrade():\n"
+        "    op.create_table('upsert_extra', sa.Column('shard_id', sa.String(128), primary_key=True))\n"
+    )
+    real_config = migrations.alembic_config
+
+    def next_release_config(connection=None):
+        config = real_config(connection)
+        config.set_main_option("script_location", str(location))
+        return config
+
+    monkeypatch.setattr(migrations, "alembic_config", next_release_config)
+    migrations._scripts.cache_clear()
+    migrations.known_revisions.cache_clear()
+    yield "0002"
+    migrations._scripts.cache_clear()
+    migrations.known_revisions.cache_clear()
+
+
+def test_a_store_at_an_older_revision_is_refused_until_db_upgrade_migrates_it(
+    store_url, code_with_a_second_revision, monkeypatch, capsys
+):
+    # A store at revision 0001, as this release leaves it.
+    create_legacy_store(store_url)
+    engine = raw_engine(store_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        conn.exec_driver_sql(f"INSERT INTO {VERSION_TABLE} VALUES ('0001')")
+    engine.dispose()
+    consensus = open_consensus(store_url, check_schema=False)
+    consensus.create_shard("orders", "{}")
+    consensus.dispose()
+    before = dump(store_url)
+
+    with pytest.raises(SchemaVersionMismatch) as refused:
+        open_consensus(store_url)
+    assert "has schema revision 0001, older than this provider's 0002" in refused.value.message
+    assert "upsertctl db upgrade --consensus" in refused.value.message
+    assert dump(store_url) == before
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    code, status, _ = run_cli_json(capsys, "db", "status")
+    assert (status["store_revision"], status["code_revision"], status["state"]) == ("0001", "0002", "upgrade")
+    code, upgraded, err = run_cli_json(capsys, "db", "upgrade")
+    assert code == 0, err
+    assert upgraded == {"from_revision": "0001", "to_revision": "0002", "upgraded": True}
+    assert revisions_of(store_url) == ["0002"]
+    consensus = open_consensus(store_url)
+    try:
+        assert consensus.get_shard("orders").upper == 0
+        assert "upsert_extra" in sa.inspect(consensus.engine).get_table_names()
+    finally:
+        consensus.dispose()
