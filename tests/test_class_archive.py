@@ -19,6 +19,13 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
 
+
+@pytest.fixture(autouse=True)
+def no_suite_archive(monkeypatch):
+    """These tests build, find and judge their own archives: the one tests/conftest.py hands
+    to the suite's JVMs through UPSERT_CLASS_ARCHIVE is not theirs."""
+    monkeypatch.delenv("UPSERT_CLASS_ARCHIVE", raising=False)
+
 CURRENT = {"java": "/opt/jdk/bin/java", "java_mtime_ns": 111, "java_size": 222, "pyspark": "4.2.0",
            "spark_home": "/site-packages/pyspark"}
 

@@ -326,6 +326,8 @@ def test_a_read_only_landing_directory_is_named_by_source_prune(tmp_path, monkey
 
 @pytest.mark.parametrize("command", [["spark-server", "start"], ["spark-archive", "build"]])
 def test_a_read_only_state_directory_is_named(tmp_path, monkeypatch, capsys, tmpfs, command):
+    # The build goes to --state-dir, not to the suite's archive (tests/conftest.py).
+    monkeypatch.delenv("UPSERT_CLASS_ARCHIVE", raising=False)
     state = tmpfs("1m", name="state")
     remount(state, "ro")
     subdir = "spark-server" if command[0] == "spark-server" else "class-archive"
