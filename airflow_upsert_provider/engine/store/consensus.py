@@ -263,6 +263,10 @@ def live_runs(
     return runs + [b.run for b in batches if base <= b.ts < as_of]
 
 
+# SQLSTATEs of a PostgreSQL session timeout (lock_not_available, query_canceled): the option
+# that bounds it.
+_SESSION_TIMEOUTS = {"55P03": "lock_timeout", "57014": "statement_timeout"}
+
 # Drivers a bare ``postgresql://`` or ``postgres://`` (the libpq spelling) URL means.
 _DEFAULT_DRIVERS = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
 
@@ -352,17 +356,25 @@ class Consensus:
             return ConfigurationError(
                 f"consensus URL {where} is not usable: {text}", field="consensus", consensus=where
             )
+        timeout = _SESSION_TIMEOUTS.get(getattr(exc.orig, "sqlstate", None))
+        if timeout is not None:
+            # Another session held a lock (or the store was slow) past the URL's bound: nothing
+            # changed, and the next try may well pass.
+            text += f" (the consensus URL option {timeout} bounds this wait; see docs/errors.md)"
         return ConsensusUnavailable(f"{unavailable.format(where=where)}: {text}", consensus=where)
 
     def _run_snapshot(self, fn):
         """Run the reads of ``fn(conn)`` in one transaction that sees one snapshot of the
         store. PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a
         compaction swap between two SELECTs could mix its row with older batches: REPEATABLE
-        READ there. SQLite transactions are serializable already."""
+        READ there. SQLite transactions are serializable already; a read one begins deferred,
+        so that in WAL mode it reads beside a writer instead of queueing for the write lock."""
         try:
             with self.engine.connect() as conn:
                 if self.dialect == "postgresql":
                     conn.execution_options(isolation_level="REPEATABLE READ")
+                else:
+                    conn.execution_options(**{_READ_ONLY: True})
                 with conn.begin():
                     return fn(conn)
         except sa.exc.DBAPIError as exc:
@@ -403,7 +415,7 @@ class Consensus:
         return self.get_shard(shard_id)
 
     def get_shard(self, shard_id: str) -> ShardRecord:
-        row = self._run(
+        row = self._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
             ).first()
@@ -416,7 +428,7 @@ class Consensus:
         return ShardRecord(**row._mapping)
 
     def list_shards(self) -> list[ShardRecord]:
-        rows = self._run(
+        rows = self._run_snapshot(
             lambda conn: conn.execute(sa.select(shards_table).order_by(shards_table.c.shard_id)).all()
         )
         return [ShardRecord(**r._mapping) for r in rows]
@@ -424,7 +436,7 @@ class Consensus:
     # -- bindings -------------------------------------------------------------------------
 
     def get_binding(self, shard_id: str, ts: int) -> Binding | None:
-        row = self._run(
+        row = self._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(bindings_table).where(
                     bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts
@@ -434,7 +446,7 @@ class Consensus:
         return None if row is None else _binding_from_row(row)
 
     def bindings(self, shard_id: str) -> Iterator[Binding]:
-        rows = self._run(
+        rows = self._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(bindings_table)
                 .where(bindings_table.c.shard_id == shard_id)
@@ -498,7 +510,7 @@ class Consensus:
         return self._run(txn)
 
     def quarantined_files(self, shard_id: str) -> dict[str, str]:
-        rows = self._run(
+        rows = self._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(quarantined_files_table.c.file, quarantined_files_table.c.reason).where(
                     quarantined_files_table.c.shard_id == shard_id
@@ -608,7 +620,7 @@ class Consensus:
                 ).first()
             return upper, winner
 
-        upper, winner = self._run(txn)
+        upper, winner = self._run_snapshot(txn)
         if upper <= expected_upper:
             # upper == expected_upper only after an attempt that did not land: the caller
             # may append again.
@@ -623,7 +635,7 @@ class Consensus:
         return AppendResult(outcome, upper, winner.writer_id, winner.token)
 
     def get_batch(self, shard_id: str, ts: int) -> BatchRecord | None:
-        row = self._run(
+        row = self._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(batches_table).where(
                     batches_table.c.shard_id == shard_id, batches_table.c.ts == ts
@@ -638,13 +650,13 @@ class Consensus:
         )
         if below is not None:
             query = query.where(batches_table.c.ts < below)
-        rows = self._run(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
+        rows = self._run_snapshot(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
         return [_batch_from_row(r) for r in rows]
 
     # -- compaction, snapshots and restore ---------------------------------------------------
 
     def get_compaction(self, shard_id: str) -> CompactionRecord | None:
-        row = self._run(
+        row = self._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
             ).first()
@@ -905,7 +917,11 @@ def _tracks_writes(engine: Engine) -> bool:
     return event.contains(engine, "after_cursor_execute", _note_write)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+# Execution option of a connection whose transaction only reads (``_run_snapshot``).
+_READ_ONLY = "upsert_read_only"
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised through every test
         # Let SQLAlchemy issue BEGIN itself (below) instead of pysqlite's deferred BEGIN.
@@ -913,14 +929,15 @@ def _configure_sqlite(engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")
-        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # pragma: no cover
-        # Take the write lock at BEGIN: a deferred transaction that reads then writes can
-        # fail with SQLITE_BUSY mid-way instead of waiting.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A transaction that may write takes the write lock at BEGIN: a deferred one that
+        # reads then writes can fail with SQLITE_BUSY mid-way instead of waiting. One that
+        # only reads takes none (WAL: readers never wait for the writer).
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def parse_url(url: str) -> URL:
@@ -944,6 +961,63 @@ def with_password(url: str, password: str | None) -> str:
 
 # Query options of a sqlite:/// URL that the SQLite driver uses (it ignores any other).
 SQLITE_URL_OPTIONS = frozenset({"timeout", "check_same_thread", "cached_statements", "detect_types"})
+# How long a SQLite transaction waits for the write lock when the URL gives no ``timeout``.
+SQLITE_DEFAULT_TIMEOUT_S = 60.0
+
+# Session timeouts of a PostgreSQL consensus, in milliseconds: options of its URL that the
+# engine applies to every session it opens (libpq never sees them). A session waiting for a
+# lock, or a statement running, longer fails retryably instead of holding writers up.
+POSTGRES_TIMEOUT_DEFAULTS = {"lock_timeout": 10_000, "statement_timeout": 60_000}
+_DURATION_UNITS = {"ms": 1, "s": 1000, "min": 60_000}
+
+
+def parse_timeout_ms(option: str, value: Any) -> int:
+    """A consensus URL's timeout option as milliseconds: ``500ms``, ``10s``, ``2min`` or a bare
+    number of milliseconds (PostgreSQL's spelling); 0 turns the timeout off."""
+    text = value.strip().lower() if isinstance(value, str) else ""
+    number, unit = text, "ms"
+    for suffix in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)].strip(), suffix
+            break
+    if not number.isdigit() or int(number) * _DURATION_UNITS[unit] > 2**31 - 1:
+        shown = value if isinstance(value, str) else ", ".join(map(str, value))
+        raise ConfigurationError(
+            f"consensus URL option {option} takes one duration (e.g. 10s, 500ms, 1min; a bare number is "
+            f"milliseconds; 0 turns it off), not {shown!r}",
+            field=option,
+        )
+    return int(number) * _DURATION_UNITS[unit]
+
+
+def postgres_session_options(query: Any) -> str:
+    """The libpq ``options`` (``-c name=ms ...``) that set the session timeouts the URL's
+    ``query`` asks for (else the defaults), followed by any ``options`` of the URL itself."""
+    timeouts = {
+        name: parse_timeout_ms(name, query[name]) if name in query else default
+        for name, default in POSTGRES_TIMEOUT_DEFAULTS.items()
+    }
+    options = " ".join(f"-c {name}={ms}" for name, ms in timeouts.items())
+    own = query.get("options")
+    if own:
+        options += " " + (own if isinstance(own, str) else " ".join(own))
+    return options
+
+
+def sqlite_busy_timeout_ms(query: Any) -> int:
+    """How long SQLite waits for its write lock: the URL's ``timeout`` (seconds), else 60 s."""
+    if "timeout" not in query:
+        return int(SQLITE_DEFAULT_TIMEOUT_S * 1000)
+    value = query["timeout"]
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (0 <= seconds < 2**31 / 1000):
+        raise ConfigurationError(
+            f"consensus URL option timeout takes one number of seconds >= 0, not {value!r}", field="timeout"
+        )
+    return int(seconds * 1000)
 
 
 def open_store(url: str, schema: StoreSchema) -> Consensus:
@@ -983,15 +1057,17 @@ def open_store(url: str, schema: StoreSchema) -> Consensus:
                 f"cannot create the directory {directory} of the SQLite consensus: {exc.strerror}",
                 field="consensus",
             ) from None
+        busy_timeout_ms = sqlite_busy_timeout_ms(parsed.query)
         engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_timeout_ms)
     elif backend == "postgresql":
+        options = postgres_session_options(parsed.query)
         engine = sa.create_engine(
-            url,
+            parsed.difference_update_query([*POSTGRES_TIMEOUT_DEFAULTS, "options"]),
             pool_pre_ping=True,
             pool_size=2,
             max_overflow=2,
-            connect_args={"connect_timeout": 10},
+            connect_args={"connect_timeout": 10, "options": options},
         )
     else:
         raise ConfigurationError(

@@ -75,7 +75,7 @@ class SourceIndex:
         how many bindings the stored row lagged behind ``upto`` (caught up from them)."""
         upto_ts = -1 if upto is None else upto.ts
         table = settled_names_table
-        row = self.consensus._run(
+        row = self.consensus._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(table.c.through_ts, table.c.binding_digest, table.c.names).where(
                     table.c.shard_id == self.shard_id, table.c.partition == partition
@@ -157,7 +157,7 @@ class SourceIndex:
         found: set[str] = set()
         for start in range(0, len(paths), 500):
             chunk = paths[start : start + 500]
-            rows = self.consensus._run(
+            rows = self.consensus._run_snapshot(
                 lambda conn: conn.execute(
                     sa.select(table.c.file).where(table.c.shard_id == self.shard_id, table.c.file.in_(chunk))
                 ).all()
@@ -167,7 +167,7 @@ class SourceIndex:
 
     def _bindings_between(self, first_ts: int, last_ts: int) -> list[Binding]:
         table = bindings_table
-        rows = self.consensus._run(
+        rows = self.consensus._run_snapshot(
             lambda conn: conn.execute(
                 sa.select(table)
                 .where(table.c.shard_id == self.shard_id, table.c.ts >= first_ts, table.c.ts <= last_ts)
