@@ -15,6 +15,10 @@ Each poke records an observation and applies the stall rules (docs/frontier.md):
 - IDLE (nothing new in the source) and STOPPED/RECOVERING streams (a person stopped them) do
   not page.
 
+Beside the watches, `prune_history` deletes observations, stream history and alert rows older
+than their retention (docs/frontier.md, "Retention"), a bounded amount per run; its failure
+fails that task alone.
+
 A Kafka shard is observed with the client config of the `kafka_conn_id` param's connection
 (blank: the `kafka_conn_id` in the upsert connection's extra); one that cannot be observed is
 judged on what its writers record, its watch says why, and with nothing recorded it is STALE
@@ -158,6 +162,22 @@ with DAG(
             raise
         finally:
             hook.close()
+
+    @task
+    def prune_history() -> dict[str, int]:
+        """Delete observations, stream history and alert rows older than their retention (docs/
+        frontier.md, "Retention"), a bounded amount per run; beside the watches, so that a
+        failure here fails this task alone and never holds a page up."""
+        from airflow_upsert_provider.engine.frontier.history import prune_history as prune
+        from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+
+        hook = UpsertShardHook()
+        try:
+            return prune(hook.get_consensus())
+        finally:
+            hook.close()
+
+    prune_history()
 
     FrontierStallSensor.partial(
         task_id="watch",

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from airflow_upsert_provider.cli.context import Context
-from airflow_upsert_provider.cli.options import actor_of, integer_option
+from airflow_upsert_provider.cli.options import actor_of, duration_option, integer_option
 from airflow_upsert_provider.cli.output import iso
 
 
@@ -27,6 +27,13 @@ def add_frontier_commands(commands, common: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true")
     status.add_argument("--no-observe", action="store_true",
                         help="evaluate the recorded observations only; record none")
+    prune = actions.add_parser("prune", parents=[common],
+                               help="delete observations, stream history and alert rows older than their "
+                                    "retention (docs/frontier.md, 'Retention')")
+    for option, field, default in PRUNE_OPTIONS:
+        prune.add_argument(option, dest=field, type=duration_option(option), default=None, metavar="DURATION",
+                           help=f"keep this long (seconds, or e.g. 12h, 2160h); default {default}")
+    prune.add_argument("--json", action="store_true")
     settings = status.add_argument_group("stall rules (defaults in docs/frontier.md)")
     for option, field, kind, help_text in FRONTIER_SETTING_OPTIONS:
         if kind is bool:
@@ -34,6 +41,13 @@ def add_frontier_commands(commands, common: argparse.ArgumentParser) -> None:
         else:
             settings.add_argument(option, dest=field, type=kind, default=None, metavar="N", help=help_text)
 
+
+# (option, HistoryRetention field, default shown) of `upsertctl frontier prune`.
+PRUNE_OPTIONS = (
+    ("--keep-observations", "observations_seconds", "24h"),
+    ("--keep-stream-history", "stream_history_seconds", "90 days"),
+    ("--keep-alerts", "alerts_seconds", "90 days"),
+)
 
 # (option, StallSettings field, type, help) of `upsertctl frontier status`.
 # StallSettings checks each value (finite, in range) and names its field; the integer is
@@ -79,6 +93,15 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                   + (f", {len(report.unobservable)} shard(s) not observable" if report.unobservable else ""))
             return {}
         return {"observations": out, "unobservable": report.unobservable}
+    if args.frontier_command == "prune":
+        from airflow_upsert_provider.engine.frontier.history import HistoryRetention, describe, prune_history
+
+        given = {field: getattr(args, field) for _, field, _ in PRUNE_OPTIONS if getattr(args, field) is not None}
+        deleted = prune_history(ctx.consensus, HistoryRetention(**given))
+        if not args.json:
+            print(f"deleted {describe(deleted)}")
+            return {}
+        return {"deleted": deleted}
     from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
     given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS

@@ -596,6 +596,8 @@ def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(ai
         run_id = airflow_home.latest_run("upsert_frontier_monitor")
         assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "shards") == ("success", 1), \
             failure_text(proc)
+        assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "prune_history") == ("success", 1), \
+            failure_text(proc)
         states = dict(airflow_home.query(
             "SELECT map_index, state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'watch'",
             "upsert_frontier_monitor", run_id))
