@@ -3,7 +3,9 @@ writer."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import traceback
 
 import pytest
 import sqlalchemy as sa
@@ -119,3 +121,96 @@ def test_sqlite_reads_pass_while_another_connection_holds_the_write_lock(tmp_pat
     assert store.compare_and_append("orders", 1, 2, batch(1, "b")).outcome is AppendOutcome.COMMITTED
     assert shard.state().upper == 2
     store.dispose()
+
+
+# -- no blob I/O inside a consensus transaction ------------------------------------------------
+
+# Every Blob method that reaches the store (the path helpers only compute names).
+BLOB_IO = ("ensure_root", "check_root", "write_file", "rename", "fsync_dir", "sync_file", "mkdir", "unlink", "rmdir",
+           "make_dirs", "write_atomic", "sync_written", "read_bytes", "checksum", "exists", "is_dir", "listdir",
+           "walk_files", "walk_dirs", "mtime", "size", "delete_tree", "delete_file")
+
+
+def guard_blob(blob, consensus, *, allow=lambda stack: False) -> list[tuple[str, str]]:
+    """Make every I/O call of ``blob`` note itself (method, first argument) when this thread
+    has a transaction of ``consensus`` open, unless ``allow(stack)`` says the caller is a
+    known holder; the list of such calls."""
+    inside: list[tuple[str, str]] = []
+    for name in BLOB_IO:
+        method = getattr(blob, name)
+
+        def guarded(*args, _method=method, _name=name, **kwargs):
+            if consensus.in_transaction() and not allow(traceback.extract_stack()):
+                inside.append((_name, str(args[0]) if args else ""))
+            return _method(*args, **kwargs)
+
+        setattr(blob, name, guarded)
+    return inside
+
+
+def test_the_guard_sees_a_transaction_of_its_store_on_its_thread_only(sqlite_url, blob):
+    store = open_consensus(sqlite_url)
+    inside = guard_blob(blob, store)
+    store._run(lambda conn: blob.exists(blob.path("x")))
+    blob.exists(blob.path("y"))
+    store._run_snapshot(lambda conn: blob.exists(blob.path("read")))
+    import threading
+
+    # A thread without a transaction, while this one has one open.
+    other = threading.Thread(target=lambda: blob.exists(blob.path("z")))
+    store._run(lambda conn: (other.start(), other.join()))
+    store.dispose()
+    assert inside == [("exists", blob.path("x")), ("exists", blob.path("read"))]
+
+
+def test_gc_claims_checkpoint_directories_without_reading_the_catalog_in_its_transaction(consensus, blob):
+    from airflow_upsert_provider.engine.store.gc_claims import claim_for_deletion, claims
+
+    consensus.create_shard("orders", "{}")
+    read_inside = []
+
+    def listed_now() -> set[str]:
+        read_inside.append(consensus.in_transaction())
+        return {"listed"}  # listed by a catalog change that committed before the claim
+
+    runs, checkpoints = claim_for_deletion(
+        consensus, "orders", [], 0, checkpoint_candidates=["orders/checkpoints/listed", "orders/checkpoints/old"],
+        listed_now=listed_now,
+    )
+    assert read_inside == [False]
+    assert (runs, checkpoints) == ([], ["orders/checkpoints/old"])
+    # The listed one's claim does not outlive the GC; the other's refuses a late listing.
+    assert claims(consensus, "orders") == ["orders/checkpoints/old"]
+
+
+def test_no_blob_io_inside_a_consensus_transaction(spark, consensus, blob, tmp_path):
+    """A batch, a compaction, a checkpoint create and GC on a blob that notes every call made
+    while a consensus transaction is open on the caller's thread."""
+    from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+    from airflow_upsert_provider.engine.maintenance.compaction import compact
+    from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+    from airflow_upsert_provider.engine.write.writer import Writer
+    from tests.maintenance.support import SPEC, age_compaction, age_files, oracle, table
+
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    # The one holder that does blob I/O under a consensus lock by design: the checkpoint
+    # catalog's read-modify-write (Catalog.update holds the catalog lock while it re-reads and
+    # writes CATALOG.json; without a conditional write on the blob, the lock is what keeps two
+    # changes from losing one another). Everything else must not.
+    inside = guard_blob(blob, consensus, allow=lambda stack: any(
+        f.name == "update" and f.filename.endswith(os.path.join("maintenance", "checkpoint.py")) for f in stack))
+    Writer(shard, "w", spark_factory=lambda: spark).run(max_batches=3, with_lag=False)
+    compact(spark, shard)
+    create_checkpoint(shard, keep_last=1)
+    Writer(shard, "w", spark_factory=lambda: spark).run(max_batches=1, with_lag=False)
+    create_checkpoint(shard, keep_last=1)  # retention drops the first
+    # A create that crashed before its catalog entry: GC claims its directory, then deletes it.
+    abandoned = blob.path(shard.shard_id, "checkpoints", "abandoned")
+    blob.write_atomic(blob.join(abandoned, "MANIFEST.json"), b"{}")
+    age_files(blob.root)
+    age_compaction(consensus, shard.shard_id)
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert {i.kind for i in report.items} >= {"run", "abandoned_checkpoint"}
+    assert not blob.exists(abandoned)
+    assert inside == []
+    assert table(shard, spark) == oracle(shard)

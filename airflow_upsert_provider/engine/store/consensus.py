@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -300,6 +301,16 @@ class Consensus:
         # This store's own lists, so that a test can add a hook to one store.
         self.commit_hooks: list[CommitHook] = list(schema.commit_hooks)
         self.restore_hooks: list[RestoreHook] = list(schema.restore_hooks)
+        self._open = _OpenTransactions()
+        event.listen(engine, "begin", self._open.began)
+        event.listen(engine, "commit", self._open.ended)
+        event.listen(engine, "rollback", self._open.ended)
+
+    def in_transaction(self) -> bool:
+        """Whether this thread has a transaction of this store open. Blob I/O never runs
+        inside one: a slow object store would hold the store's locks (SQLite's one write lock,
+        PostgreSQL's rows) for as long as it takes."""
+        return self._open.any()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -901,6 +912,22 @@ def _password_of(url: str) -> str | None:
 
 def _sqlite_error_name(exc: sa.exc.DBAPIError) -> str | None:
     return getattr(exc.orig, "sqlite_errorname", None)
+
+
+class _OpenTransactions(threading.local):
+    """The connections with a transaction open, per thread (engine begin/commit/rollback)."""
+
+    def __init__(self) -> None:
+        self.connections: set[int] = set()
+
+    def began(self, conn) -> None:
+        self.connections.add(id(conn))
+
+    def ended(self, conn) -> None:
+        self.connections.discard(id(conn))
+
+    def any(self) -> bool:
+        return bool(self.connections)
 
 
 # Set on a connection when a statement of its transaction inserted, updated or deleted: a

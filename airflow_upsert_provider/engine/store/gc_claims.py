@@ -184,10 +184,14 @@ def claim_for_deletion(
     now delete (runs, checkpoint directories).
 
     One transaction, serialized with every append and swap of the shard (all write the shard
-    row) and, when checkpoint directories are claimed, with every catalog change (it holds the
+    row) and, when checkpoint directories are claimed, with every catalog change (it takes the
     catalog lock): a run that a batch or compaction committed since GC planned at
-    ``planned_upper`` is left out, and so is a checkpoint ``listed_now()`` (the catalog read
-    again under the lock) lists. Expired claims of the shard are dropped in the same go."""
+    ``planned_upper`` is left out. Expired claims of the shard are dropped in the same go.
+
+    No blob I/O runs inside it: the catalog is read (``listed_now()``) after the claim has
+    committed. A catalog change that took the lock before the claim wrote its file before the
+    claim committed, so the read sees it, and that checkpoint is left out and unclaimed; one
+    that takes the lock after sees the claim and is refused (``refuse_claimed_checkpoints``)."""
 
     def txn(conn) -> list[str]:
         # A write to the shard row (changing nothing) orders this transaction with every
@@ -228,7 +232,6 @@ def claim_for_deletion(
             conn.execute(
                 sa.delete(replaced_runs_table).where(replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]))
             )
-        doomed_checkpoints: list[str] = []
         if checkpoint_candidates:
             # Imported here: catalog_lock and this module are both loaded by consensus.
             from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
@@ -236,12 +239,19 @@ def claim_for_deletion(
             insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=now)
             locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
             conn.execute(locked.with_for_update() if consensus.dialect == "postgresql" else locked)
-            listed = listed_now()
-            doomed_checkpoints = [p for p in checkpoint_candidates if p.rpartition("/")[2] not in listed]
-            _insert_claims(conn, shard_id, doomed_checkpoints, now)
-        return doomed, doomed_checkpoints
+            _insert_claims(conn, shard_id, list(checkpoint_candidates), now)
+        return doomed
 
-    return consensus._run(txn)
+    doomed = consensus._run(txn)
+    if not checkpoint_candidates:
+        return doomed, []
+    listed = listed_now()
+    relisted = [p for p in checkpoint_candidates if p.rpartition("/")[2] in listed]
+    if relisted:
+        # Listed before the claim: its claim must not outlive this GC.
+        consensus._run(lambda conn: conn.execute(sa.delete(gc_claims_table).where(
+            gc_claims_table.c.shard_id == shard_id, gc_claims_table.c.path.in_(relisted))))
+    return doomed, [p for p in checkpoint_candidates if p not in relisted]
 
 
 def _insert_claims(conn, shard_id: str, paths: list[str], now: float) -> None:
