@@ -106,6 +106,8 @@ def test_sqlite_reads_pass_while_another_connection_holds_the_write_lock(tmp_pat
     holder = sqlite3.connect(str(path), isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
+        # Opening the store reads its schema version: also beside the writer.
+        open_consensus(f"sqlite:///{path}?timeout=0.3").dispose()
         assert store.get_shard("orders").upper == 1
         assert [r.shard_id for r in store.list_shards()] == ["orders"]
         assert [b.token for b in store.live_view("orders").batches] == ["a"]
@@ -214,3 +216,16 @@ def test_no_blob_io_inside_a_consensus_transaction(spark, consensus, blob, tmp_p
     assert not blob.exists(abandoned)
     assert inside == []
     assert table(shard, spark) == oracle(shard)
+
+
+def test_a_schema_upgrade_is_not_cut_off_by_the_sessions_statement_timeout(pg_url):
+    from airflow_upsert_provider.engine.store.migrations import _schema_lock
+
+    store = open_consensus(_with_options(pg_url, statement_timeout="5s"))
+    try:
+        with _schema_lock(store) as conn:
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "10s"
+        assert _session_setting(store, "statement_timeout") == "5s"  # SET LOCAL: that transaction only
+    finally:
+        store.dispose()

@@ -381,16 +381,22 @@ class Consensus:
         READ there. SQLite transactions are serializable already; a read one begins deferred,
         so that in WAL mode it reads beside a writer instead of queueing for the write lock."""
         try:
-            with self.engine.connect() as conn:
+            with self.read_connection() as conn:
                 if self.dialect == "postgresql":
                     conn.execution_options(isolation_level="REPEATABLE READ")
-                else:
-                    conn.execution_options(**{_READ_ONLY: True})
                 with conn.begin():
                     return fn(conn)
         except sa.exc.DBAPIError as exc:
             # Only reads: a failure changed nothing, whenever it came.
             raise self.store_error(exc, "consensus store {where} failed") from None
+
+    def read_connection(self) -> sa.Connection:
+        """A connection whose transactions only read: on SQLite they begin deferred and take no
+        lock a writer waits for, nor wait for one (WAL mode)."""
+        conn = self.engine.connect()
+        if self.dialect == "sqlite":
+            conn.execution_options(**{_READ_ONLY: True})
+        return conn
 
     def create_schema(self) -> None:
         """Create the tables of this store's schema, without a schema version: for a store built

@@ -115,13 +115,13 @@ def read_schema_state(consensus: Consensus) -> SchemaState:
     """The store's schema state, in one query when the store is versioned (every open but the
     first): the version row. Only when that fails (no version table yet) are the tables listed."""
     try:
-        with consensus.engine.connect() as conn:
+        with consensus.read_connection() as conn:
             revisions = tuple(conn.execute(sa.select(_version_table.c.version_num)).scalars())
         return SchemaState(revisions, True)
     except sa.exc.DBAPIError as exc:
         first = exc
     try:
-        with consensus.engine.connect() as conn:
+        with consensus.read_connection() as conn:
             state = _state_by_inspection(conn, consensus)
     except sa.exc.DBAPIError as exc:
         raise consensus.store_error(exc, "cannot reach consensus store {where}") from None
@@ -139,6 +139,10 @@ def _schema_lock(consensus: Consensus) -> Iterator[sa.Connection]:
     with consensus.engine.begin() as conn:
         if consensus.dialect == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
+            # A migration may rewrite a large table: the session's statement_timeout (meant for
+            # the short transactions of batches) must not cut it off. lock_timeout stays: an
+            # upgrade that cannot get a table's lock fails instead of queueing every writer.
+            conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         yield conn
 
 
@@ -214,7 +218,7 @@ def schema_status(consensus: Consensus) -> dict[str, Any]:
     the file's bytes)."""
     head, known = code_head(), known_revisions()
     try:
-        with consensus.engine.connect() as conn:
+        with consensus.read_connection() as conn:
             state = _state_by_inspection(conn, consensus)
             present = set(sa.inspect(conn).get_table_names())
             names = [t.name for t in consensus.tables] + [VERSION_TABLE]
