@@ -229,3 +229,20 @@ def test_a_schema_upgrade_is_not_cut_off_by_the_sessions_statement_timeout(pg_ur
         assert _session_setting(store, "statement_timeout") == "5s"  # SET LOCAL: that transaction only
     finally:
         store.dispose()
+
+
+def test_an_exhausted_pool_is_a_retryable_store_error(pg_url, monkeypatch):
+    store = open_consensus(pg_url)
+    store.create_shard("s", "{}")
+    monkeypatch.setattr(store.engine.pool, "_timeout", 0.2)  # instead of 30 s
+    held = [store.engine.connect() for _ in range(4)]  # pool_size 2 + max_overflow 2
+    try:
+        for call in (lambda: store.get_shard("s"), lambda: store.create_shard("t", "{}")):
+            with pytest.raises(ConsensusUnavailable, match="gave no connection in time") as info:
+                call()
+            assert info.value.retryable and info.value.exit_code == 2
+    finally:
+        for conn in held:
+            conn.close()
+    assert store.get_shard("s").upper == 0
+    store.dispose()

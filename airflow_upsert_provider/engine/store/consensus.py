@@ -332,6 +332,8 @@ class Consensus:
                     wrote = conn.info[_WROTE] or not _tracks_writes(self.engine)
                     committing = True
                 return result
+        except sa.exc.TimeoutError:
+            raise self.pool_exhausted() from None
         except sa.exc.DBAPIError as exc:
             if committing and wrote:
                 raise ConsensusOutcomeUnknown(
@@ -341,6 +343,13 @@ class Consensus:
                     consensus=redact_url(self.url),
                 ) from None
             raise self.store_error(exc, "consensus store {where} failed") from None
+
+    def pool_exhausted(self) -> ConsensusUnavailable:
+        """The pool gave no connection within its timeout: nothing was sent (exit 2, retryable)."""
+        return ConsensusUnavailable(
+            f"consensus store {redact_url(self.url)} gave no connection in time (pool exhausted); nothing "
+            "was changed", consensus=redact_url(self.url),
+        )
 
     def store_error(self, exc: sa.exc.DBAPIError, unavailable: str) -> UpsertError:
         """The determinate error a driver error that left the store unchanged stands for:
@@ -386,6 +395,8 @@ class Consensus:
                     conn.execution_options(isolation_level="REPEATABLE READ")
                 with conn.begin():
                     return fn(conn)
+        except sa.exc.TimeoutError:
+            raise self.pool_exhausted() from None
         except sa.exc.DBAPIError as exc:
             # Only reads: a failure changed nothing, whenever it came.
             raise self.store_error(exc, "consensus store {where} failed") from None
