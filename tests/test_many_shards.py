@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 SHARDS = 20
 WRITERS = 2
-BATCHES = 3
+BATCHES = 2
 # A writer that never reaches its barrier (it failed) must not hang its peer for ever.
 BARRIER_TIMEOUT = 600.0
 
