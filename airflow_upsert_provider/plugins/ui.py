@@ -147,12 +147,19 @@ class _Store:
         self.backend = consensus_backend(settings.consensus_url)
         self._secrets = [*_url_parts(settings.consensus_url), str(settings.blob_root or "")]
         self.missing = _sqlite_file_missing(settings.consensus_url)
+
+    def open(self) -> "_Store":
+        """Open the store (unless it is missing). Separate from the constructor: opening
+        reaches the store (its schema version), and what that raises must pass through
+        :meth:`scrub`, which needs the constructed object."""
         if not self.missing:
             from airflow_upsert_provider.engine.blob.files import open_blob
             from airflow_upsert_provider.engine.store.registry import open_consensus
 
+            settings = self.hook.settings
             self.consensus = open_consensus(settings.consensus_url, create=False)
             self.blob = open_blob(settings.blob_root)
+        return self
 
     def scrub(self, exc: BaseException) -> str:
         return _safe_message(exc, self._secrets)
@@ -273,6 +280,7 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
         try:
             store = _Store(conn_id)
             entry["consensus"] = store.backend
+            store.open()
             if store.missing:
                 entry["error"] = "no consensus store yet (nothing was created with this connection)"
                 continue
@@ -303,6 +311,7 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
         return None
     store = _Store(conn_id)
     try:
+        store.open()
         if store.missing or not any(r.shard_id == shard_id for r in store.consensus.list_shards()):
             return None
         window = observation_window(store.consensus, shard_id, now - seconds, now)[-MAX_CHART_POINTS:]
