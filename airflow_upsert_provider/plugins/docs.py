@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
@@ -37,6 +37,10 @@ DOCUMENTATION_URL = URL_PREFIX.lstrip("/") + INDEX_PATH
 README_PAGE = "README"
 # A page is named by its file's stem: no separators, no leading dot, so no name can leave the tree.
 PAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# The pages' images: files of docs/img/, served under docs/img/ with their type.
+IMAGE_DIR = "img"
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+               ".webp": "image/webp"}
 
 # The pages are static text: no script may run, styles are inline only.
 SECURITY_HEADERS = {
@@ -140,8 +144,30 @@ def served_href(href: str, source_path: str, names_by_source: dict[str, str]) ->
     return name + (f"#{parts.fragment}" if parts.fragment else "")
 
 
+def served_image(src: str, source_path: str) -> str | None:
+    """Where an image of the page at ``source_path`` is served, relative to the page's URL
+    (``img/<file>``) when it is a file of docs/img/; unchanged when it leaves the repository;
+    None for a repository file that is not served."""
+    parts = urlsplit(src)
+    if parts.scheme or parts.netloc:
+        return src
+    if not parts.path or parts.path.startswith("/"):
+        return None
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(source_path), parts.path))
+    folder, _, name = target.rpartition("/")
+    if folder != f"docs/{IMAGE_DIR}" or not PAGE_NAME.fullmatch(name):
+        return None
+    return f"{IMAGE_DIR}/{name}"
+
+
+def image_type(name: str) -> str | None:
+    """The content type of an image file name, None for a file that is not a served image."""
+    return IMAGE_TYPES.get(posixpath.splitext(name)[1].lower()) if PAGE_NAME.fullmatch(name) else None
+
+
 def render_page(page: DocPage, pages: dict[str, DocPage], parser: MarkdownIt) -> str:
-    """The page's Markdown as HTML: headings get anchors, links to other pages point at them."""
+    """The page's Markdown as HTML: headings get anchors, links to other pages point at them,
+    images at the served docs/img/ files."""
     names_by_source = {p.source_path: p.name for p in pages.values()}
     tokens = parser.parse(page.markdown())
     anchors_used: dict[str, int] = {}
@@ -165,6 +191,13 @@ def render_page(page: DocPage, pages: dict[str, DocPage], parser: MarkdownIt) ->
                     child.attrSet("href", target)
             elif child.type == "link_close" and unserved_open:
                 child.tag, unserved_open = "span", False
+            elif child.type == "image":
+                src = served_image(str(child.attrGet("src") or ""), page.source_path)
+                if src is None:
+                    # Shown as its alt text rather than as a broken image.
+                    child.type, child.content = "text", child.content or str(child.attrGet("src") or "")
+                else:
+                    child.attrSet("src", src)
     return parser.renderer.render(tokens, parser.options, {})
 
 
@@ -213,6 +246,15 @@ def create_docs_app(root: Traversable) -> FastAPI:
         )
         body = f'<h1>airflow-upsert-provider documentation</h1><ol class="pages">{items}</ol>'
         return html_response("airflow-upsert-provider documentation", body, back_to_index=False)
+
+    @app.get(INDEX_PATH + IMAGE_DIR + "/{file_name}")
+    def image(file_name: str) -> Response:
+        content_type = image_type(file_name)
+        entry = root / "docs" / IMAGE_DIR / file_name if content_type else None
+        if entry is None or not entry.is_file():
+            return html_response("Image not found", f"<h1>No image named {html.escape(file_name)}</h1>",
+                                 status_code=404)
+        return Response(entry.read_bytes(), media_type=content_type, headers=SECURITY_HEADERS)
 
     @app.get(INDEX_PATH + "{page_name:path}", response_class=HTMLResponse)
     def page(page_name: str) -> HTMLResponse:
