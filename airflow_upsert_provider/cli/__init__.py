@@ -22,7 +22,13 @@ from typing import NoReturn, Sequence
 
 from airflow_upsert_provider.cli import db, frontier, lifecycle, maintenance, shard, spark
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS, Context
-from airflow_upsert_provider.cli.errors import interrupted, reader_went_away, report, report_unexpected
+from airflow_upsert_provider.cli.errors import (
+    interrupted,
+    reader_went_away,
+    report,
+    report_unexpected,
+    with_closest_shard,
+)
 from airflow_upsert_provider.cli.options import common_options, spark_conf_option
 from airflow_upsert_provider.cli.output import print_human
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
@@ -90,11 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A bad option value (the type= functions of options.py); the command is not known yet.
         return report(exc, "--json" in (sys.argv[1:] if argv is None else argv))
     as_json = getattr(args, "json", False)
+    ctx = None
     try:
         ctx = Context(args) if args.command not in NO_STORE_COMMANDS else None
         result = COMMANDS[args.command](ctx, args)
     except UpsertError as exc:
-        return report(exc, as_json)
+        return report(with_closest_shard(exc, ctx), as_json)
     except KeyboardInterrupt:
         return interrupted()
     except BrokenPipeError:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+from typing import Any
 
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS
 from airflow_upsert_provider.cli.options import blob_root
@@ -33,6 +34,21 @@ def report(exc: UpsertError, as_json: bool) -> int:
     for item in payload.get("records", [])[:5]:
         print(f"  {json.dumps(item, default=str)}", file=sys.stderr)
     return exc.exit_code
+
+
+def with_closest_shard(exc: UpsertError, ctx: Any) -> UpsertError:
+    """An unknown shard's error naming the closest existing shard of the store ``ctx`` opened
+    (a typo is the usual cause); ``exc`` unchanged otherwise, or when the store cannot list."""
+    from airflow_upsert_provider.engine.common.names import with_closest_shard as named
+    from airflow_upsert_provider.engine.errors import ShardNotFound
+
+    if not isinstance(exc, ShardNotFound) or ctx is None:
+        return exc
+    try:
+        shard_ids = [record.shard_id for record in ctx.consensus.list_shards()]
+    except Exception:  # the error in hand is what the user needs; the hint is a bonus
+        return exc
+    return named(exc, shard_ids)
 
 
 def report_unexpected(exc: Exception, args: argparse.Namespace) -> int:

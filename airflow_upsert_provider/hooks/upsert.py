@@ -14,7 +14,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_upsert_provider.engine.store.consensus import with_password
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -300,6 +300,20 @@ class UpsertShardHook(BaseHook):
                 field="kafka_conn_id",
             )
         return Shard(shard.consensus, shard.blob, shard_id, shard.config, kafka_config=self.get_kafka_config(conn_id))
+
+    def with_closest_shard(self, exc: UpsertError) -> UpsertError:
+        """An unknown shard's error naming the store's closest existing shard (a typo in a
+        param is the usual cause); ``exc`` unchanged otherwise, or when the store cannot list."""
+        from airflow_upsert_provider.engine.common.names import with_closest_shard
+        from airflow_upsert_provider.engine.errors import ShardNotFound
+
+        if not isinstance(exc, ShardNotFound):
+            return exc
+        try:
+            shard_ids = [record.shard_id for record in self.get_consensus().list_shards()]
+        except Exception:  # the error in hand is what the user needs; the hint is a bonus
+            return exc
+        return with_closest_shard(exc, shard_ids)
 
     def get_kafka_config(self, kafka_conn_id: str) -> KafkaConfig:
         """The Kafka client config held by the Airflow connection ``kafka_conn_id`` (type

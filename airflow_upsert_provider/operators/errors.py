@@ -5,7 +5,7 @@ and sensor: in process (:func:`to_airflow_error`) and from a submitted Spark job
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -22,8 +22,11 @@ from airflow_upsert_provider.engine.errors import (
     UpsertError,
 )
 
+if TYPE_CHECKING:
+    from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 
-def to_airflow_error(exc: UpsertError) -> AirflowException:
+
+def to_airflow_error(exc: UpsertError, hook: UpsertShardHook | None = None) -> AirflowException:
     """The engine's error as Airflow understands it, decided by ``exc.retryable``.
 
     Retryable errors (the operation may have happened and running it again is safe, e.g. a
@@ -33,8 +36,11 @@ def to_airflow_error(exc: UpsertError) -> AirflowException:
     Determinate failures (bad data, a violated invariant, a configuration error, a full disk,
     a stream that is stopped or recovering, a refused stream transition) raise
     ``AirflowFailException``: a retry cannot fix them. A stream's refusal keeps the engine's
-    message, which names the status, who set it, when and why.
+    message, which names the status, who set it, when and why. An unknown shard names the
+    closest shard of ``hook``'s store (:meth:`UpsertShardHook.with_closest_shard`).
     """
+    if hook is not None:
+        exc = hook.with_closest_shard(exc)
     message = exc.message
     if exc.retryable:
         return AirflowException(f"{message} (retryable)")

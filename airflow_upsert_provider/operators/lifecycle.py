@@ -84,7 +84,7 @@ class _StreamOperator(BaseOperator):
         try:
             result = self.run(hook, actor)
         except UpsertError as exc:
-            raise to_airflow_error(exc) from exc
+            raise to_airflow_error(exc, hook) from exc
         finally:
             hook.close()
         stream = result.get("stream", {})

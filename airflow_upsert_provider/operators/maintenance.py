@@ -40,7 +40,7 @@ class _ShardMaintenanceOperator(BaseOperator):
         try:
             result = self.run(hook)
         except UpsertError as exc:
-            raise to_airflow_error(exc) from None
+            raise to_airflow_error(exc, hook) from None
         finally:
             hook.close()
         self.log.info("%s of shard %s: %s", self.task_type, self.shard, result)

@@ -267,7 +267,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             else:
                 report = self._run_in_process(hook, shard, plan)
         except UpsertError as exc:
-            raise to_airflow_error(exc) from exc
+            raise to_airflow_error(exc, hook) from exc
         finally:
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)

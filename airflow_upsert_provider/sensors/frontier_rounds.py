@@ -83,7 +83,7 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
                               open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
                               compose_page=compose_page)
     except UpsertError as exc:
-        raise to_airflow_error(exc) from exc
+        raise to_airflow_error(exc, hook) from exc
     finally:
         hook.close()
 
