@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
+from airflow_upsert_provider.operators.params import number_param
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 
 with DAG(
@@ -38,13 +39,13 @@ with DAG(
             "engine in the task, its Spark work on a warm Spark Connect server "
             "(`upsertctl spark-server start`, docs/spark-connect.md).",
         ),
-        "batch_size": Param(
+        "batch_size": number_param(
             256, type="integer", minimum=1, maximum=100_000, title="Files per batch",
             description="How many source segment files each batch this backfill binds covers "
             "(1 to 100,000). Larger than the shard's own setting, so the backlog goes in fewer, "
             "bigger Spark jobs. Batches already bound by another writer keep their size.",
         ),
-        "max_batches": Param(
+        "max_batches": number_param(
             1000, type="integer", minimum=1, maximum=1_000_000, title="Batches at most",
             description="The backfill stops after this many batches (1 to 1,000,000), or earlier "
             "when the source is caught up; the schedule takes over from there.",

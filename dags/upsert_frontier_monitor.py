@@ -3,7 +3,7 @@
 Every 15 minutes, `shards` lists the shards of the store (or takes the `shards` param), and one
 `watch` sensor per shard (dynamic task mapping) evaluates its frontier once a minute for the
 run's `watch_seconds` (14 minutes), in reschedule mode (no worker slot held between pokes).
-Each poke records an observation and applies the stall rules (docs/frontier.md):
+Each poke records an observation and applies the stall rules ([docs/frontier.md](upsert-provider/docs/frontier)):
 
 - STALLED (the source grew and the upper has not moved for max(stall_multiplier x cadence,
   min_stall)), REWOUND (the upper or a source went backwards) and STALE (nothing observed the
@@ -16,7 +16,7 @@ Each poke records an observation and applies the stall rules (docs/frontier.md):
   not page.
 
 Beside the watches, `prune_history` deletes observations, stream history and alert rows older
-than their retention (docs/frontier.md, "Retention"), a bounded amount per run; its failure
+than their retention ([docs/frontier.md, "Retention"](upsert-provider/docs/frontier#retention)), a bounded amount per run; its failure
 fails that task alone.
 
 A Kafka shard is observed with the client config of the `kafka_conn_id` param's connection
@@ -31,7 +31,7 @@ its last try.
 
 Connections: `upsert_default` (embedded defaults when it is not defined); the PagerDuty
 (`pagerduty_events`, integration key in the password) and Slack (`slackwebhook`) connection
-ids are params; blank, the page is only logged and the task still fails.
+ids are params; left empty, the page is only logged and the task still fails.
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param, task
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
+from airflow_upsert_provider.operators.params import number_param, optional_text_param
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 
-# Blank, or an Airflow connection id.
+# An Airflow connection id; empty (or null, the form's empty field) is none.
 CONN_ID_PATTERN = r"^$|^[A-Za-z0-9_.-]{1,250}$"
-# Blank, or a name made of letters, digits, '_', '.' and '-'.
+# A name made of letters, digits, '_', '.' and '-'; empty (or null) is none.
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 
 # Tries of listing the store before the monitor pages that it cannot (a minute apart).
@@ -87,53 +88,53 @@ with DAG(
             description="Ids of the shards to watch; empty: every shard of the consensus store. A shard "
             "that does not exist fails its watch task, naming it.",
         ),
-        "cadence_seconds": Param(
-            300, type="number", minimum=1, title="Batch cadence (seconds)",
+        "cadence_seconds": number_param(
+            300, minimum=1, title="Batch cadence (seconds)",
             description="How often the shards' micro-batches are expected to run (the writer's schedule, "
             "e.g. 300 for upsert_microbatch every five minutes).",
         ),
-        "stall_multiplier": Param(
-            3, type="number", minimum=1, title="Stall multiplier",
+        "stall_multiplier": number_param(
+            3, minimum=1, title="Stall multiplier",
             description="A frontier is stalled when the source grew and its upper has not moved for "
             "max(stall_multiplier x cadence, min_stall_seconds).",
         ),
-        "min_stall_seconds": Param(
-            900, type="number", minimum=0, title="Minimum stall (seconds)",
+        "min_stall_seconds": number_param(
+            900, minimum=0, title="Minimum stall (seconds)",
             description="The shortest stall that pages, whatever the cadence: one slow batch is not an "
             "incident.",
         ),
-        "window_seconds": Param(
-            3600, type="number", minimum=60, title="Window (seconds)",
+        "window_seconds": number_param(
+            3600, minimum=60, title="Window (seconds)",
             description="How far back the rules look at observations; it must cover the stall threshold "
             "(the run fails on start, naming the field, when it does not).",
         ),
-        "consecutive_breaches": Param(
+        "consecutive_breaches": number_param(
             2, type="integer", minimum=1, maximum=100, title="Breaches before paging",
             description="How many breaching pokes in a row page: one noisy observation never pages.",
         ),
-        "watch_seconds": Param(
+        "watch_seconds": number_param(
             840, type="integer", minimum=0, maximum=86400, title="Watch (seconds)",
             description="How long one run's watch of a shard lasts before it succeeds healthy (a poke "
             "every minute); 0: one evaluation. Keep it below the schedule's 15 minutes.",
         ),
-        "namespace": Param(
-            "", type="string", pattern=NAMESPACE_PATTERN, title="Namespace",
+        "namespace": optional_text_param(
+            pattern=NAMESPACE_PATTERN, title="Namespace",
             description="Names this deployment in the pages' dedup key and group (e.g. prod-eu), so that "
-            "two deployments with a shard of the same id page separately.",
+            "two deployments with a shard of the same id page separately; empty: none.",
         ),
-        "pagerduty_conn_id": Param(
-            "", type="string", pattern=CONN_ID_PATTERN, title="PagerDuty connection",
+        "pagerduty_conn_id": optional_text_param(
+            pattern=CONN_ID_PATTERN, title="PagerDuty connection",
             description="Id of a pagerduty_events connection whose password is the service's Events API "
-            "v2 integration key; blank: no PagerDuty page.",
+            "v2 integration key; empty: no PagerDuty page.",
         ),
-        "kafka_conn_id": Param(
-            "", type="string", pattern=CONN_ID_PATTERN, title="Kafka connection",
+        "kafka_conn_id": optional_text_param(
+            pattern=CONN_ID_PATTERN, title="Kafka connection",
             description="Id of a kafka connection whose extra is the client config of the Kafka shards' "
-            "cluster; blank: the kafka_conn_id of the upsert connection's extra.",
+            "cluster; empty: the kafka_conn_id of the upsert connection's extra.",
         ),
-        "slack_conn_id": Param(
-            "", type="string", pattern=CONN_ID_PATTERN, title="Slack connection",
-            description="Id of a slackwebhook connection whose password is the incoming webhook; blank: "
+        "slack_conn_id": optional_text_param(
+            pattern=CONN_ID_PATTERN, title="Slack connection",
+            description="Id of a slackwebhook connection whose password is the incoming webhook; empty: "
             "no Slack message.",
         ),
     },

@@ -2,7 +2,7 @@
 batches back to back, and the next run takes over when it ends.
 
 The shard reads `kafka:<topic>` (created with `upsertctl init SHARD --source kafka:TOPIC
---kafka-config FILE --key ...`, docs/kafka.md). The client config comes from an Airflow
+--kafka-config FILE --key ...`, [docs/kafka.md](upsert-provider/docs/kafka)). The client config comes from an Airflow
 connection of the Kafka provider's type `kafka` (its extra: librdkafka properties,
 `bootstrap.servers` required), named here or by the upsert connection's `kafka_conn_id`. The
 shard's consumer group is committed after every batch, so lag tools see the shard's frontier.

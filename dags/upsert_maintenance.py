@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
+from airflow_upsert_provider.operators.params import number_param
 from airflow_upsert_provider.operators.maintenance import (
     CheckpointCommitOperator,
     CompactShardOperator,
@@ -38,13 +39,13 @@ with DAG(
             description="Id of the shard to maintain (created beforehand with `upsertctl init`): letters, "
             "digits, '_', '.' and '-', starting with a letter or digit, at most 128 characters.",
         ),
-        "keep_last": Param(
+        "keep_last": number_param(
             7, type="integer", minimum=1, title="Checkpoints to keep",
             description="Retention after the new checkpoint: keep the newest N checkpoints (at "
             "least 1); older ones leave the catalog and their files become collectable.",
         ),
-        "grace_seconds": Param(
-            6 * 3600, type="number", minimum=0, title="GC grace period (seconds)",
+        "grace_seconds": number_param(
+            6 * 3600, minimum=0, title="GC grace period (seconds)",
             description="Garbage collection keeps every unreferenced file younger than this many "
             "seconds (0 or more). Make it longer than any writer takes from staging a batch to "
             "committing it, and than any read runs. Default 6 hours.",

@@ -5,7 +5,7 @@ replaced by an empty one) or to rebuild a checkpoint under a new shard id.
 
 1. **restore** verifies every file the checkpoint lists (present, size, checksum, parses) and
    rebuilds the shard's state at the checkpoint's upper, into an empty store under the same
-   id (`restore_target` blank) or under a new shard id. The restored stream is RECOVERING in
+   id (`restore_target` empty, the form's default) or under a new shard id. The restored stream is RECOVERING in
    a new epoch: no writer commits to it yet, and scheduled `upsert_microbatch` runs fail
    without retry, naming the restore.
 2. **seek** positions the source where the next batch after the checkpoint's upper starts and
@@ -33,10 +33,12 @@ from airflow.sdk import DAG, Param
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.lifecycle import ResumeAfterRecoveryOperator, SeekSourceOperator
 from airflow_upsert_provider.operators.maintenance import RestoreCheckpointOperator
+from airflow_upsert_provider.operators.params import optional_text_param
 
 # "latest", or a checkpoint id as the catalog names it: the upper (12 digits) and 8 hex digits.
 CHECKPOINT_PATTERN = r"^(latest|[0-9]{12}-[0-9a-f]{8})$"
-# Blank, or a shard id.
+
+# A shard id; empty (or null, the form's empty field): the shard's own id.
 RESTORE_TARGET_PATTERN = r"^$|" + SHARD_ID_PATTERN.pattern
 
 RESTORED = "ti.xcom_pull(task_ids='restore')"
@@ -60,9 +62,9 @@ with DAG(
             description="The checkpoint to restore: 'latest' for the newest in the shard's catalog, "
             "or a checkpoint id as `upsertctl checkpoint list` shows it (e.g. 000000000042-1a2b3c4d).",
         ),
-        "restore_target": Param(
-            "", type="string", pattern=RESTORE_TARGET_PATTERN, title="Restore under shard id",
-            description="Blank: restore the shard under its own id, into a consensus store that no "
+        "restore_target": optional_text_param(
+            pattern=RESTORE_TARGET_PATTERN, title="Restore under shard id",
+            description="Empty: restore the shard under its own id, into a consensus store that no "
             "longer holds it (it was lost). Otherwise a new shard id to restore the checkpoint "
             "under; an existing shard is never overwritten.",
         ),

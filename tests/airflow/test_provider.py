@@ -114,7 +114,10 @@ for dag_id, dag in bag.dags.items():
                 copy.deepcopy(param).resolve(value=value)
             except ParamValidationError:
                 refused.append(value)
-        params[name] = {"schema": param.schema, "description": param.description, "refused": refused}
+        params[name] = {"schema": param.schema, "description": param.description, "refused": refused,
+                        "default": param.value, "default_valid": param.resolve(suppress_exception=True) == param.value,
+                        "null_valid": copy.deepcopy(param).resolve(value=None, suppress_exception=True) is None
+                        and "null" in param.schema.get("type", [])}
     out[dag_id] = params
 print(json.dumps(out))
 """
@@ -159,7 +162,13 @@ def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuse
             # A full sentence, not a two-word label.
             assert len(param["description"] or "") >= 60 and param["description"].endswith("."), where
             assert schema.get("type"), where
-            assert schema["type"] != "integer" or "minimum" in schema, where
+            # Bounds live in allOf: the trigger form clamps to a top-level minimum/maximum.
+            assert "minimum" not in schema and "maximum" not in schema, where
+            assert schema["type"] != "integer" or "minimum" in schema.get("allOf", [{}])[0], where
+            # The trigger form submits with the defaults: a blank that means "none" is a null
+            # default of a nullable param (the form renders it optional), never a required "".
+            assert param["default"] != "" and param["default_valid"], where
+            assert param["default"] is not None or param["null_valid"], where
             expected = BAD_VALUES.get(where, BAD_VALUES.get(name, []))
             assert sorted(map(repr, param["refused"])) == sorted(map(repr, expected)), where
             seen.add(where if where in BAD_VALUES else name)

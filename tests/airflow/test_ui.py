@@ -360,3 +360,75 @@ def test_the_page_in_chromium_lists_both_shards_and_draws_the_chart(api_server, 
                 shutil.copy(shot, os.path.join(REPO_ROOT, "docs", "img", "ui.png"))
         finally:
             browser.close()
+
+
+# -- the example DAGs' trigger forms ------------------------------------------------------------
+
+EXAMPLE_DAGS = ("upsert_backfill", "upsert_fresh_data", "upsert_frontier_monitor", "upsert_kafka",
+                "upsert_maintenance", "upsert_microbatch", "upsert_recovery")
+
+
+def _sign_in(page, base: str) -> None:
+    """Airflow's own login form, as a user signs in."""
+    page.goto(base + "/")
+    page.wait_for_selector("input[name=username]", timeout=60000)
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60000)
+
+
+def _api(page, path: str, method: str = "GET", body: dict | None = None) -> dict:
+    """A call of Airflow's REST API with the signed-in page's token."""
+    return page.evaluate("""async ([path, method, body]) => {
+        const token = document.cookie.split('; ').find(c => c.startsWith('_token='))?.slice(7);
+        const r = await fetch(path, {method, credentials: 'same-origin', headers: Object.assign(
+            {'Content-Type': 'application/json'}, token ? {Authorization: 'Bearer ' + token} : {}),
+            body: body ? JSON.stringify(body) : undefined});
+        return {status: r.status, body: await r.text()}; }""", [path, method, body])
+
+
+@pytest.mark.slow
+def test_every_example_dag_triggers_from_its_form_with_its_defaults(api_server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    base = api_server["base"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _sign_in(page, base)
+            for dag_id in EXAMPLE_DAGS:
+                page.goto(f"{base}/dags/{dag_id}")
+                page.get_by_role("button", name="Trigger").first.click(timeout=60000)
+                dialog = page.get_by_role("dialog")
+                dialog.wait_for(timeout=30000)
+                page.screenshot(path=str(tmp_path / f"{dag_id}.png"), full_page=True)
+                submit = dialog.get_by_role("button", name="Trigger")
+                submit.wait_for(timeout=30000)
+                assert submit.is_enabled(), (dag_id, dialog.inner_text()[:3000])
+                submit.click()
+                dialog.wait_for(state="hidden", timeout=30000)
+                runs = _api(page, f"/api/v2/dags/{dag_id}/dagRuns")
+                assert runs["status"] == 200, runs
+                assert json.loads(runs["body"])["total_entries"] >= 1, (dag_id, runs)
+
+            # A number out of range is refused with a message naming the param, not clamped
+            # into range by the form and run.
+            runs_before = json.loads(_api(page, "/api/v2/dags/upsert_backfill/dagRuns")["body"])["total_entries"]
+            page.goto(f"{base}/dags/upsert_backfill")
+            page.get_by_role("button", name="Trigger").first.click(timeout=60000)
+            dialog = page.get_by_role("dialog")
+            field = dialog.locator('[id="number-input:element_batch_size"] input')
+            field.fill("-64")
+            field.blur()
+            assert field.input_value() == "-64"
+            dialog.get_by_role("button", name="Trigger").click()
+            message = dialog.get_by_text("batch_size", exact=False).last
+            message.wait_for(timeout=30000)
+            page.screenshot(path=str(tmp_path / "out-of-range.png"), full_page=True)
+            assert "-64" in dialog.inner_text() and "minimum of 1" in dialog.inner_text(), dialog.inner_text()[-2000:]
+            runs_after = json.loads(_api(page, "/api/v2/dags/upsert_backfill/dagRuns")["body"])["total_entries"]
+            assert runs_after == runs_before
+        finally:
+            browser.close()
