@@ -74,6 +74,19 @@ def _optional_int(extra: Mapping[str, Any], name: str) -> int | None:
         raise ConfigurationError(f"connection field {name!r} must be an integer, got {value!r}", field=name) from None
 
 
+def _missing_sqlite_file(url: str) -> str | None:
+    """The file of a SQLite consensus URL when it does not exist (opening would create it)."""
+    from sqlalchemy.engine.url import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None  # open_consensus refuses it with its own message
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return None if os.path.exists(parsed.database) else parsed.database
+
+
 class UpsertShardHook(BaseHook):
     """Builds the engine's objects from an `upsert` connection.
 
@@ -241,6 +254,42 @@ class UpsertShardHook(BaseHook):
             f", region {credentials.region}" if credentials.region else "",
             f", endpoint {display_uri(credentials.endpoint_url)}" if credentials.endpoint_url else "",
         )
+
+    def test_connection(self) -> tuple[bool, str]:
+        """What the connection form's Test button shows: ``(True, "N shards found ...")`` when
+        the consensus store opens (never created here: a missing SQLite file or a store
+        without tables is reported, not made) and the blob root exists and takes a file (the
+        probe file is deleted at once); ``(False, reason)`` otherwise. Neither says a secret:
+        the URL is shown redacted and an unexpected error by its class only.
+
+        Airflow 3.3 runs no provider code when a connection is saved (no save-time validation
+        of connection fields): this is where a consensus URL it cannot use is refused.
+        """
+        from airflow_upsert_provider.engine.blob.files import open_blob
+        from airflow_upsert_provider.engine.store.registry import open_consensus
+
+        consensus: Consensus | None = None
+        try:
+            settings = self.settings
+            where = settings.redacted_consensus_url
+            missing = _missing_sqlite_file(settings.consensus_url)
+            if missing is not None:
+                return False, (f"consensus store {where}: the file {missing} does not exist (it is created by "
+                               "`upsertctl init` or the first shard created through this connection)")
+            consensus = open_consensus(settings.consensus_url, create=False)
+            count = len(consensus.list_shards())
+            self._export_s3_credentials()
+            open_blob(settings.blob_root).check_root()
+        except UpsertError as exc:
+            return False, exc.message
+        except Exception as exc:  # a driver's message may quote the URL: the class only
+            return False, f"{type(exc).__name__} while testing connection {self.upsert_conn_id!r}"
+        finally:
+            if consensus is not None:
+                consensus.dispose()
+            self.close()
+        shards = "1 shard" if count == 1 else f"{count} shards"
+        return True, f"{shards} found in {where}; blob root {settings.blob_root} is writable"
 
     def get_conn(self) -> Consensus:
         return self.get_consensus()
