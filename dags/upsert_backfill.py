@@ -14,7 +14,8 @@ from airflow.sdk import DAG, Param
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.params import number_param
-from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
+from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, shard_asset
 
 with DAG(
     dag_id="upsert_backfill",
@@ -61,5 +62,8 @@ with DAG(
         spark_mode="{{ params.spark_mode }}",
         max_batches="{{ params.max_batches }}",
         max_files_per_batch="{{ params.batch_size }}",
+        # The default shard's asset (the Assets view shows this producing task); a run on
+        # another shard emits its event on that shard's asset instead.
+        outlets=[shard_asset(DEFAULT_CONN_ID, "orders")],
         execution_timeout=timedelta(hours=6),
     )

@@ -17,7 +17,8 @@ from airflow.sdk import DAG, Param
 
 from airflow_upsert_provider.engine.common.time_text import DURATION_PATTERN
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
-from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
+from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, shard_asset
 
 with DAG(
     dag_id="upsert_kafka",
@@ -53,5 +54,8 @@ with DAG(
         shard="{{ params.shard }}",
         kafka_conn_id="{{ params.kafka_conn_id }}",
         continuous_for="{{ params.window }}",
+        # The default shard's asset (the Assets view shows this producing task); a run on
+        # another shard emits its event on that shard's asset instead.
+        outlets=[shard_asset(DEFAULT_CONN_ID, "orders_cdc")],
         execution_timeout=timedelta(minutes=15),
     )

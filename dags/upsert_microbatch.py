@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
-from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
+from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, shard_asset
 
 with DAG(
     dag_id="upsert_microbatch",
@@ -49,5 +50,8 @@ with DAG(
         shard="{{ params.shard }}",
         spark_mode="{{ params.spark_mode }}",
         until_caught_up=True,
+        # The default shard's asset, declared so that the Assets view shows this producing
+        # task; a run on another shard emits its event on that shard's asset instead.
+        outlets=[shard_asset(DEFAULT_CONN_ID, "orders")],
         execution_timeout=timedelta(minutes=30),
     )

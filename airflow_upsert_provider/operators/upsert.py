@@ -300,7 +300,11 @@ class MicroBatchUpsertOperator(BaseOperator):
         on it), removed for a literal one otherwise.
         """
         asset = shard_asset(self.upsert_conn_id, self.shard)
-        others = [o for o in self.outlets if getattr(o, "uri", None) != asset.uri]
+        # A shard asset of this connection declared for a templated shard (the example DAGs
+        # declare their default shard's, so the Assets view shows the producing task) stands
+        # for the rendered shard: an event goes to the rendered shard's asset, never another's.
+        prefix = f"{ASSET_SCHEME}://{self.upsert_conn_id}/"
+        others = [o for o in self.outlets if not str(getattr(o, "uri", "")).startswith(prefix)]
         if not due:
             self.outlets = others
             self.log.info("shard %s: the upper did not advance, no event for asset %s", self.shard, asset.uri)
