@@ -5,7 +5,7 @@ and sensor: in process (:func:`to_airflow_error`) and from a submitted Spark job
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -24,6 +24,29 @@ from airflow_upsert_provider.engine.errors import (
 
 if TYPE_CHECKING:
     from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+
+
+class DesignedFailure(AirflowFailException):
+    """A failure the project designed, not a fault: a page sent or still open for a stalled
+    frontier, a commit fenced by a stop or a recovery, a stream that refuses a run or a
+    transition (a stop superseded by another, a recovery step out of order). Its message
+    says all there is (a short block, one fact a line), so it is raised without its cause
+    and with its traceback cut to the operator (:func:`short_traceback`)."""
+
+
+def short_traceback(error: DesignedFailure) -> DesignedFailure:
+    """``error`` without the frames it was raised through: raised again from the operator's
+    ``execute``, its traceback starts there."""
+    return error.with_traceback(None)
+
+
+def raise_from(error: AirflowException, cause: BaseException) -> NoReturn:
+    """Raise the mapped ``error``: a designed failure without its cause (the message holds
+    it) and with a short traceback; anything else chained to ``cause``, whose traceback may
+    be what explains it."""
+    if isinstance(error, DesignedFailure):
+        raise short_traceback(error) from None
+    raise error from cause
 
 
 def to_airflow_error(exc: UpsertError, hook: UpsertShardHook | None = None) -> AirflowException:
@@ -45,9 +68,9 @@ def to_airflow_error(exc: UpsertError, hook: UpsertShardHook | None = None) -> A
     if exc.retryable:
         return AirflowException(f"{message} (retryable)")
     if isinstance(exc, StreamFenced):
-        return AirflowFailException(f"stream fenced{_fenced_by(exc.details)}: {message}")
+        return DesignedFailure(f"stream fenced{_fenced_by(exc.details)}: {message}")
     if isinstance(exc, (StreamNotWritable, TransitionRefused)):
-        return AirflowFailException(f"stream refused: {message}")
+        return DesignedFailure(f"stream refused: {message}")
     if isinstance(exc, SourceSegmentsMissing):
         return AirflowFailException(f"source segments missing: {message}")
     if isinstance(exc, BadInputError):

@@ -26,7 +26,7 @@ from airflow.sdk import BaseOperator
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import optional_text, parse_int, parse_seconds
-from airflow_upsert_provider.operators.errors import to_airflow_error
+from airflow_upsert_provider.operators.errors import raise_from, to_airflow_error
 from airflow_upsert_provider.operators.upsert import writer_id_for
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class _StreamOperator(BaseOperator):
         try:
             result = self.run(hook, actor)
         except UpsertError as exc:
-            raise to_airflow_error(exc, hook) from exc
+            raise_from(to_airflow_error(exc, hook), exc)
         finally:
             hook.close()
         stream = result.get("stream", {})

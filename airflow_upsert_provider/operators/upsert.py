@@ -30,7 +30,7 @@ from airflow_upsert_provider.operators.arguments import (
     parse_duration,
     parse_int,
 )
-from airflow_upsert_provider.operators.errors import error_from_result, to_airflow_error
+from airflow_upsert_provider.operators.errors import error_from_result, raise_from, to_airflow_error
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -267,7 +267,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             else:
                 report = self._run_in_process(hook, shard, plan)
         except UpsertError as exc:
-            raise to_airflow_error(exc, hook) from exc
+            raise_from(to_airflow_error(exc, hook), exc)
         finally:
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)

@@ -39,6 +39,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import optional_text, parse_seconds
+from airflow_upsert_provider.operators.errors import DesignedFailure, short_traceback
 from airflow_upsert_provider.sensors.frontier_rounds import (
     BLIND,
     DEFAULT_POKE_INTERVAL,
@@ -245,7 +246,9 @@ class FrontierStallSensor(BaseSensorOperator):
         if decision.pages:
             self._deliver(decision)
         if decision.kind in (PAGE, FIRING, NOT_FOUND):
-            raise AirflowFailException(decision.message)
+            # A designed failure: the block is the log's last word, the traceback short.
+            self.log.error("%s", decision.message)
+            raise DesignedFailure(decision.message)
 
     def _deliver(self, decision: Decision) -> None:
         """Send the outbox pages in order; each delivered one leaves the outbox. One that
@@ -337,6 +340,12 @@ class FrontierStallSensor(BaseSensorOperator):
     # -- deferrable ----------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
+        try:
+            return self._execute(context)
+        except DesignedFailure as failure:
+            raise short_traceback(failure) from None
+
+    def _execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
         watch_until = time.time() + self.watch
@@ -372,6 +381,12 @@ class FrontierStallSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any], watch_until: float | None = None) -> Any:
+        try:
+            return self._execute_complete(context, event, watch_until)
+        except DesignedFailure as failure:
+            raise short_traceback(failure) from None
+
+    def _execute_complete(self, context: Context, event: dict[str, Any], watch_until: float | None = None) -> Any:
         if event.get("kind") == "error":
             raise AirflowException(f"shard {self.shard}: frontier evaluation failed in the trigger: {event['message']}")
         if event.get("kind") == BLIND:

@@ -93,27 +93,28 @@ def _iso(ts: float | None) -> str:
 
 
 def describe_breach(evaluation: Mapping[str, Any]) -> str:
-    """What the on-call engineer reads first: shard, status, upper, since when it has not
-    moved, how far behind (records and seconds), the window and the rule."""
+    """What the on-call engineer reads first, as a short block: shard, status, upper and
+    since when it has not moved on the first line; then how far behind (records and time),
+    the window, the rule and why, one a line."""
     window = evaluation.get("window") or {}
     # Stuck time counts from when records became pending at this upper, not from the last advance.
     stuck_since = (evaluation.get("thresholds") or {}).get("stall_started_at") or evaluation.get("last_advance_at")
     lag_records = evaluation.get("lag_records")
     lag_seconds = evaluation.get("lag_seconds")
-    parts = [
-        f"shard {evaluation['shard_id']}: frontier {evaluation['status']}",
-        f"upper {evaluation.get('upper')} stuck since {_iso(stuck_since)} ({format_duration_to_the_second(evaluation.get('stuck_seconds'))}; "
+    lines = [
+        f"shard {evaluation['shard_id']}: frontier {evaluation['status']}; upper {evaluation.get('upper')} stuck "
+        f"since {_iso(stuck_since)} ({format_duration_to_the_second(evaluation.get('stuck_seconds'))}; "
         f"last advance {_iso(evaluation.get('last_advance_at'))})",
-        f"{'unknown' if lag_records is None else f'{lag_records:,}'} records and "
-        f"{'no' if lag_seconds is None else f'{lag_seconds:.0f}'} seconds behind",
+        f"behind: {'unknown' if lag_records is None else f'{lag_records:,}'} records, "
+        f"{'none pending' if lag_seconds is None else format_duration_to_the_second(lag_seconds)}",
         f"window {window.get('seconds')}s from {_iso(window.get('start'))} to {_iso(window.get('end'))} "
         f"({window.get('samples')} samples)",
         f"rule: {evaluation.get('rule')}",
     ]
     reasons = list(evaluation.get("reasons") or [])
     if reasons:
-        parts.append("; ".join(reasons[:3]))
-    return "; ".join(parts)
+        lines.append("why: " + "; ".join(reasons[:3]))
+    return "\n  ".join(lines)
 
 
 @dataclass(frozen=True)
@@ -172,5 +173,5 @@ def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str =
     if evaluation.breach and round_.state.firing:
         page_note = ("its page, decided earlier and left undelivered, is sent now" if pages else
                      f"its page is open since {_iso(round_.state.incident_started_at)} (same incident: not paged again)")
-        return Decision(FIRING, as_dict, None, f"{describe_breach(evaluation.to_dict())}; {page_note}", pages)
+        return Decision(FIRING, as_dict, None, f"{describe_breach(evaluation.to_dict())}\n  page: {page_note}", pages)
     return Decision(WATCH, as_dict, None, "", pages)

@@ -20,7 +20,7 @@ from airflow_upsert_provider.engine.store.stream_rules import (
     fenced_by,
     refuse_start,
 )
-from airflow_upsert_provider.operators.errors import error_from_result, to_airflow_error
+from airflow_upsert_provider.operators.errors import DesignedFailure, error_from_result, to_airflow_error
 
 ENGINE_ERRORS = sorted(
     (cls for _, cls in inspect.getmembers(errors, inspect.isclass) if issubclass(cls, errors.UpsertError)),
@@ -86,7 +86,7 @@ def _fenced(state: StreamState, writer_epoch: int) -> errors.StreamFenced:
 
 def test_a_stream_that_refuses_fails_without_retry_with_who_set_it_and_when():
     mapped = to_airflow_error(_not_ready(STOPPED))
-    assert type(mapped) is AirflowFailException
+    assert type(mapped) is DesignedFailure and isinstance(mapped, AirflowFailException)
     assert str(mapped) == (
         "stream refused: shard 'orders' is not READY: the stream is STOPPED (epoch 0), set by "
         "airflow:ops:manual__1:stop:try1 at 2026-11-18T11:06:40+00:00: source migration; a run starts no "
@@ -94,7 +94,7 @@ def test_a_stream_that_refuses_fails_without_retry_with_who_set_it_and_when():
     )
     refusal = decide_resume(RECOVERING, "airflow:ops:manual__1:resume:try1", 1_795_000_200.0).refusal
     mapped = to_airflow_error(errors.TransitionRefused(refusal, **RECOVERING.to_dict()))
-    assert type(mapped) is AirflowFailException
+    assert type(mapped) is DesignedFailure
     assert str(mapped) == (
         "stream refused: resume of shard 'orders' refused: a recovery is open: use recover resume after "
         "recover seek; the stream is RECOVERING (epoch 1795000100000), set by upsertctl:alice at "
@@ -106,7 +106,7 @@ def test_a_stream_that_refuses_fails_without_retry_with_who_set_it_and_when():
 
 def test_a_fenced_commit_names_the_transition_that_fenced_it():
     by_stop = to_airflow_error(_fenced(STOPPED, 0))
-    assert type(by_stop) is AirflowFailException
+    assert type(by_stop) is DesignedFailure and isinstance(by_stop, AirflowFailException)
     assert str(by_stop).startswith("stream fenced by a stop: commit of batch 4 of shard 'orders' fenced: the "
                                    "stream is STOPPED (epoch 0), set by airflow:ops:manual__1:stop:try1 at ")
     by_recovery = to_airflow_error(_fenced(RECOVERING, 0))
@@ -136,8 +136,8 @@ def test_a_submitted_jobs_stream_refusal_maps_to_its_own_class(error, prefix):
     result = {"ok": False, "exit_code": error.exit_code, **error.to_dict(), "driver_seconds": 0.4}
     assert result["exit_code"] in (6, 7)
     mapped = error_from_result(result)
-    assert type(mapped) is AirflowFailException
+    assert type(mapped) is DesignedFailure
     assert str(mapped).startswith(prefix)
     # A class the operator does not know by name still maps by its exit code, without retry.
     unknown = error_from_result({**result, "error": "StreamGone"})
-    assert type(unknown) is AirflowFailException and str(unknown).startswith("stream refused: StreamGone: ")
+    assert type(unknown) is DesignedFailure and str(unknown).startswith("stream refused: StreamGone: ")
