@@ -54,3 +54,10 @@ def test_a_duration_names_its_field_when_it_is_not_one() -> None:
     with pytest.raises(ConfigurationError, match="--for: '5x' is not a duration") as err:
         parse_duration("5x", field="--for")
     assert err.value.details["field"] == "--for"
+
+
+def test_a_measured_time_reads_to_the_tenth_then_to_the_second() -> None:
+    from airflow_upsert_provider.engine.common.time_text import format_seconds
+
+    assert [format_seconds(s) for s in (0.04, 1.234, 59.94, 59.96, 160.4, 3725, None)] == [
+        "0.0s", "1.2s", "59.9s", "1m00s", "2m40s", "1h02m05s", "unknown"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_upsert_provider.engine.common.time_text import format_seconds
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.store.streams import require_ready
@@ -75,6 +76,16 @@ def asset_event_due(upper_at_start: int, upper_after: int, newest_batch_writer: 
     if upper_after > upper_at_start:
         return True
     return newest_batch_writer is not None and is_earlier_try(newest_batch_writer, writer_id)
+
+
+def batch_line(batch: dict[str, Any]) -> str:
+    """One batch's log line, its times formatted: ``batch ts=4 committed: rows in 120, out 118,
+    rejected 0, lag 3 offsets, 2.4s (bind 0.1s, stage 1.9s, commit 0.4s)``."""
+    timings = ", ".join(f"{name} {format_seconds(seconds)}" for name, seconds in (batch.get("timings") or {}).items()
+                        if isinstance(seconds, (int, float)))
+    return (f"batch ts={batch['ts']} {batch['outcome']}: rows in {batch['rows_in']}, out {batch['rows_out']}, "
+            f"rejected {batch['rejected']}, lag {sum((batch.get('lag_offsets') or {}).values())} offsets, "
+            f"{format_seconds(batch['seconds'])}" + (f" ({timings})" if timings else ""))
 
 
 def write_private_file(directory: str, name: str, text: str) -> str:
@@ -258,7 +269,7 @@ class MicroBatchUpsertOperator(BaseOperator):
                 self.log.info("shard %s reads kafka topic %r as consumer group %r", self.shard,
                               shard.source.topic, shard.group_id)
             if continuous_seconds is not None:
-                self.log.info("shard %s: continuous mode for %ss", self.shard, continuous_seconds)
+                self.log.info("shard %s: continuous mode for %s", self.shard, format_seconds(continuous_seconds))
             plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record, continuous_seconds)
             if spark_mode == "submit":
                 report = self._run_submit(hook, plan, shard)
@@ -280,9 +291,9 @@ class MicroBatchUpsertOperator(BaseOperator):
             self.log.warning("shard %s: run ended early, no further batch started: %s",
                              self.shard, report["stopped_because"])
         self.log.info(
-            "shard %s: upper %s, %s committed, %s converged, %s step(s) in %.2fs",
+            "shard %s: upper %s, %s committed, %s converged, %s step(s) in %s",
             self.shard, report["upper"], report["committed"], report["converged"],
-            len(report["batches"]), report["task_seconds"],
+            len(report["batches"]), format_seconds(report["task_seconds"]),
         )
         return report
 
@@ -326,11 +337,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:
-        self.log.info(
-            "batch ts=%s %s: rows in %s, out %s, rejected %s, lag %s offsets, %.2fs %s",
-            batch["ts"], batch["outcome"], batch["rows_in"], batch["rows_out"], batch["rejected"],
-            sum(batch.get("lag_offsets", {}).values()), batch["seconds"], batch.get("timings", {}),
-        )
+        self.log.info("%s", batch_line(batch))
 
     def _connect_address(self, hook: UpsertShardHook) -> str:
         """The Spark Connect address of ``connect`` mode, from the Spark provider's

@@ -83,3 +83,13 @@ def test_a_breach_reads_as_a_short_block_with_formatted_times():
         "  rule: stalled: source grew, upper unmoved",
         "  why: writer w idle",
     ]
+
+
+def test_a_batch_log_line_shows_its_times_formatted():
+    from airflow_upsert_provider.operators.upsert import batch_line
+
+    line = batch_line({"ts": 4, "outcome": "committed", "rows_in": 120, "rows_out": 118, "rejected": 0,
+                       "lag_offsets": {"p0": 2, "p1": 1}, "seconds": 2.4367,
+                       "timings": {"bind": 0.1234, "stage": 161.9, "commit": 0.41}})
+    assert line == ("batch ts=4 committed: rows in 120, out 118, rejected 0, lag 3 offsets, 2.4s "
+                    "(bind 0.1s, stage 2m42s, commit 0.4s)")

@@ -72,6 +72,16 @@ def format_duration_to_the_second(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def format_seconds(seconds: float | None) -> str:
+    """A measured time as a log line shows it: to the tenth below a minute (0.4s, 12.3s),
+    to the second above (2m40s, 1h02m05s)."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 59.95:
+        return f"{max(0.0, seconds):.1f}s"
+    return format_duration_to_the_second(seconds)
+
+
 def format_timestamp(at: float | None, *, zulu: bool = False, missing: str | None = "never") -> str | None:
     """A Unix time as an ISO 8601 UTC timestamp to the second, ``2026-11-25T23:55:54+00:00``
     (``...Z`` with ``zulu``); ``missing`` for no time."""
