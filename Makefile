@@ -13,7 +13,7 @@ DURATIONS ?= --durations=25
 # and subprocesses use more than one core, and memory grows with each worker.
 WORKERS ?= 2
 
-.PHONY: demo test test-fast bench check-java clean
+.PHONY: demo test test-fast bench soak check-java clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ test-fast: $(STAMP) check-java
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/bench_upsert.py
+
+# The long soak (docs/maintenance.md, "Soak"): 10,000 batches on a throwaway PostgreSQL with
+# racing writers SIGKILLed at random; SOAK_ARGS passes options (e.g. --batches 2000 --seed 3).
+soak: $(STAMP) check-java
+	$(BIN)/python bench/soak.py --batches 10000 --writers 3 --kill-every 300 $(SOAK_ARGS)
 
 clean:
 	rm -rf .upsert .demo spark-warehouse
