@@ -418,7 +418,7 @@ class Soak:
         window_status_taken = False
         while True:
             upper = shard.state().upper
-            if upper >= opts.batches:
+            if upper >= opts.batches and self.scheduled_maintenance_ran():
                 self.report.figures["ended_by"] = "batches"
                 break
             if opts.max_minutes and time.monotonic() - started >= opts.max_minutes * 60:
@@ -477,6 +477,14 @@ class Soak:
         self.counts["gcs"] += 1
         self.report.figures["final_maintenance"] = [final_compact, final_gc]
         self.check(shard, written)
+
+    def scheduled_maintenance_ran(self) -> bool:
+        """Whether every kind of maintenance due within the soak's batches ran at least once
+        beside the writers (on a fast machine the writers outrun a compaction's JVM start)."""
+        opts = self.opts
+        due = {kind for kind, every in (("compact", opts.compact_every), ("checkpoint", opts.checkpoint_every),
+                                        ("gc", opts.gc_every)) if every <= opts.batches}
+        return due <= {m["kind"] for m in self.maintenance}
 
     def next_kill(self, upper: int) -> int:
         k = self.opts.kill_every
@@ -610,6 +618,12 @@ class Soak:
             self.fail(f"writers report commits consensus records for another writer: {dict(list(disagree.items())[:5])}")
 
 
+def run_dir(runs_root: str, path: str) -> str | None:
+    """The run directory (``runs/<ts=…|since=…>/<run>``) a file below ``runs_root`` is in."""
+    parts = os.path.relpath(path, runs_root).split(os.sep)
+    return os.path.join(runs_root, parts[0], parts[1]) if len(parts) >= 3 and parts[0] != ".." else None
+
+
 def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
     """Files under the shard's blob directory that neither the live state nor a retained
     checkpoint accounts for (leaked), run directories nothing references (leaked, even when
@@ -626,24 +640,24 @@ def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
         manifest = checkpoint.read_manifest(blob, shard.shard_id, entry.id)
         referenced |= {blob.path(f["path"]) for f in manifest["files"]}
         kept_dirs.add(checkpoint.checkpoint_path(blob, shard.shard_id, entry.id))
-    run_dirs = {os.path.dirname(p) for p in referenced}
+    runs_root = blob.path(shard.shard_id, "runs")
+    run_dirs = {run_dir(runs_root, p) for p in referenced}
 
     def accounted(path: str) -> bool:
         name = os.path.basename(path)
         if path in referenced or path == catalog.path or any(path.startswith(d + os.sep) for d in kept_dirs):
             return True
         marker = name == "_SUCCESS" or (name.startswith(".") and name.endswith(".crc"))
-        return marker and os.path.dirname(path) in run_dirs
+        return marker and run_dir(runs_root, path) in run_dirs
 
     leaked = []
     for dirpath, _dirs, files in os.walk(blob.path(shard.shard_id)):
         leaked += [p for p in (os.path.join(dirpath, name) for name in files) if not accounted(p)]
-    runs_root = blob.path(shard.shard_id, "runs")
     for group in os.listdir(runs_root) if os.path.isdir(runs_root) else []:
         for name in os.listdir(os.path.join(runs_root, group)):
-            run_dir = os.path.join(runs_root, group, name)
-            if run_dir not in run_dirs and not any(p.startswith(run_dir + os.sep) for p in leaked):
-                leaked.append(run_dir + os.sep)
+            directory = os.path.join(runs_root, group, name)
+            if directory not in run_dirs and not any(p.startswith(directory + os.sep) for p in leaked):
+                leaked.append(directory + os.sep)
     missing = sorted(p for p in referenced if not os.path.exists(p))
     return sorted(leaked), missing
 
@@ -721,6 +735,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     opts = SoakOptions(**vars(args))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # A SIGTERM (or a SIGINT where a background job ignores it) ends the run through its
+    # cleanup: writers killed, a throwaway PostgreSQL stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     soak = Soak(opts)
     print(f"soak: {opts.batches} batches, {opts.writers} writers, a SIGKILL every ~{opts.kill_every} batches, "
           f"seed {opts.seed}, in {soak.workdir}", flush=True)
