@@ -618,12 +618,6 @@ class Soak:
             self.fail(f"writers report commits consensus records for another writer: {dict(list(disagree.items())[:5])}")
 
 
-def run_dir(runs_root: str, path: str) -> str | None:
-    """The run directory (``runs/<ts=…|since=…>/<run>``) a file below ``runs_root`` is in."""
-    parts = os.path.relpath(path, runs_root).split(os.sep)
-    return os.path.join(runs_root, parts[0], parts[1]) if len(parts) >= 3 and parts[0] != ".." else None
-
-
 def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
     """Files under the shard's blob directory that neither the live state nor a retained
     checkpoint accounts for (leaked), run directories nothing references (leaked, even when
@@ -631,6 +625,7 @@ def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
     (catalog, manifest, commit marker) belong to it; Spark's markers beside a referenced run's
     files (``_SUCCESS``, ``.*.crc``) belong to that run."""
     from airflow_upsert_provider.engine.maintenance import checkpoint
+    from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
 
     blob = shard.blob
     referenced = {blob.path(f["path"]) for run in shard.live_runs() for f in run["files"]}
@@ -641,14 +636,14 @@ def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
         referenced |= {blob.path(f["path"]) for f in manifest["files"]}
         kept_dirs.add(checkpoint.checkpoint_path(blob, shard.shard_id, entry.id))
     runs_root = blob.path(shard.shard_id, "runs")
-    run_dirs = {run_dir(runs_root, p) for p in referenced}
+    run_dirs = {blob.path(run_dir_of_relative(blob.relative(p))) for p in referenced}
 
     def accounted(path: str) -> bool:
         name = os.path.basename(path)
         if path in referenced or path == catalog.path or any(path.startswith(d + os.sep) for d in kept_dirs):
             return True
         marker = name == "_SUCCESS" or (name.startswith(".") and name.endswith(".crc"))
-        return marker and run_dir(runs_root, path) in run_dirs
+        return marker and blob.path(run_dir_of_relative(blob.relative(path))) in run_dirs
 
     leaked = []
     for dirpath, _dirs, files in os.walk(blob.path(shard.shard_id)):

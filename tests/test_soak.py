@@ -12,6 +12,7 @@ import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.frontier.observations import load_alert_state
+from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.oracle import oracle_table, table_from_rows
@@ -34,15 +35,14 @@ def run_dirs_on_disk(shard: Shard) -> set[str]:
     return {os.path.join(runs, group, name) for group in os.listdir(runs) for name in os.listdir(os.path.join(runs, group))}
 
 
-def referenced_run_dirs(soak_module, shard: Shard) -> set[str]:
+def referenced_run_dirs(shard: Shard) -> set[str]:
     """Directories of the live runs and of every retained checkpoint's files."""
     from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, read_manifest
 
     paths = {f["path"] for run in shard.live_runs() for f in run["files"]}
     for entry in Catalog.load(shard.blob, shard.shard_id).entries:
         paths |= {f["path"] for f in read_manifest(shard.blob, shard.shard_id, entry.id)["files"]}
-    runs = shard.blob.path(shard.shard_id, "runs")
-    return {soak_module.run_dir(runs, shard.blob.path(p)) for p in paths}
+    return {shard.blob.path(run_dir_of_relative(p)) for p in paths}
 
 
 # The whole soak with its final compaction, GC and read in fresh JVMs: generous for a slow CI.
@@ -96,5 +96,5 @@ def test_short_soak_ends_with_the_oracle_no_page_no_leak_each_batch_once(pg_url,
 
     # No leaked files after the final GC: every run directory on disk is one the live state or
     # a retained checkpoint names, and every file is accounted for.
-    assert run_dirs_on_disk(shard) == referenced_run_dirs(soak_module, shard)
+    assert run_dirs_on_disk(shard) == referenced_run_dirs(shard)
     assert soak_module.leaked_and_missing_files(shard) == ([], [])
