@@ -75,6 +75,8 @@ class SoakOptions:
     checkpoint_every: int = 500
     keep_last: int = 2
     gc_every: int = 500
+    # The monitor DAG's history retention (`upsertctl frontier prune`, its default settings).
+    prune_every: int = 500
     # GC on its schedule keeps files younger than this (a writer still staging); the final GC
     # runs with grace 0 once every writer has stopped.
     gc_grace_seconds: float = 120.0
@@ -205,7 +207,7 @@ class Soak:
         self.incarnation = {i: 0 for i in range(opts.writers)}
         self.writer_logs: list[str] = []
         self.counts = {"sigkills": 0, "writer_starts": 0, "compactions": 0, "checkpoints": 0, "gcs": 0,
-                       "monitor_rounds": 0, "segments": 0}
+                       "prunes": 0, "monitor_rounds": 0, "segments": 0}
         self.maintenance: list[dict[str, Any]] = []
         self.statuses: dict[str, int] = {}
         self.pages: list[dict[str, Any]] = []
@@ -306,18 +308,20 @@ class Soak:
 
     def maintenance_loop(self, shard) -> None:
         opts = self.opts
-        due = {"compact": opts.compact_every, "checkpoint": opts.checkpoint_every, "gc": opts.gc_every}
+        due = {"compact": opts.compact_every, "checkpoint": opts.checkpoint_every, "gc": opts.gc_every,
+               "prune": opts.prune_every}
         every = dict(due)
         commands = {
             "compact": ("compact", SHARD, "--json"),
             "checkpoint": ("checkpoint", "create", SHARD, "--keep-last", str(opts.keep_last), "--json"),
             "gc": ("gc", SHARD, "--grace", str(opts.gc_grace_seconds), "--json"),
+            "prune": ("frontier", "prune", "--json"),
         }
-        counter = {"compact": "compactions", "checkpoint": "checkpoints", "gc": "gcs"}
+        counter = {"compact": "compactions", "checkpoint": "checkpoints", "gc": "gcs", "prune": "prunes"}
         while not self.stop_event.is_set():
             upper = shard.state().upper
             ran = False
-            for kind in ("compact", "checkpoint", "gc"):
+            for kind in ("compact", "checkpoint", "gc", "prune"):
                 if upper >= due[kind] and not self.stop_event.is_set():
                     self.run_maintenance(kind, commands[kind], upper)
                     self.counts[counter[kind]] += 1
@@ -483,7 +487,7 @@ class Soak:
         beside the writers (on a fast machine the writers outrun a compaction's JVM start)."""
         opts = self.opts
         due = {kind for kind, every in (("compact", opts.compact_every), ("checkpoint", opts.checkpoint_every),
-                                        ("gc", opts.gc_every)) if every <= opts.batches}
+                                        ("gc", opts.gc_every), ("prune", opts.prune_every)) if every <= opts.batches}
         return due <= {m["kind"] for m in self.maintenance}
 
     def next_kill(self, upper: int) -> int:
@@ -572,7 +576,7 @@ class Soak:
         figures["consensus_at_end"] = self.db_status()
         figures["counts"] = dict(self.counts, batches=state.upper)
         figures["maintenance"] = {kind: summarize([m["seconds"] for m in self.maintenance if m["kind"] == kind])
-                                  for kind in ("compact", "checkpoint", "gc")}
+                                  for kind in ("compact", "checkpoint", "gc", "prune")}
         figures["uptime"] = uptime()
 
     def check_exactly_once(self, shard, checks: dict[str, Any]) -> None:
@@ -697,7 +701,8 @@ def print_table(report: SoakReport) -> None:
         ("wall time", f"{f.get('wall_seconds')} s"),
         ("writers / SIGKILLs / writer starts",
          f"{report.options['writers']} / {counts.get('sigkills')} / {counts.get('writer_starts')}"),
-        ("compactions / checkpoints / GCs", f"{counts.get('compactions')} / {counts.get('checkpoints')} / {counts.get('gcs')}"),
+        ("compactions / checkpoints / GCs / prunes",
+         f"{counts.get('compactions')} / {counts.get('checkpoints')} / {counts.get('gcs')} / {counts.get('prunes')}"),
         ("monitor rounds / statuses / pages", f"{counts.get('monitor_rounds')} / {c.get('monitor_statuses')} / {c.get('pages')}"),
         ("per batch at start", per_batch("per_batch_at_start")),
         ("per batch at end", per_batch("per_batch_at_end")),
