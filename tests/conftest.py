@@ -16,15 +16,14 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The Spark JVMs tests start in other processes (upsertctl, airflow dags test, racing writers)
-# live for a batch or two of a few hundred rows: C1 only, through the variable Spark's launcher
-# adds to a driver JVM's options (no notice on stderr, unlike JAVA_TOOL_OPTIONS), and the
-# class-data-sharing archive that pytest_configure builds. Together they took a fresh
+# The suite's Spark JVMs run jobs of a few hundred rows: C1 only, through the variable Spark's
+# launcher adds to a driver JVM's options (no notice on stderr, unlike JAVA_TOOL_OPTIONS), and
+# the class-data-sharing archive that pytest_configure builds. Together they took a fresh
 # one-batch task to 0.46x (docs/performance.md, "Cold in-process task"); the suite starts
-# hundreds. The shared in-process session (the spark fixture) and the Connect servers of
-# tests/connect live the whole run and keep the default compilers.
-SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM_OPTIONS)
+# hundreds, and its own in-process sessions ran its Spark-heavy modules in 0.72x with C1 only
+# ("The test suite's time"). The Connect servers of tests/connect keep the default compilers.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 # Where pytest_configure builds that archive, once per checkout (gitignored).
 TEST_STATE_DIR = os.path.join(REPO_ROOT, ".upsert-test")
 
@@ -57,18 +56,11 @@ def pytest_configure(config):
 def spark():
     from airflow_upsert_provider.engine.spark.session import get_spark
 
-    # This session lives the whole run: the default compilers (SHORT_LIVED_JVM_OPTIONS is for
-    # the JVMs of other processes).
-    submit_opts = os.environ.pop("SPARK_SUBMIT_OPTS", None)
-    try:
-        session = get_spark(
-            "local[2]",
-            app_name="upsert-tests",
-            conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g"},
-        )
-    finally:
-        if submit_opts is not None:
-            os.environ["SPARK_SUBMIT_OPTS"] = submit_opts
+    session = get_spark(
+        "local[2]",
+        app_name="upsert-tests",
+        conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g"},
+    )
     yield session
     session.stop()
 
