@@ -70,6 +70,23 @@ batches_table = sa.Table(
     sa.Column("committed_at", sa.Float, nullable=False),
 )
 
+# The audit summary of batch rows truncated below since (store/history.py): one row per
+# truncation, [from_ts, to_ts).
+batch_rollups_table = sa.Table(
+    "upsert_batch_rollups",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("from_ts", sa.BigInteger, primary_key=True),
+    sa.Column("to_ts", sa.BigInteger, nullable=False),
+    sa.Column("batches", sa.BigInteger, nullable=False),
+    sa.Column("rows_in", sa.BigInteger, nullable=False),
+    sa.Column("rows_out", sa.BigInteger, nullable=False),
+    sa.Column("rejected", sa.BigInteger, nullable=False),
+    sa.Column("first_committed_at", sa.Float, nullable=True),
+    sa.Column("last_committed_at", sa.Float, nullable=True),
+    sa.Column("rolled_up_at", sa.Float, nullable=False),
+)
+
 # Source files set aside in quarantine mode (unparseable names, late arrivals, unreadable
 # files), so each is reported once and never silently skipped.
 quarantined_files_table = sa.Table(

@@ -10,6 +10,7 @@ from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_tabl
 from airflow_upsert_provider.engine.store.consensus import (
     Consensus,
     StoreSchema,
+    batch_rollups_table,
     batches_table,
     bindings_table,
     compactions_table,
@@ -34,6 +35,7 @@ STORE_SCHEMA = StoreSchema(
         shards_table,
         bindings_table,
         batches_table,
+        batch_rollups_table,
         quarantined_files_table,
         compactions_table,
         catalog_locks_table,
