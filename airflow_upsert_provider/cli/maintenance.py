@@ -43,6 +43,9 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
     gc.add_argument("--dry-run", action="store_true", help="list what would go and its bytes; delete nothing")
     gc.add_argument("--grace", type=finite_number("--grace", above_zero=False), default=None, metavar="SECONDS",
                     help="keep files younger than this whatever references them (default 6 hours)")
+    gc.add_argument("--rejects-retention", type=finite_number("--rejects-retention", above_zero=False), default=None,
+                    metavar="SECONDS", help="delete quarantined records of batches below since once older than "
+                    "this (default 30 days; 0 keeps them forever)")
     gc.add_argument("--json", action="store_true")
 
 
@@ -107,10 +110,16 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+    from airflow_upsert_provider.engine.maintenance.gc import (
+        DEFAULT_GRACE_SECONDS,
+        DEFAULT_REJECTS_RETENTION_SECONDS,
+        collect_garbage,
+    )
 
     grace = DEFAULT_GRACE_SECONDS if args.grace is None else args.grace
-    report = collect_garbage(ctx.consensus, ctx.blob, args.shard, grace_seconds=grace, dry_run=args.dry_run)
+    retention = DEFAULT_REJECTS_RETENTION_SECONDS if args.rejects_retention is None else args.rejects_retention
+    report = collect_garbage(ctx.consensus, ctx.blob, args.shard, grace_seconds=grace,
+                             rejects_retention_seconds=retention, dry_run=args.dry_run)
     if not args.json:
         verb = "would delete" if args.dry_run else "deleted"
         for item in report.items:
@@ -119,5 +128,8 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             print(f"skipped {skipped['path']}: {skipped['reason']}")
         print(f"{verb} {len(report.items)} item(s), {report.files} files, {report.bytes} bytes; "
               f"kept {report.kept_referenced} referenced and {report.kept_in_grace} in the grace period")
+        if report.history.get("batches") or report.history.get("bindings"):
+            print(f"rolled up and truncated {report.history['batches']} batch and {report.history['bindings']} "
+                  f"binding rows below ts {report.history['kept_from']}")
         return {}
     return report.to_dict()

@@ -139,29 +139,39 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
     :param shard: the shard id (templated).
     :param grace_seconds: files younger than this are kept (templated; seconds or a
         timedelta); it must exceed the longest a writer takes from staging to commit.
+    :param rejects_retention_seconds: quarantined records of batches below since are deleted
+        once older than this (templated; seconds or a timedelta; default 30 days; 0 keeps
+        them forever).
     :param dry_run: only report what would be deleted (templated).
     :param upsert_conn_id: the `upsert` connection.
     """
 
-    template_fields: Sequence[str] = ("shard", "grace_seconds", "dry_run")
+    template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run")
 
     def __init__(
         self,
         *,
         shard: str,
         grace_seconds: Any = None,
+        rejects_retention_seconds: Any = None,
         dry_run: bool | str = False,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.grace_seconds = grace_seconds
+        self.rejects_retention_seconds = rejects_retention_seconds
         self.dry_run = dry_run
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.maintenance.gc import DEFAULT_GRACE_SECONDS, collect_garbage
+        from airflow_upsert_provider.engine.maintenance.gc import (
+            DEFAULT_GRACE_SECONDS,
+            DEFAULT_REJECTS_RETENTION_SECONDS,
+            collect_garbage,
+        )
 
         grace = parse_seconds(self.grace_seconds, "grace_seconds")
+        retention = parse_seconds(self.rejects_retention_seconds, "rejects_retention_seconds")
         # Parsed before any engine call: a typo must not turn a dry run into deletions.
         dry_run = parse_bool(self.dry_run, "dry_run")
         report = collect_garbage(
@@ -169,6 +179,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
             hook.get_blob(),
             self.shard,
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
+            rejects_retention_seconds=DEFAULT_REJECTS_RETENTION_SECONDS if retention is None else retention,
             dry_run=dry_run,
         )
         return report.to_dict()

@@ -1,8 +1,9 @@
 """Checkpoints: immutable recovery points of a shard, listed in a catalog.
 
 A checkpoint copies no data. It is a manifest naming every file the shard state at its upper
-needs (size and SHA-256 of each), with the state, the compacted run, the batches, the
-bindings and the quarantined files, so that consensus can be rebuilt from it. On disk, below
+needs (size and SHA-256 of each), with the state, the compacted run, the batches and bindings
+from since - 1 on (``ShardSnapshot``: the older ones are history, summed up in its rollups),
+and the quarantined files, so that consensus can be rebuilt from it. On disk, below
 ``<blob>/<shard>/checkpoints/``::
 
     CATALOG.json        {"format": 1, "shard": ..., "checkpoints": [entry, ...]}
@@ -34,6 +35,7 @@ from airflow_upsert_provider.engine.store.consensus import (
     Binding,
     CompactionRecord,
     Consensus,
+    Rollup,
     ShardRecord,
     ShardSnapshot,
 )
@@ -339,6 +341,10 @@ def manifest_files(blob: Blob, snapshot: ShardSnapshot) -> list[dict[str, Any]]:
 
 def build_manifest(checkpoint_id: str, snapshot: ShardSnapshot, files: list[dict[str, Any]], created_at: float) -> dict[str, Any]:
     record = snapshot.record
+    # The bindings below the upper, and up to the one a source index row is anchored at: a
+    # row saved as binding(upper) was minted is checked against it after a restore (it is
+    # immutable, so the restored shard's next batch is that very binding).
+    last_binding = max([record.upper - 1] + [int(r["through_ts"]) for r in snapshot.source_index])
     return {
         "format": FORMAT,
         "checkpoint": checkpoint_id,
@@ -350,9 +356,13 @@ def build_manifest(checkpoint_id: str, snapshot: ShardSnapshot, files: list[dict
         "bindings": [
             {"ts": b.ts, "ranges": b.ranges, "quarantined": b.quarantined, "minted_by": b.minted_by}
             for b in snapshot.bindings
-            if b.ts < record.upper
+            if b.ts <= last_binding
         ],
         "quarantined": snapshot.quarantined,
+        # The audit summary of the history below since - 1, whose rows are not recorded.
+        "rollups": [r.to_dict() for r in snapshot.rollups],
+        # What planning knows of the source, anchored at a binding the manifest holds.
+        "source_index": snapshot.source_index,
         "files": files,
     }
 
@@ -375,6 +385,10 @@ def snapshot_from_manifest(manifest: dict[str, Any], shard_id: str) -> ShardSnap
         batches=[BatchRecord(**b) for b in manifest["batches"]],
         bindings=[Binding(**b) for b in manifest["bindings"]],
         quarantined=list(manifest["quarantined"]),
+        # Absent from manifests written before history was truncated.
+        rollups=[Rollup(**r) for r in manifest.get("rollups", [])],
+        # Without it (older manifests hold every binding) planning rebuilds it from the bindings.
+        source_index=list(manifest.get("source_index", [])),
     )
 
 

@@ -45,6 +45,7 @@ again, and a checkpoint no longer listed pins nothing.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
     read_manifest,
 )
 from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.store.gc_claims import (
     check_blob_owner,
@@ -72,6 +75,9 @@ from airflow_upsert_provider.engine.store.gc_claims import (
 # Long enough for a writer to stage a batch and commit it; a staged batch older than this
 # whose commit never landed is garbage.
 DEFAULT_GRACE_SECONDS = 6 * 3600
+# How long quarantined records (``<shard>/rejects/``) of batches below since are kept for a
+# human to look at; 0 keeps them forever.
+DEFAULT_REJECTS_RETENTION_SECONDS = 30 * 86400
 MAX_LISTED = 1000
 
 
@@ -101,6 +107,9 @@ class GcReport:
     checkpoints_read: int = 0
     # Directories whose deletion a concurrent writer got in the way of: {path, reason}.
     skipped: list[dict[str, str]] = field(default_factory=list)
+    rejects_retention_seconds: float = DEFAULT_REJECTS_RETENTION_SECONDS
+    # Batch and binding rows below since rolled up and truncated (store/history.py).
+    history: dict[str, int] = field(default_factory=dict)
     plan_seconds: float = 0.0
     delete_seconds: float = 0.0
 
@@ -124,6 +133,8 @@ class GcReport:
             "kept_in_grace": self.kept_in_grace,
             "checkpoints_read": self.checkpoints_read,
             "skipped": self.skipped[:MAX_LISTED],
+            "rejects_retention_seconds": self.rejects_retention_seconds,
+            "history": self.history,
             "plan_seconds": round(self.plan_seconds, 3),
             "delete_seconds": round(self.delete_seconds, 3),
         }
@@ -160,25 +171,35 @@ def collect_garbage(
     shard_id: str,
     *,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    rejects_retention_seconds: float = DEFAULT_REJECTS_RETENTION_SECONDS,
     dry_run: bool = False,
     on_step: Callable[[str], None] | None = None,
     now: float | None = None,
+    history_chunk: int = DEFAULT_CHUNK,
 ) -> GcReport:
-    """Plan, then (unless ``dry_run``) delete the garbage of shard ``shard_id``.
+    """Plan, then (unless ``dry_run``) delete the garbage of shard ``shard_id``, then roll up
+    and truncate its batch history below since (``store/history.py``).
 
-    :param grace_seconds: files younger than this are kept whatever references them.
-    :param on_step: called with ``"listed"``, ``"state"``, ``"checkpoints"``, ``"claimed"``
-        and ``"deleting"`` (tests force races there).
+    :param grace_seconds: files younger than this are kept whatever references them; batch
+        rows committed inside it are kept too.
+    :param rejects_retention_seconds: quarantined records of a batch below since are deleted
+        once older than this; 0 keeps them forever.
+    :param on_step: called with ``"listed"``, ``"state"``, ``"checkpoints"``, ``"claimed"``,
+        ``"deleting"`` and ``"truncating"`` (tests force races there).
+    :param history_chunk: batch rows truncated per transaction.
     """
     if grace_seconds < 0:
         raise ConfigurationError("the grace period cannot be negative", field="grace")
+    check_rejects_retention(rejects_retention_seconds)
     consensus.get_shard(shard_id)  # an unknown shard is a usage error, not "nothing to do"
     # A shard restored into another store sharing this blob root is that store's to collect.
     check_blob_owner(consensus, blob, shard_id, "collect garbage")
     step = on_step or (lambda _name: None)
     started = time.monotonic()
-    report = GcReport(shard=shard_id, dry_run=dry_run, grace_seconds=grace_seconds)
-    cutoff = (time.time() if now is None else now) - grace_seconds
+    report = GcReport(shard=shard_id, dry_run=dry_run, grace_seconds=grace_seconds,
+                      rejects_retention_seconds=rejects_retention_seconds)
+    now = time.time() if now is None else now
+    cutoff = now - grace_seconds
 
     # 1. What exists now. Anything written after this listing is not a candidate. The walk
     # streams (on object storage one paged listing per prefix level); the plan keeps counts
@@ -201,6 +222,15 @@ def collect_garbage(
         for name in ckpt_entries
     }
     stray = [f for f in blob.walk_files(ckpt_root) if blob.name(f.path).startswith(".tmp-")]
+    # Quarantined records: <shard>/rejects/ts=T/<writer-attempt>, one directory per attempt.
+    rejects_root = blob.path(shard_id, "rejects")
+    rejects_dirs: dict[str, _RunDir] = {}
+    if rejects_retention_seconds > 0:
+        for f in blob.walk_files(rejects_root):
+            rejects_dirs.setdefault(run_dir_of(blob, f.path), _RunDir()).add(f.mtime, f.size)
+        for d in blob.walk_dirs(rejects_root):
+            if len(blob.relative(d.path).split("/")) >= 4:
+                rejects_dirs.setdefault(run_dir_of(blob, d.path), _RunDir()).add(d.mtime, is_file=False)
     step("listed")
 
     # 2. Live state of every shard, read before any manifest (see the module docstring).
@@ -208,16 +238,20 @@ def collect_garbage(
     # Runs a compaction replaced less than the grace period ago: a read planned before the
     # swap may still be reading them.
     replaced_in_grace = recently_replaced(consensus, cutoff)
-    planned_upper = 0
+    planned_upper = planned_since = 0
     for record in consensus.list_shards():
-        snapshot = consensus.snapshot(record.shard_id)
+        # The live runs only: the batches from since on, not the shard's whole history.
+        view = consensus.live_view(record.shard_id)
         if record.shard_id == shard_id:
-            planned_upper = snapshot.record.upper
-        for run in snapshot.live_runs():
+            planned_upper, planned_since = view.record.upper, view.record.since
+        for run in view.runs:
             referenced.add(run["path"])
             referenced.update(run_dir_of_relative(f["path"]) for f in run["files"])
-        if snapshot.compaction is not None and snapshot.compaction.compacted_at >= cutoff:
-            replaced_in_grace.update(snapshot.compaction.run.get("replaces", []))
+        for batch in view.batches:
+            if batch.stats.get("rejects"):
+                referenced.add(run_dir_of_relative(batch.stats["rejects"]["path"]))
+        if view.compaction is not None and view.compaction.compacted_at >= cutoff:
+            replaced_in_grace.update(view.compaction.run.get("replaces", []))
     step("state")
 
     # 3. Every retained checkpoint of every shard in the blob, and every checkpoint still
@@ -267,6 +301,14 @@ def collect_garbage(
         doomed.add(name)
         kind = "abandoned_checkpoint" if not is_committed(blob, shard_id, name) else "unlisted_checkpoint"
         report.items.append(GcItem(blob.relative(blob.join(ckpt_root, name)), kind, len(files), sum(f.size for f in files)))
+    rejects_cutoff = now - rejects_retention_seconds
+    for rejects_dir, found in sorted(rejects_dirs.items()):
+        if rejects_dir in referenced or rejects_batch_ts(rejects_dir) >= planned_since:
+            continue  # its batch is live (or not committed yet): only batches below since
+        if found.newest is not None and (found.newest >= rejects_cutoff or found.newest >= cutoff):
+            report.kept_in_grace += found.files
+            continue
+        report.items.append(GcItem(rejects_dir, "rejects", found.files, found.bytes))
     for f in stray:
         # A temporary file a crash left behind an atomic write (the catalog's, a manifest's).
         relative = blob.relative(f.path)
@@ -305,8 +347,40 @@ def collect_garbage(
             report.items.remove(item)
             report.skipped.append({"path": item.path, "reason": reason})
     _remove_empty_groups(blob, runs_root, cutoff)
+    _remove_empty_groups(blob, rejects_root, cutoff)
     report.delete_seconds = time.monotonic() - deleting
+    # Consensus only, in short transactions of their own: no blob I/O under them.
+    step("truncating")
+    report.history = truncate_history(
+        consensus, shard_id, committed_before=cutoff, source_partitions=_anchored_partitions(consensus, blob, shard_id),
+        chunk=history_chunk,
+    ).to_dict()
     return report
+
+
+def _anchored_partitions(consensus: Consensus, blob: Blob, shard_id: str) -> list[str] | None:
+    """A directory shard's partitions, each with its source index row anchored at
+    binding(upper - 1) (so that truncation may go up to since - 1); None for Kafka."""
+    return Shard.open(consensus, blob, shard_id).anchor_source_index()
+
+
+def check_rejects_retention(seconds: float) -> None:
+    """Refuse a rejects retention that is negative or not a finite number."""
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise ConfigurationError(
+            f"the rejects retention must be a finite number of seconds >= 0 (0 keeps them forever), not {seconds!r}",
+            field="rejects_retention",
+        )
+
+
+def rejects_batch_ts(rejects_dir: str) -> int:
+    """The ts of the batch a rejects directory (``<shard>/rejects/ts=T/<name>``) belongs to;
+    a name that does not parse counts as the newest batch (kept)."""
+    group = rejects_dir.split("/")[2] if rejects_dir.count("/") >= 2 else ""
+    try:
+        return int(group.removeprefix("ts=")) if group.startswith("ts=") else 2**62
+    except ValueError:
+        return 2**62
 
 
 def _read_listed_manifest(blob: Blob, owner: str, entry) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
@@ -68,6 +68,22 @@ batches_table = sa.Table(
     sa.Column("run", sa.Text, nullable=False),
     sa.Column("stats", sa.Text, nullable=False),
     sa.Column("committed_at", sa.Float, nullable=False),
+)
+
+# What planning a batch knows about a source partition (store/source_index.py): its names
+# whose verdict is settled as of a binding. Here because a snapshot carries it: a restored
+# shard checks it against the binding it is anchored at, and catches up from the later ones.
+settled_names_table = sa.Table(
+    "upsert_source_settled",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("partition", sa.String(512), primary_key=True),
+    # The binding these names are settled through; -1 before the first binding.
+    sa.Column("through_ts", sa.BigInteger, nullable=False),
+    # Digest of that binding: a row left by an earlier shard of the same id does not match.
+    sa.Column("binding_digest", sa.String(64), nullable=False),
+    # File names joined by "/", the one character no file name holds.
+    sa.Column("names", sa.Text, nullable=False),
 )
 
 # The audit summary of batch rows truncated below since (store/history.py): one row per
@@ -179,6 +195,9 @@ class AppendOutcome(str, enum.Enum):
     ALREADY_COMMITTED = "already_committed"
     # A peer's batch holds that ts: ours provably lost.
     UPPER_MOVED = "upper_moved"
+    # The upper is past that ts, whose batch row was truncated (below since, older than GC's
+    # grace period): the batch is persisted, but whose token won is no longer known.
+    TRUNCATED = "truncated"
     # The upper is below expected_upper: the batch must be held until the shard gets there.
     UPPER_BEHIND = "upper_behind"
 
@@ -239,9 +258,34 @@ class CompactionRecord:
 
 
 @dataclass(frozen=True)
+class Rollup:
+    """The audit summary of a truncated range of batches [from_ts, to_ts)."""
+
+    from_ts: int
+    to_ts: int
+    batches: int
+    rows_in: int
+    rows_out: int
+    rejected: int
+    first_committed_at: float | None
+    last_committed_at: float | None
+    rolled_up_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rollup_from_row(row) -> Rollup:
+    return Rollup(**{k: v for k, v in row._mapping.items() if k != "shard_id"})
+
+
+@dataclass(frozen=True)
 class ShardSnapshot:
-    """Everything consensus holds about one shard, read in one transaction: what a
-    checkpoint records and what a restore writes back."""
+    """What consensus holds about one shard that its state at the upper needs, read in one
+    transaction: what a checkpoint records and what a restore writes back. Batches and
+    bindings from since - 1 on (``history_from``): what reads, the next binding, a seek and
+    the last commit need; older rows are history (store/history.py), summed up in
+    ``rollups``."""
 
     record: ShardRecord
     compaction: CompactionRecord | None
@@ -249,6 +293,10 @@ class ShardSnapshot:
     bindings: list[Binding]
     # [{"file", "reason", "ts"}]: source files set aside, with the batch that set them aside
     quarantined: list[dict[str, Any]]
+    rollups: list[Rollup] = field(default_factory=list)
+    # The source index rows ({"partition", "through_ts", "binding_digest", "names"}); the
+    # bindings start at the lowest one's anchor when that is below since - 1.
+    source_index: list[dict[str, Any]] = field(default_factory=list)
 
     def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
         """The runs a read as of ``as_of`` (default: the upper) merges."""
@@ -284,6 +332,12 @@ def live_runs(
 # SQLSTATEs of a PostgreSQL session timeout (lock_not_available, query_canceled): the option
 # that bounds it.
 _SESSION_TIMEOUTS = {"55P03": "lock_timeout", "57014": "statement_timeout"}
+
+
+def history_from(since: int) -> int:
+    """The lowest ts whose batch and binding rows a shard always keeps (store/history.py)."""
+    return max(since - 1, 0)
+
 
 # Drivers a bare ``postgresql://`` or ``postgres://`` (the libpq spelling) URL means.
 _DEFAULT_DRIVERS = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
@@ -651,25 +705,28 @@ class Consensus:
         authoritative store."""
 
         def txn(conn):
-            upper = conn.execute(
-                sa.select(shards_table.c.upper).where(shards_table.c.shard_id == shard_id)
-            ).scalar_one_or_none()
-            if upper is None:
+            state = conn.execute(
+                sa.select(shards_table.c.upper, shards_table.c.since).where(shards_table.c.shard_id == shard_id)
+            ).first()
+            if state is None:
                 raise ShardNotFound(f"unknown shard {shard_id!r}", shard=shard_id)
             winner = None
-            if upper > expected_upper:
+            if state.upper > expected_upper:
                 winner = conn.execute(
                     sa.select(batches_table.c.writer_id, batches_table.c.token).where(
                         batches_table.c.shard_id == shard_id, batches_table.c.ts == expected_upper
                     )
                 ).first()
-            return upper, winner
+            return state.upper, state.since, winner
 
-        upper, winner = self._run_snapshot(txn)
+        upper, since, winner = self._run_snapshot(txn)
         if upper <= expected_upper:
             # upper == expected_upper only after an attempt that did not land: the caller
             # may append again.
             return AppendResult(AppendOutcome.UPPER_BEHIND, upper)
+        if winner is None and expected_upper < history_from(since):
+            # Below since - 1 a batch row may have been truncated (store/history.py).
+            return AppendResult(AppendOutcome.TRUNCATED, upper)
         if winner is None:
             raise IntegrityError(
                 f"shard {shard_id!r} has upper {upper} but no committed batch at ts {expected_upper}",
@@ -785,11 +842,28 @@ class Consensus:
             compaction = conn.execute(
                 sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
             ).first()
+            # Not the whole history: from since - 1 on (see ShardSnapshot), by primary key.
+            start = history_from(row.since)
+            index_rows = conn.execute(
+                sa.select(settled_names_table)
+                .where(settled_names_table.c.shard_id == shard_id)
+                .order_by(settled_names_table.c.partition)
+            ).all()
+            bindings_from = min([start] + [max(r.through_ts, 0) for r in index_rows])
             batches = conn.execute(
-                sa.select(batches_table).where(batches_table.c.shard_id == shard_id).order_by(batches_table.c.ts)
+                sa.select(batches_table)
+                .where(batches_table.c.shard_id == shard_id, batches_table.c.ts >= start)
+                .order_by(batches_table.c.ts)
             ).all()
             bindings = conn.execute(
-                sa.select(bindings_table).where(bindings_table.c.shard_id == shard_id).order_by(bindings_table.c.ts)
+                sa.select(bindings_table)
+                .where(bindings_table.c.shard_id == shard_id, bindings_table.c.ts >= bindings_from)
+                .order_by(bindings_table.c.ts)
+            ).all()
+            rollup_rows = conn.execute(
+                sa.select(batch_rollups_table)
+                .where(batch_rollups_table.c.shard_id == shard_id)
+                .order_by(batch_rollups_table.c.from_ts)
             ).all()
             quarantined = conn.execute(
                 sa.select(
@@ -804,6 +878,12 @@ class Consensus:
                 batches=[_batch_from_row(b) for b in batches],
                 bindings=[_binding_from_row(b) for b in bindings],
                 quarantined=[{"file": q.file, "reason": q.reason, "ts": q.ts} for q in quarantined],
+                rollups=[rollup_from_row(r) for r in rollup_rows],
+                source_index=[
+                    {"partition": r.partition, "through_ts": r.through_ts, "binding_digest": r.binding_digest,
+                     "names": r.names}
+                    for r in index_rows
+                ],
             )
 
         return self._run_snapshot(txn)
@@ -839,7 +919,8 @@ class Consensus:
                     upper=existing,
                 )
             # Stale rows of a shard id used before (dropped shard) must not mix in.
-            for table in (bindings_table, batches_table, quarantined_files_table, compactions_table):
+            for table in (bindings_table, batches_table, quarantined_files_table, compactions_table,
+                          batch_rollups_table, settled_names_table):
                 conn.execute(sa.delete(table).where(table.c.shard_id == shard_id))
             if snapshot.bindings:
                 conn.execute(
@@ -864,6 +945,16 @@ class Consensus:
                 conn.execute(
                     sa.insert(quarantined_files_table),
                     [{"shard_id": shard_id, **q} for q in snapshot.quarantined],
+                )
+            if snapshot.source_index:
+                conn.execute(
+                    sa.insert(settled_names_table),
+                    [{"shard_id": shard_id, **r} for r in snapshot.source_index],
+                )
+            if snapshot.rollups:
+                conn.execute(
+                    sa.insert(batch_rollups_table),
+                    [{"shard_id": shard_id, **r.to_dict()} for r in snapshot.rollups],
                 )
             if snapshot.compaction is not None:
                 conn.execute(

@@ -29,23 +29,10 @@ from airflow_upsert_provider.engine.store.consensus import (
     _binding_from_row,
     bindings_table,
     insert_ignore,
-    metadata,
     quarantined_files_table,
+    settled_names_table,
 )
 from airflow_upsert_provider.engine.sources.planning import bound_names, range_to
-
-settled_names_table = sa.Table(
-    "upsert_source_settled",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("partition", sa.String(512), primary_key=True),
-    # The binding these names are settled through; -1 before the first binding.
-    sa.Column("through_ts", sa.BigInteger, nullable=False),
-    # Digest of that binding: a row left by an earlier shard of the same id does not match.
-    sa.Column("binding_digest", sa.String(64), nullable=False),
-    # File names joined by "/", the one character no file name holds.
-    sa.Column("names", sa.Text, nullable=False),
-)
 
 def binding_digest(binding: Binding | None) -> str:
     return "" if binding is None else hashlib.sha256(binding.to_json().encode()).hexdigest()

@@ -150,3 +150,14 @@ def remember_settled(index: SourceIndex, survey: SourceSurvey, minted: Binding |
         if minted is not None:
             names |= index.settled_by(partition.partition, minted) & partition.present
         index.save(partition.partition, through, names)
+
+
+def anchor_source_index(source: DirectorySource, index: SourceIndex, last: Binding | None) -> list[str]:
+    """Save every present partition's settled names through ``last`` (binding(upper - 1)),
+    as planning would, so that no row is anchored below it; the partitions saved. Truncation
+    of the batch history (store/history.py) keeps the bindings from the lowest anchor on: a
+    row is checked against its anchor and catches up from the bindings after it."""
+    survey = survey_source(source, index, last)
+    for partition in survey.partitions:
+        index.save(partition.partition, last, (partition.settled & partition.present) | partition.newly_settled)
+    return [p.partition for p in survey.partitions]

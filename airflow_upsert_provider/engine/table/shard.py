@@ -30,7 +30,12 @@ from airflow_upsert_provider.engine.errors import (
     UpsertError,
 )
 from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
-from airflow_upsert_provider.engine.table.binding_planner import plan_binding, remember_settled, survey_source
+from airflow_upsert_provider.engine.table.binding_planner import (
+    anchor_source_index,
+    plan_binding,
+    remember_settled,
+    survey_source,
+)
 from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
 from airflow_upsert_provider.engine.sources.kafka import KafkaSource
@@ -243,6 +248,14 @@ class Shard:
             )
         ranges = plan_ranges(prev_ranges, marks, self.kafka_options.max_records_per_batch)
         return None if ranges is None else Binding(ts=ts, ranges=ranges)
+
+    def anchor_source_index(self) -> list[str] | None:
+        """Anchor a directory source's index rows at binding(upper - 1) (what truncating the
+        batch history needs, store/history.py); the partitions anchored, None for Kafka."""
+        if self.is_kafka:
+            return None
+        upper = self.state().upper
+        return anchor_source_index(self.source, self._source_index(), self.binding(upper - 1) if upper > 0 else None)
 
     def _source_index(self) -> SourceIndex:
         return SourceIndex(self.consensus, self.shard_id, self.source.root, self.source.extension)

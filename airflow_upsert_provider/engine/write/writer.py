@@ -446,11 +446,16 @@ class Writer:
         if outcome is AppendOutcome.UPPER_MOVED:
             self._delete_staged(staged)
             self.converged += 1
+        elif outcome is AppendOutcome.TRUNCATED:
+            # Persisted, but whose token won is no longer recorded: the files may be the
+            # committed ones (a checkpoint may list them), so they stay for GC to judge.
+            self.converged += 1
         self.progress = max(self.progress, upper)
         return {
             AppendOutcome.COMMITTED: COMMITTED,
             AppendOutcome.ALREADY_COMMITTED: ALREADY_COMMITTED,
             AppendOutcome.UPPER_MOVED: ALREADY_PERSISTED,
+            AppendOutcome.TRUNCATED: ALREADY_PERSISTED,
         }[outcome]
 
     # -- the loop ----------------------------------------------------------------------------

@@ -1,0 +1,237 @@
+"""Bounded batch history: rows below since are rolled up and truncated by GC, in bounded
+chunks, keeping what retries, checkpoints, restore, seek and audit need; GC of rejects/."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, read_manifest, restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.compaction import compact
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchRecord, batches_table, bindings_table
+from airflow_upsert_provider.engine.store.history import keep_from, plan_truncation, rollups, truncate_history
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.writer import ALREADY_PERSISTED, Writer
+from tests.helpers import recover
+from tests.maintenance.support import age_files, oracle, table, written_shard
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+# -- the plan (pure) ------------------------------------------------------------------------
+
+
+def test_plan_keeps_since_minus_one_and_everything_above():
+    assert plan_truncation(0, since=10, held_from=None, chunk=4) == [(0, 4), (4, 8), (8, 9)]
+    assert keep_from(10, None) == 9
+
+
+def test_plan_keeps_rows_committed_inside_the_grace_period():
+    # ts 5 was committed inside the grace period: it and everything above it stay.
+    assert plan_truncation(0, since=10, held_from=5, chunk=4) == [(0, 4), (4, 5)]
+    assert keep_from(10, 5) == 5
+
+
+def test_plan_starts_at_the_oldest_row_left_and_has_nothing_to_do_at_the_bottom():
+    assert plan_truncation(9, since=10, held_from=None, chunk=4) == []
+    assert plan_truncation(6, since=10, held_from=None, chunk=100) == [(6, 9)]
+    assert plan_truncation(None, since=10, held_from=None, chunk=4) == []
+    for since in (0, 1):
+        assert plan_truncation(0, since=since, held_from=None, chunk=4) == []
+    with pytest.raises(ValueError):
+        plan_truncation(0, since=10, held_from=None, chunk=0)
+
+
+# -- on a store ----------------------------------------------------------------------------
+
+
+def _age_batches(consensus, shard_id: str, seconds: float) -> None:
+    """Make the shard's batches look committed ``seconds`` ago (older than GC's grace)."""
+    with consensus.engine.begin() as conn:
+        conn.execute(
+            sa.update(batches_table)
+            .where(batches_table.c.shard_id == shard_id)
+            .values(committed_at=batches_table.c.committed_at - seconds)
+        )
+
+
+def _ts_of(consensus, table: sa.Table, shard_id: str) -> list[int]:
+    with consensus.engine.connect() as conn:
+        return list(conn.execute(sa.select(table.c.ts).where(table.c.shard_id == shard_id).order_by(table.c.ts))
+                    .scalars())
+
+
+def test_truncated_history_retries_checkpoints_restores_seeks_resumes_and_reads_the_oracle(
+    spark, consensus, blob, tmp_path
+):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    stats = [b.stats for b in shard.batches()]
+    # Batch 1 as its writer would retry it after losing the answer to its commit; a slow
+    # writer will hold batch 4, the upper, which a peer commits first.
+    slow = Writer(shard, "slow", spark_factory=lambda: spark)
+    committed_1 = consensus.get_batch(shard.shard_id, 1)
+    compact(spark, shard)  # since 4
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    age_files(blob.root)
+
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=HOUR)
+    assert report.history == {"kept_from": 3, "batches": 3, "bindings": 3, "chunks": 1}
+    assert _ts_of(consensus, batches_table, shard.shard_id) == [3]
+    assert _ts_of(consensus, bindings_table, shard.shard_id) == [3]
+    [rollup] = rollups(consensus, shard.shard_id)
+    assert (rollup.from_ts, rollup.to_ts, rollup.batches) == (0, 3, 3)
+    assert rollup.rows_in == sum(s["rows_in"] for s in stats[:3])
+    assert rollup.rows_out == sum(s["rows_out"] for s in stats[:3])
+    assert rollup.first_committed_at <= rollup.last_committed_at < time.time() - HOUR
+
+    # The retry of batch 1 with its own token learns that it is persisted (ts < upper).
+    retried = consensus.compare_and_append(shard.shard_id, 1, 2, committed_1)
+    assert (retried.outcome, retried.upper) == (AppendOutcome.TRUNCATED, 4)
+
+    # The token check of a batch held at the upper still works: a peer's token won.
+    shard.mint_binding(4, minted_by="slow")
+    held = slow.stage(4)
+    Writer(shard, "peer", spark_factory=lambda: spark).run(max_batches=1, with_lag=False)
+    assert slow.append(held) == ALREADY_PERSISTED
+    assert not os.path.exists(blob.path(held.run["path"]))  # provably lost: deleted at once
+
+    # A checkpoint of the truncated shard restores, seeks and resumes to the oracle.
+    entry = create_checkpoint(shard)
+    manifest = read_manifest(blob, shard.shard_id, entry.id)
+    assert [b["ts"] for b in manifest["bindings"]] == [3, 4] and manifest["rollups"][0]["batches"] == 3
+    restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="orders-restored")
+    restored = Shard.open(consensus, blob, "orders-restored")
+    assert [r.batches for r in rollups(consensus, "orders-restored")] == [3]
+    recover(restored)
+    Writer(restored, "resumed", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    assert table(restored, spark) == oracle(restored) == table(shard, spark)
+
+
+def test_retry_of_a_truncated_batch_keeps_its_files(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
+    slow = Writer(shard, "slow", spark_factory=lambda: spark)
+    shard.mint_binding(3, minted_by="slow")
+    held = slow.stage(3)
+    # Its append landed, but the answer was lost: the writer still holds it.
+    committed = BatchRecord(held.ts, slow.writer_id, held.token, held.run, {"rows_in": held.rows_in})
+    assert consensus.compare_and_append(shard.shard_id, 3, 4, committed).outcome is AppendOutcome.COMMITTED
+    Writer(shard, "on", spark_factory=lambda: spark).run(max_batches=2, with_lag=False)
+    compact(spark, shard)  # since 6
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR,
+                     source_partitions=shard.anchor_source_index())
+    assert _ts_of(consensus, batches_table, shard.shard_id) == [5]
+
+    # Whose token won is no longer recorded: persisted, and the files stay for GC to judge
+    # (a checkpoint may list them).
+    assert slow.append(held) == ALREADY_PERSISTED
+    assert os.path.isdir(blob.path(held.run["path"]))
+
+
+def test_rows_committed_inside_the_grace_period_stay(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard)
+    report = truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR,
+                              source_partitions=shard.anchor_source_index())
+    assert (report.batches, report.bindings) == (0, 0)
+    assert _ts_of(consensus, batches_table, shard.shard_id) == [0, 1, 2, 3]
+    # A retry inside the grace period still learns that its own token landed.
+    first = consensus.get_batch(shard.shard_id, 0)
+    assert consensus.compare_and_append(shard.shard_id, 0, 1, first).outcome is AppendOutcome.ALREADY_COMMITTED
+
+
+def test_truncation_deletes_in_bounded_chunks(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=6)
+    compact(spark, shard)  # since 6: ts 0..4 go
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    deleted_per_statement: list[int] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("DELETE") and "upsert_batches" in statement:
+            deleted_per_statement.append(cursor.rowcount)
+
+    chunks = []
+    event.listen(consensus.engine, "after_cursor_execute", count)
+    try:
+        report = truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR, chunk=2,
+                                  source_partitions=shard.anchor_source_index(),
+                                  on_chunk=lambda lo, hi: chunks.append((lo, hi)))
+    finally:
+        event.remove(consensus.engine, "after_cursor_execute", count)
+    assert chunks == [(0, 2), (2, 4), (4, 5)]
+    assert deleted_per_statement == [2, 2, 1]
+    assert report.batches == 5 and _ts_of(consensus, batches_table, shard.shard_id) == [5]
+    # One truncation, one audit row.
+    [rollup] = rollups(consensus, shard.shard_id)
+    assert (rollup.from_ts, rollup.to_ts, rollup.batches) == (0, 5, 5)
+
+
+def test_bindings_from_the_lowest_source_index_anchor_stay(spark, consensus, blob, tmp_path):
+    # A shard of 4 batches has no source index row yet (rows are saved every 32 bindings):
+    # planning would rebuild them from binding 0, so every binding stays.
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard)
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    partitions = shard.source.partitions()
+    report = truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR,
+                              source_partitions=partitions)
+    assert (report.kept_from, report.batches) == (0, 0)
+    # Once anchored at binding(upper - 1) (as GC does first), truncation goes up to since - 1,
+    # and planning checks the rows against their anchor: the next batches bind and commit.
+    assert sorted(shard.anchor_source_index()) == sorted(partitions)
+    report = truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR,
+                              source_partitions=partitions)
+    assert (report.kept_from, report.batches) == (3, 3)
+    Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    assert table(shard, spark) == oracle(shard)
+
+
+# -- rejects/ ------------------------------------------------------------------------------
+
+
+def _rejects_dir(blob, shard_id: str, ts: int, name: str, age: float) -> str:
+    directory = blob.path(shard_id, "rejects", f"ts={ts:012d}", name)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "part-0.jsonl"), "w") as handle:
+        handle.write('{"id": 1, "_error": "bad"}\n')
+    past = time.time() - age
+    for path in (os.path.join(directory, "part-0.jsonl"), directory, os.path.dirname(directory)):
+        os.utime(path, (past, past))
+    return directory
+
+
+def test_gc_collects_rejects_of_batches_below_since_once_past_their_retention(spark, consensus, blob, tmp_path):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard, since=3)
+    old = _rejects_dir(blob, shard.shard_id, 1, "w-old", 40 * DAY)
+    young = _rejects_dir(blob, shard.shard_id, 2, "w-young", 2 * DAY)
+    live = _rejects_dir(blob, shard.shard_id, 3, "w-live", 40 * DAY)  # batch 3 >= since: live
+
+    kept_all = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=HOUR, rejects_retention_seconds=0)
+    assert not [i for i in kept_all.items if i.kind == "rejects"]
+    assert all(os.path.isdir(d) for d in (old, young, live))
+
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=HOUR)
+    assert [(i.kind, i.path) for i in report.items if i.kind == "rejects"] == [
+        ("rejects", blob.relative(old))
+    ]
+    assert not os.path.exists(old) and os.path.isdir(young) and os.path.isdir(live)
+
+    collect_garbage(consensus, blob, shard.shard_id, grace_seconds=HOUR, rejects_retention_seconds=DAY)
+    assert not os.path.exists(young) and os.path.isdir(live)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf")])
+def test_an_invalid_rejects_retention_is_refused_naming_it(spark, consensus, blob, tmp_path, bad):
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=0)
+    with pytest.raises(ConfigurationError, match="rejects retention") as caught:
+        collect_garbage(consensus, blob, shard.shard_id, rejects_retention_seconds=bad)
+    assert caught.value.details["field"] == "rejects_retention"
