@@ -457,6 +457,10 @@ def create_checkpoint(
     check_retention(keep_last, keep_within)
     catalog = Catalog.load(blob, shard_id, shard.consensus)
     catalog.ensure()
+    # The snapshot records the bindings from since - 1 only (and from the lowest source index
+    # anchor): a directory shard's index rows are anchored first, so that the restored shard
+    # plans from them instead of rebuilding them from binding 0, which it does not have.
+    shard.anchor_source_index()
     for _attempt in range(MAX_ATTEMPTS):
         snapshot = shard.consensus.snapshot(shard_id)
         step("snapshot")
