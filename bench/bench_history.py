@@ -1,0 +1,276 @@
+"""What a shard's costs do as its history grows: 1k, 10k, 100k and 500k committed batches.
+
+One shard's history is seeded through the engine's own commit path: each batch mints its
+binding by compare-and-set (``Consensus.mint_binding``), writes a tiny real Parquet run
+(one row) into the blob, describes it as a writer does (``runs.describe_run``: size,
+SHA-256, fsync) and commits it with the writer's ``compare_and_append``. No Spark job per
+batch (500k of them would take days): the run is written with pyarrow. Maintenance runs as
+a schedule would, every ``--compact-every`` batches (1440: daily, for minute batches):
+compaction (a real Spark job), a checkpoint (keep the last one), GC (grace 0, so that the
+history seeded in minutes counts as older than the grace period, as a year's would).
+
+At each level, on the same shard, in the same process (warm), medians of:
+
+  commit        one batch: mint, write, describe, compare_and_append
+  retry         compare_and_append of a persisted batch (an old ts, its own token): the
+                skip a lagging or retrying writer takes
+  status        ``Shard.status()`` (what ``upsertctl status`` computes)
+  monitor       ``observations.evaluate_shard``: observe, record, evaluate the stall rules
+                (``frontier observe`` and the monitor's poke)
+  checkpoint    ``create_checkpoint(keep_last=1)``
+  compaction    ``compact`` of the batches committed since the last one (the same number at
+                every level)
+  gc            ``collect_garbage`` right after that compaction (grace 0)
+  read          ``shard.read(spark).count()``
+
+and the consensus store's size (rows per table, bytes), then a fresh ``upsertctl status``
+process at the first and the last level. The table gives each cost's ratio to its figure at
+the first level, measured in the same run.
+
+The landing directory holds no segment files (as after ``source prune``): the bench measures
+history, not the source's retention.
+
+    .venv/bin/python bench/bench_history.py                         # 1k, 10k, 100k, 500k on SQLite
+    .venv/bin/python bench/bench_history.py --max-batches 10000     # a quick run: 1k, 10k
+    .venv/bin/python bench/bench_history.py --consensus postgresql://USER@HOST:PORT/DB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
+from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
+from airflow_upsert_provider.engine.frontier import observations  # noqa: E402
+from airflow_upsert_provider.engine.frontier.rules import StallSettings  # noqa: E402
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint  # noqa: E402
+from airflow_upsert_provider.engine.maintenance.compaction import compact  # noqa: E402
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding  # noqa: E402
+from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA, open_consensus  # noqa: E402
+from airflow_upsert_provider.engine.table.runs import describe_run  # noqa: E402
+from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
+from airflow_upsert_provider.sample_data import sample_schema_json  # noqa: E402
+
+LEVELS = (1_000, 10_000, 100_000, 500_000)
+SHARD = "history"
+PARTITION = "p0"
+COSTS = ("commit", "retry", "status", "monitor", "checkpoint", "compaction", "gc", "read")
+RUN_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()),
+                        ("updated_at", pa.int64()), ("_deleted", pa.bool_()), ("_ts", pa.int64())])
+
+
+def timed(fn):
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
+
+
+class History:
+    """The shard under test and the engine calls that grow and maintain its history."""
+
+    def __init__(self, workdir: str, consensus_url: str, keys: int) -> None:
+        self.workdir = workdir
+        self.consensus_url = consensus_url
+        self.consensus = open_consensus(consensus_url)
+        self.blob = open_blob(os.path.join(workdir, "blob"))
+        self.landing = os.path.join(workdir, "landing")
+        os.makedirs(os.path.join(self.landing, PARTITION), exist_ok=True)
+        config = ShardConfig(source=f"dir:{self.landing}", keys=("id",), schema=sample_schema_json(),
+                             order_by="updated_at", delete_marker="deleted", buckets=1)
+        self.shard = Shard.create(self.consensus, self.blob, SHARD, config)
+        self.keys = keys
+        self.tokens: dict[int, str] = {}
+
+    @property
+    def upper(self) -> int:
+        return self.shard.state().upper
+
+    def commit(self, ts: int) -> None:
+        """Batch ``ts`` through the writer's steps: bind, write the run, describe, append."""
+        binding = Binding(ts=ts, ranges={PARTITION: {"from": ts, "to": ts + 1,
+                                                     "files": [[ts, f"{ts:020d}.jsonl"]], "count": 1}})
+        self.consensus.mint_binding(SHARD, binding, "bench")
+        run_dir = self.shard.run_dir(ts, "bench", uuid.uuid4().hex[:12])
+        os.makedirs(os.path.join(run_dir, "_bucket=0"))
+        key = ts % self.keys
+        rows = pa.table({"id": [key], "name": [f"name-{key}-{ts}"], "amount": [float(ts)], "updated_at": [ts],
+                         "_deleted": [False], "_ts": [ts]}, schema=RUN_SCHEMA)
+        pq.write_table(rows, os.path.join(run_dir, "_bucket=0", f"part-00000-{uuid.uuid4().hex[:8]}.c000.snappy.parquet"))
+        run = describe_run(self.blob, run_dir)
+        token = uuid.uuid4().hex
+        stats = {"rows_in": 1, "rows_out": 1, "rejected": 0, "rejects": None, "quarantined_files": []}
+        result = self.shard.compare_and_append(ts, ts + 1, BatchRecord(ts, "bench", token, run, stats))
+        if result.outcome.value != "committed":
+            raise SystemExit(f"batch {ts} did not commit: {result}")
+        self.tokens[ts] = token
+
+    def retry(self, ts: int) -> str:
+        """The append of persisted batch ``ts`` again, with its own token (a writer that lost
+        the answer, or a lagging one): what the store answers."""
+        run = {"path": "unused", "files": [], "rows": 0}
+        record = BatchRecord(ts, "bench", self.tokens.get(ts, "lost"), run, {})
+        return self.shard.compare_and_append(ts, ts + 1, record).outcome.value
+
+    def maintain(self, spark) -> dict[str, float]:
+        """What the maintenance DAG runs: compact, checkpoint (keep the last), GC."""
+        _, compaction = timed(lambda: compact(spark, self.shard))
+        _, checkpoint = timed(lambda: create_checkpoint(self.shard, keep_last=1))
+        _, gc = timed(lambda: collect_garbage(self.consensus, self.blob, SHARD, grace_seconds=0))
+        return {"compaction": compaction, "checkpoint": checkpoint, "gc": gc}
+
+    def seed_to(self, spark, target: int, compact_every: int) -> None:
+        start = self.upper
+        started = time.monotonic()
+        step = max((target - start) // 20, 1)
+        for ts in range(start, target):
+            self.commit(ts)
+            if (ts + 1) % compact_every == 0:
+                self.maintain(spark)
+            if (ts + 1 - start) % step == 0:
+                done = ts + 1 - start
+                rate = done / (time.monotonic() - started)
+                print(f"  seeding: {ts + 1:,} of {target:,} batches ({rate:,.0f}/s, "
+                      f"{(target - ts - 1) / rate / 60:.1f} min left)", flush=True)
+
+    def store_size(self) -> dict[str, object]:
+        tables = [t.name for t in STORE_SCHEMA.tables]
+        with self.consensus.engine.connect() as conn:
+            rows = {name: conn.execute(sa.text(f"SELECT count(*) FROM {name}")).scalar() for name in tables}
+            if self.consensus.dialect == "postgresql":
+                size = sum(conn.execute(sa.text(f"SELECT pg_total_relation_size('{name}')")).scalar() for name in tables)
+            else:
+                path = self.consensus.engine.url.database
+                size = sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+        return {"rows": rows, "bytes": size}
+
+
+def median(fn, repeat: int) -> float:
+    return statistics.median(timed(fn)[1] for _ in range(repeat))
+
+
+def measure(history: History, spark, repeat: int, compact_batches: int) -> dict[str, float]:
+    """Every cost at the shard's current history, medians of ``repeat`` (fewer for the
+    Spark ones). Compaction and GC are of ``compact_batches`` new batches, at every level."""
+    shard, consensus = history.shard, history.consensus
+    figures: dict[str, float] = {}
+    upper = history.upper
+    commits = []
+    for ts in range(upper, upper + compact_batches):
+        commits.append(timed(lambda ts=ts: history.commit(ts))[1])
+    figures["commit"] = statistics.median(commits)
+    # An old batch, half way through the history: its row may be truncated (that is the point).
+    old = max(upper // 2, 0)
+    outcomes = set()
+    figures["retry"] = median(lambda: outcomes.add(history.retry(old)), repeat)
+    figures["status"] = median(shard.status, repeat)
+    settings = StallSettings()
+    figures["monitor"] = median(
+        lambda: observations.evaluate_shard(consensus, history.blob, SHARD, settings, observer="bench"), repeat
+    )
+    _, figures["compaction"] = timed(lambda: compact(spark, shard))
+    _, figures["gc"] = timed(lambda: collect_garbage(consensus, history.blob, SHARD, grace_seconds=0))
+    figures["checkpoint"] = median(lambda: create_checkpoint(shard, keep_last=1), 3)
+    shard.read(spark).count()  # warm
+    figures["read"] = median(lambda: shard.read(spark).count(), 3)
+    figures["retry_outcome"] = ",".join(sorted(outcomes))  # type: ignore[assignment]
+    return figures
+
+
+def fresh_status(history: History) -> float:
+    """One ``upsertctl status`` process, whole (imports, store, source listing)."""
+    env = dict(os.environ, UPSERT_CONSENSUS_URL=history.consensus_url, UPSERT_BLOB_ROOT=history.blob.root,
+               PYTHONPATH=REPO)
+    cli = os.path.join(REPO, ".venv", "bin", "upsertctl")
+    command = [cli] if os.path.exists(cli) else [sys.executable, "-m", "airflow_upsert_provider.cli"]
+    _, seconds = timed(lambda: subprocess.run(command + ["status", SHARD, "--json"], env=env, check=True,
+                                              capture_output=True))
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--consensus", help="consensus URL (default: a SQLite file in the work directory)")
+    parser.add_argument("--max-batches", type=int, default=LEVELS[-1], help="stop at this level (default 500000)")
+    parser.add_argument("--levels", help="comma-separated levels instead of 1000,10000,100000,500000")
+    parser.add_argument("--compact-every", type=int, default=1440,
+                        help="batches between scheduled compaction, checkpoint and GC (default 1440)")
+    parser.add_argument("--keys", type=int, default=1000, help="distinct keys the batches update (default 1000)")
+    parser.add_argument("--repeat", type=int, default=20, help="samples per warm median (default 20)")
+    parser.add_argument("--workdir", help="where the blob, landing and SQLite file go (default: a temporary "
+                        "directory, on /dev/shm when it exists)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    chosen = [int(x) for x in args.levels.split(",")] if args.levels else LEVELS
+    levels = [level for level in chosen if level <= args.max_batches] or [args.max_batches]
+
+    from airflow_upsert_provider.engine.spark.session import get_spark
+
+    base = args.workdir or tempfile.mkdtemp(prefix="bench-history-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.makedirs(base, exist_ok=True)
+    url = args.consensus or f"sqlite:///{os.path.join(base, 'consensus.db')}"
+    spark = get_spark("local[2]", app_name="bench-history")
+    results: dict[str, object] = {"levels": {}, "compact_every": args.compact_every, "keys": args.keys,
+                                  "store": "postgresql" if url.startswith("postgres") else "sqlite"}
+    try:
+        history = History(base, url, args.keys)
+        fresh: dict[int, float] = {}
+        for index, level in enumerate(levels):
+            print(f"[{level:,} batches]", flush=True)
+            history.seed_to(spark, level, args.compact_every)
+            figures = measure(history, spark, args.repeat, compact_batches=50)
+            figures["store"] = history.store_size()  # type: ignore[assignment]
+            if index in (0, len(levels) - 1):
+                fresh[level] = fresh_status(history)
+            results["levels"][level] = figures  # type: ignore[index]
+            print("  " + ", ".join(f"{k} {figures[k] * 1000:.1f} ms" for k in COSTS), flush=True)
+            print(f"  retry answered: {figures['retry_outcome']}; store: {figures['store']}", flush=True)
+        results["fresh_status"] = fresh
+    finally:
+        spark.stop()
+        if not args.workdir:
+            shutil.rmtree(base, ignore_errors=True)
+
+    first = levels[0]
+    table = results["levels"]  # type: ignore[assignment]
+    print()
+    print("| cost | " + " | ".join(f"{level:,}" for level in levels) + f" | {levels[-1]:,} / {first:,} |")
+    print("|---|" + "---:|" * (len(levels) + 1))
+    for cost in COSTS:
+        cells = [f"{table[level][cost] * 1000:.1f} ms" for level in levels]
+        print(f"| {cost} | " + " | ".join(cells) + f" | {table[levels[-1]][cost] / table[first][cost]:.2f}x |")
+    for name in ("upsert_batches", "upsert_bindings", "upsert_batch_rollups"):
+        cells = [str(table[level]["store"]["rows"].get(name, "-")) for level in levels]
+        print(f"| rows of {name} | " + " | ".join(cells) + " | |")
+    cells = [f"{table[level]['store']['bytes'] / 1024:.0f} KiB" for level in levels]
+    last_bytes, first_bytes = table[levels[-1]]["store"]["bytes"], table[first]["store"]["bytes"]
+    print("| consensus bytes | " + " | ".join(cells) + f" | {last_bytes / first_bytes:.2f}x |")
+    if len(fresh) == 2:
+        a, b = fresh[first], fresh[levels[-1]]
+        print(f"\nfresh `upsertctl status` process: {a:.2f} s at {first:,}, {b:.2f} s at {levels[-1]:,} ({b / a:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
