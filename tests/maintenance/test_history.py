@@ -194,6 +194,20 @@ def test_bindings_from_the_lowest_source_index_anchor_stay(spark, consensus, blo
     assert table(shard, spark) == oracle(shard)
 
 
+def test_source_prune_deletes_the_segments_of_truncated_bindings(spark, consensus, blob, tmp_path):
+    from airflow_upsert_provider.engine.maintenance.retention import prune
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard)
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    age_files(blob.root)
+    assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=HOUR).history["bindings"] == 3
+    report = prune(shard, below="committed")
+    # Batches 0..3 bound 2 segments each (one per partition), every one of them deleted.
+    assert report.files == 8 and all(p.kept_unbound == 0 for p in report.partitions)
+    assert all(len(os.listdir(shard.source.partition_dir(p))) == 1 + 2 for p in ("p0", "p1"))  # log + 2 left
+
+
 # -- rejects/ ------------------------------------------------------------------------------
 
 

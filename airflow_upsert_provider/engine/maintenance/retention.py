@@ -257,6 +257,16 @@ def prune(shard: "Shard", *, below: str = "checkpoint", dry_run: bool = False) -
             break
         for partition, rng in binding.ranges.items():
             names.setdefault(partition, set()).update(n for _, n in range_files(rng, shard.source.extension))
+    # Bindings below since - 1 may have been truncated (store/history.py): the names they
+    # bound that are still present are in the source index, with those set aside in quarantine
+    # (which stay: they are for a human).
+    index = shard.source_index()
+    last = shard.binding(upper - 1) if upper > 0 else None
+    for partition in shard.source.partitions():
+        settled, _lag = index.settled(partition, last)
+        directory = shard.source.partition_dir(partition)
+        set_aside = index.quarantined_among(sorted(os.path.join(directory, n) for n in settled))
+        names.setdefault(partition, set()).update(n for n in settled if os.path.join(directory, n) not in set_aside)
     segments: dict[str, list[tuple[int, str, int]]] = {}
     for partition in shard.source.partitions():
         found_segments, _bad = shard.source.scan(partition)

@@ -219,7 +219,7 @@ class Shard:
         if isinstance(self.source, KafkaSource):
             planned = self._plan_kafka_binding(ts, previous)
             return None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
-        index = self._source_index()
+        index = self.source_index()
         survey = survey_source(self.source, index, previous)
         planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED)
         minted = None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
@@ -255,9 +255,9 @@ class Shard:
         if self.is_kafka:
             return None
         upper = self.state().upper
-        return anchor_source_index(self.source, self._source_index(), self.binding(upper - 1) if upper > 0 else None)
+        return anchor_source_index(self.source, self.source_index(), self.binding(upper - 1) if upper > 0 else None)
 
-    def _source_index(self) -> SourceIndex:
+    def source_index(self) -> SourceIndex:
         return SourceIndex(self.consensus, self.shard_id, self.source.root, self.source.extension)
 
     def segment_paths(self, binding: Binding) -> list[Segment]:
@@ -344,7 +344,7 @@ class Shard:
         # The same survey a batch plans from, read-only: new names only are parsed. The high
         # watermark is one past the highest offset bound or waiting to be bound.
         previous = self.binding(state.upper - 1) if state.upper > 0 else None
-        survey = survey_source(self.source, self._source_index(), previous)
+        survey = survey_source(self.source, self.source_index(), previous)
         marks: dict[str, int] = {}
         pending = 0
         oldest: float | None = None
