@@ -123,6 +123,13 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     spark, store_url, tmp_path, monkeypatch, capsys
 ):
     create_legacy_store(store_url)
+    # The old code is emulated by this release's code, whose checkpoint snapshot reads the
+    # batch rollups (revision 0002): that table exists as the old code's own would have.
+    from airflow_upsert_provider.engine.store.consensus import batch_rollups_table
+
+    engine = raw_engine(store_url)
+    batch_rollups_table.create(engine)
+    engine.dispose()
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
     monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
     landing = tmp_path / "landing"
@@ -308,17 +315,19 @@ def test_db_status_counts_the_rows_and_bytes_of_each_table(store_url, tmp_path, 
 
 @pytest.fixture
 def code_with_a_second_revision(tmp_path, monkeypatch):
-    """The migrations as a release after this one would ship them: the baseline, then 0002
-    that adds a table. Yields that head's revision id."""
+    """The migrations as a release after this one would ship them: this release's, then one
+    more revision that adds a table. Yields that head's revision id."""
     import shutil
 
+    head = code_head()
+    later = f"{int(head) + 1:04d}"
     package = Path(migrations.__file__).parent
     location = tmp_path / "migrations"
     shutil.copytree(package, location, ignore=shutil.ignore_patterns("__pycache__"))
-    (location / "versions" / "0002_extra.py").write_text(
+    (location / "versions" / f"{later}_extra.py").write_text(
         "import sqlalchemy as sa\n"
         "from alembic import op\n"
-        "revision = '0002'\ndown_revision = '0001'\nbranch_labels = None\ndepends_on = None\n"
+        f"revision = '{later}'\ndown_revision = '{head}'\nbranch_labels = None\ndepends_on = None\n"
         "def upgrade():\n"
         "    op.create_table('upsert_extra', sa.Column('shard_id', sa.String(128), primary_key=True))\n"
     )
@@ -332,7 +341,7 @@ def code_with_a_second_revision(tmp_path, monkeypatch):
     monkeypatch.setattr(migrations, "alembic_config", next_release_config)
     migrations._scripts.cache_clear()
     migrations.known_revisions.cache_clear()
-    yield "0002"
+    yield later
     migrations._scripts.cache_clear()
     migrations.known_revisions.cache_clear()
 
@@ -340,7 +349,8 @@ def code_with_a_second_revision(tmp_path, monkeypatch):
 def test_a_store_at_an_older_revision_is_refused_until_db_upgrade_migrates_it(
     store_url, code_with_a_second_revision, monkeypatch, capsys
 ):
-    # A store at revision 0001, as this release leaves it.
+    # A store at revision 0001, as the first release with schema versions left it.
+    later = code_with_a_second_revision
     create_legacy_store(store_url)
     engine = raw_engine(store_url)
     with engine.begin() as conn:
@@ -354,20 +364,21 @@ def test_a_store_at_an_older_revision_is_refused_until_db_upgrade_migrates_it(
 
     with pytest.raises(SchemaVersionMismatch) as refused:
         open_consensus(store_url)
-    assert "has schema revision 0001, older than this provider's 0002" in refused.value.message
+    assert f"has schema revision 0001, older than this provider's {later}" in refused.value.message
     assert "upsertctl db upgrade --consensus" in refused.value.message
     assert dump(store_url) == before
 
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
     code, status, _ = run_cli_json(capsys, "db", "status")
-    assert (status["store_revision"], status["code_revision"], status["state"]) == ("0001", "0002", "upgrade")
+    assert (status["store_revision"], status["code_revision"], status["state"]) == ("0001", later, "upgrade")
     code, upgraded, err = run_cli_json(capsys, "db", "upgrade")
     assert code == 0, err
-    assert upgraded == {"from_revision": "0001", "to_revision": "0002", "upgraded": True}
-    assert revisions_of(store_url) == ["0002"]
+    assert upgraded == {"from_revision": "0001", "to_revision": later, "upgraded": True}
+    assert revisions_of(store_url) == [later]
     consensus = open_consensus(store_url)
     try:
         assert consensus.get_shard("orders").upper == 0
-        assert "upsert_extra" in sa.inspect(consensus.engine).get_table_names()
+        # Every revision after 0001 ran: this release's batch rollups, the later release's table.
+        assert {"upsert_batch_rollups", "upsert_extra"} <= set(sa.inspect(consensus.engine).get_table_names())
     finally:
         consensus.dispose()
