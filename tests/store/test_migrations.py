@@ -18,6 +18,9 @@ the tables of ``STORE_SCHEMA`` as they were when schema versions came in::
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -339,11 +342,10 @@ def code_with_a_second_revision(tmp_path, monkeypatch):
         return config
 
     monkeypatch.setattr(migrations, "alembic_config", next_release_config)
+    monkeypatch.setattr(migrations, "REVISIONS", (*migrations.REVISIONS, later))
     migrations._scripts.cache_clear()
-    migrations.known_revisions.cache_clear()
     yield later
     migrations._scripts.cache_clear()
-    migrations.known_revisions.cache_clear()
 
 
 def test_a_store_at_an_older_revision_is_refused_until_db_upgrade_migrates_it(
@@ -382,3 +384,29 @@ def test_a_store_at_an_older_revision_is_refused_until_db_upgrade_migrates_it(
         assert {"upsert_batch_rollups", "upsert_extra"} <= set(sa.inspect(consensus.engine).get_table_names())
     finally:
         consensus.dispose()
+
+
+def test_the_revisions_an_open_compares_with_are_the_chain_of_the_scripts():
+    """An open reads no script (a submit-mode task imports the package from a zip): the chain
+    it knows is written in code, and must be the one versions/ holds."""
+    assert migrations.REVISIONS == migrations.script_revisions()
+
+
+def test_a_fresh_store_opens_from_the_package_zipped_as_submit_mode_ships_it(tmp_path):
+    from airflow_upsert_provider.operators.upsert import package_zip
+
+    archive = package_zip(str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    probe = (
+        "import sys\n"
+        f"sys.path.insert(0, {archive!r})\n"
+        "import airflow_upsert_provider\n"
+        f"assert airflow_upsert_provider.__file__.startswith({archive!r}), airflow_upsert_provider.__file__\n"
+        "from airflow_upsert_provider.engine.store.registry import open_consensus\n"
+        f"open_consensus({url!r}).dispose()\n"
+        f"open_consensus({url!r}).dispose()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert revisions_of(url) == [migrations.code_head()]

@@ -43,7 +43,6 @@ from typing import Any, Iterator
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from airflow_upsert_provider.engine.store.consensus import Consensus, metadata, redact_url
@@ -60,8 +59,20 @@ VERSION_TABLE = "upsert_schema_version"
 # ("upsertdb" as a signed 64-bit integer).
 SCHEMA_LOCK_KEY = int.from_bytes(b"upsertdb", "big", signed=True)
 
-# The version table as Alembic creates it, for the one read an open makes.
-_version_table = sa.Table(VERSION_TABLE, sa.MetaData(), sa.Column("version_num", sa.String(32), nullable=False))
+# The revisions of the chain in versions/, the baseline first. An open compares the store with
+# these and stamps a new store without reading the scripts: a task in submit mode imports this
+# package from a zip (--py-files), where Alembic cannot list the versions directory.
+# tests/store/test_migrations.py checks that this is the chain of versions/.
+REVISIONS: tuple[str, ...] = ("0001", "0002")
+
+# The version table as Alembic creates it (same column and primary key name), for the one read
+# an open makes and the stamp of a new store.
+_version_table = sa.Table(
+    VERSION_TABLE,
+    sa.MetaData(),
+    sa.Column("version_num", sa.String(32), nullable=False),
+    sa.PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
+)
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:
@@ -81,15 +92,18 @@ def _scripts() -> ScriptDirectory:
 
 def code_head() -> str:
     """The revision of the schema this code is built for."""
-    head = _scripts().get_current_head()
-    assert head is not None, "the migration chain has one head"
-    return head
+    return REVISIONS[-1]
 
 
-@functools.cache
 def known_revisions() -> frozenset[str]:
     """Every revision of the chain this code has, the baseline to the head."""
-    return frozenset(script.revision for script in _scripts().walk_revisions())
+    return frozenset(REVISIONS)
+
+
+def script_revisions() -> tuple[str, ...]:
+    """The chain as the scripts in versions/ give it, the baseline first (what
+    :data:`REVISIONS` must say)."""
+    return tuple(reversed([script.revision for script in _scripts().walk_revisions()]))
 
 
 @dataclass(frozen=True)
@@ -147,8 +161,10 @@ def _schema_lock(consensus: Consensus) -> Iterator[sa.Connection]:
 
 
 def _stamp_head(conn: sa.Connection) -> None:
-    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    context.stamp(_scripts(), "head")
+    # As Alembic's stamp would, without its scripts (see REVISIONS); the caller holds the
+    # schema lock and found no revision stamped.
+    _version_table.create(conn, checkfirst=True)
+    conn.execute(sa.insert(_version_table).values(version_num=code_head()))
 
 
 def prepare_on_open(consensus: Consensus, *, create: bool = True) -> SchemaAction:
