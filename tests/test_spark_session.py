@@ -3,6 +3,7 @@ and a CLI run that starts Spark prints nothing on stderr but its own lines (item
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -148,10 +149,12 @@ def _jvm_option(spark, name: str) -> str:
     return jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class).getVMOption(name).getValue()
 
 
-def run_probe(probe: str) -> subprocess.CompletedProcess:
-    """``probe`` in a fresh interpreter with a local session of its own; it must exit 0."""
+def run_probe(probe: str, without: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``probe`` in a fresh interpreter with a local session of its own, the variables
+    ``without`` names left out of its environment; it must exit 0."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    env.pop("UPSERT_SPARK_REMOTE", None)
+    for name in ("UPSERT_SPARK_REMOTE", *without):
+        env.pop(name, None)
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -190,14 +193,27 @@ def test_the_driver_jvm_holds_none_of_the_process_output_streams():
     assert not set(streams["mine"]) & set(streams["jvm"]), streams
 
 
-def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options(spark):
+def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options():
     """The engine's log4j configuration, then its own JVM options, on the driver JVM; the JIT
-    keeps its default tiers (C1 only would slow warm work, docs/performance.md)."""
-    arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-                     .getInputArguments())
-    assert f"-Dlog4j.configurationFile=file:{spark_module.LOG4J_CONFIG}" in arguments
-    assert all(option in arguments for option in spark_module.DRIVER_JAVA_OPTIONS)
-    assert _jvm_option(spark, "TieredStopAtLevel") == "4"
+    keeps its default tiers (C1 only would slow warm work, docs/performance.md). In a fresh
+    process without the C1-only setting the suite gives its own JVMs (tests/conftest.py)."""
+    probe = (
+        "import json\n"
+        "from airflow_upsert_provider.engine.spark.session import get_spark\n"
+        "from tests.test_spark_session import _jvm_option\n"
+        "spark = get_spark('local[1]')\n"
+        "jvm = spark.sparkContext._jvm\n"
+        "print(json.dumps({'arguments': list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()"
+        ".getInputArguments()), 'tiered': _jvm_option(spark, 'TieredStopAtLevel')}))\n"
+        "spark.stop()\n"
+    )
+    # Importing tests.conftest (through this module) would set the variable again.
+    probe = probe.replace("from tests.test_spark_session import _jvm_option\n", inspect.getsource(_jvm_option))
+    done = run_probe(probe, without=("SPARK_SUBMIT_OPTS",))
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert f"-Dlog4j.configurationFile=file:{spark_module.LOG4J_CONFIG}" in seen["arguments"]
+    assert all(option in seen["arguments"] for option in spark_module.DRIVER_JAVA_OPTIONS)
+    assert seen["tiered"] == "4"
 
 
 def test_a_users_driver_java_options_replace_the_engines():
