@@ -34,6 +34,10 @@ from tests.s3proxy import S3FaultProxy  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
 
 
+# What pytest_configure did about the archive, for the report header.
+ARCHIVE_LINE = pytest.StashKey[str]()
+
+
 def pytest_configure(config):
     """Build the class-data-sharing archive of the tests' Spark JVMs (once per checkout: a
     usable one is kept) and hand it to every process the tests start through
@@ -44,12 +48,21 @@ def pytest_configure(config):
         return
     from airflow_upsert_provider.engine.spark import class_archive
 
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    built = class_archive.build_archive(TEST_STATE_DIR)
-    if reporter is not None:
+    try:
+        built = class_archive.build_archive(TEST_STATE_DIR)
+    except Exception as exc:  # noqa: BLE001 - the suite runs without it, only slower
+        line = f"class archive of the tests' Spark JVMs not built ({type(exc).__name__}: {str(exc)[:300]}); running without it"
+        os.environ["UPSERT_CLASS_ARCHIVE"] = "off"
+    else:
         how = f"built in {built['seconds']:.0f} s" if built.get("built") else "already built"
-        reporter.write_line(f"class archive of the tests' Spark JVMs: {built['path']} ({how})")
-    os.environ["UPSERT_CLASS_ARCHIVE"] = built["path"]
+        line = f"class archive of the tests' Spark JVMs: {built['path']} ({how})"
+        os.environ["UPSERT_CLASS_ARCHIVE"] = built["path"]
+    config.stash[ARCHIVE_LINE] = line
+
+
+def pytest_report_header(config):
+    line = config.stash.get(ARCHIVE_LINE, None)
+    return [line] if line else []
 
 
 @pytest.fixture(scope="session")
