@@ -174,6 +174,26 @@ def test_truncation_deletes_in_bounded_chunks(spark, consensus, blob, tmp_path):
     assert (rollup.from_ts, rollup.to_ts, rollup.batches) == (0, 5, 5)
 
 
+def test_every_truncation_folds_into_the_shards_one_rollup_row(spark, consensus, blob, tmp_path):
+    # A checkpoint carries the rollups: a row per truncation (per GC) made it cost more as the
+    # history grew.
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=6)
+    compact(spark, shard)  # since 6: ts 0..4 may go
+    partitions = shard.anchor_source_index()
+    with consensus.engine.begin() as conn:  # ts 0..2 past the grace period, 3..5 inside it
+        conn.execute(sa.update(batches_table)
+                     .where(batches_table.c.shard_id == shard.shard_id, batches_table.c.ts < 3)
+                     .values(committed_at=batches_table.c.committed_at - 2 * HOUR))
+    first = truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR,
+                             source_partitions=partitions)
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    second = truncate_history(consensus, shard.shard_id, committed_before=time.time() - HOUR,
+                              source_partitions=partitions)
+    assert (first.batches, second.batches) == (3, 2)
+    [rollup] = rollups(consensus, shard.shard_id)
+    assert (rollup.from_ts, rollup.to_ts, rollup.batches) == (0, 5, 5)
+
+
 def test_bindings_from_the_lowest_source_index_anchor_stay(spark, consensus, blob, tmp_path):
     # A shard of 4 batches has no source index row yet (rows are saved every 32 bindings):
     # planning would rebuild them from binding 0, so every binding stays.

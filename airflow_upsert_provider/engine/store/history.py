@@ -15,7 +15,8 @@ its state since its last rollup and truncates what is below it):
 - every binding from the one a source index row (store/source_index.py) is anchored at:
   planning checks the row against it and catches up from the bindings after it;
 - an audit summary of every range truncated (``upsert_batch_rollups``: batches, rows in and
-  out, rejected, first and last ``committed_at``), one row per truncation.
+  out, rejected, first and last ``committed_at``): one row per shard, each truncation folded
+  into it (a new row only where a range does not continue the last one).
 
 A writer retrying an append of a ts whose row is gone still learns that its batch is
 persisted (ts < upper says so); which token won is no longer known, so it keeps its files
@@ -176,8 +177,8 @@ def truncate_history(
 
 
 def _truncate_chunk(conn, shard_id: str, lo: int, hi: int, stamp: float) -> tuple[int, int]:
-    """One transaction: roll [lo, hi) up (into the row of the same truncation when it ends at
-    lo, else a new row) and delete its batch and binding rows."""
+    """One transaction: roll [lo, hi) up (into the row that ends at lo, else a new row) and
+    delete its batch and binding rows."""
     since = conn.execute(
         sa.select(shards_table.c.since).where(shards_table.c.shard_id == shard_id)
     ).scalar_one_or_none()
@@ -191,11 +192,13 @@ def _truncate_chunk(conn, shard_id: str, lo: int, hi: int, stamp: float) -> tupl
     ).all()
     if rows:
         rollup = _summarize(lo, hi, rows, stamp)
+        # Into the row the range continues, whichever truncation wrote it: one row per shard
+        # (a checkpoint carries the rollups, so a row per truncation made every checkpoint
+        # cost more as the history grew).
         previous = conn.execute(
             sa.select(batch_rollups_table).where(
                 batch_rollups_table.c.shard_id == shard_id,
                 batch_rollups_table.c.to_ts == lo,
-                batch_rollups_table.c.rolled_up_at == stamp,
             )
         ).first()
         if previous is None:
