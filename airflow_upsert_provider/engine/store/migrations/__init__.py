@@ -86,7 +86,7 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
 
 @functools.cache
 def _scripts() -> ScriptDirectory:
-    # Read once per process: an open compares with the head on every task.
+    # Only script_revisions reads them (db upgrade goes through Alembic's command); an open never does.
     return ScriptDirectory.from_config(alembic_config())
 
 
