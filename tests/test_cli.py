@@ -37,6 +37,19 @@ def test_init_infers_schema_in_record_order(spark, env, capsys):
     ]
 
 
+def test_init_with_a_plain_schema_starts_no_spark(env, capsys, monkeypatch):
+    from airflow_upsert_provider.cli.context import Context
+
+    def no_spark(self):
+        raise AssertionError("init started Spark to parse a plain --schema")
+
+    monkeypatch.setattr(Context, "spark", no_spark)
+    code, out, err = init(capsys, env, "--schema", SAMPLE_SCHEMA_DDL)
+    assert code == 0, err
+    fields = json.loads(json.loads(out)["config"]["schema"])["fields"]
+    assert [f["name"] for f in fields] == ["id", "name", "amount", "updated_at", "deleted"]
+
+
 def test_run_status_read_round_trip(spark, env, capsys, tmp_path):
     assert init(capsys, env, "--schema", SAMPLE_SCHEMA_DDL)[0] == 0
     code, out, _ = run(capsys, "run-batch", "orders", "--until-caught-up", "--json", "--writer-id", "me")

@@ -77,15 +77,14 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                          kafka_config=ctx.kafka_config() if is_kafka_uri(args.source) else None)
     extra = _kafka_init_options(args, is_kafka_uri(source.uri))
     source.check()
-    spark = ctx.spark()
     if args.schema:
-        schema = parse_schema(spark, args.schema)
+        schema = parse_schema(args.schema, ctx.spark)
     elif extra:
         from airflow_upsert_provider.engine.write.kafka_records import infer_kafka_schema
 
-        schema = infer_kafka_schema(spark, source, envelope=extra["kafka"]["envelope"], keys=tuple(args.key))
+        schema = infer_kafka_schema(ctx.spark(), source, envelope=extra["kafka"]["envelope"], keys=tuple(args.key))
     else:
-        schema = infer_schema(spark, source)
+        schema = infer_schema(ctx.spark(), source)
     config = ShardConfig(
         source=source.uri,
         keys=tuple(args.key),

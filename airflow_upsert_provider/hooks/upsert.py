@@ -419,7 +419,7 @@ class UpsertShardHook(BaseHook):
         config = ShardConfig(
             source=source,
             keys=tuple(keys),
-            schema=parse_schema(self.get_spark(), schema_ddl),
+            schema=parse_schema(schema_ddl, self.get_spark),
             order_by=order_by,
             delete_marker=delete_marker,
             source_format=source_format,

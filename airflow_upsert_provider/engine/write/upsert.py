@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.store.consensus import Binding
@@ -317,17 +317,22 @@ def _local_path(uri: str) -> str:
     return unquote(re.sub(r"^file:(//)?", "", uri))
 
 
-def parse_schema(spark: "SparkSession", ddl: str) -> str:
-    """A DDL string (``id BIGINT, name STRING``) as the schema JSON a shard stores."""
+def parse_schema(ddl: str, spark_factory: Callable[[], "SparkSession"]) -> str:
+    """A DDL string (``id BIGINT, name STRING``) as the schema JSON a shard stores. Spark is
+    started (``spark_factory``) only for DDL outside what :mod:`..spark.ddl` parses alone."""
     from pyspark.sql.types import DataType, StructType
 
-    del spark  # required only so that an active SparkContext exists for the parser
-    try:
-        parsed = DataType.fromDDL(ddl)
-    except Exception as exc:
-        # Spark's parse errors start with an empty line: the reason is the first line with text.
-        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise ConfigurationError(f"invalid --schema {ddl!r}: {reason}", field="schema") from None
+    from airflow_upsert_provider.engine.spark.ddl import parse_column_list
+
+    parsed = parse_column_list(ddl)
+    if parsed is None:
+        spark_factory()  # Spark's parser needs an active session
+        try:
+            parsed = DataType.fromDDL(ddl)
+        except Exception as exc:
+            # Spark's parse errors start with an empty line: the reason is the first line with text.
+            reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise ConfigurationError(f"invalid --schema {ddl!r}: {reason}", field="schema") from None
     if not isinstance(parsed, StructType):
         raise ConfigurationError(f"--schema {ddl!r} is not a list of columns", field="schema")
     return parsed.json()
