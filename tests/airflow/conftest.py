@@ -107,6 +107,9 @@ def airflow_home(tmp_path_factory) -> AirflowHome:
         AIRFLOW__CORE__DAGS_FOLDER=os.path.join(REPO_ROOT, "dags"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS="False",
+        # The example DAGs back off from 30 s between tries; Airflow's own cap on an
+        # exponential backoff keeps a test whose first try fails from waiting that out.
+        AIRFLOW__CORE__MAX_TASK_RETRY_DELAY="1",
         SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_PYTHON=sys.executable,
         PATH=VENV_BIN + os.pathsep + env.get("PATH", ""),

@@ -1,6 +1,6 @@
 """Scale-out: a Spark standalone master and workers on loopback. The operator in `submit` mode
 through the Spark provider's SparkSubmitHook, a PostgreSQL consensus: the table equals the
-in-process run's (and the oracle). Batches on a cluster of two workers whose executors write
+oracle after each batch. Batches on a cluster of two workers whose executors write
 the runs to the loopback S3 server with their own environment's credentials: the table
 equals the oracle, and both workers wrote run files."""
 
@@ -16,7 +16,9 @@ import subprocess
 import pyspark
 import pytest
 
+from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
+from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.airflow.conftest import SAMPLE_SCHEMA, failure_text, init_shard, read_table
 from tests.conftest import REPO_ROOT, cli_env
@@ -91,27 +93,22 @@ class StandaloneCluster:
                     proc.wait()
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    running = StandaloneCluster(str(tmp_path / "spark-cluster")).start()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3_server):
+    """One master and two workers for the module (a cluster start is two JVMs and a wait).
+    The workers' own environment points at the S3 server (their executors take the
+    credentials from there: nothing is sent from the driver) and imports this checkout."""
+    running = StandaloneCluster(str(tmp_path_factory.mktemp("spark-cluster")), workers=2, env=dict(
+        s3_server.environment(), PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))).start()
     yield running
     running.stop()
 
 
-def _batches(url: str, shard: str) -> list[tuple[int, str, int]]:
-    consensus = open_consensus(url)
-    try:
-        return [(b.ts, b.writer_id, b.run["rows"]) for b in consensus.batches(shard)]
-    finally:
-        consensus.dispose()
-
-
-def test_submit_mode_on_a_standalone_cluster_equals_the_local_run(airflow_home, cluster, pg_url, tmp_path, spark):
+def test_submit_mode_on_a_standalone_cluster_equals_the_oracle(airflow_home, cluster, pg_url, tmp_path, spark):
     landing = str(tmp_path / "landing")
     generate(landing, SampleSpec(records=2000, keys=400, partitions=2, segments_per_partition=4, seed=9))
     blob = str(tmp_path / "blob")
     init_shard(pg_url, blob, landing, shard="orders", max_files_per_batch=3)
-    init_shard(pg_url, blob, landing, shard="orders_local", max_files_per_batch=3)
 
     submit_env = airflow_home.env(pg_url, blob, spark_master="spark://127.0.0.1", spark_port=cluster.port)
     proc = airflow_home.dags_test("upsert_microbatch", submit_env, conf={"spark_mode": "submit"})
@@ -120,30 +117,32 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_local_run(airflow_home, 
     report = airflow_home.xcom("upsert_microbatch", run_id, "upsert")
     assert report["spark_mode"] == "submit"
     assert [b["outcome"] for b in report["batches"]] == ["committed"] * 3 + ["nothing_to_do"]
-    # The job ran on the cluster: the master registered it, the worker ran its executor.
+    # The job ran on the cluster: the master registered it, a worker ran its executor.
     assert "Registered app upsert-orders" in cluster.log("master")
-    assert glob.glob(os.path.join(cluster.work_dir, "app-*", "*", "stderr"))
+    assert any(cluster.executor_logs(work_dir) for work_dir in cluster.work_dirs)
     # The consensus password never reached the logged spark-submit command line.
     password = pg_url.split(":")[2].split("@")[0]
     assert password not in proc.stdout + proc.stderr
 
-    proc = airflow_home.dags_test("upsert_microbatch", airflow_home.env(pg_url, blob), conf={"shard": "orders_local"})
-    assert proc.returncode == 0, failure_text(proc)
-
-    submitted, local = _batches(pg_url, "orders"), _batches(pg_url, "orders_local")
-    assert [(ts, rows) for ts, _, rows in submitted] == [(ts, rows) for ts, _, rows in local]
-    expected = oracle_table(landing)
-    assert read_table(pg_url, blob, "orders", spark) == read_table(pg_url, blob, "orders_local", spark) == expected
-
-
-@pytest.fixture
-def s3_cluster(tmp_path, s3_server, s3_root):
-    """Two workers whose own environment points at the S3 server (their executors take the
-    credentials from there: nothing is sent from the driver) and imports this checkout."""
-    running = StandaloneCluster(str(tmp_path / "spark-cluster"), workers=2, env=dict(
-        s3_server.environment(), PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))).start()
-    yield running
-    running.stop()
+    # The shard's own batches (3, 3 and 2 of the 8 segments), each holding the rows an
+    # in-process run would: the table at each batch's upper is the oracle of what it bound.
+    consensus = open_consensus(pg_url)
+    try:
+        bindings = [b.ranges for b in consensus.bindings("orders")]
+    finally:
+        consensus.dispose()
+    assert [sum(len(r["files"]) for r in ranges.values()) for ranges in bindings] == [3, 3, 2]
+    consensus = open_consensus(pg_url)
+    try:
+        shard = Shard.open(consensus, open_blob(blob), "orders")
+        bound: dict[str, int] = {}
+        for ts, ranges in enumerate(bindings):
+            bound.update({partition: rng["to"] for partition, rng in ranges.items()})
+            as_of = table_from_rows(shard.read(spark, as_of=ts + 1).collect())
+            assert as_of == oracle_table(landing, max_offset=bound), ts
+    finally:
+        consensus.dispose()
+    assert read_table(pg_url, blob, "orders", spark) == oracle_table(landing)
 
 
 def tasks_run_by(cluster: StandaloneCluster) -> list[set[int]]:
@@ -158,7 +157,7 @@ def tasks_run_by(cluster: StandaloneCluster) -> list[set[int]]:
     return ran
 
 
-def test_batches_on_a_two_worker_cluster_write_a_shard_on_s3(s3_cluster, s3_server, s3_root, tmp_path):
+def test_batches_on_a_two_worker_cluster_write_a_shard_on_s3(cluster, s3_server, s3_root, tmp_path):
     from tests.test_run_io_s3 import check_run_is_what_is_stored, upsertctl
 
     landing = str(tmp_path / "landing")
@@ -176,12 +175,12 @@ def test_batches_on_a_two_worker_cluster_write_a_shard_on_s3(s3_cluster, s3_serv
     # The batches run on the cluster (one application): they start once both executors are
     # registered, and a task goes to whichever executor is free (no wait for locality).
     report = json.loads(run(
-        "run-batch", "orders", "--until-caught-up", "--json", "--master", f"spark://127.0.0.1:{s3_cluster.port}",
+        "run-batch", "orders", "--until-caught-up", "--json", "--master", f"spark://127.0.0.1:{cluster.port}",
         "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
         "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=300s",
         "--conf", "spark.locality.wait=0", "--conf", "spark.executor.memory=512m"))
     assert [b["outcome"] for b in report["batches"]][:2] == ["committed", "committed"]
-    assert "Registered app airflow-upsert-provider" in s3_cluster.log("master")
+    assert "Registered app airflow-upsert-provider" in cluster.log("master")
     assert table_from_rows(json.loads(line) for line in run("read", "orders").splitlines()) == oracle_table(landing)
 
     bucket, prefix = s3_root[len("s3://"):].split("/", 1)
@@ -195,7 +194,7 @@ def test_batches_on_a_two_worker_cluster_write_a_shard_on_s3(s3_cluster, s3_serv
         check_run_is_what_is_stored(s3_server, bucket, prefix, written)
     # Which worker wrote each file: a file is named after the task attempt that wrote it
     # (part-t<TID>-…), and each worker's executor log lists the attempts it ran.
-    ran = tasks_run_by(s3_cluster)
+    ran = tasks_run_by(cluster)
     writers = []
     for listed in (f for written in runs for f in written["files"]):
         tid = int(re.search(r"/part-t(\d+)-[0-9a-f]+\.parquet$", listed["path"]).group(1))
