@@ -405,6 +405,9 @@ def test_a_fresh_store_opens_from_the_package_zipped_as_submit_mode_ships_it(tmp
         "from airflow_upsert_provider.engine.store.registry import open_consensus\n"
         f"open_consensus({url!r}).dispose()\n"
         f"open_consensus({url!r}).dispose()\n"
+        # Creating and opening a store needs no Alembic (only db upgrade and the tests do):
+        # its import cost every process a good part of a second.
+        "assert 'alembic' not in sys.modules, sorted(m for m in sys.modules if m.startswith('alembic'))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))

@@ -38,14 +38,17 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
 from airflow_upsert_provider.engine.store.consensus import Consensus, metadata, redact_url
+if TYPE_CHECKING:
+    # Alembic is imported where a migration runs or its scripts are read, never by an open:
+    # its import cost every process that opens a store a good part of a second.
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 from airflow_upsert_provider.engine.store.schema_version import (
     SchemaAction,
     decide_schema_action,
@@ -75,9 +78,11 @@ _version_table = sa.Table(
 )
 
 
-def alembic_config(connection: sa.Connection | None = None) -> Config:
+def alembic_config(connection: sa.Connection | None = None) -> "Config":
     """Alembic's configuration for the store's migrations, with ``connection`` (in a
     transaction of the caller's) for env.py to run on."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent))
     config.attributes["connection"] = connection
@@ -85,8 +90,10 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
 
 
 @functools.cache
-def _scripts() -> ScriptDirectory:
+def _scripts() -> "ScriptDirectory":
     # Only script_revisions reads them (db upgrade goes through Alembic's command); an open never does.
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
@@ -218,6 +225,8 @@ def upgrade(consensus: Consensus) -> UpgradeResult:
             if action is SchemaAction.NEWER:
                 raise schema_mismatch(action, state.revisions, head, redact_url(consensus.url))
             if action is not SchemaAction.CURRENT:
+                from alembic import command
+
                 # The baseline creates what is missing: an empty or unversioned store is upgraded
                 # the same way as one at an older revision.
                 command.upgrade(alembic_config(conn), "head")
