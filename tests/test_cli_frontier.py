@@ -36,8 +36,9 @@ def test_observe_every_shard_or_the_named_ones(store, capsys):
     assert [o["shard_id"] for o in out["observations"]] == ["a", "b"]
     a = out["observations"][0]
     assert set(a) == set(Observation.__dataclass_fields__)
-    assert (a["upper"], a["bound"], a["high_watermark"], a["lag_records"]) == \
-        (1, {"p0": 1, "p1": 1}, {"p0": 31, "p1": 31}, 60)
+    # Files 10, 20 and 30 of both partitions are pending: 6 segments (60 offsets apart).
+    assert (a["upper"], a["bound"], a["high_watermark"], a["lag"], a["lag_unit"]) == \
+        (1, {"p0": 1, "p1": 1}, {"p0": 31, "p1": 31}, 6, "segments")
     assert a["observer"].startswith("upsertctl:") and a["writer_outcome"] is None
     assert a["stream_status"] == "READY" and a["lag_seconds"] >= 0
     # Recorded, and read back as printed.
@@ -49,7 +50,7 @@ def test_observe_every_shard_or_the_named_ones(store, capsys):
 
     code, out, err = run(capsys, "frontier", "observe", "a")
     assert code == 0
-    assert out.startswith("shard a: upper 1, last commit ") and "60 offsets behind" in out
+    assert out.startswith("shard a: upper 1, last commit ") and ", 6 segments pending, the oldest for " in out
     assert out.rstrip().endswith("1 observation(s) recorded")
 
 
@@ -73,7 +74,7 @@ def test_status_shape_and_that_it_pages_nobody(store, capsys):
     assert ev["rule"].startswith("stale: 1 observation") and ev["reasons"]
     assert ev["window"]["samples"] == 1 and ev["window"]["seconds"] == 600.0
     assert ev["thresholds"]["cadence_seconds"] == 10.0 and ev["thresholds"]["stall_seconds"] == 60.0
-    assert (ev["upper"], ev["lag_records"], ev["breach"]) == (1, 60, True)
+    assert (ev["upper"], ev["lag"], ev["lag_unit"], ev["breach"]) == (1, 6, "segments", True)
     assert out["observation"]["upper"] == 1
     # A look by hand records its observation but writes no alert state: it neither counts as
     # a breaching evaluation nor takes a page away from the sensor.
@@ -91,7 +92,7 @@ def test_status_of_a_stall_by_hand(store, capsys):
         observations.record_observation(store, Observation(
             shard_id="b", observed_at=now - 540 + 60 * i, upper=0, last_commit_at=None,
             high_watermark={"p0": 21 + i}, bound={}, stream_status="READY", stream_changed_at=0.0,
-            lag_records=21 + i, lag_seconds=None, observer="writer:w1", writer_outcome="nothing_to_do"))
+            lag=21 + i, lag_unit="records", lag_seconds=None, observer="writer:w1", writer_outcome="nothing_to_do"))
     code, out, err = run(capsys, "frontier", "status", "b", "--no-observe")
     assert (code, err) == (0, "")
     lines = out.splitlines()
@@ -99,7 +100,9 @@ def test_status_of_a_stall_by_hand(store, capsys):
     assert lines[1].startswith("rule: stalled: source grew, upper unmoved for ")
     assert any("writers running and committing nothing: writer:w1" in line for line in lines)
     assert any(line.startswith("upper: 0, last advance never, stuck ") for line in lines)
-    assert any(line.startswith("window: 10 observation(s) from ") for line in lines)
+    assert any(line.startswith("window: 10 observation(s) from ") and line.endswith(" (15m00s looked at)")
+               for line in lines), lines
+    assert "lag: 30 records pending" in lines
 
     code, out, _ = cli(capsys, "frontier", "status", "b", "--no-observe")
     assert out["status"] == "STALLED" and out["evaluation"]["writers_running"] is True

@@ -67,11 +67,10 @@ FRONTIER_SETTING_OPTIONS = (
 
 
 def _observation_line(obs: dict[str, Any]) -> str:
-    lag = f"{obs['lag_records']} offsets behind"
-    if obs["lag_seconds"] is not None:
-        lag += f", oldest pending record landed {obs['lag_seconds']:.0f}s ago"
+    from airflow_upsert_provider.engine.sources.lag import format_pending
+
     return (f"shard {obs['shard_id']}: upper {obs['upper']}, last commit {iso(obs['last_commit_at'])}, "
-            f"{lag}, stream {obs['stream_status']}")
+            f"{format_pending(obs['lag'], obs['lag_unit'], obs['lag_seconds'])}, stream {obs['stream_status']}")
 
 
 def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -121,6 +120,9 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_frontier_status(out: dict[str, Any]) -> None:
+    from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+    from airflow_upsert_provider.engine.sources.lag import format_pending
+
     ev, state = out["evaluation"], out["state"]
     pages = "pages" if ev["breach"] else "does not page"
     print(f"shard {out['shard']}: {ev['status']}" + (f" ({ev['severity']}, {pages})" if ev["severity"] else ""))
@@ -128,14 +130,13 @@ def _print_frontier_status(out: dict[str, Any]) -> None:
     for reason in ev["reasons"]:
         print(f"  - {reason}")
     if ev["upper"] is not None:
-        stuck = "" if ev["stuck_seconds"] is None else f", stuck {ev['stuck_seconds']:.0f}s"
+        stuck = "" if ev["stuck_seconds"] is None else f", stuck {format_duration_to_the_second(ev['stuck_seconds'])}"
         print(f"upper: {ev['upper']}, last advance {iso(ev['last_advance_at'])}{stuck}")
-    if ev["lag_records"] is not None:
-        seconds = "" if ev["lag_seconds"] is None else f", {ev['lag_seconds']:.0f}s"
-        print(f"lag: {ev['lag_records']} offsets{seconds}")
+    if ev["lag"] is not None:
+        print(f"lag: {format_pending(ev['lag'], ev['lag_unit'], ev['lag_seconds'])}")
     window = ev["window"] or {}
     if window:
         print(f"window: {window.get('samples')} observation(s) from {iso(window.get('start'))} to "
-              f"{iso(window.get('end'))} ({window.get('seconds')}s looked at)")
+              f"{iso(window.get('end'))} ({format_duration_to_the_second(window.get('seconds'))} looked at)")
     if state.get("firing"):
         print(f"alert: firing ({state.get('firing_status')}) since {iso(state.get('incident_started_at'))}")

@@ -151,10 +151,12 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         if not result.progressed:
             return
         done += 1
-        lag = sum(result.lag_offsets.values())
+        from airflow_upsert_provider.engine.sources.lag import format_lag
+
         line = (
             f"batch ts={result.ts} {result.outcome}: rows in {result.rows_in}, out {result.rows_out}, "
-            f"rejected {result.rejected}, {result.seconds:.2f}s; {done} done, lag {lag} offsets"
+            f"rejected {result.rejected}, {result.seconds:.2f}s; {done} done, "
+            f"lag {format_lag(result.lag, result.lag_unit or '')}"
         )
         if tty:
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)

@@ -30,6 +30,8 @@ from airflow.sdk import BaseNotifier
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
+from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+from airflow_upsert_provider.engine.sources.lag import format_pending
 
 log = logging.getLogger(__name__)
 
@@ -223,11 +225,14 @@ def slack_message(event: Mapping[str, Any]) -> dict[str, Any]:
     details = event.get("custom_details") or {}
     icon = ":rotating_light:" if event["action"] == "trigger" else ":white_check_mark:"
     lines = [f"{icon} *{event['summary']}*"]
+    stuck = details.get("stuck_seconds")
     facts = [
         ("shard", details.get("shard")), ("status", details.get("status")), ("rule", details.get("rule")),
         ("upper", details.get("upper")), ("last advance", details.get("last_advance")),
-        ("stuck seconds", details.get("stuck_seconds")), ("lag records", details.get("lag_records")),
-        ("lag seconds", details.get("lag_seconds")), ("writers running", details.get("writers_running")),
+        ("stuck", None if stuck is None else format_duration_to_the_second(stuck)),
+        ("lag", None if details.get("lag") is None
+         else format_pending(details["lag"], details.get("lag_unit"), details.get("lag_seconds"))),
+        ("writers running", details.get("writers_running")),
     ]
     lines += [f"• {name}: `{value}`" for name, value in facts if value is not None]
     for reason in list(details.get("reasons") or [])[:5]:

@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.common.time_text import format_seconds
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
+from airflow_upsert_provider.engine.sources.lag import format_lag
 from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.store.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
@@ -80,11 +81,11 @@ def asset_event_due(upper_at_start: int, upper_after: int, newest_batch_writer: 
 
 def batch_line(batch: dict[str, Any]) -> str:
     """One batch's log line, its times formatted: ``batch ts=4 committed: rows in 120, out 118,
-    rejected 0, lag 3 offsets, 2.4s (bind 0.1s, stage 1.9s, commit 0.4s)``."""
+    rejected 0, lag 3 segments, 2.4s (bind 0.1s, stage 1.9s, commit 0.4s)``."""
     timings = ", ".join(f"{name} {format_seconds(seconds)}" for name, seconds in (batch.get("timings") or {}).items()
                         if isinstance(seconds, (int, float)))
     return (f"batch ts={batch['ts']} {batch['outcome']}: rows in {batch['rows_in']}, out {batch['rows_out']}, "
-            f"rejected {batch['rejected']}, lag {sum((batch.get('lag_offsets') or {}).values())} offsets, "
+            f"rejected {batch['rejected']}, lag {format_lag(batch.get('lag'), batch.get('lag_unit') or '')}, "
             f"{format_seconds(batch['seconds'])}" + (f" ({timings})" if timings else ""))
 
 
@@ -135,7 +136,8 @@ class MicroBatchUpsertOperator(BaseOperator):
     batch is bound once and committed by compare-and-append; a writer that loses reports
     ``already_persisted``. Returns to XCom a dict with ``writer_id``, ``upper``,
     ``committed``, ``converged``, ``stopped_because`` and ``batches`` (per batch: ts,
-    outcome, rows_in, rows_out, rejected, lag_offsets after it, seconds and timings).
+    outcome, rows_in, rows_out, rejected, lag and lag_unit after it (the records or segment
+    files pending), lag_offsets, seconds and timings).
 
     Runs only while the shard's stream is READY (docs/operator.md, "Stopped and recovering
     streams"): a run that finds it STOPPING, STOPPED or RECOVERING fails without retry

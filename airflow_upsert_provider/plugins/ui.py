@@ -15,7 +15,8 @@ stream's status, the checkpoint catalog, and the frontier observations that writ
 and ``upsertctl frontier observe`` record. The stall status is an evaluation of the recorded
 window at the time of the request, as ``peek_shard(observe_first=False)`` makes it: it records
 no observation and changes no alert state, so looking at the page never takes a page away from
-the sensor that would send it. Lag (records and seconds) and the high watermark are the newest
+the sensor that would send it. Lag (in the source's unit: records for Kafka, segment files for a
+directory), how long the oldest has been pending and the high watermark are the newest
 observation's; a shard nobody observes shows STALE, which is the truth about its monitoring.
 
 The prefix is ``/upsert-provider-ui``, not a path under the documentation app's
@@ -68,7 +69,7 @@ PAGE = """<!DOCTYPE html>
 <p id="errors" class="errors" hidden></p>
 <table id="shards"><thead><tr>
 <th>Connection</th><th>Shard</th><th>Upper</th><th>Since</th><th>Last batch rows (in / out)</th>
-<th>Lag records</th><th>Lag</th><th>Last commit</th><th>Stream</th><th>Frontier</th><th>Last checkpoint</th>
+<th>Lag</th><th>Pending for</th><th>Last commit</th><th>Stream</th><th>Frontier</th><th>Last checkpoint</th>
 </tr></thead><tbody><tr><td colspan="11" class="muted">Loading&hellip;</td></tr></tbody></table>
 <section id="detail" hidden>
 <h2 id="chart-title"></h2>
@@ -204,6 +205,8 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog
     from airflow_upsert_provider.engine.frontier.rules import evaluate
     from airflow_upsert_provider.engine.frontier.observations import load_alert_state, observation_window
+    from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+    from airflow_upsert_provider.engine.sources.lag import format_lag
     from airflow_upsert_provider.engine.store.streams import read_stream
 
     consensus, shard_id = store.consensus, record.shard_id
@@ -228,8 +231,12 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     window = observation_window(consensus, shard_id, now - settings.window_seconds, now)
     newest = window[-1] if window else _newest_observation(consensus, shard_id, now)
     row["observed_at"] = None if newest is None else newest.observed_at
-    row["lag_records"] = None if newest is None else newest.lag_records
+    row["lag"] = None if newest is None else newest.lag
+    row["lag_unit"] = None if newest is None else newest.lag_unit
     row["lag_seconds"] = None if newest is None else newest.lag_seconds
+    # As logs and pages say them: "12 segments", "2m40s" (one formatting, the engine's).
+    row["lag_text"] = None if newest is None else format_lag(newest.lag, newest.lag_unit)
+    row["pending_for"] = None if row["lag_seconds"] is None else format_duration_to_the_second(row["lag_seconds"])
     row["high_watermark"] = None if newest is None else sum(newest.high_watermark.values())
     # The evaluation peek_shard(observe_first=False) makes: nothing recorded, no state saved.
     state, _ = load_alert_state(consensus, shard_id)
@@ -302,7 +309,7 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
 def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHART_SECONDS,
                        now: float | None = None, readable: ConnectionFilter = lambda ids: ids) -> dict[str, Any] | None:
     """The chart's points: per observation its time, upper, source high watermark and offsets
-    bound at the upper (summed over partitions), lag records. None: no such shard, or a
+    bound at the upper (summed over partitions), lag and its unit. None: no such shard, or a
     connection the user may not read (the same answer: its existence is not disclosed)."""
     from airflow_upsert_provider.engine.frontier.observations import observation_window
 
@@ -316,7 +323,8 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
             return None
         window = observation_window(store.consensus, shard_id, now - seconds, now)[-MAX_CHART_POINTS:]
         points = [{"t": o.observed_at, "upper": o.upper, "high_watermark": sum(o.high_watermark.values()),
-                   "bound": sum(o.bound.values()), "lag_records": o.lag_records, "observer": o.observer}
+                   "bound": sum(o.bound.values()), "lag": o.lag, "lag_unit": o.lag_unit,
+                   "observer": o.observer}
                   for o in window]
         return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points}
     finally:

@@ -37,6 +37,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
+from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.operators.arguments import optional_text, parse_seconds
 from airflow_upsert_provider.operators.errors import DesignedFailure, short_traceback
@@ -234,9 +235,10 @@ class FrontierStallSensor(BaseSensorOperator):
             break
         evaluation = round_.evaluation
         self.log.info(
-            "shard %s: %s (upper %s, lag %s records / %s s, breaches in a row %s, page %s)%s",
+            "shard %s: %s (upper %s, %s, breaches in a row %s, page %s)%s",
             evaluation.shard_id, getattr(evaluation.status, "value", evaluation.status), evaluation.upper,
-            evaluation.lag_records, evaluation.lag_seconds, round_.state.consecutive_breaches,
+            format_pending(evaluation.lag, evaluation.lag_unit, evaluation.lag_seconds),
+            round_.state.consecutive_breaches,
             "open" if round_.state.firing else "none", f": {evaluation.rule}" if evaluation.breach else "",
         )
         return decide(round_, settings, **page_args)

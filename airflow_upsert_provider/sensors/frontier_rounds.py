@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second, format_timestamp
+from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, parse_seconds
 
@@ -94,19 +95,16 @@ def _iso(ts: float | None) -> str:
 
 def describe_breach(evaluation: Mapping[str, Any]) -> str:
     """What the on-call engineer reads first, as a short block: shard, status, upper and
-    since when it has not moved on the first line; then how far behind (records and time),
-    the window, the rule and why, one a line."""
+    since when it has not moved on the first line; then what is pending (in the source's unit)
+    and for how long, the window, the rule and why, one a line."""
     window = evaluation.get("window") or {}
     # Stuck time counts from when records became pending at this upper, not from the last advance.
     stuck_since = (evaluation.get("thresholds") or {}).get("stall_started_at") or evaluation.get("last_advance_at")
-    lag_records = evaluation.get("lag_records")
-    lag_seconds = evaluation.get("lag_seconds")
     lines = [
         f"shard {evaluation['shard_id']}: frontier {evaluation['status']}; upper {evaluation.get('upper')} stuck "
         f"since {_iso(stuck_since)} ({format_duration_to_the_second(evaluation.get('stuck_seconds'))}; "
         f"last advance {_iso(evaluation.get('last_advance_at'))})",
-        f"behind: {'unknown' if lag_records is None else f'{lag_records:,}'} records, "
-        f"{'none pending' if lag_seconds is None else format_duration_to_the_second(lag_seconds)}",
+        f"behind: {format_pending(evaluation.get('lag'), evaluation.get('lag_unit'), evaluation.get('lag_seconds'))}",
         f"window {window.get('seconds')}s from {_iso(window.get('start'))} to {_iso(window.get('end'))} "
         f"({window.get('samples')} samples)",
         f"rule: {evaluation.get('rule')}",

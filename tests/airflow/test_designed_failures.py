@@ -72,13 +72,13 @@ def test_a_shard_the_monitor_cannot_find_fails_with_a_short_traceback(store, mon
 def test_a_breach_reads_as_a_short_block_with_formatted_times():
     text = describe_breach({
         "shard_id": "orders", "status": "STALLED", "upper": 7, "stuck_seconds": 160, "last_advance_at": 0.0,
-        "lag_records": 75_000, "lag_seconds": 160.4, "rule": "stalled: source grew, upper unmoved",
+        "lag": 75_000, "lag_unit": "records", "lag_seconds": 160.4, "rule": "stalled: source grew, upper unmoved",
         "window": {"seconds": 3600, "start": 0.0, "end": 3600.0, "samples": 12}, "reasons": ["writer w idle"],
     })
     lines = text.splitlines()
     assert lines[0].startswith("shard orders: frontier STALLED; upper 7 stuck since ")
     assert lines[1:] == [
-        "  behind: 75,000 records, 2m40s",
+        "  behind: 75,000 records pending, the oldest for 2m40s",
         "  window 3600s from 1970-01-01T00:00:00Z to 1970-01-01T01:00:00Z (12 samples)",
         "  rule: stalled: source grew, upper unmoved",
         "  why: writer w idle",
@@ -89,7 +89,7 @@ def test_a_batch_log_line_shows_its_times_formatted():
     from airflow_upsert_provider.operators.upsert import batch_line
 
     line = batch_line({"ts": 4, "outcome": "committed", "rows_in": 120, "rows_out": 118, "rejected": 0,
-                       "lag_offsets": {"p0": 2, "p1": 1}, "seconds": 2.4367,
+                       "lag_offsets": {"p0": 20, "p1": 10}, "lag": 3, "lag_unit": "segments", "seconds": 2.4367,
                        "timings": {"bind": 0.1234, "stage": 161.9, "commit": 0.41}})
-    assert line == ("batch ts=4 committed: rows in 120, out 118, rejected 0, lag 3 offsets, 2.4s "
+    assert line == ("batch ts=4 committed: rows in 120, out 118, rejected 0, lag 3 segments, 2.4s "
                     "(bind 0.1s, stage 2m42s, commit 0.4s)")

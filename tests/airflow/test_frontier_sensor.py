@@ -301,7 +301,8 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     # task failed at the second round after that (two breaching rounds in a row), not before
     # the threshold. Rounds are counted, not timed: how long a round takes depends on the machine.
     first_seen = observations.observation_window(consensus, "orders", source_grew_at)[0]
-    assert first_seen.observer == "writer:pinned" and first_seen.lag_records == 62
+    # 8 segment files pending (offsets 0 to 30 by tens in two partitions), not 62 offsets.
+    assert first_seen.observer == "writer:pinned" and (first_seen.lag, first_seen.lag_unit) == (8, "segments")
     rounds = sensor_observations(consensus, source_grew_at)
     assert len([o for o in rounds if o.observed_at >= first_seen.observed_at + stall_seconds]) == 2
     assert detected_at - first_seen.observed_at >= stall_seconds
@@ -309,7 +310,8 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     assert message.startswith(f"shard orders: frontier STALLED; upper 0 stuck since {iso(first_seen.observed_at)} (")
     # A short block, one fact a line, the time behind as people read it.
     lines = message.splitlines()
-    assert "last advance never" in lines[0] and re.fullmatch(r"  behind: 62 records, \d+s", lines[1]), lines
+    assert "last advance never" in lines[0] and re.fullmatch(r"  behind: 8 segments pending, the oldest for (\d+m)?\d+s",
+                                                                  lines[1]), lines
     assert lines[2].startswith("  window 60.0s from") and lines[3].startswith("  rule: stalled: source grew")
     assert "writers running and committing nothing: writer:pinned" in message
 
@@ -317,14 +319,16 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     assert trigger["event_action"] == "trigger" and trigger["routing_key"] == INTEGRATION_KEY
     assert trigger["dedup_key"] == dedup_key("orders", "test")
     payload = trigger["payload"]
-    assert payload["summary"].startswith("STALLED: orders stuck ") and "+62 records" in payload["summary"]
+    assert payload["summary"].startswith("STALLED: orders stuck ") and ", +8 segments / " in payload["summary"]
     assert (payload["component"], payload["group"], payload["severity"]) == ("orders", "test", "critical")
     details = payload["custom_details"]
-    assert (details["shard"], details["status"], details["upper"], details["lag_records"]) == ("orders", "STALLED", 0, 62)
+    assert (details["shard"], details["status"], details["upper"], details["lag"], details["lag_unit"]) == \
+        ("orders", "STALLED", 0, 8, "segments")
     assert details["stuck_seconds"] >= stall_seconds and details["lag_seconds"] >= stall_seconds
     assert details["writers_running"] is True and details["run_ids"] == ["scheduled__1"]
     assert details["consecutive_breaches"] == 2 and details["window"]["seconds"] == 60
-    assert "STALLED: orders stuck" in pager.slack_messages()[0]["text"]
+    slack = pager.slack_messages()[0]["text"]
+    assert "STALLED: orders stuck" in slack and "\n• lag: `8 segments pending, the oldest for " in slack
     state, _ = observations.load_alert_state(consensus, "orders")
     assert (state.firing, state.firing_status, state.pages_sent) == (True, "STALLED", 1)
 
@@ -561,7 +565,8 @@ def test_the_sensor_pages_and_fails_in_poke_reschedule_and_deferrable_mode(airfl
         for shard_id, page in pages.items():
             assert page["event_action"] == "trigger" and page["dedup_key"] == dedup_key(shard_id, "modes")
             details = page["payload"]["custom_details"]
-            assert (details["status"], details["upper"], details["lag_records"]) == ("STALLED", 0, 62)
+            assert (details["status"], details["upper"], details["lag"], details["lag_unit"]) == \
+                ("STALLED", 0, 8, "segments")
             assert details["run_ids"] == [run_id] and details["consecutive_breaches"] == 2
             # Two rounds each (the first breach only counts), observed under the task's identity.
             mine = [o for o in observations.observation_window(consensus, shard_id, 0, time.time() + 1)
@@ -615,7 +620,8 @@ def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(ai
         watched = json.loads(rows[0][0])
         # It caught up within the window: the upper moved, nothing is pending.
         assert (watched["shard"], watched["status"], watched["action"]) == ("customers", "OK", None)
-        assert watched["evaluation"]["lag_records"] == 0 and watched["state"]["firing"] is False
+        assert (watched["evaluation"]["lag"], watched["evaluation"]["lag_unit"]) == (0, "segments")
+        assert watched["state"]["firing"] is False
     finally:
         consensus.dispose()
 

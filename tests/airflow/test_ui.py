@@ -38,7 +38,7 @@ def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="c
 
     return Observation(
         shard_id=shard_id, observed_at=at, upper=upper, last_commit_at=at - 1 if last_commit_at is None else last_commit_at, high_watermark={"p0": hw},
-        bound={"p0": bound}, stream_status="READY", stream_changed_at=0.0, lag_records=max(0, hw - bound),
+        bound={"p0": bound}, stream_status="READY", stream_changed_at=0.0, lag=max(0, hw - bound), lag_unit="segments",
         lag_seconds=lag_seconds if hw > bound else None, observer=observer, writer_outcome=outcome,
     )
 
@@ -137,10 +137,14 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
     by_id = {s["shard"]: s for s in data["shards"]}
     assert set(by_id) == {"fresh", "stuck"}
     fresh, stuck = by_id["fresh"], by_id["stuck"]
-    assert (fresh["upper"], fresh["since"], fresh["lag_records"]) == (3, 0, 0)
+    assert (fresh["upper"], fresh["since"], fresh["lag"], fresh["lag_text"], fresh["pending_for"]) == \
+        (3, 0, 0, "0 segments", None)
     assert fresh["frontier"]["status"] == "OK", fresh["frontier"]
     assert fresh["last_writer"] == "airflow:dag:run:fresh:try1" and fresh["last_commit_at"] > 0
-    assert (stuck["upper"], stuck["lag_records"], stuck["lag_seconds"]) == (1, 25 * STUCK_POINTS, 60.0 * STUCK_POINTS)
+    assert (stuck["upper"], stuck["lag"], stuck["lag_unit"], stuck["lag_seconds"]) == \
+        (1, 25 * STUCK_POINTS, "segments", 60.0 * STUCK_POINTS)
+    # The lag in its unit and how long the oldest of it waits, as logs and pages say them.
+    assert (stuck["lag_text"], stuck["pending_for"]) == (f"{25 * STUCK_POINTS} segments", "8m00s")
     assert stuck["frontier"]["status"] == "STALLED", stuck["frontier"]
     assert stuck["frontier"]["reasons"]
     assert stuck["stream"]["status"] == "READY" and stuck["last_checkpoint"] is None
@@ -330,15 +334,16 @@ def test_the_page_in_chromium_lists_both_shards_and_draws_the_chart(api_server, 
             rows = {
                 tr.get_attribute("data-shard"): {
                     name: tr.query_selector(f"td.{name}").inner_text()
-                    for name in ("upper", "since", "lag-records", "lag-seconds", "frontier", "stream")
+                    for name in ("upper", "since", "lag", "pending-for", "frontier", "stream")
                 }
                 for tr in page.query_selector_all("#shards tbody tr")
             }
             assert set(rows) == {"fresh", "stuck"}
-            assert rows["fresh"]["upper"] == "3" and rows["fresh"]["lag-records"] == "0"
+            assert rows["fresh"]["upper"] == "3" and rows["fresh"]["lag"] == "0 segments"
+            assert rows["fresh"]["pending-for"] == "—"
             assert rows["fresh"]["frontier"].startswith("OK")
-            assert rows["stuck"]["upper"] == "1" and rows["stuck"]["lag-records"] == str(25 * STUCK_POINTS)
-            assert rows["stuck"]["lag-seconds"] == "8m"
+            assert rows["stuck"]["upper"] == "1" and rows["stuck"]["lag"] == f"{25 * STUCK_POINTS} segments"
+            assert rows["stuck"]["pending-for"] == "8m00s"
             assert rows["stuck"]["frontier"].startswith("STALLED")
             assert rows["stuck"]["stream"].startswith("READY")
             assert CONSENSUS_PASSWORD not in page.content()

@@ -6,6 +6,7 @@ the others. No Spark: nothing here commits a batch."""
 
 from __future__ import annotations
 
+import glob
 import json
 import time
 from types import SimpleNamespace
@@ -71,17 +72,23 @@ def test_upsertctl_observes_a_kafka_shard_and_one_it_cannot_observe_hides_no_oth
         [d, k] = out["observations"]
         assert (d["shard_id"], k["shard_id"]) == ("d", "k")
         assert k["high_watermark"] == {"0": 10, "1": 10, "2": 10, "3": 10}
-        assert (k["upper"], k["lag_records"], k["bound"]) == (0, 40, {})
+        # 40 records produced, none committed: 40 records pending; the directory shard's 8
+        # segment files (offsets 0 to 30 by tens in two partitions) are 8 segments, not 62.
+        assert (k["upper"], k["lag"], k["lag_unit"], k["bound"]) == (0, 40, "records", {})
+        assert (d["lag"], d["lag_unit"]) == (8, "segments") == (len(pending_files(tmp_path)), "segments")
         assert k["upstream"]["group"] == "upsert-k" and "error" not in k["upstream"]
 
         # UPSERT_KAFKA_CONFIG: `frontier status` observes it too.
         monkeypatch.setenv("UPSERT_KAFKA_CONFIG", str(config))
         code, status, err = run_cli_json(capsys, "frontier", "status", "k")
         assert code == 0, err
-        assert status["observe_error"] is None and status["observation"]["lag_records"] == 40
-        assert status["evaluation"]["status"] == "OK" and status["evaluation"]["lag_records"] == 40
+        assert status["observe_error"] is None and status["observation"]["lag"] == 40
+        assert status["evaluation"]["status"] == "OK"
+        assert (status["evaluation"]["lag"], status["evaluation"]["lag_unit"]) == (40, "records")
+        code, text, err = run_cli(capsys, "frontier", "status", "k")
+        assert code == 0 and "\nlag: 40 records pending" in text, text
         assert SECRET not in json.dumps([out, status]) + err + capsys.readouterr().err
-        assert [observations.observation_count(consensus, s) for s in ("d", "k")] == [3, 2]
+        assert [observations.observation_count(consensus, s) for s in ("d", "k")] == [3, 3]
     finally:
         consensus.dispose()
 
@@ -97,9 +104,15 @@ def stepping_clock(start: float, step: float):
     return lambda: start + step * next(rounds)
 
 
+def pending_files(tmp_path) -> list[str]:
+    """The directory shard's segment files on disk (none is bound in these tests)."""
+    return glob.glob(str(tmp_path / "landing" / "*" / "*.jsonl"))
+
+
 def watch(shard: str, **kwargs) -> FrontierStallSensor:
+    kwargs = {"pagerduty_events_conn_id": "pagerduty_test", **kwargs}
     task = FrontierStallSensor(task_id="watch", shard=shard, poke_interval=0.01, watch_seconds=600,
-                               pagerduty_events_conn_id="pagerduty_test", namespace="mixed", **QUICK, **kwargs)
+                               namespace="mixed", **QUICK, **kwargs)
     task.clock = stepping_clock(time.time(), 10)
     return task
 
@@ -118,17 +131,27 @@ def test_a_stalled_kafka_shard_pages_and_one_that_cannot_be_observed_pages_stale
         with pytest.raises(AirflowFailException) as failed:
             watch("k").execute(sensor_context("r1"))
         assert str(failed.value).startswith("shard k: frontier STALLED; upper 0 stuck since ")
-        assert "\n  behind: 40 records, " in str(failed.value)
+        assert "\n  behind: 40 records pending, the oldest for " in str(failed.value)
         [page] = pager.events()
         assert page["dedup_key"] == dedup_key("k", "mixed") and page["event_action"] == "trigger"
+        assert ", +40 records / " in page["payload"]["summary"]
         details = page["payload"]["custom_details"]
-        assert (details["status"], details["upper"], details["lag_records"]) == ("STALLED", 0, 40)
+        assert (details["status"], details["upper"], details["lag"], details["lag_unit"]) == \
+            ("STALLED", 0, 40, "records")
+        assert "with 40 records pending" in details["reasons"][0]
 
-        # The directory shard beside it pages on its own.
+        # The directory shard beside it pages on its own, in segment files, to Slack too.
         pager.clear()
-        with pytest.raises(AirflowFailException, match="shard d: frontier STALLED"):
-            watch("d").execute(sensor_context("r1"))
-        assert [e["dedup_key"] for e in pager.events()] == [dedup_key("d", "mixed")]
+        with pytest.raises(AirflowFailException, match="shard d: frontier STALLED") as failed:
+            watch("d", slack_webhook_conn_id="slack_test").execute(sensor_context("r1"))
+        assert "\n  behind: 8 segments pending, the oldest for " in str(failed.value)
+        [page] = pager.events()
+        assert page["dedup_key"] == dedup_key("d", "mixed")
+        assert ", +8 segments / " in page["payload"]["summary"]
+        details = page["payload"]["custom_details"]
+        assert (details["lag"], details["lag_unit"]) == (len(pending_files(tmp_path)), "segments") == (8, "segments")
+        [slack] = pager.slack_messages()
+        assert "+8 segments / " in slack["text"] and "• lag: `8 segments pending, the oldest for " in slack["text"]
 
         # A second Kafka shard whose kafka connection does not exist: never observed, never
         # silent. Its rounds name why; with nothing recorded it is STALE, and STALE pages.

@@ -12,6 +12,7 @@ import glob
 import logging
 import os
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -42,7 +43,7 @@ def obs(shard_id: str, at: float, *, upper: int = 0, hw: int = 10, observer: str
         outcome: str | None = None) -> Observation:
     return Observation(shard_id=shard_id, observed_at=at, upper=upper, last_commit_at=None,
                        high_watermark={"p0": hw}, bound={"p0": upper}, stream_status="READY",
-                       stream_changed_at=0.0, lag_records=max(0, hw - upper), lag_seconds=None,
+                       stream_changed_at=0.0, lag=max(0, hw - upper), lag_unit="records", lag_seconds=None,
                        observer=observer, writer_outcome=outcome)
 
 
@@ -58,7 +59,9 @@ def test_observe_a_shard_without_spark(consensus, blob, tmp_path):
     first = observations.observe(shard, observer="test:1", now=5000.0)
     assert (first.upper, first.last_commit_at, first.bound) == (0, None, {})
     assert first.high_watermark == {"p0": 31, "p1": 31}
-    assert first.lag_records == 62
+    # 8 segment files pending (offsets 0 to 30 by tens in two partitions), not the 62 offsets between
+    # the bound and the high watermarks.
+    assert (first.lag, first.lag_unit) == (8, "segments")
     assert first.lag_seconds == pytest.approx(5000.0 - 900.0)
     assert (first.stream_status, first.stream_changed_at, first.observer, first.writer_outcome) == \
         ("READY", 0.0, "test:1", None)
@@ -66,7 +69,7 @@ def test_observe_a_shard_without_spark(consensus, blob, tmp_path):
     commit(shard, 0)
     committed_at = consensus.get_batch("orders", 0).committed_at
     second = observations.observe(shard, observer="writer:w", writer_outcome=COMMITTED, now=6000.0)
-    assert (second.upper, second.bound, second.lag_records) == (1, {"p0": 1, "p1": 1}, 60)
+    assert (second.upper, second.bound, second.lag, second.lag_unit) == (1, {"p0": 1, "p1": 1}, 6, "segments")
     assert second.last_commit_at == committed_at
     # The first unbound segments are now offset 10: p0's landed at 2000, p1's at 2500.
     assert second.lag_seconds == pytest.approx(6000.0 - 2000.0)
@@ -76,7 +79,7 @@ def test_observe_a_shard_without_spark(consensus, blob, tmp_path):
         commit(shard, ts)
     stopped = streams.stop(consensus, "orders", "test", "maintenance").state
     caught_up = observations.observe(shard, observer="test:1", now=7000.0)
-    assert (caught_up.upper, caught_up.lag_records, caught_up.lag_seconds) == (4, 0, None)
+    assert (caught_up.upper, caught_up.lag, caught_up.lag_seconds) == (4, 0, None)
     assert caught_up.bound == caught_up.high_watermark == {"p0": 31, "p1": 31}
     assert (caught_up.stream_status, caught_up.stream_changed_at) == ("STOPPING", stopped.changed_at)
 
@@ -135,6 +138,29 @@ def test_window_is_oldest_first_between_start_and_end(consensus):
         [(10.0, "first"), (10.0, "second"), (20.0, "y"), (30.0, "x"), (40.0, "z")]
     assert [o.observed_at for o in observations.observation_window(consensus, "a", 15.0, 30.0)] == [20.0, 30.0]
     assert observations.observation_window(consensus, "other", 0.0) == []
+
+
+def test_a_recorded_observation_keeps_its_unit_and_rows_from_before_units_read_as_offsets(consensus):
+    import json
+
+    import sqlalchemy as sa
+
+    from airflow_upsert_provider.engine.store.observation_tables import observations_table
+
+    observations.record_observation(consensus, replace(obs("a", 10.0, hw=13), lag_unit="segments"))
+    # A row an earlier version recorded: its lag counted the distance between offsets.
+    legacy = obs("a", 20.0, hw=250).to_dict()
+    del legacy["lag"], legacy["lag_unit"]
+    legacy["lag_records"] = 240
+    consensus._run(lambda conn: conn.execute(sa.insert(observations_table).values(
+        shard_id="a", observed_at=20.0, observer="test", payload=json.dumps(legacy))))
+    assert [(o.lag, o.lag_unit) for o in observations.observation_window(consensus, "a", 0.0)] == \
+        [(13, "segments"), (240, "offsets")]
+    # An earlier version sharing the store requires lag_records: the new row still carries it.
+    payloads = consensus._run_snapshot(lambda conn: conn.execute(
+        sa.select(observations_table.c.payload).order_by(observations_table.c.observed_at)).scalars().all())
+    assert {k: json.loads(payloads[0])[k] for k in ("lag", "lag_unit", "lag_records")} == \
+        {"lag": 13, "lag_unit": "segments", "lag_records": 13}
 
 
 def test_alert_state_compare_and_set(consensus):
@@ -196,7 +222,7 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
     recorded = [o for o in observations.observation_window(consensus, "orders", now)
                 if o.observer.startswith("sensor:")]
     assert sorted(o.observer for o in recorded) == ["sensor:1", "sensor:2"]
-    assert {(o.upper, o.lag_records) for o in recorded} == {(0, 62)}
+    assert {(o.upper, o.lag, o.lag_unit) for o in recorded} == {(0, 8, "segments")}
 
     # The next round at a later moment is still STALLED and does not page again.
     later = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:1",
@@ -346,7 +372,7 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
         report = Writer(shard, "w2", spark_factory=lambda: spark).run(max_batches=None, until_caught_up=True)
         assert [r.outcome for r in report.results] == [COMMITTED, NOTHING_TO_DO]
         recorded = observations.observation_window(consensus, "orders", 0.0)
-        assert [(o.observer, o.writer_outcome, o.upper, o.lag_records) for o in recorded] == [
+        assert [(o.observer, o.writer_outcome, o.upper, o.lag) for o in recorded] == [
             ("writer:w2", COMMITTED, 2, 0),
             ("writer:w2", NOTHING_TO_DO, 2, 0),
         ]
@@ -372,8 +398,8 @@ def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_
             with pytest.raises(SparkUnavailable):
                 Writer(shard, f"failing-{attempt}", spark_factory=no_spark).run(max_batches=1)
         recorded = observations.observation_window(consensus, "orders", started - 1)
-        assert [(o.observer, o.writer_outcome, o.upper, o.lag_records) for o in recorded] == [
-            (f"writer:failing-{i}", "failed:SparkUnavailable", 0, 62) for i in range(3)]
+        assert [(o.observer, o.writer_outcome, o.upper, o.lag) for o in recorded] == [
+            (f"writer:failing-{i}", "failed:SparkUnavailable", 0, 8) for i in range(3)]
         # A look past the stall threshold after the first failure: the page says what fails.
         settings = StallSettings(cadence_seconds=1, min_stall_seconds=1, window_seconds=60)
         evaluation = observations.peek_shard(consensus, blob, "orders", settings, observer="test",
@@ -405,7 +431,7 @@ def test_a_resumed_stream_is_not_stalled_by_the_time_it_spent_stopped(sqlite_url
         settings = StallSettings(cadence_seconds=5, stall_multiplier=4, min_stall_seconds=20, window_seconds=7200)
         round_ = observations.evaluate_shard(consensus, blob, "orders", settings, observer="sensor:1",
                                              now=resumed.changed_at + 19)
-        assert round_.observation.stream_status == "READY" and round_.observation.lag_records == 62
+        assert round_.observation.stream_status == "READY" and round_.observation.lag == 8
         assert round_.evaluation.status is FrontierStatus.OK, round_.evaluation.rule
         assert round_.action is None and not round_.state.consecutive_breaches
         # 21 s after it: stalled, counted from the resume.

@@ -38,7 +38,7 @@ def obs(t: float, upper: int, bound: int, hw: int, **overrides: Any) -> Observat
     fields: dict[str, Any] = dict(
         shard_id=SHARD, observed_at=t, upper=upper, last_commit_at=None,
         high_watermark={"p0": hw}, bound={"p0": bound}, stream_status="READY", stream_changed_at=0.0,
-        lag_records=max(0, hw - bound), lag_seconds=None, observer=SENSOR,
+        lag=max(0, hw - bound), lag_unit="records", lag_seconds=None, observer=SENSOR,
     )
     fields.update(overrides)
     return Observation(**fields)
@@ -72,9 +72,9 @@ def fresh() -> AlertState:
 STUCK_GROWING = series([(42, 1000, 1000 + 400 * (i + 1)) for i in range(15)])
 
 # Burrow #290: one sample inside the stall reads zero lag (a survey glitch); the stall is still there.
-ZERO_LAG_INSIDE = series([(42, 1000, 1000 + 400 * (i + 1), {"lag_records": 0} if i == 7 else {})
+ZERO_LAG_INSIDE = series([(42, 1000, 1000 + 400 * (i + 1), {"lag": 0} if i == 7 else {})
                           for i in range(15)])
-ZERO_LAG_NEWEST = series([(42, 1000, 1000 + 400 * (i + 1), {"lag_records": 0} if i == 14 else {})
+ZERO_LAG_NEWEST = series([(42, 1000, 1000 + 400 * (i + 1), {"lag": 0} if i == 14 else {})
                           for i in range(15)])
 
 # A slow consumer: the upper advances every minute, the lag grows over the window, one dip in the middle.
@@ -192,9 +192,9 @@ EXPECTED: dict[str, tuple[FrontierStatus, bool, str | None, str, str]] = {
     "stopping stream stuck (the stop never finalized)": (FrontierStatus.STALLED, True, "critical", "stalled",
                                                          "has not moved"),
     "stopped with stale observations": (FrontierStatus.STOPPED, False, None, "stopped", "STOPPED"),
-    "resumed after idle, grew 130s ago": (FrontierStatus.OK, False, None, "records pending for 2m", "stalled only after 5m"),
-    "resumed after idle, grew 130s ago, undated": (FrontierStatus.OK, False, None, "records pending for", "pending"),
-    "resumed after idle, grew 400s ago": (FrontierStatus.STALLED, True, "critical", "unmoved for 6m", "the oldest waiting 6m"),
+    "resumed after idle, grew 130s ago": (FrontierStatus.OK, False, None, "pending for 2m10s", "records pending for 2m10s"),
+    "resumed after idle, grew 130s ago, undated": (FrontierStatus.OK, False, None, "pending for", "records pending for"),
+    "resumed after idle, grew 400s ago": (FrontierStatus.STALLED, True, "critical", "unmoved for 6m", "the oldest waiting 6m40s"),
     "resumed after idle, grew 400s ago, undated": (FrontierStatus.STALLED, True, "critical", "unmoved for 6m",
                                                    "has not moved for 6m"),
     "upper rewound below the state's maximum": (FrontierStatus.REWOUND, True, "critical", "upper 40 < 50",
@@ -243,7 +243,7 @@ def test_stalled_numbers_are_what_the_page_needs() -> None:
     e = run(STUCK_GROWING)
     assert e.upper == 42
     assert e.stuck_seconds == 840  # from the first sample that saw records pending
-    assert e.lag_records == 6000
+    assert (e.lag, e.lag_unit) == (6000, "records")
     assert e.last_advance_at == NOW - 840 - 3600
     assert e.writers_running is False
     assert e.window == {"start": NOW - 900, "end": NOW, "samples": 15, "seconds": 900.0,
@@ -392,11 +392,11 @@ def test_page_event_trigger() -> None:
     assert event["dedup_key"] == dedup_key(SHARD, "prod")
     assert event["links"] == [{"href": "http://airflow/dags/x", "text": "writer DAG"}]
     details = event["custom_details"]
-    assert {"shard", "status", "rule", "reasons", "upper", "last_advance", "stuck_seconds", "lag_records",
-            "lag_seconds", "window", "thresholds", "consecutive_breaches", "writers_running",
+    assert {"shard", "status", "rule", "reasons", "upper", "last_advance", "stuck_seconds", "lag",
+            "lag_unit", "lag_seconds", "window", "thresholds", "consecutive_breaches", "writers_running",
             "run_ids"} <= set(details)
-    assert (details["shard"], details["status"], details["upper"], details["stuck_seconds"], details["lag_records"]) == \
-           (SHARD, "STALLED", 42, 840, 5210)
+    assert (details["shard"], details["status"], details["upper"], details["stuck_seconds"], details["lag"],
+            details["lag_unit"]) == (SHARD, "STALLED", 42, 840, 5210, "records")
     assert details["last_advance"] == "2027-01-15T06:46:00+00:00"  # NOW (08:00:00) - 840 - 3600
     assert details["consecutive_breaches"] == 2 and details["run_ids"] == ["scheduled__1"]
     assert details["writers_running"] is False and details["thresholds"]["stall_seconds"] == 300
@@ -407,7 +407,7 @@ def test_page_event_trigger() -> None:
 def test_page_event_summary_carries_lag_seconds_when_measured() -> None:
     e = run(resumed_after_idle(480))
     event = page_event(e, fresh(), "trigger", SETTINGS)
-    assert event["summary"] == f"STALLED: orders stuck 8m, +{e.lag_records:,} records / 8m behind"
+    assert event["summary"] == f"STALLED: orders stuck 8m, +{e.lag:,} records / 8m00s behind"
     assert event["group"] is None
 
 
@@ -595,7 +595,7 @@ def test_stall_time_starts_at_the_resume_not_while_the_stream_was_stopped() -> N
     window[-1] = replace(window[-1], observed_at=NOW)
     e = evaluate(SHARD, window, settings, NOW, fresh())
     assert e.status is FrontierStatus.OK and not e.breach, e.rule
-    assert "records pending for 19s" in e.rule
+    assert "pending for 19s" in e.rule
     # Still unmoved 21 s after the resume: a stall, counted from the resume.
     later = window + [replace(window[-1], observed_at=resumed_at + 21)]
     e = evaluate(SHARD, later, settings, resumed_at + 21, fresh())
@@ -612,7 +612,7 @@ def test_a_segment_with_an_old_mtime_is_not_stalled_at_the_first_look() -> None:
               obs(second, 42, 1000, 1500, lag_seconds=day + 60, last_commit_at=NOW - 2 * day)]
     e = evaluate(SHARD, window, SETTINGS, NOW, fresh())
     assert e.status is FrontierStatus.OK and not e.breach, e.rule
-    assert "records pending for 1m" in e.rule
+    assert "pending for 1m00s" in e.rule
     # It counts from the first look that saw it: stalled 300 s after that look.
     later = window + [obs(first + 300, 42, 1000, 1500, lag_seconds=day + 300, last_commit_at=NOW - 2 * day)]
     e = evaluate(SHARD, later, SETTINGS, first + 300, fresh())
@@ -620,7 +620,7 @@ def test_a_segment_with_an_old_mtime_is_not_stalled_at_the_first_look() -> None:
     # After a look that saw nothing pending, an old mtime is no earlier than the first look that saw it.
     clean = [obs(first - 60, 42, 1000, 1000, last_commit_at=NOW - 2 * day)] + window
     e = evaluate(SHARD, clean, SETTINGS, NOW, fresh())
-    assert e.status is FrontierStatus.OK and "records pending for 1m" in e.rule
+    assert e.status is FrontierStatus.OK and "pending for 1m00s" in e.rule
 
 
 def test_the_commit_that_set_the_upper_is_not_a_writer_committing_nothing() -> None:

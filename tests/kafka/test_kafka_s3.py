@@ -69,4 +69,4 @@ def test_a_kafka_shard_on_s3_holds_what_the_topic_holds(s3_server, s3_root, tmp_
     [observed] = out["observations"]
     offsets = {str(p): sum(1 for q, _, _ in changes if q == p) for p in range(MOCK_PARTITIONS)}
     assert observed["shard_id"] == "k" and observed["upper"] == 2
-    assert (observed["high_watermark"], observed["lag_records"]) == (offsets, 0)
+    assert (observed["high_watermark"], observed["lag"], observed["lag_unit"]) == (offsets, 0, "records")

@@ -1,8 +1,9 @@
 """Frontier observations and the alert state of every shard, in consensus (invariant 15).
 
 An observation is what one look at a shard saw: its upper, when the last batch committed, the
-source's high watermark, the offsets bound at the upper, how far behind that is (offsets, and
-seconds from the landing time of the oldest record not yet committed) and the stream status.
+source's high watermark, the offsets bound at the upper, how far behind that is (in the source's
+unit: records for Kafka, segment files for a directory; and seconds from the landing time of the
+oldest record not yet committed) and the stream status.
 Writers record one after every step, sensors and ``upsertctl frontier observe`` one per look:
 a stall shows as a series of observations whose upper does not move while the source grows.
 
@@ -80,10 +81,9 @@ def observe(
     observed_at = time.time() if now is None else float(now)
     last = shard.consensus.get_batch(shard.shard_id, status.upper - 1) if status.upper > 0 else None
     stream = status.stream or {}
-    lag_records = sum(status.lag_offsets.values())
     pending_at = status.oldest_pending_at
     lag_seconds = None
-    if lag_records > 0 and pending_at is not None:
+    if status.lag > 0 and pending_at is not None:
         lag_seconds = max(0.0, observed_at - pending_at)
     return Observation(
         shard_id=shard.shard_id,
@@ -94,7 +94,8 @@ def observe(
         bound=dict(sorted(status.bound.items())),
         stream_status=str(stream.get("status", "READY")),
         stream_changed_at=float(stream.get("changed_at") or 0.0),
-        lag_records=lag_records,
+        lag=status.lag,
+        lag_unit=status.lag_unit,
         lag_seconds=lag_seconds,
         observer=observer,
         writer_outcome=writer_outcome,
@@ -167,9 +168,12 @@ def record_observation(consensus: Consensus, obs: Observation) -> None:
 
 def _record(conn, obs: Observation) -> None:
     table = observations_table
+    payload = obs.to_dict()
+    # For a provider of an earlier version sharing the store: it requires this field.
+    payload["lag_records"] = obs.lag
     conn.execute(sa.insert(table).values(
         shard_id=obs.shard_id, observed_at=obs.observed_at, observer=obs.observer,
-        payload=json.dumps(obs.to_dict(), sort_keys=True),
+        payload=json.dumps(payload, sort_keys=True),
     ))
     mine = table.c.shard_id == obs.shard_id
     conn.execute(sa.delete(table).where(

@@ -35,8 +35,13 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
-from airflow_upsert_provider.engine.common.time_text import format_duration, format_timestamp
+from airflow_upsert_provider.engine.common.time_text import (
+    format_duration,
+    format_duration_to_the_second,
+    format_timestamp,
+)
 from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.sources.lag import LAG_UNITS, OFFSETS, format_lag
 
 
 class FrontierStatus(str, enum.Enum):
@@ -104,6 +109,18 @@ def _require(d: Mapping[str, Any], owner: str, name: str) -> Any:
     return d[name]
 
 
+def _lag_of(d: Mapping[str, Any], owner: str) -> tuple[int, str]:
+    """(lag, unit) of a stored observation; a row recorded before the unit was kept has only
+    ``lag_records``, which counted the distance between offsets."""
+    if "lag" in d:
+        unit = str(_require(d, owner, "lag_unit"))
+        if unit not in LAG_UNITS:
+            raise ConfigurationError(f"{owner}: lag_unit must be one of {', '.join(LAG_UNITS)} (got {unit!r})",
+                                     field="lag_unit")
+        return int(d["lag"]), unit
+    return int(_require(d, owner, "lag_records")), OFFSETS
+
+
 @dataclass(frozen=True)
 class Observation:
     """The frontier of one shard as seen at one instant."""
@@ -116,7 +133,11 @@ class Observation:
     bound: dict[str, int]           # per partition: offsets bound at the upper (binding(upper-1).to)
     stream_status: str              # READY / STOPPING / STOPPED / RECOVERING
     stream_changed_at: float        # when the stream status was last set (0.0: never)
-    lag_records: int                # sum over partitions of max(0, high_watermark - bound)
+    # What is pending at observed_at, in lag_unit (engine/sources/lag.py): the records after the
+    # offsets bound (Kafka), the segment files not bound yet (directory); "offsets" in rows
+    # recorded before the unit was kept (the distance between offsets).
+    lag: int
+    lag_unit: str
     # Age at observed_at of the oldest record not yet committed (directory source: landing time
     # of the first unbound segment); None: nothing pending.
     lag_seconds: float | None
@@ -141,7 +162,8 @@ class Observation:
             "bound": dict(self.bound),
             "stream_status": _value(self.stream_status),
             "stream_changed_at": self.stream_changed_at,
-            "lag_records": self.lag_records,
+            "lag": self.lag,
+            "lag_unit": self.lag_unit,
             "lag_seconds": self.lag_seconds,
             "observer": self.observer,
             "writer_outcome": self.writer_outcome,
@@ -154,6 +176,7 @@ class Observation:
         try:
             last_commit_at = d.get("last_commit_at")
             lag_seconds = d.get("lag_seconds")
+            lag, lag_unit = _lag_of(d, owner)
             return cls(
                 shard_id=str(_require(d, owner, "shard_id")),
                 observed_at=float(_require(d, owner, "observed_at")),
@@ -163,7 +186,8 @@ class Observation:
                 bound={str(k): int(v) for k, v in (d.get("bound") or {}).items()},
                 stream_status=str(_value(_require(d, owner, "stream_status"))),
                 stream_changed_at=float(d.get("stream_changed_at") or 0.0),
-                lag_records=int(_require(d, owner, "lag_records")),
+                lag=lag,
+                lag_unit=lag_unit,
                 lag_seconds=None if lag_seconds is None else float(lag_seconds),
                 observer=str(_require(d, owner, "observer")),
                 writer_outcome=d.get("writer_outcome"),
@@ -333,7 +357,8 @@ class Evaluation:
     upper: int | None
     last_advance_at: float | None  # when the upper was last seen to move (or last_commit_at)
     stuck_seconds: float | None
-    lag_records: int | None
+    lag: int | None                # the newest observation's, in lag_unit
+    lag_unit: str | None
     lag_seconds: float | None
     window: dict                   # {"start", "end", "samples", "seconds", "first_sample_at", "last_sample_at"}
     writers_running: bool | None   # STALLED: were writers observed running (committing nothing) since it stalled?
@@ -355,7 +380,8 @@ class Evaluation:
             "upper": self.upper,
             "last_advance_at": self.last_advance_at,
             "stuck_seconds": self.stuck_seconds,
-            "lag_records": self.lag_records,
+            "lag": self.lag,
+            "lag_unit": self.lag_unit,
             "lag_seconds": self.lag_seconds,
             "window": dict(self.window),
             "writers_running": self.writers_running,
@@ -378,7 +404,9 @@ class Evaluation:
                 upper=d.get("upper"),
                 last_advance_at=d.get("last_advance_at"),
                 stuck_seconds=d.get("stuck_seconds"),
-                lag_records=d.get("lag_records"),
+                # An evaluation made before the unit was kept counted offsets.
+                lag=d["lag"] if "lag" in d else d.get("lag_records"),
+                lag_unit=d.get("lag_unit") if "lag" in d else (None if d.get("lag_records") is None else OFFSETS),
                 lag_seconds=d.get("lag_seconds"),
                 window=dict(d.get("window") or {}),
                 writers_running=d.get("writers_running"),
@@ -398,6 +426,10 @@ class Evaluation:
 
 def _iso(t: float | None) -> str | None:
     return format_timestamp(t, missing=None)
+
+
+def _lag_text(obs: Observation) -> str:
+    return format_lag(obs.lag, obs.lag_unit)
 
 
 def _stall_formula(settings: StallSettings) -> str:
@@ -518,7 +550,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             upper=newest.upper if newest else None,
             last_advance_at=last_advance_at,
             stuck_seconds=stuck_seconds,
-            lag_records=newest.lag_records if newest else None,
+            lag=newest.lag if newest else None,
+            lag_unit=newest.lag_unit if newest else None,
             lag_seconds=newest.lag_seconds if newest else None,
             window=window_info,
             writers_running=writers_running,
@@ -552,7 +585,7 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             rule = f"{word}: the stream is {status.value}; never pages (max_stopped_seconds not set)"
         else:
             rule = f"{word}: the stream is {status.value} for {format_duration(held)} <= max_stopped_seconds {limit:g}s"
-        reasons.append(f"upper {newest.upper}, {newest.lag_records:,} records pending")
+        reasons.append(f"upper {newest.upper}, {_lag_text(newest)} pending")
         return result(status, rule, reasons, breach=too_long, severity=WARNING, stuck_seconds=held,
                       last_advance_at=newest.last_commit_at)
 
@@ -628,10 +661,10 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     # between the last look that saw nothing pending and the first that did: a file moved or
     # copied with its old mtime (mv, cp -p, rsync -a, tar) says nothing of when it arrived.
     pending_since: float | None = None
-    first_pending = next((suffix_start + i for i, o in enumerate(at_upper) if o.lag_records > 0), None)
+    first_pending = next((suffix_start + i for i, o in enumerate(at_upper) if o.lag > 0), None)
     if first_pending is not None:
         first_seen = first_pending
-        while first_seen > 0 and samples[first_seen - 1].lag_records > 0:
+        while first_seen > 0 and samples[first_seen - 1].lag > 0:
             first_seen -= 1
         seen = samples[first_seen]
         pending_since = seen.observed_at
@@ -667,8 +700,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             in_stall = [o for o in at_upper if o.observed_at >= stall_start]
             writers, outcomes, failures = _writer_summary(in_stall)
             reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} "
-                       f"(since {_iso(stall_start)}) while {newest.lag_records:,} records are pending"
-                       + (f", the oldest waiting {format_duration(newest.lag_seconds)}"
+                       f"(since {_iso(stall_start)}) with {_lag_text(newest)} pending"
+                       + (f", the oldest waiting {format_duration_to_the_second(newest.lag_seconds)}"
                           if newest.lag_seconds is not None else "")]
             if failures:
                 reasons.append(f"writer failing: {', '.join(sorted(failures))} ({sum(failures.values())} failed "
@@ -683,7 +716,7 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
                                + (f" (last writer observation {format_duration(newest.observed_at - last_writer.observed_at)}"
                                   f" before the newest, by {last_writer.observer})" if last_writer
                                   else " (none in the window): is the writer's DAG running?"))
-            zero = [o for o in in_stall if o.lag_records == 0]
+            zero = [o for o in in_stall if o.lag == 0]
             if zero:
                 reasons.append(f"{len(zero)} zero-lag sample(s) inside the stall ignored: the upper did not move, "
                                f"so the pending records are still there")
@@ -696,9 +729,10 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
 
     # LAGGING: the upper moves but not fast enough. Judged on the trend over the whole window,
     # not pair by pair, so one dip does not clear it.
-    lags = [o.lag_records for o in samples]
+    # Lags in one unit only: rows recorded before the unit was kept counted offsets.
+    lags = [o.lag for o in samples if o.lag_unit == newest.lag_unit]
     trend = _kendall_trend(lags)
-    lag_trend = (advanced_in_window and len(samples) >= LAGGING_MIN_SAMPLES and lags[-1] > lags[0]
+    lag_trend = (advanced_in_window and len(lags) >= LAGGING_MIN_SAMPLES and lags[-1] > lags[0]
                  and trend >= LAGGING_MIN_TREND)
     objective = settings.lag_seconds_objective
     over_objective = objective is not None and newest.lag_seconds is not None and newest.lag_seconds > objective
@@ -706,12 +740,12 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         reasons = []
         rules = []
         if lag_trend:
-            rules.append(f"lag trend {trend:+.2f} >= {LAGGING_MIN_TREND} over {len(samples)} samples")
+            rules.append(f"lag trend {trend:+.2f} >= {LAGGING_MIN_TREND} over {len(lags)} samples")
             reasons.append(f"the upper moves (now {newest.upper}) but the lag grew over the window from "
-                           f"{lags[0]:,} to {lags[-1]:,} records")
+                           f"{lags[0]:,} to {format_lag(lags[-1], newest.lag_unit)}")
         if over_objective:
-            rules.append(f"lag {format_duration(newest.lag_seconds)} > objective {objective:g}s")
-            reasons.append(f"the oldest pending record waits {format_duration(newest.lag_seconds)}, "
+            rules.append(f"lag {format_duration_to_the_second(newest.lag_seconds)} > objective {objective:g}s")
+            reasons.append(f"the oldest pending record waits {format_duration_to_the_second(newest.lag_seconds)}, "
                            f"above the objective of {format_duration(objective)}")
         if not settings.page_on_lagging:
             reasons.append("LAGGING does not page (page_on_lagging is off)")
@@ -720,18 +754,18 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
                       extra_thresholds={"lag_trend": trend, "lag_min_trend": LAGGING_MIN_TREND})
 
     # IDLE: nothing new in the source and the upper at its high watermark.
-    if newest.lag_records == 0 and pending_since is None and not advanced_in_window:
+    if newest.lag == 0 and pending_since is None and not advanced_in_window:
         return result(FrontierStatus.IDLE, "idle: no new source records, upper at the high watermark",
                       [f"upper {newest.upper} is at the source's high watermark; nothing new in "
                        f"{format_duration(newest.observed_at - samples[0].observed_at)}"],
                       last_advance_at=last_advance_at)
 
-    reasons = [f"upper {newest.upper}, {newest.lag_records:,} records pending"]
+    reasons = [f"upper {newest.upper}, {_lag_text(newest)} pending"]
     rule = "ok: the upper follows the source"
     if stall_start is not None:
-        waited = newest.observed_at - stall_start
-        rule = f"ok: records pending for {format_duration(waited)} < {_stall_formula(settings)} = {stall_seconds:g}s"
-        reasons.append(f"records pending for {format_duration(waited)}; stalled only after {format_duration(stall_seconds)}")
+        waited = format_duration_to_the_second(newest.observed_at - stall_start)
+        rule = f"ok: pending for {waited} < {_stall_formula(settings)} = {stall_seconds:g}s"
+        reasons.append(f"{newest.lag_unit} pending for {waited}; stalled only after {format_duration(stall_seconds)}")
     return result(FrontierStatus.OK, rule, reasons, last_advance_at=last_advance_at)
 
 
@@ -801,9 +835,9 @@ def _summary(evaluation: Evaluation, action: str) -> str:
         if e.status is FrontierStatus.NOT_FOUND:
             return f"RESOLVED: {shard} no longer exists"
         return f"RESOLVED: {shard} no longer breaching, now {e.status.value} (upper {e.upper})"
-    behind = f"+{e.lag_records:,} records" if e.lag_records is not None else "lag unknown"
+    behind = f"+{format_lag(e.lag, e.lag_unit or OFFSETS)}" if e.lag is not None else "lag unknown"
     if e.lag_seconds is not None:
-        behind += f" / {format_duration(e.lag_seconds)}"
+        behind += f" / {format_duration_to_the_second(e.lag_seconds)}"
     if e.status is FrontierStatus.STALLED:
         return f"STALLED: {shard} stuck {format_duration(e.stuck_seconds)}, {behind} behind"
     if e.status is FrontierStatus.LAGGING:
@@ -848,7 +882,8 @@ def page_event(evaluation: Evaluation, state: AlertState, action: str, settings:
             "upper": evaluation.upper,
             "last_advance": _iso(evaluation.last_advance_at),
             "stuck_seconds": evaluation.stuck_seconds,
-            "lag_records": evaluation.lag_records,
+            "lag": evaluation.lag,
+            "lag_unit": evaluation.lag_unit,
             "lag_seconds": evaluation.lag_seconds,
             "window": dict(evaluation.window),
             "thresholds": dict(evaluation.thresholds),

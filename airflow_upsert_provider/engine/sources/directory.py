@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.sources.lag import SEGMENTS
 
 # fullmatch everywhere: ``$`` in re.match also matches before a final newline.
 PARTITION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]*")
@@ -87,6 +88,9 @@ def split_duplicate_offsets(segments: Iterable[Segment]) -> tuple[list[Segment],
 
 class DirectorySource:
     """A landing directory of change files, one subdirectory per partition."""
+
+    # An offset is a segment file; its records are not known before it is read.
+    lag_unit = SEGMENTS
 
     def __init__(self, root: str, source_format: str = "jsonl") -> None:
         self.root = os.path.abspath(root)

@@ -31,6 +31,7 @@ from airflow_upsert_provider.engine.errors import (
     KafkaUnavailable,
     UpsertError,
 )
+from airflow_upsert_provider.engine.sources.lag import RECORDS
 
 if TYPE_CHECKING:
     import pyarrow
@@ -436,6 +437,8 @@ class KafkaSource:
     """One topic of a Kafka cluster. Partitions are the topic's partition numbers; offsets
     are Kafka offsets. Metadata calls run on the driver with one consumer, closed by
     ``close()`` (or the ``with`` block); slices are read on the executors."""
+
+    lag_unit = RECORDS  # an offset is a record
 
     def __init__(self, topic: str, config: KafkaConfig | None, *, timeout: float = 10.0, stall_timeout: float = 30.0) -> None:
         if not isinstance(topic, str) or not topic.strip():

@@ -42,6 +42,7 @@ from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
 from airflow_upsert_provider.engine.sources.kafka_planning import lost_offsets, plan_ranges, start_offsets
 from airflow_upsert_provider.engine.sources.planning import range_files
+from airflow_upsert_provider.engine.sources.lag import SEGMENTS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -98,6 +99,16 @@ class ShardStatus:
     # Landing time (mtime) of the oldest first-unbound segment over the partitions: the age of
     # the oldest record not yet committed (None: nothing pending).
     oldest_pending_at: float | None = None
+    # What ``lag`` counts (engine/sources/lag.py): the source's unit.
+    lag_unit: str = SEGMENTS
+
+    @property
+    def lag(self) -> int:
+        """What is pending, in ``lag_unit``: the segment files not bound yet (directory), the
+        records after the offsets bound at the upper (Kafka). Not ``lag_offsets``' sum: a
+        directory's file numbers may leave gaps, and a Kafka partition never bound counts
+        from its low watermark."""
+        return self.pending_segments
 
     @property
     def lag_offsets(self) -> dict[str, int]:
@@ -118,6 +129,8 @@ class ShardStatus:
                 "bound": dict(sorted(self.bound.items())),
                 "lag_offsets": self.lag_offsets,
                 "pending_segments": self.pending_segments,
+                "lag": self.lag,
+                "lag_unit": self.lag_unit,
                 "oldest_pending_at": self.oldest_pending_at,
             },
         }
@@ -368,6 +381,7 @@ class Shard:
             pending_segments=pending,
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=oldest,
+            lag_unit=self.source.lag_unit,
         )
 
 
@@ -392,6 +406,7 @@ class Shard:
             pending_segments=sum(high[p] - off for p, off in behind.items()),
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=min(landed) if landed else None,
+            lag_unit=self.source.lag_unit,
         )
 
 

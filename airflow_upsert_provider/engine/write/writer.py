@@ -145,6 +145,9 @@ class BatchResult:
     upper: int = 0
     lag_offsets: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # What is pending after the step, in the source's unit (ShardStatus.lag); None: not measured.
+    lag: int | None = None
+    lag_unit: str | None = None
 
     @property
     def progressed(self) -> bool:
@@ -592,6 +595,7 @@ class Writer:
         status = self.shard.status() if with_lag else None
         if status is not None:
             result.lag_offsets = status.lag_offsets
+            result.lag, result.lag_unit = status.lag, status.lag_unit
         if observe:
             self.record_observation(result, status)
         if on_result is not None:

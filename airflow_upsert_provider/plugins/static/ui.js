@@ -16,13 +16,6 @@ function when(t) {
   return t ? new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "—";
 }
 
-function duration(s) {
-  if (s === null || s === undefined) return "—";
-  if (s < 90) return `${Math.round(s)}s`;
-  if (s < 5400) return `${Math.round(s / 60)}m`;
-  return `${(s / 3600).toFixed(1)}h`;
-}
-
 function num(n) {
   return n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US");
 }
@@ -58,8 +51,8 @@ function renderShards(data) {
     cell(tr, num(s.upper), "num upper");
     cell(tr, num(s.since), "num since");
     cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
-    cell(tr, num(s.lag_records), "num lag-records");
-    cell(tr, duration(s.lag_seconds), "num lag-seconds");
+    cell(tr, s.lag_text || "—", "num lag");
+    cell(tr, s.pending_for || "—", "num pending-for");
     const commit = cell(tr, when(s.last_commit_at), "last-commit");
     if (s.last_writer) commit.appendChild(el("span", { class: "reason" }, s.last_writer));
     const stream = cell(tr, badge(s.stream ? s.stream.status : null), "stream");
@@ -128,7 +121,7 @@ function drawChart(points) {
     for (const p of points) {
       const dot = el("svg:circle", { class: `pt ${cls}`, cx: x(p.t), cy: y(p[key]), r: 3 });
       dot.appendChild(el("svg:title", {}, `${when(p.t)}: ${key === "bound" ? "committed" : "high watermark"} ` +
-        `${num(p[key])}, upper ${p.upper}, lag ${num(p.lag_records)} (${p.observer})`));
+        `${num(p[key])}, upper ${p.upper}, lag ${num(p.lag)} ${p.lag_unit} (${p.observer})`));
       svg.appendChild(dot);
     }
   }
