@@ -105,7 +105,8 @@ def describe_breach(evaluation: Mapping[str, Any]) -> str:
         f"since {_iso(stuck_since)} ({format_duration_to_the_second(evaluation.get('stuck_seconds'))}; "
         f"last advance {_iso(evaluation.get('last_advance_at'))})",
         f"behind: {format_pending(evaluation.get('lag'), evaluation.get('lag_unit'), evaluation.get('lag_seconds'))}",
-        f"window {window.get('seconds')}s from {_iso(window.get('start'))} to {_iso(window.get('end'))} "
+        f"window {format_duration_to_the_second(window.get('seconds'))} from {_iso(window.get('start'))} to "
+        f"{_iso(window.get('end'))} "
         f"({window.get('samples')} samples)",
         f"rule: {evaluation.get('rule')}",
     ]

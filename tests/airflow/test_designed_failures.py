@@ -79,7 +79,7 @@ def test_a_breach_reads_as_a_short_block_with_formatted_times():
     assert lines[0].startswith("shard orders: frontier STALLED; upper 7 stuck since ")
     assert lines[1:] == [
         "  behind: 75,000 records pending, the oldest for 2m40s",
-        "  window 3600s from 1970-01-01T00:00:00Z to 1970-01-01T01:00:00Z (12 samples)",
+        "  window 1h00m00s from 1970-01-01T00:00:00Z to 1970-01-01T01:00:00Z (12 samples)",
         "  rule: stalled: source grew, upper unmoved",
         "  why: writer w idle",
     ]

@@ -312,7 +312,7 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     lines = message.splitlines()
     assert "last advance never" in lines[0] and re.fullmatch(r"  behind: 8 segments pending, the oldest for (\d+m)?\d+s",
                                                                   lines[1]), lines
-    assert lines[2].startswith("  window 60.0s from") and lines[3].startswith("  rule: stalled: source grew")
+    assert lines[2].startswith("  window 1m00s from") and lines[3].startswith("  rule: stalled: source grew")
     assert "writers running and committing nothing: writer:pinned" in message
 
     [trigger] = pager.events()
