@@ -24,6 +24,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from airflow_upsert_provider.engine.config import DEFAULT_BUCKETS  # noqa: E402
+from airflow_upsert_provider.engine.sources.lag import format_lag  # noqa: E402
 from airflow_upsert_provider.sample_data import (  # noqa: E402
     SAMPLE_DELETE_MARKER,
     SAMPLE_KEYS,
@@ -134,11 +135,11 @@ def main() -> None:
     for batch in report["batches"]:
         timings = ", ".join(f"{k} {v:.2f}s" for k, v in batch.get("timings", {}).items())
         print(f"  batch ts={batch['ts']} {batch['outcome']}: rows in {batch['rows_in']:,}, out "
-              f"{batch['rows_out']:,}, rejected {batch['rejected']}, lag {sum(batch['lag_offsets'].values())}"
+              f"{batch['rows_out']:,}, rejected {batch['rejected']}, lag {format_lag(batch['lag'], batch['lag_unit'])}"
               f"{' (' + timings + ')' if timings else ''}")
     status = json.loads(run("upsertctl", "--master", "local[2]", "status", SHARD, "--json", capture=True))
     print(f"  shard {SHARD}: upper {status['upper']}, {status['rows']:,} rows, "
-          f"lag {sum(status['source']['lag_offsets'].values())} offsets")
+          f"lag {format_lag(status['source']['lag'], status['source']['lag_unit'])}")
     rows = run("upsertctl", "--master", "local[2]", "read", SHARD, capture=True).splitlines()
     print("  first rows of the table:")
     for line in rows[:5]:
@@ -165,7 +166,7 @@ def main() -> None:
         outcomes = ", ".join(f"ts={b['ts']} {b['outcome']}" for b in writer["batches"])
         print(f"  {writer['writer_id']}: {outcomes}")
     status = json.loads(run("upsertctl", "status", SHARD, "--json", "--no-rows", capture=True))
-    print(f"  upper {status['upper']}, lag {sum(status['source']['lag_offsets'].values())} offsets")
+    print(f"  upper {status['upper']}, lag {format_lag(status['source']['lag'], status['source']['lag_unit'])}")
 
     print(f"\nDone in {time.monotonic() - started:.0f}s. Where to look:")
     print(f"  export AIRFLOW_HOME={AIRFLOW_HOME} AIRFLOW__CORE__DAGS_FOLDER={ENV['AIRFLOW__CORE__DAGS_FOLDER']} \\")
