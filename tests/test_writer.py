@@ -228,12 +228,15 @@ def test_status_reports_frontier_lag_and_rows(spark, consensus, blob, tmp_path):
     assert before["source"]["high_watermark"] == {"p0": 31, "p1": 31, "p2": 31}
     assert before["source"]["lag_offsets"] == {"p0": 31, "p1": 31, "p2": 31}
     assert before["source"]["pending_segments"] == 12
+    # The lag is those 12 files, not the 93 offsets between the bound and the high watermarks.
+    assert (before["source"]["lag"], before["source"]["lag_unit"]) == (12, "segments")
     Writer(shard, "w", spark_factory=lambda: spark).run(max_batches=1)
     after = shard.status(spark).to_dict()
     assert after["upper"] == 1 and after["seqno"] == 1 and after["since"] == 0
     # Four files per batch, taken in (offset, partition) order: 0@p0, 0@p1, 0@p2, 10@p0.
     assert after["source"]["bound"] == {"p0": 11, "p1": 1, "p2": 1}
     assert after["source"]["pending_segments"] == 8
+    assert (after["source"]["lag"], after["source"]["lag_unit"]) == (8, "segments")
     assert after["rows"] == len(table(shard, spark))
 
 

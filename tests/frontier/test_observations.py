@@ -363,6 +363,7 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
         with caplog.at_level(logging.WARNING, logger="airflow_upsert_provider.engine.write.writer"):
             report = Writer(shard, "w1", spark_factory=lambda: spark).run(max_batches=1)
         assert [r.outcome for r in report.results] == [COMMITTED]
+        assert (report.results[0].lag, report.results[0].lag_unit) == (4, "segments")  # 4 of 8 files bound
         assert shard.state().upper == 1
         assert "frontier observation after batch 0 not recorded (RuntimeError: observation store is down)" \
             in caplog.text
@@ -371,6 +372,8 @@ def test_writer_records_an_observation_per_step_and_never_fails_for_it(sqlite_ur
 
         report = Writer(shard, "w2", spark_factory=lambda: spark).run(max_batches=None, until_caught_up=True)
         assert [r.outcome for r in report.results] == [COMMITTED, NOTHING_TO_DO]
+        # Each step's result carries the lag after it, in the source's unit: every file is bound.
+        assert [(r.lag, r.lag_unit) for r in report.results] == [(0, "segments"), (0, "segments")]
         recorded = observations.observation_window(consensus, "orders", 0.0)
         assert [(o.observer, o.writer_outcome, o.upper, o.lag) for o in recorded] == [
             ("writer:w2", COMMITTED, 2, 0),

@@ -18,6 +18,7 @@ from airflow_upsert_provider.engine.sources.kafka_planning import (
     start_offsets,
 )
 from tests.kafka.conftest import produce_changes
+from tests.helpers import batch
 
 SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}},{"name":"v","type":"string","nullable":true,"metadata":{}}]}'
 
@@ -148,6 +149,12 @@ def test_shard_mints_contiguous_bindings_from_the_watermarks(sqlite_consensus, b
     status = shard.status()
     assert status.high_watermark == per_partition
     assert sum(status.lag_offsets.values()) == 30  # nothing committed yet: upper is 0
+    assert (status.lag, status.lag_unit) == (30, "records")
+    # Batch 0 committed (12 records bound): the lag is the 18 records after its offsets.
+    assert shard.compare_and_append(0, 1, batch(0, token="t0"), epoch=0).upper == 1
+    status = shard.status()
+    assert (status.lag, status.lag_unit) == (30 - 12, "records")
+    assert status.lag == sum(per_partition[p] - to for p, to in first.to_offsets().items())
 
 
 def test_shard_refuses_to_bind_past_offsets_retention_deleted(sqlite_consensus, blob, kafka_bootstrap, kafka_topic):
