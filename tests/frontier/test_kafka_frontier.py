@@ -128,8 +128,15 @@ def test_a_stalled_kafka_shard_pages_and_one_that_cannot_be_observed_pages_stale
         monkeypatch.setenv(name, value)
     try:
         # The Kafka shard through the upsert connection's kafka_conn_id: observed, stalled, paged.
-        with pytest.raises(AirflowFailException) as failed:
+        logged: list[str] = []
+        record = lambda fmt, *args: logged.append(fmt % args)  # noqa: E731
+        with monkeypatch.context() as patched, pytest.raises(AirflowFailException) as failed:
+            patched.setattr(FrontierStallSensor, "log", SimpleNamespace(info=record, warning=record, error=record,
+                                                                        debug=record))
             watch("k").execute(sensor_context("r1"))
+        # Every round's log line says the unit.
+        assert any(line.startswith("shard k: STALLED (upper 0, 40 records pending, the oldest for ") for line in logged), \
+            logged
         assert str(failed.value).startswith("shard k: frontier STALLED; upper 0 stuck since ")
         assert "\n  behind: 40 records pending, the oldest for " in str(failed.value)
         [page] = pager.events()
