@@ -10,8 +10,6 @@ offsets (for a directory, between file numbers): their unit is "offsets".
 
 from __future__ import annotations
 
-from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
-
 RECORDS = "records"
 SEGMENTS = "segments"
 OFFSETS = "offsets"
@@ -31,6 +29,9 @@ def format_pending(amount: int | None, unit: str | None, seconds: float | None) 
     """What is pending and how long the oldest of it has waited, as logs, pages and
     ``upsertctl`` say it: ``12 segments pending, the oldest for 2m40s``; ``nothing pending``;
     ``lag unknown`` (no observation)."""
+    # Imported here: the sources' modules run on Spark executors too, which need no pendulum.
+    from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+
     if amount is None:
         return "lag unknown"
     if amount == 0:
