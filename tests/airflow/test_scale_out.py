@@ -145,12 +145,20 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_oracle(airflow_home, clu
     assert read_table(pg_url, blob, "orders", spark) == oracle_table(landing)
 
 
-def tasks_run_by(cluster: StandaloneCluster) -> list[set[int]]:
-    """Per worker, the ids (TID) of the task attempts its executors ran, from their logs."""
+def app_id(cluster: StandaloneCluster, name: str) -> str:
+    """The id the master gave the (last) application called ``name``."""
+    found = re.findall(rf"Registered app {re.escape(name)} with ID (app-\S+)", cluster.log("master"))
+    assert found, cluster.log("master")[-3000:]
+    return found[-1]
+
+
+def tasks_run_by(cluster: StandaloneCluster, app: str) -> list[set[int]]:
+    """Per worker, the ids (TID) of the task attempts its executors ran for application
+    ``app``, from their logs (task ids restart at 0 in every application)."""
     ran = []
     for work_dir in cluster.work_dirs:
         tids: set[int] = set()
-        for path in cluster.executor_logs(work_dir):
+        for path in glob.glob(os.path.join(work_dir, app, "*", "stderr")):
             with open(path, encoding="utf-8", errors="replace") as handle:
                 tids |= {int(t) for t in re.findall(r"Running task \S+ in stage \S+ \(TID (\d+)\)", handle.read())}
         ran.append(tids)
@@ -194,7 +202,7 @@ def test_batches_on_a_two_worker_cluster_write_a_shard_on_s3(cluster, s3_server,
         check_run_is_what_is_stored(s3_server, bucket, prefix, written)
     # Which worker wrote each file: a file is named after the task attempt that wrote it
     # (part-t<TID>-…), and each worker's executor log lists the attempts it ran.
-    ran = tasks_run_by(cluster)
+    ran = tasks_run_by(cluster, app_id(cluster, "airflow-upsert-provider"))
     writers = []
     for listed in (f for written in runs for f in written["files"]):
         tid = int(re.search(r"/part-t(\d+)-[0-9a-f]+\.parquet$", listed["path"]).group(1))
