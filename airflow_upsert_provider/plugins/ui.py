@@ -15,9 +15,12 @@ stream's status, the checkpoint catalog, and the frontier observations that writ
 and ``upsertctl frontier observe`` record. The stall status is an evaluation of the recorded
 window at the time of the request, as ``peek_shard(observe_first=False)`` makes it: it records
 no observation and changes no alert state, so looking at the page never takes a page away from
-the sensor that would send it. Lag (in the source's unit: records for Kafka, segment files for a
-directory), how long the oldest has been pending and the high watermark are the newest
-observation's; a shard nobody observes shows STALE, which is the truth about its monitoring.
+the sensor that would send it. It judges with the settings the shard's monitor (the frontier
+sensor) evaluated with, which the monitor keeps in the shard's alert state, so that the page and
+the monitor reach one verdict; a shard no monitor has evaluated is judged with the rules' defaults
+and says so. Lag (in the source's unit: records for Kafka, segment files for a directory), how
+long the oldest has been pending and the high watermark are the newest observation's; a shard
+nobody observes shows STALE, which is the truth about its monitoring.
 
 The prefix is ``/upsert-provider-ui``, not a path under the documentation app's
 ``/upsert-provider``: Airflow mounts plugin apps in plugin order, and a mount at
@@ -77,6 +80,10 @@ PAGE = """<!DOCTYPE html>
 <span class="key bound"></span> committed (offsets bound at the upper)</p>
 <div id="chart"></div>
 <ul id="reasons"></ul>
+<h3>Verdict</h3>
+<p id="judged-with" class="muted"></p>
+<dl id="monitor" class="facts"></dl>
+<dl id="thresholds" class="facts"></dl>
 </section>
 </body></html>
 """
@@ -194,16 +201,10 @@ def _url_parts(url: str) -> list[str]:
     return sorted({str(p) for p in parts if p}, key=len, reverse=True)
 
 
-def _stall_settings():
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
-
-    return StallSettings()
-
-
 def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     """What the page lists for one shard; every part that cannot be read says why instead."""
     from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog
-    from airflow_upsert_provider.engine.frontier.rules import evaluate
+    from airflow_upsert_provider.engine.frontier.rules import evaluate, judging_settings
     from airflow_upsert_provider.engine.frontier.observations import load_alert_state, observation_window
     from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
     from airflow_upsert_provider.engine.sources.lag import format_lag
@@ -227,7 +228,9 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     except Exception as exc:
         row["stream"] = None
         row["errors"].append(f"stream: {store.scrub(exc)}")
-    settings = _stall_settings()
+    # One verdict: the settings the shard's monitor evaluated with (kept in its alert state).
+    state, version = load_alert_state(consensus, shard_id)
+    settings, settings_note = judging_settings(state)
     window = observation_window(consensus, shard_id, now - settings.window_seconds, now)
     newest = window[-1] if window else _newest_observation(consensus, shard_id, now)
     row["observed_at"] = None if newest is None else newest.observed_at
@@ -239,9 +242,11 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     row["pending_for"] = None if row["lag_seconds"] is None else format_duration_to_the_second(row["lag_seconds"])
     row["high_watermark"] = None if newest is None else sum(newest.high_watermark.values())
     # The evaluation peek_shard(observe_first=False) makes: nothing recorded, no state saved.
-    state, _ = load_alert_state(consensus, shard_id)
     evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=True)
-    row["frontier"] = {"status": evaluation.status.value, "reasons": list(evaluation.reasons), "rule": evaluation.rule}
+    row["frontier"] = {"status": evaluation.status.value, "reasons": list(evaluation.reasons), "rule": evaluation.rule,
+                       "judged_with": "defaults" if settings_note else "monitor", "note": settings_note,
+                       "thresholds": settings.thresholds()}
+    row["monitor"] = None if version == 0 else monitor_summary(state)
     try:
         latest = Catalog.load(store.blob, shard_id).latest()
         row["last_checkpoint"] = None if latest is None else {
@@ -250,6 +255,17 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
         row["last_checkpoint"] = None
         row["errors"].append(f"checkpoints: {store.scrub(exc)}")
     return row
+
+
+def monitor_summary(state: Any) -> dict[str, Any]:
+    """What the shard's monitor last decided (its alert state): its last evaluation, by whom,
+    and the page it has open, if any (since when, how many sent, when last sent)."""
+    return {
+        "evaluated_by": state.evaluated_by, "last_evaluated_at": state.last_evaluated_at,
+        "last_status": state.last_status, "firing": state.firing, "firing_status": state.firing_status,
+        "incident_started_at": state.incident_started_at, "consecutive_breaches": state.consecutive_breaches,
+        "pages_sent": state.pages_sent, "last_sent_at": state.last_sent_at, "pages_pending": len(state.outbox),
+    }
 
 
 def _newest_observation(consensus, shard_id: str, now: float):

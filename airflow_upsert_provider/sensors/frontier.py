@@ -273,7 +273,7 @@ class FrontierStallSensor(BaseSensorOperator):
             try:
                 deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
             except (PageDeliveryError, AirflowException) as exc:
-                released = self._settle(delivered, [e["id"] for e in entries[i:]])
+                released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
                 raise AirflowException(
                     f"{decision.message or event['summary']}; the {event['action']} was NOT delivered ({exc}); "
                     + ("it stays in the outbox, re-armed: the next round sends it again" if released
@@ -283,7 +283,7 @@ class FrontierStallSensor(BaseSensorOperator):
             for delivery in deliveries:
                 self.log.info("shard %s: %s sent to %s (dedup key %s, %d attempt(s))", self.shard, delivery.action,
                               delivery.channel, delivery.dedup_key, delivery.attempts)
-        self._settle(delivered, [])
+        self._settle(delivered, [], sent=True)
 
     def _send_blind(self, event: dict[str, Any]) -> None:
         """Deliver the monitor's own page (not in the outbox: the store may be what is down).
@@ -303,14 +303,16 @@ class FrontierStallSensor(BaseSensorOperator):
             raise AirflowException(f"{event['summary']}; the {event['action']} was NOT delivered ({exc})") from None
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
 
-    def _settle(self, delivered: list[str], released: list[str]) -> bool:
-        """Record in the outbox what was delivered and what goes back; never raises: a page
-        whose delivery could not be recorded is sent again later (at least once)."""
+    def _settle(self, delivered: list[str], released: list[str], sent: bool = False) -> bool:
+        """Record in the outbox what was delivered (``sent``: to a channel, not only logged) and
+        what goes back; never raises: a page whose delivery could not be recorded is sent again
+        later (at least once)."""
         from airflow_upsert_provider.engine.frontier.observations import settle_outbox
 
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
-            return settle_outbox(hook.get_consensus(), self.shard, delivered=delivered, released=released)
+            return settle_outbox(hook.get_consensus(), self.shard, delivered=delivered, released=released,
+                                 sent_at=time.time() if sent and delivered else None)
         except Exception as exc:  # noqa: BLE001 - the delivery happened (or not) whatever the store says
             self.log.warning("shard %s: the outbox could not be updated (%s: %s); its pages are sent again once "
                              "their lease runs out", self.shard, type(exc).__name__, exc)

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import sqlalchemy as sa
@@ -342,6 +342,7 @@ def evaluate_shard(
                                             unobservable=error), state, None, obs, error)
         evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists, unobservable=error)
         new_state, action = advance_alert(state, evaluation, settings)
+        new_state = replace(new_state, evaluated_by=observer)
         if not exists and version == 0:
             return EvaluationRound(evaluation, new_state, action, obs, error)
         pages: tuple[dict, ...] = ()
@@ -369,14 +370,15 @@ def evaluate_shard(
 
 
 def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[str] = (),
-                  released: Sequence[str] = ()) -> bool:
+                  released: Sequence[str] = (), sent_at: float | None = None) -> bool:
     """After a delivery: drop the ``delivered`` pages from the shard's outbox and make the
-    ``released`` ones (not delivered) due again, by compare-and-set against concurrent rounds.
+    ``released`` ones (not delivered) due again, by compare-and-set against concurrent rounds;
+    ``sent_at`` (they reached a channel then) is kept as the shard's last page sent.
     False when it lost MAX_CAS_ATTEMPTS races in a row (a delivered page is then sent again
     once its lease runs out: a page is delivered at least once)."""
     for _ in range(MAX_CAS_ATTEMPTS):
         state, version = load_alert_state(consensus, shard_id)
-        settled = settle_pages(state, delivered, released)
+        settled = settle_pages(state, delivered, released, sent_at)
         if settled == state or save_alert_state(consensus, settled, version):
             return True
     return False

@@ -301,6 +301,12 @@ class AlertState:
     # "event"} (see enqueue_page / take_pages). Saved with the decision that made them, so a
     # worker that dies before sending leaves them for the next round.
     outbox: tuple[dict, ...] = ()
+    # The settings (StallSettings.to_dict) of the evaluation that saved this state and who made
+    # it (its observer): the shard page judges with them, so that it and the monitor agree.
+    # None in rows written before they were kept.
+    settings: dict | None = None
+    evaluated_by: str | None = None
+    last_sent_at: float | None = None    # when a page of this shard was last delivered
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -315,6 +321,9 @@ class AlertState:
             "last_evaluated_at": self.last_evaluated_at,
             "pages_sent": self.pages_sent,
             "outbox": [dict(entry) for entry in self.outbox],
+            "settings": None if self.settings is None else dict(self.settings),
+            "evaluated_by": self.evaluated_by,
+            "last_sent_at": self.last_sent_at,
         }
 
     @classmethod
@@ -323,6 +332,7 @@ class AlertState:
         try:
             started = d.get("incident_started_at")
             evaluated = d.get("last_evaluated_at")
+            sent = d.get("last_sent_at")
             return cls(
                 shard_id=str(_require(d, owner, "shard_id")),
                 consecutive_breaches=int(d.get("consecutive_breaches", 0)),
@@ -335,9 +345,29 @@ class AlertState:
                 last_evaluated_at=None if evaluated is None else float(evaluated),
                 pages_sent=int(d.get("pages_sent", 0)),
                 outbox=tuple(_outbox_entry(entry) for entry in d.get("outbox") or ()),
+                settings=None if d.get("settings") is None else dict(d["settings"]),
+                evaluated_by=d.get("evaluated_by"),
+                last_sent_at=None if sent is None else float(sent),
             )
         except (TypeError, ValueError, AttributeError, KeyError) as e:
             raise ConfigurationError(f"{owner}: unreadable alert state: {e}", field="alert_state") from e
+
+
+DEFAULT_SETTINGS_NOTE = "no monitor has evaluated this shard yet: judged with the default thresholds"
+
+
+def judging_settings(state: AlertState) -> tuple[StallSettings, str | None]:
+    """The settings to judge a shard with outside an evaluation round (the shard page): those
+    its monitor last evaluated with (kept in its alert state), so that both reach one verdict;
+    the rules' defaults, with a note saying so, for a shard no monitor has evaluated or whose
+    recorded settings cannot be read. Fields a newer version recorded are left out."""
+    if state.settings is None:
+        return StallSettings(), DEFAULT_SETTINGS_NOTE
+    known = {f.name for f in fields(StallSettings)}
+    try:
+        return StallSettings.from_dict({k: v for k, v in state.settings.items() if k in known}), None
+    except (ConfigurationError, TypeError) as e:
+        return StallSettings(), f"the monitor's recorded settings cannot be read ({e}): judged with the default thresholds"
 
 
 def _outbox_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -792,7 +822,7 @@ def advance_alert(state: AlertState, evaluation: Evaluation,
         if hw > max_hw.get(p, -1):
             max_hw[p] = hw
     common = dict(max_upper=max_upper, max_high_watermark=max_hw, last_status=evaluation.status.value,
-                  last_evaluated_at=evaluation.evaluated_at)
+                  last_evaluated_at=evaluation.evaluated_at, settings=settings.to_dict())
 
     if evaluation.breach:
         streak = state.consecutive_breaches + 1
@@ -932,12 +962,16 @@ def take_pages(state: AlertState, now: float,
     return replace(state, outbox=tuple(outbox)), tuple(taken)
 
 
-def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Sequence[str] = ()) -> AlertState:
+def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Sequence[str] = (),
+                 sent_at: float | None = None) -> AlertState:
     """``state`` without the ``delivered`` pages, and with the ``released`` ones due again at
-    once (their delivery failed: the next round sends them)."""
+    once (their delivery failed: the next round sends them). ``sent_at``: when the delivered
+    pages reached a channel (None: they were only logged, or nothing was delivered)."""
     outbox = tuple({**entry, "leased_until": 0.0} if entry["id"] in released else entry
                    for entry in state.outbox if entry["id"] not in delivered)
-    return replace(state, outbox=outbox)
+    delivered_now = any(entry["id"] in delivered for entry in state.outbox)
+    last_sent_at = sent_at if sent_at is not None and delivered_now else state.last_sent_at
+    return replace(state, outbox=outbox, last_sent_at=last_sent_at)
 
 
 # ---------------------------------------------------------------------------------------------

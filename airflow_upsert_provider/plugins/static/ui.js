@@ -61,6 +61,10 @@ function renderShards(data) {
     for (const reason of (s.frontier ? s.frontier.reasons : []).slice(0, 2)) {
       frontier.appendChild(el("span", { class: "reason" }, reason));
     }
+    if (s.monitor && s.monitor.firing) {
+      frontier.appendChild(el("span", { class: "reason page-open" },
+        `page open since ${when(s.monitor.incident_started_at)} (${s.monitor.firing_status})`));
+    }
     for (const error of s.errors || []) frontier.appendChild(el("span", { class: "reason" }, error));
     cell(tr, s.last_checkpoint ? `${s.last_checkpoint.id} (upper ${s.last_checkpoint.upper})` : "—", "checkpoint");
     tr.addEventListener("click", () => select(s));
@@ -81,11 +85,48 @@ function select(shard) {
   document.getElementById("chart-title").textContent = `${shard.shard} (${shard.conn_id}): committed against the source`;
   const reasons = document.getElementById("reasons");
   reasons.replaceChildren(...(shard.frontier ? shard.frontier.reasons : []).map((r) => el("li", {}, r)));
+  renderVerdict(shard);
   const url = `api/shards/${encodeURIComponent(shard.shard)}/observations?conn=${encodeURIComponent(shard.conn_id)}`;
   fetch(url, { credentials: "same-origin" })
     .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
     .then((data) => { if (selected === shard) drawChart(data.points); })
     .catch((e) => { document.getElementById("chart").textContent = `observations: ${e.message}`; });
+}
+
+function facts(id, pairs) {
+  const list = document.getElementById(id);
+  list.replaceChildren();
+  for (const [name, value] of pairs) {
+    list.appendChild(el("dt", {}, name));
+    list.appendChild(el("dd", {}, value));
+  }
+}
+
+function seconds(s) {
+  return s === null || s === undefined ? "—" : `${num(s)}s`;
+}
+
+// Which thresholds judged the shard (its monitor's, or the defaults) and what its monitor last decided.
+function renderVerdict(shard) {
+  const f = shard.frontier || {};
+  document.getElementById("judged-with").textContent = f.judged_with === "monitor"
+    ? "Judged with the thresholds the shard's monitor last evaluated with." : (f.note || "");
+  const m = shard.monitor;
+  facts("monitor", m ? [
+    ["Monitor's last evaluation", `${when(m.last_evaluated_at)}: ${m.last_status || "—"}`],
+    ["Evaluated by", m.evaluated_by || "—"],
+    ["Page", m.firing ? `open since ${when(m.incident_started_at)} (${m.firing_status})` : "none open"],
+    ["Pages sent", `${num(m.pages_sent)}, last ${when(m.last_sent_at)}` + (m.pages_pending ? `, ${m.pages_pending} pending` : "")],
+  ] : [["Monitor", "none has evaluated this shard"]]);
+  const t = f.thresholds || {};
+  facts("thresholds", [
+    ["Cadence", seconds(t.cadence_seconds)],
+    ["Stalled after", `${seconds(t.stall_seconds)} = max(${t.stall_multiplier} x cadence, ${seconds(t.min_stall_seconds)})`],
+    ["Stale after", seconds(t.stale_after_seconds)],
+    ["Window", seconds(t.window_seconds)],
+    ["Breaches before a page", num(t.consecutive_breaches)],
+    ["Lag objective", seconds(t.lag_seconds_objective)],
+  ]);
 }
 
 function drawChart(points) {
