@@ -59,6 +59,8 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "notifications": ["airflow_upsert_provider.notifications.frontier.FrontierPageNotifier"],
+        # The operators' and sensor's "Shard page" button (operator_extra_links).
+        "extra-links": ["airflow_upsert_provider.links.ShardPageLink"],
         # Loaded from here only while [core] lazy_discover_providers is false: the same plugin is
         # also an airflow.plugins entry point (pyproject.toml), which Airflow always loads.
         "plugins": [

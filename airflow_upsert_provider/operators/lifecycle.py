@@ -25,6 +25,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import optional_text, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import raise_from, to_airflow_error
 from airflow_upsert_provider.operators.upsert import writer_id_for
@@ -69,6 +70,7 @@ class _StreamOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("shard", "reason")
     ui_color = "#f4e6d2"
+    operator_extra_links = (ShardPageLink(),)
 
     def __init__(
         self, *, shard: str, reason: str = "", upsert_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any

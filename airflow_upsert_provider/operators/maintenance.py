@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import is_unset, parse_bool, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import to_airflow_error
 
@@ -29,6 +30,7 @@ class _ShardMaintenanceOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("shard",)
     ui_color = "#e8e2f4"
+    operator_extra_links = (ShardPageLink(),)
 
     def __init__(self, *, shard: str, upsert_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)

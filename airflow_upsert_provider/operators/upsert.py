@@ -24,6 +24,7 @@ from airflow_upsert_provider.engine.sources.lag import format_lag
 from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.store.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import (
     is_templated,
     optional_text,
@@ -194,6 +195,7 @@ class MicroBatchUpsertOperator(BaseOperator):
     )
     template_fields_renderers = {"spark_conf": "json"}
     ui_color = "#d9ecf2"
+    operator_extra_links = (ShardPageLink(),)
 
     def __init__(
         self,

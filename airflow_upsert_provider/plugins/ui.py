@@ -39,12 +39,19 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from airflow_upsert_provider.links import (
+    URL_PREFIX,
+    VIEW_ROUTE,
+    asset_path,
+    dag_runs_path,
+    parse_writer_id,
+    task_instance_path,
+)
+
 PLUGIN_NAME = "upsert_provider_ui"
-URL_PREFIX = "/upsert-provider-ui"
 # The external view's iframe source: relative (no leading slash), so the UI's <base href>
 # resolves it under the api-server's root path, sub-path deployments included.
 VIEW_HREF = URL_PREFIX.lstrip("/") + "/"
-VIEW_ROUTE = "upsert-shards"
 UPSERT_CONN_TYPE = "upsert"
 # Observations shown in the chart: at most this many seconds back (the store keeps 24 h).
 DEFAULT_CHART_SECONDS = 6 * 3600.0
@@ -218,6 +225,10 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     last = consensus.get_batch(shard_id, record.upper - 1) if record.upper > 0 else None
     row["last_commit_at"] = None if last is None else float(last.committed_at)
     row["last_writer"] = None if last is None else last.writer_id
+    writer = parse_writer_id(row["last_writer"])
+    # Paths in Airflow's UI (relative to its root): the writer's task try, its DAG's runs.
+    row["links"] = {"writer": task_instance_path(row["last_writer"]),
+                    "dag_runs": None if writer is None else dag_runs_path(writer["dag_id"]), "asset": None}
     row["last_batch"] = None if last is None else {
         "ts": last.ts, "rows_in": last.stats.get("rows_in"), "rows_out": last.stats.get("rows_out"),
     }
@@ -319,7 +330,37 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
         finally:
             if store is not None:
                 store.close()
+    _link_assets(shards)
     return {"generated_at": now, "connections": connections, "shards": shards}
+
+
+def asset_ids(uris: set[str]) -> dict[str, int]:
+    """The metadata database's Asset ids of those ``uris`` it knows (none when it cannot be read)."""
+    if not uris:
+        return {}
+    try:
+        from sqlalchemy import select
+
+        from airflow.models.asset import AssetModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            return {uri: int(asset_id) for asset_id, uri in
+                    session.execute(select(AssetModel.id, AssetModel.uri).where(AssetModel.uri.in_(sorted(uris))))}
+    except Exception:  # a metadata DB that cannot be read leaves the shards without an Asset link
+        return {}
+
+
+def _link_assets(shards: list[dict[str, Any]]) -> None:
+    """Each listed shard's link to its Asset (``upsert://<connection>/<shard>``), when Airflow knows it."""
+    from airflow_upsert_provider.operators.upsert import shard_asset
+
+    uri_of = {id(row): shard_asset(row["conn_id"], row["shard"]).uri for row in shards if "links" in row}
+    found = asset_ids(set(uri_of.values()))
+    for row in shards:
+        asset_id = found.get(uri_of.get(id(row), ""))
+        if asset_id is not None:
+            row["links"]["asset"] = asset_path(asset_id)
 
 
 def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHART_SECONDS,

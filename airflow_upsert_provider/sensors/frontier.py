@@ -39,6 +39,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import optional_text, parse_seconds
 from airflow_upsert_provider.operators.errors import DesignedFailure, short_traceback
 from airflow_upsert_provider.sensors.frontier_rounds import (
@@ -103,6 +104,7 @@ class FrontierStallSensor(BaseSensorOperator):
         "pagerduty_events_conn_id", "slack_webhook_conn_id", "kafka_conn_id",
     )
     ui_color = "#f7d9d9"
+    operator_extra_links = (ShardPageLink(),)
 
     def __init__(
         self,

@@ -4,6 +4,34 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 let selected = null;
+// A deep link (?conn=...&shard=..., the operators' "Shard page" link) opens that shard.
+const query = new URLSearchParams(location.search);
+let wanted = query.get("shard") ? { conn_id: query.get("conn") || "upsert_default", shard: query.get("shard") } : null;
+
+// A link to a view of Airflow's UI (``path`` relative to its root; the page is served at
+// <root>/upsert-provider-ui/). Framed by Airflow's UI, which sandboxes the frame (no top
+// navigation), the click hands the path to the UI's router in the parent window; opened on its
+// own, the link navigates as usual.
+function airflowLink(path, text, cls) {
+  const a = el("a", { href: `../${path}`, class: cls || "airflow-link" }, text);
+  a.addEventListener("click", (event) => {
+    event.stopPropagation();
+    let parent = null;
+    try {
+      parent = window.parent !== window && window.parent.location.origin === location.origin ? window.parent : null;
+    } catch (e) {
+      parent = null;
+    }
+    if (!parent || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    event.preventDefault();
+    const target = new URL(a.href);
+    const idx = ((parent.history.state && parent.history.state.idx) || 0) + 1;
+    parent.history.pushState({ usr: null, key: Math.random().toString(36).slice(2, 10), idx }, "",
+      target.pathname + target.search);
+    parent.dispatchEvent(new PopStateEvent("popstate", { state: parent.history.state }));
+  });
+  return a;
+}
 
 function el(tag, attrs, text) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -47,14 +75,26 @@ function renderShards(data) {
   for (const s of data.shards) {
     const tr = el("tr", { "data-conn": s.conn_id, "data-shard": s.shard });
     cell(tr, s.conn_id);
-    cell(tr, s.shard, "shard");
+    const name = cell(tr, s.shard, "shard");
+    const links = s.links || {};
+    if (links.asset || links.dag_runs) {
+      const span = el("span", { class: "links" });
+      if (links.asset) span.appendChild(airflowLink(links.asset, "Asset", "asset-link"));
+      if (links.dag_runs) span.appendChild(airflowLink(links.dag_runs, "DAG runs", "runs-link"));
+      name.appendChild(span);
+    }
     cell(tr, num(s.upper), "num upper");
     cell(tr, num(s.since), "num since");
     cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
     cell(tr, s.lag_text || "—", "num lag");
     cell(tr, s.pending_for || "—", "num pending-for");
     const commit = cell(tr, when(s.last_commit_at), "last-commit");
-    if (s.last_writer) commit.appendChild(el("span", { class: "reason" }, s.last_writer));
+    if (s.last_writer) {
+      const writer = el("span", { class: "reason" });
+      writer.appendChild(s.links && s.links.writer ? airflowLink(s.links.writer, s.last_writer, "writer-link")
+        : document.createTextNode(s.last_writer));
+      commit.appendChild(writer);
+    }
     const stream = cell(tr, badge(s.stream ? s.stream.status : null), "stream");
     if (s.stream && s.stream.reason) stream.appendChild(el("span", { class: "reason" }, s.stream.reason));
     const frontier = cell(tr, badge(s.frontier ? s.frontier.status : null), "frontier");
@@ -70,8 +110,16 @@ function renderShards(data) {
     tr.addEventListener("click", () => select(s));
     body.appendChild(tr);
   }
-  const again = selected && data.shards.find((s) => s.conn_id === selected.conn_id && s.shard === selected.shard);
+  const find = (want) => want && data.shards.find((s) => s.conn_id === want.conn_id && s.shard === want.shard);
+  const deep = find(wanted);
+  const again = deep || find(selected);
+  if (wanted && !deep) {
+    box.hidden = false;
+    box.textContent += `${box.textContent ? "\n" : ""}no shard ${wanted.shard} in connection ${wanted.conn_id}`;
+  }
+  wanted = null;
   if (again || data.shards.length) select(again || data.shards[0]);
+  if (deep) document.querySelector("#shards tbody tr.selected").scrollIntoView({ block: "nearest" });
   document.getElementById("refreshed").textContent = `as of ${when(data.generated_at)}`;
 }
 
