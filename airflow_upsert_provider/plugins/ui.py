@@ -22,6 +22,10 @@ and says so. Lag (in the source's unit: records for Kafka, segment files for a d
 long the oldest has been pending and the high watermark are the newest observation's; a shard
 nobody observes shows STALE, which is the truth about its monitoring.
 
+The list is paged (``DEFAULT_PAGE_SIZE`` shards, at most ``MAX_PAGE_SIZE``): listing a store is one
+query, and only the page's shards are read in full. A signed-out visitor of the page is sent to
+Airflow's login route; the script follows Airflow's light/dark color mode (``static/ui.js``).
+
 The prefix is ``/upsert-provider-ui``, not a path under the documentation app's
 ``/upsert-provider``: Airflow mounts plugin apps in plugin order, and a mount at
 ``/upsert-provider`` would swallow ``/upsert-provider/ui/...`` whenever it came first.
@@ -36,8 +40,9 @@ from importlib.resources import files
 from typing import Any, Callable
 
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import Depends, FastAPI, HTTPException, Query
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from airflow_upsert_provider.links import (
     URL_PREFIX,
@@ -56,6 +61,9 @@ UPSERT_CONN_TYPE = "upsert"
 # Observations shown in the chart: at most this many seconds back (the store keeps 24 h).
 DEFAULT_CHART_SECONDS = 6 * 3600.0
 MAX_CHART_POINTS = 2000
+# Shards per page of the list: a store may hold hundreds; each listed shard costs a few reads.
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
 STATIC_FILES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 
 # Only the page's own script and style files run; it may be framed only by Airflow's own UI.
@@ -71,22 +79,31 @@ SECURITY_HEADERS = {
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
 <title>Upsert shards</title>
 <link rel="stylesheet" href="static/ui.css">
 <script src="static/ui.js" defer></script>
 </head><body>
 <header><h1>Upsert shards</h1><span id="refreshed" class="muted"></span></header>
 <p id="errors" class="errors" hidden></p>
-<table id="shards"><thead><tr>
+<nav class="pager"><input id="match" type="search" placeholder="Filter by shard id" aria-label="Filter by shard id">
+<button id="prev" type="button" disabled>Previous</button><span id="range" class="muted"></span>
+<button id="next" type="button" disabled>Next</button></nav>
+<div class="table-wrap"><table id="shards"><thead><tr>
 <th>Connection</th><th>Shard</th><th>Upper</th><th>Since</th><th>Last batch rows (in / out)</th>
 <th>Lag</th><th>Pending for</th><th>Last commit</th><th>Stream</th><th>Frontier</th><th>Last checkpoint</th>
-</tr></thead><tbody><tr><td colspan="11" class="muted">Loading&hellip;</td></tr></tbody></table>
+</tr></thead><tbody><tr><td colspan="11" class="muted">Loading&hellip;</td></tr></tbody></table></div>
 <section id="detail" hidden>
 <h2 id="chart-title"></h2>
-<p class="legend"><span class="key hw"></span> source high watermark
+<div class="chart-bar"><p class="legend"><span class="key hw"></span> source high watermark
 <span class="key bound"></span> committed (offsets bound at the upper)</p>
+<span id="ranges" class="ranges" role="group" aria-label="Chart range"><button type="button" data-seconds="3600">1h</button><button
+ type="button" data-seconds="21600">6h</button><button type="button" data-seconds="86400">24h</button></span></div>
 <div id="chart"></div>
 <ul id="reasons"></ul>
+<h3>Lag per partition <span id="partitions-at" class="muted"></span></h3>
+<table id="partitions"><thead><tr><th>Partition</th><th>Source high watermark</th><th>Committed</th>
+<th>Lag (offsets)</th></tr></thead><tbody></tbody></table>
 <h3>Verdict</h3>
 <p id="judged-with" class="muted"></p>
 <dl id="monitor" class="facts"></dl>
@@ -256,7 +273,7 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=True)
     row["frontier"] = {"status": evaluation.status.value, "reasons": list(evaluation.reasons), "rule": evaluation.rule,
                        "judged_with": "defaults" if settings_note else "monitor", "note": settings_note,
-                       "thresholds": settings.thresholds()}
+                       "thresholds": settings.thresholds(), "thresholds_text": _durations(settings.thresholds())}
     row["monitor"] = None if version == 0 else monitor_summary(state)
     try:
         latest = Catalog.load(store.blob, shard_id).latest()
@@ -266,6 +283,14 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
         row["last_checkpoint"] = None
         row["errors"].append(f"checkpoints: {store.scrub(exc)}")
     return row
+
+
+def _durations(thresholds: dict[str, Any]) -> dict[str, str]:
+    """The thresholds in seconds as logs and pages say them ("2m00s")."""
+    from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+
+    return {name: format_duration_to_the_second(value) for name, value in thresholds.items()
+            if name.endswith("_seconds") and isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 def monitor_summary(state: Any) -> dict[str, Any]:
@@ -299,39 +324,60 @@ def _source_kind(config_json: str) -> str | None:
 ConnectionFilter = Callable[[set[str]], set[str]]
 
 
-def list_shards(now: float | None = None, readable: ConnectionFilter = lambda ids: ids) -> dict[str, Any]:
-    """Every shard of every upsert connection in ``readable(connection ids)`` (those the user
-    may read), and per connection what could not be read."""
+def list_shards(now: float | None = None, readable: ConnectionFilter = lambda ids: ids, *, offset: int = 0,
+                limit: int = DEFAULT_PAGE_SIZE, match: str = "", focus: tuple[str, str] | None = None) -> dict[str, Any]:
+    """One page of the shards of every upsert connection in ``readable(connection ids)`` (those
+    the user may read), ordered by connection and shard id, and per connection how many shards
+    it has and what could not be read. Listing a store is one query; only the page's shards are
+    read in full, so a store of many shards answers as fast as one of a page.
+
+    ``match``: only shard ids containing it (case-insensitive). ``focus`` (connection, shard):
+    the page that holds that shard, whatever ``offset`` says (a deep link)."""
     now = time.time() if now is None else now
-    shards: list[dict[str, Any]] = []
+    limit = max(1, min(int(limit), MAX_PAGE_SIZE))
     connections: list[dict[str, Any]] = []
+    stores: dict[str, _Store] = {}
+    listed: list[tuple[str, Any]] = []
+    needle = match.strip().lower()
     known = upsert_conn_ids()
     allowed = readable(set(known))
-    for conn_id in (c for c in known if c in allowed):
-        entry: dict[str, Any] = {"conn_id": conn_id, "consensus": None, "shards": 0, "error": None}
-        connections.append(entry)
-        store = None
-        try:
-            store = _Store(conn_id)
-            entry["consensus"] = store.backend
-            store.open()
-            if store.missing:
-                entry["error"] = "no consensus store yet (nothing was created with this connection)"
-                continue
-            for record in store.consensus.list_shards():
-                try:
-                    shards.append(shard_summary(store, record, now))
-                except Exception as exc:
-                    shards.append({"conn_id": conn_id, "shard": record.shard_id, "upper": record.upper,
-                                   "since": record.since, "errors": [store.scrub(exc)]})
-                entry["shards"] += 1
-        except Exception as exc:
-            entry["error"] = store.scrub(exc) if store is not None else _safe_message(exc, [])
-        finally:
-            if store is not None:
-                store.close()
+    try:
+        for conn_id in (c for c in known if c in allowed):
+            entry: dict[str, Any] = {"conn_id": conn_id, "consensus": None, "shards": 0, "error": None}
+            connections.append(entry)
+            store = None
+            try:
+                store = _Store(conn_id)
+                entry["consensus"] = store.backend
+                stores[conn_id] = store
+                store.open()
+                if store.missing:
+                    entry["error"] = "no consensus store yet (nothing was created with this connection)"
+                    continue
+                records = sorted(store.consensus.list_shards(), key=lambda r: r.shard_id)
+                entry["shards"] = len(records)
+                listed.extend((conn_id, r) for r in records if needle in r.shard_id.lower())
+            except Exception as exc:
+                entry["error"] = store.scrub(exc) if store is not None else _safe_message(exc, [])
+        if focus is not None:
+            at = next((i for i, (c, r) in enumerate(listed) if (c, r.shard_id) == tuple(focus)), None)
+            if at is not None:
+                offset = at - at % limit
+        offset = max(0, min(int(offset), max(0, len(listed) - 1)))
+        shards: list[dict[str, Any]] = []
+        for conn_id, record in listed[offset:offset + limit]:
+            store = stores[conn_id]
+            try:
+                shards.append(shard_summary(store, record, now))
+            except Exception as exc:
+                shards.append({"conn_id": conn_id, "shard": record.shard_id, "upper": record.upper,
+                               "since": record.since, "errors": [store.scrub(exc)]})
+    finally:
+        for store in stores.values():
+            store.close()
     _link_assets(shards)
-    return {"generated_at": now, "connections": connections, "shards": shards}
+    return {"generated_at": now, "connections": connections, "shards": shards, "total": len(listed),
+            "offset": offset, "limit": limit, "match": match}
 
 
 def asset_ids(uris: set[str]) -> dict[str, int]:
@@ -383,7 +429,13 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
                    "bound": sum(o.bound.values()), "lag": o.lag, "lag_unit": o.lag_unit,
                    "observer": o.observer}
                   for o in window]
-        return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points}
+        newest = window[-1] if window else None
+        partitions = [] if newest is None else [
+            {"partition": p, "high_watermark": hw, "bound": newest.bound.get(p, 0),
+             "lag": max(0, hw - newest.bound.get(p, 0))}
+            for p, hw in sorted(newest.high_watermark.items())]
+        return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points,
+                "partitions": partitions, "partitions_at": None if newest is None else newest.observed_at}
     finally:
         store.close()
 
@@ -403,11 +455,33 @@ def readable_connections(user: Any) -> ConnectionFilter:
     return readable
 
 
+def _is_page(request: Request) -> bool:
+    root = request.scope.get("root_path", "").rstrip("/")
+    return request.url.path.rstrip("/") == root
+
+
+def login_path(request: Request) -> str:
+    """Airflow's login route (whichever auth manager is configured), from the server's root,
+    with the page's own URL to come back to."""
+    from urllib.parse import urlencode
+
+    root = request.scope.get("root_path", "").rstrip("/").removesuffix(URL_PREFIX)
+    return f"{root}/api/v2/auth/login?{urlencode({'next': str(request.url)})}"
+
+
 def create_ui_app() -> FastAPI:
     from airflow.api_fastapi.core_api.security import get_user
 
     app = FastAPI(title="Upsert shards", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(get_user)])
+
+    @app.exception_handler(HTTPException)
+    async def signed_out(request: Request, exc: HTTPException) -> Response:
+        # A signed-out visitor of the page itself goes to Airflow's login page, and comes back
+        # after it; the script, style and JSON answer 401 as before.
+        if exc.status_code == 401 and request.method == "GET" and _is_page(request):
+            return RedirectResponse(login_path(request), status_code=307)
+        return await http_exception_handler(request, exc)
 
     def connection_filter(user: Any = Depends(get_user)) -> ConnectionFilter:
         return readable_connections(user)
@@ -425,8 +499,13 @@ def create_ui_app() -> FastAPI:
         return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
 
     @app.get("/api/shards")
-    def shards(readable: ConnectionFilter = Depends(connection_filter)) -> JSONResponse:
-        return JSONResponse(list_shards(readable=readable), headers=SECURITY_HEADERS)
+    def shards(offset: int = Query(0, ge=0), limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
+               match: str = Query("", max_length=250), conn: str | None = Query(None, max_length=250),
+               shard: str | None = Query(None, max_length=250),
+               readable: ConnectionFilter = Depends(connection_filter)) -> JSONResponse:
+        focus = (conn or "upsert_default", shard) if shard else None
+        return JSONResponse(list_shards(readable=readable, offset=offset, limit=limit, match=match, focus=focus),
+                            headers=SECURITY_HEADERS)
 
     @app.get("/api/shards/{shard_id}/observations")
     def observations(shard_id: str, conn: str = Query("upsert_default", max_length=250),

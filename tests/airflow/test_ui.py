@@ -1,8 +1,11 @@
 """The shard page, in a real api-server and a real (headless) Chromium.
 
 Two shards in one store: ``fresh`` (its upper follows the source: OK) and ``stuck`` (its upper
-stays while the source grows for longer than the stall threshold: STALLED). Their frontier
-observations are recorded with ``observations.record_observation``, as writers record them.
+stays while the source grows for longer than the stall threshold: STALLED, and its monitor has
+a page open). Their frontier observations are recorded with ``observations.record_observation``,
+as writers record them. A second connection's store holds 500 shards: the list is paged.
+
+The browser test saves the screenshots docs/ui.md shows into docs/img/.
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import quote
 
 import pytest
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
+from airflow_upsert_provider.links import shard_page_url
 from airflow_upsert_provider.plugins.ui import URL_PREFIX, VIEW_HREF, create_ui_app
 from tests.conftest import REPO_ROOT
 from tests.helpers import batch, make_shard
@@ -30,6 +36,12 @@ PASSWORD = "ui-test-secret-9f3"
 CONSENSUS_PASSWORD = "consensus-pw-7c1"
 FRESH_POINTS = 9
 STUCK_POINTS = 8
+# The settings the stuck shard's monitor evaluated with (none the rules' default).
+STUCK_MONITOR = {"cadence_seconds": 30.0, "stall_multiplier": 2.0, "min_stall_seconds": 120.0,
+                 "window_seconds": 1800.0, "stale_after_seconds": 3600.0, "consecutive_breaches": 3}
+FLEET_CONN = "upsert_fleet"
+FLEET_SHARDS = 500
+DOCS_IMG = os.path.join(REPO_ROOT, "docs", "img")
 
 
 def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="committed", lag_seconds=None,
@@ -48,7 +60,8 @@ def shard_store(tmp_path_factory):
     """The store (SQLite consensus, blob) with the two shards and their observations."""
     from airflow_upsert_provider.engine.blob.files import open_blob
     from airflow_upsert_provider.engine.store.registry import open_consensus
-    from airflow_upsert_provider.engine.frontier.observations import record_observation
+    from airflow_upsert_provider.engine.frontier.observations import record_observation, save_alert_state
+    from airflow_upsert_provider.engine.frontier.rules import AlertState, StallSettings
 
     root = tmp_path_factory.mktemp("ui-store")
     url = f"sqlite:///{root / 'consensus.db'}"
@@ -68,8 +81,49 @@ def shard_store(tmp_path_factory):
         record_observation(consensus, _observation(
             "stuck", at, 1, 40, 40 + 25 * (i + 1), observer="sensor:monitor", outcome=None,
             lag_seconds=60.0 * (i + 1), last_commit_at=now - 540))
+    # The stuck shard's monitor evaluated it last a minute ago and has had a page open since.
+    assert save_alert_state(consensus, AlertState(
+        "stuck", consecutive_breaches=4, firing=True, firing_status="STALLED", incident_started_at=now - 180,
+        max_upper=1, last_status="STALLED", last_evaluated_at=now - 60, pages_sent=1,
+        settings=StallSettings(**STUCK_MONITOR).to_dict(), evaluated_by="sensor:upsert_frontier_monitor/r/watch",
+        last_sent_at=now - 175), 0)
     consensus.dispose()
     return {"url": url, "blob": str(root / "blob"), "now": now}
+
+
+@pytest.fixture(scope="module")
+def fleet_store(tmp_path_factory):
+    """A store of FLEET_SHARDS shards (a second connection), built in a thread: an api-server
+    starts meanwhile. ``ready()`` waits for it."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+
+    root = tmp_path_factory.mktemp("ui-fleet")
+    store: dict = {"url": f"sqlite:///{root / 'consensus.db'}", "blob": str(root / "blob")}
+    failures: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            consensus, blob = open_consensus(store["url"]), open_blob(store["blob"])
+            try:
+                for n in range(FLEET_SHARDS):
+                    make_shard(consensus, blob, root, shard_id=f"fleet_{n:03d}")
+            finally:
+                consensus.dispose()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test that waits
+            failures.append(exc)
+
+    builder = threading.Thread(target=build, name="fleet-store", daemon=True)
+    builder.start()
+
+    def ready() -> dict:
+        builder.join()
+        if failures:
+            raise failures[0]
+        return store
+
+    store["ready"] = ready
+    return store
 
 
 def _connection_env(store) -> dict[str, str]:
@@ -78,6 +132,11 @@ def _connection_env(store) -> dict[str, str]:
         "conn_type": "upsert", "password": CONSENSUS_PASSWORD,
         "extra": {"consensus_url": store["url"], "blob_root": store["blob"]},
     })}
+
+
+def _fleet_env(fleet) -> dict[str, str]:
+    return {f"AIRFLOW_CONN_{FLEET_CONN.upper()}": json.dumps({
+        "conn_type": "upsert", "extra": {"consensus_url": fleet["url"], "blob_root": fleet["blob"]}})}
 
 
 def _free_port() -> int:
@@ -117,10 +176,16 @@ def _client(user: object = "test-user") -> TestClient:
     return TestClient(app)
 
 
-def test_every_route_needs_a_signed_in_user():
+def test_every_route_needs_a_signed_in_user_and_the_page_sends_a_signed_out_one_to_the_login():
     anonymous = TestClient(create_ui_app())
-    for path in ("/", "/api/shards", "/api/shards/stuck/observations", "/static/ui.js"):
+    for path in ("/api/shards", "/api/shards/stuck/observations", "/static/ui.js"):
         assert anonymous.get(path).status_code == 401, path
+    # The page itself: Airflow's login route (any auth manager), coming back to the page after.
+    page = anonymous.get("/?conn=upsert_default&shard=stuck", follow_redirects=False)
+    assert page.status_code == 307
+    assert page.headers["location"] == ("/api/v2/auth/login?next=" + quote(
+        "http://testserver/?conn=upsert_default&shard=stuck", safe=""))
+    assert "shard" not in page.text
 
 
 def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, monkeypatch, auth_manager):
@@ -169,7 +234,8 @@ def test_looking_records_nothing(shard_store, monkeypatch, auth_manager):
     consensus = open_consensus(shard_store["url"])
     try:
         assert observation_count(consensus, "stuck") == STUCK_POINTS
-        assert load_alert_state(consensus, "stuck")[1] == 0
+        assert load_alert_state(consensus, "stuck")[1] == 1  # as the fixture saved it
+        assert load_alert_state(consensus, "fresh")[1] == 0
     finally:
         consensus.dispose()
 
@@ -233,14 +299,14 @@ def test_airflow_roles_that_may_not_read_connections_see_no_shard(shard_store, m
 
 
 @pytest.fixture(scope="module")
-def api_server(airflow_home, shard_store, tmp_path_factory):
+def api_server(airflow_home, shard_store, fleet_store, tmp_path_factory):
     """``airflow api-server`` on a loopback port, simple auth manager with one admin user."""
     home = airflow_home.clone(str(tmp_path_factory.mktemp("ui-airflow-home")))
     passwords = os.path.join(home.path, "passwords.json")
     with open(passwords, "w", encoding="utf-8") as f:
         json.dump({"admin": PASSWORD}, f)
     port = _free_port()
-    env = dict(home.base_env, **_connection_env(shard_store),
+    env = dict(home.base_env, **_connection_env(shard_store), **_fleet_env(fleet_store),
                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=passwords,
                AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}/")
@@ -268,6 +334,7 @@ def api_server(airflow_home, shard_store, tmp_path_factory):
                     with open(log_path, encoding="utf-8") as f:
                         pytest.fail(f"api-server did not start:\n{f.read()[-5000:]}")
                 time.sleep(1)
+        fleet_store["ready"]()
         yield {"base": base, "log": log_path}
     finally:
         os.killpg(proc.pid, 15)
@@ -288,9 +355,22 @@ def _status(url: str, cookie: str | None = None) -> int:
         return exc.code
 
 
-def test_anonymous_requests_to_the_api_server_are_refused(api_server):
-    for path in ("api/shards", "api/shards/stuck/observations", ""):
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_anonymous_requests_to_the_api_server_are_refused_and_the_page_goes_to_the_login(api_server):
+    for path in ("api/shards", "api/shards/stuck/observations", "static/ui.js"):
         assert _status(f"{api_server['base']}{URL_PREFIX}/{path}") in (401, 403), path
+    page = f"{api_server['base']}{URL_PREFIX}/?shard=stuck"
+    with pytest.raises(urllib.error.HTTPError) as redirected:
+        urllib.request.build_opener(_NoRedirect).open(page, timeout=30)
+    assert redirected.value.code == 307
+    assert redirected.value.headers["location"] == "/api/v2/auth/login?next=" + quote(page, safe="")
+    # ... which Airflow answers with its login page, the page to come back to in hand.
+    with urllib.request.urlopen(page, timeout=30) as login:
+        assert "/auth/login" in login.url and quote(page, safe="") in login.url
 
 
 def _wait_for_points(page, count: int, timeout: float = 60) -> None:
@@ -300,7 +380,32 @@ def _wait_for_points(page, count: int, timeout: float = 60) -> None:
         page.wait_for_timeout(200)
 
 
-def test_the_page_in_chromium_lists_both_shards_and_draws_the_chart(api_server, tmp_path):
+def _rows(frame) -> dict[tuple[str, str], dict[str, str]]:
+    return {
+        (tr.get_attribute("data-conn"), tr.get_attribute("data-shard")): {
+            name: tr.query_selector(f"td.{name}").inner_text()
+            for name in ("upper", "since", "lag", "pending-for", "frontier", "stream")
+        }
+        for tr in frame.query_selector_all("#shards tbody tr[data-shard]")
+    }
+
+
+def _wait_for_text(page, selector: str, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in (page.text_content(selector) or "" if page.query_selector(selector) else ""):
+        assert time.monotonic() < deadline, (selector, text, page.inner_text("body")[:2000])
+        page.wait_for_timeout(200)
+
+
+def _screenshot(target, name: str, tmp_path) -> None:
+    """A small PNG of ``target`` (a page or an element) in docs/img/, where docs/ui.md shows it."""
+    shot = tmp_path / name
+    target.screenshot(path=str(shot))
+    assert 5_000 < shot.stat().st_size < 400_000, (name, shot.stat().st_size)
+    shutil.copy(shot, os.path.join(DOCS_IMG, name))
+
+
+def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airflow(api_server, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"Chromium is required (apt-get install chromium): {CHROMIUM} not found")
     from playwright.sync_api import sync_playwright
@@ -309,11 +414,11 @@ def test_the_page_in_chromium_lists_both_shards_and_draws_the_chart(api_server, 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
             errors: list[str] = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            # Log in through Airflow's own login form.
-            page.goto(base + "/")
+            # Signed out, the page leads to Airflow's login form, and back to the page after it.
+            page.goto(f"{base}{URL_PREFIX}/")
             page.wait_for_selector("input[name=username]", timeout=60000)
             page.fill("input[name=username]", "admin")
             page.fill("input[name=password]", PASSWORD)
@@ -331,40 +436,111 @@ def test_the_page_in_chromium_lists_both_shards_and_draws_the_chart(api_server, 
             errors.clear()
             page.goto(f"{base}{URL_PREFIX}/")
             page.wait_for_selector("#shards tbody tr[data-shard=stuck]", timeout=60000)
-            rows = {
-                tr.get_attribute("data-shard"): {
-                    name: tr.query_selector(f"td.{name}").inner_text()
-                    for name in ("upper", "since", "lag", "pending-for", "frontier", "stream")
-                }
-                for tr in page.query_selector_all("#shards tbody tr")
-            }
-            assert set(rows) == {"fresh", "stuck"}
-            assert rows["fresh"]["upper"] == "3" and rows["fresh"]["lag"] == "0 segments"
-            assert rows["fresh"]["pending-for"] == "—"
-            assert rows["fresh"]["frontier"].startswith("OK")
-            assert rows["stuck"]["upper"] == "1" and rows["stuck"]["lag"] == f"{25 * STUCK_POINTS} segments"
-            assert rows["stuck"]["pending-for"] == "8m00s"
-            assert rows["stuck"]["frontier"].startswith("STALLED")
-            assert rows["stuck"]["stream"].startswith("READY")
+            rows = _rows(page)
+            # One page of 50 of the 502 shards: both of upsert_default, then the fleet's first.
+            assert len(rows) == 50 and page.inner_text("#range") == "shards 1–50 of 502"
+            assert [shard for conn, shard in rows if conn == FLEET_CONN] == [f"fleet_{n:03d}" for n in range(48)]
+            fresh, stuck = rows[("upsert_default", "fresh")], rows[("upsert_default", "stuck")]
+            assert fresh["upper"] == "3" and fresh["lag"] == "0 segments"
+            assert fresh["pending-for"] == "—"
+            assert fresh["frontier"].startswith("OK")
+            assert stuck["upper"] == "1" and stuck["lag"] == f"{25 * STUCK_POINTS} segments"
+            assert stuck["pending-for"] == "8m00s"
+            assert stuck["frontier"].startswith("STALLED") and "page open since" in stuck["frontier"]
+            assert stuck["stream"].startswith("READY")
             assert CONSENSUS_PASSWORD not in page.content()
 
             # The first shard's chart, then the stalled one's: one point per observation and series.
             # (Polled from here: the page's CSP forbids the eval that wait_for_function would need.)
             _wait_for_points(page, FRESH_POINTS)
+            _screenshot(page, "ui.png", tmp_path)
             page.click("#shards tbody tr[data-shard=stuck]")
             _wait_for_points(page, STUCK_POINTS)
             assert len(page.query_selector_all("#chart circle.pt.bound")) == STUCK_POINTS
             assert len(page.query_selector_all("#chart polyline")) == 2
             assert "stuck" in page.inner_text("#chart-title")
+            # Full width, with axis titles; the range asked for is the chart's.
+            chart = page.query_selector("#chart svg").bounding_box()
+            assert chart["width"] >= page.query_selector("#detail").bounding_box()["width"] - 2
+            assert page.text_content("#chart .x-title").startswith("time (UTC)")
+            assert page.text_content("#chart .y-title") == "offsets (sum over partitions)"
+            assert page.get_attribute("#ranges button.active", "data-seconds") == "21600"
+            page.click("#ranges button[data-seconds='3600']")
+            _wait_for_text(page, "#chart .x-title", "time (UTC)")
+            assert page.get_attribute("#ranges button.active", "data-seconds") == "3600"
+            _wait_for_points(page, STUCK_POINTS)
+            # Lag per partition, and the verdict: the monitor's thresholds and its open page.
+            assert page.inner_text("#partitions tbody tr[data-partition=p0] td.lag") == str(25 * STUCK_POINTS)
+            assert "monitor last evaluated with" in page.inner_text("#judged-with")
+            thresholds = page.inner_text("#thresholds")
+            assert "Stalled after\n2m00s (120s) = max(2 x cadence, 2m00s (120s))" in thresholds, thresholds
+            assert "Stale after\n1h00m00s (3,600s)" in thresholds and "Cadence\n30s" in thresholds
+            monitor = page.inner_text("#monitor")
+            assert "open since" in monitor and "sensor:upsert_frontier_monitor/r/watch" in monitor, monitor
+            _screenshot(page.query_selector("#detail"), "ui-shard.png", tmp_path)
+
+            # The next page, and a filter.
+            page.click("#next")
+            _wait_for_text(page, "#range", "shards 51–100 of 502")
+            assert ("upsert_fleet", "fleet_048") in _rows(page)
+            page.fill("#match", "fleet_32")
+            _wait_for_text(page, "#range", "shards 1–10 of 10")
+            assert [shard for _, shard in _rows(page)] == [f"fleet_{n}" for n in range(320, 330)]
             assert not errors, errors
 
-            shot = tmp_path / "ui.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-            if os.environ.get("UPSERT_UPDATE_SCREENSHOT"):
-                shutil.copy(shot, os.path.join(REPO_ROOT, "docs", "img", "ui.png"))
+            # In Airflow's UI, dark: the operators' "Shard page" link opens the page framed, at its
+            # shard (on the page of the list that holds it), in Airflow's theme.
+            page.evaluate("localStorage.setItem('theme', 'dark')")
+            page.goto(shard_page_url(FLEET_CONN, "fleet_321", base + "/"))
+            frame = page.frame_locator("iframe").first
+            frame.locator("#shards tbody tr.selected[data-shard=fleet_321]").wait_for(timeout=60000)
+            assert frame.locator("#range").inner_text() == "shards 301–350 of 502"
+            assert frame.locator("html").get_attribute("data-theme") == "dark"
+            background = frame.locator("body").evaluate("b => getComputedStyle(b).backgroundColor")
+            assert background == "rgb(17, 17, 19)", background
+            page.goto(shard_page_url("upsert_default", "stuck", base + "/"))
+            frame = page.frame_locator("iframe").first
+            frame.locator("#shards tbody tr.selected[data-shard=stuck]").wait_for(timeout=60000)
+            frame.locator("#chart circle.pt.hw").first.wait_for(timeout=60000)
+            page.wait_for_timeout(300)  # the chart's last repaint before the picture
+            _screenshot(page, "ui-dark.png", tmp_path)
+            # The page follows a change of Airflow's color mode while it is open.
+            page.evaluate("document.documentElement.classList.replace('dark', 'light')")
+            deadline = time.monotonic() + 30
+            while frame.locator("html").get_attribute("data-theme") != "light":
+                assert time.monotonic() < deadline
+                page.wait_for_timeout(100)
+            # The last writer links to its task try, opened by Airflow's UI around the frame.
+            frame.locator("#shards tbody tr[data-shard=stuck] a.writer-link").click()
+            page.wait_for_url(f"{base}/dags/dag/runs/run/tasks/stuck?try_number=1", timeout=60000)
         finally:
             browser.close()
+
+
+def test_five_hundred_shards_are_listed_a_page_at_a_time(shard_store, fleet_store, monkeypatch, auth_manager):
+    """The list reads the shards of one page only, whatever the store holds; a deep link finds
+    its shard's page; a filter narrows the list."""
+    from airflow_upsert_provider.plugins import ui
+
+    for name, value in {**_connection_env(shard_store), **_fleet_env(fleet_store["ready"]())}.items():
+        monkeypatch.setenv(name, value)
+    summarized: list[str] = []
+    summary = ui.shard_summary
+    monkeypatch.setattr(ui, "shard_summary", lambda store, record, now: summarized.append(record.shard_id)
+                        or summary(store, record, now))
+    client = _client()
+    first = client.get("/api/shards").json()
+    assert (first["total"], first["offset"], first["limit"], len(first["shards"])) == (502, 0, 50, 50)
+    assert {c["conn_id"]: c["shards"] for c in first["connections"]} == {"upsert_default": 2, FLEET_CONN: 500}
+    assert len(summarized) == 50
+    last = client.get("/api/shards", params={"offset": 500}).json()
+    assert [s["shard"] for s in last["shards"]] == ["fleet_498", "fleet_499"]
+    assert client.get("/api/shards", params={"limit": 201}).status_code == 422
+    focused = client.get("/api/shards", params={"conn": FLEET_CONN, "shard": "fleet_321"}).json()
+    assert focused["offset"] == 300 and "fleet_321" in [s["shard"] for s in focused["shards"]]
+    matched = client.get("/api/shards", params={"match": "FLEET_49"}).json()
+    assert matched["total"] == 10 and [s["shard"] for s in matched["shards"]][:2] == ["fleet_490", "fleet_491"]
+    assert len(summarized) == 50 + 2 + 50 + 10
 
 
 # -- the example DAGs' trigger forms ------------------------------------------------------------

@@ -3,7 +3,12 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
+const PAGE_SIZE = 50;
 let selected = null;
+let listOffset = 0;
+let listMatch = "";
+let chartSeconds = 6 * 3600;
+let chartData = null;
 // A deep link (?conn=...&shard=..., the operators' "Shard page" link) opens that shard.
 const query = new URLSearchParams(location.search);
 let wanted = query.get("shard") ? { conn_id: query.get("conn") || "upsert_default", shard: query.get("shard") } : null;
@@ -31,6 +36,39 @@ function airflowLink(path, text, cls) {
     parent.dispatchEvent(new PopStateEvent("popstate", { state: parent.history.state }));
   });
   return a;
+}
+
+// Airflow's theme. Its UI marks its <html> with the class "dark" or "light" and keeps the
+// choice in localStorage "theme" ("light", "dark" or "system"); the frame is same-origin, so
+// the page reads the parent's class, else the stored choice, else the system's preference.
+function airflowTheme() {
+  try {
+    if (window.parent !== window) {
+      const classes = window.parent.document.documentElement.classList;
+      if (classes.contains("dark")) return "dark";
+      if (classes.contains("light")) return "light";
+    }
+  } catch (e) { /* not framed by Airflow's UI */ }
+  let stored = null;
+  try { stored = localStorage.getItem("theme"); } catch (e) { stored = null; }
+  if (stored === "dark" || stored === "light") return stored;
+  return window.matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+}
+
+function applyTheme() {
+  document.documentElement.dataset.theme = airflowTheme();
+}
+
+function followTheme() {
+  applyTheme();
+  window.addEventListener("storage", (event) => { if (event.key === "theme") applyTheme(); });
+  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", applyTheme);
+  try {
+    if (window.parent !== window) {
+      new MutationObserver(applyTheme).observe(window.parent.document.documentElement,
+        { attributes: true, attributeFilter: ["class"] });
+    }
+  } catch (e) { /* not framed by Airflow's UI */ }
 }
 
 function el(tag, attrs, text) {
@@ -69,9 +107,16 @@ function renderShards(data) {
   box.textContent = errors.join("\n");
   if (data.shards.length === 0) {
     const tr = el("tr");
-    cell(tr, "No shard in any upsert connection.").setAttribute("colspan", "11");
+    cell(tr, data.match ? `No shard id contains "${data.match}".` : "No shard in any upsert connection.")
+      .setAttribute("colspan", "11");
     body.appendChild(tr);
   }
+  listOffset = data.offset;
+  const shown = data.shards.length;
+  document.getElementById("range").textContent = shown
+    ? `shards ${num(data.offset + 1)}–${num(data.offset + shown)} of ${num(data.total)}` : `0 of ${num(data.total)}`;
+  document.getElementById("prev").disabled = data.offset === 0;
+  document.getElementById("next").disabled = data.offset + data.limit >= data.total;
   for (const s of data.shards) {
     const tr = el("tr", { "data-conn": s.conn_id, "data-shard": s.shard });
     cell(tr, s.conn_id);
@@ -134,10 +179,23 @@ function select(shard) {
   const reasons = document.getElementById("reasons");
   reasons.replaceChildren(...(shard.frontier ? shard.frontier.reasons : []).map((r) => el("li", {}, r)));
   renderVerdict(shard);
-  const url = `api/shards/${encodeURIComponent(shard.shard)}/observations?conn=${encodeURIComponent(shard.conn_id)}`;
+  loadChart(shard);
+}
+
+function loadChart(shard) {
+  for (const button of document.querySelectorAll("#ranges button")) {
+    button.classList.toggle("active", Number(button.dataset.seconds) === chartSeconds);
+  }
+  const url = `api/shards/${encodeURIComponent(shard.shard)}/observations?conn=${encodeURIComponent(shard.conn_id)}` +
+    `&seconds=${chartSeconds}`;
   fetch(url, { credentials: "same-origin" })
-    .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
-    .then((data) => { if (selected === shard) drawChart(data.points); })
+    .then(answer)
+    .then((data) => {
+      if (selected !== shard) return;
+      chartData = data;
+      drawChart(data);
+      renderPartitions(data);
+    })
     .catch((e) => { document.getElementById("chart").textContent = `observations: ${e.message}`; });
 }
 
@@ -150,8 +208,12 @@ function facts(id, pairs) {
   }
 }
 
-function seconds(s) {
-  return s === null || s === undefined ? "—" : `${num(s)}s`;
+// A threshold as the server formatted it ("2m00s"), with its seconds when they say more.
+function seconds(f, name) {
+  const s = (f.thresholds || {})[name];
+  const text = (f.thresholds_text || {})[name];
+  if (s === null || s === undefined) return "—";
+  return s < 60 ? text : `${text} (${num(s)}s)`;
 }
 
 // Which thresholds judged the shard (its monitor's, or the defaults) and what its monitor last decided.
@@ -168,37 +230,74 @@ function renderVerdict(shard) {
   ] : [["Monitor", "none has evaluated this shard"]]);
   const t = f.thresholds || {};
   facts("thresholds", [
-    ["Cadence", seconds(t.cadence_seconds)],
-    ["Stalled after", `${seconds(t.stall_seconds)} = max(${t.stall_multiplier} x cadence, ${seconds(t.min_stall_seconds)})`],
-    ["Stale after", seconds(t.stale_after_seconds)],
-    ["Window", seconds(t.window_seconds)],
+    ["Cadence", seconds(f, "cadence_seconds")],
+    ["Stalled after", `${seconds(f, "stall_seconds")} = max(${t.stall_multiplier} x cadence, ${seconds(f, "min_stall_seconds")})`],
+    ["Stale after", seconds(f, "stale_after_seconds")],
+    ["Window", seconds(f, "window_seconds")],
     ["Breaches before a page", num(t.consecutive_breaches)],
-    ["Lag objective", seconds(t.lag_seconds_objective)],
+    ["Lag objective", seconds(f, "lag_seconds_objective")],
   ]);
 }
 
-function drawChart(points) {
+function renderPartitions(data) {
+  const body = document.querySelector("#partitions tbody");
+  body.replaceChildren();
+  document.getElementById("partitions-at").textContent = data.partitions_at ? `as observed at ${when(data.partitions_at)}` : "";
+  if (!data.partitions.length) {
+    const tr = el("tr");
+    cell(tr, "No observation in this range.").setAttribute("colspan", "4");
+    body.appendChild(tr);
+  }
+  for (const p of data.partitions) {
+    const tr = el("tr", { "data-partition": p.partition });
+    cell(tr, p.partition);
+    cell(tr, num(p.high_watermark), "num");
+    cell(tr, num(p.bound), "num");
+    cell(tr, num(p.lag), "num lag");
+    body.appendChild(tr);
+  }
+}
+
+function clock(t, span) {
+  const iso = new Date(t * 1000).toISOString();
+  return span > 86400 ? iso.slice(5, 16).replace("T", " ") : iso.slice(11, 16);
+}
+
+// The chart spans the whole range asked for (1h, 6h, 24h) at the box's full width.
+function drawChart(data) {
+  const points = data.points;
   const box = document.getElementById("chart");
   box.replaceChildren();
   if (!points.length) {
-    box.appendChild(el("p", { class: "muted" }, "No frontier observation recorded yet."));
+    box.appendChild(el("p", { class: "muted" }, "No frontier observation recorded in this range."));
     return;
   }
-  const W = 760, H = 260, L = 70, R = 16, T = 12, B = 34;
-  const t0 = points[0].t, t1 = points[points.length - 1].t;
+  const W = Math.max(360, box.clientWidth || 760), H = 300, L = 84, R = 18, T = 14, B = 52;
+  const t0 = data.from, t1 = data.to;
   const ys = points.flatMap((p) => [p.high_watermark, p.bound]);
   const y0 = Math.min(0, ...ys), y1 = Math.max(1, ...ys);
-  const x = (t) => L + (t1 > t0 ? ((t - t0) / (t1 - t0)) * (W - L - R) : (W - L - R) / 2);
+  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   const y = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - T - B);
   const svg = el("svg:svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
     "aria-label": "committed offsets and source high watermark over time" });
-  svg.appendChild(el("svg:line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
-  svg.appendChild(el("svg:line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
-  for (const v of [y0, (y0 + y1) / 2, y1]) {
+  for (let i = 0; i <= 4; i++) {
+    const v = y0 + ((y1 - y0) * i) / 4;
+    svg.appendChild(el("svg:line", { class: "grid", x1: L, y1: y(v), x2: W - R, y2: y(v) }));
     svg.appendChild(el("svg:text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, num(Math.round(v))));
   }
-  svg.appendChild(el("svg:text", { x: L, y: H - 10 }, when(t0)));
-  svg.appendChild(el("svg:text", { x: W - R, y: H - 10, "text-anchor": "end" }, when(t1)));
+  const ticks = Math.max(2, Math.min(8, Math.floor((W - L - R) / 110)));
+  for (let i = 0; i <= ticks; i++) {
+    const t = t0 + ((t1 - t0) * i) / ticks;
+    svg.appendChild(el("svg:line", { class: "tick", x1: x(t), y1: H - B, x2: x(t), y2: H - B + 4 }));
+    svg.appendChild(el("svg:text", { x: x(t), y: H - B + 16, "text-anchor": i === 0 ? "start" : i === ticks ? "end" : "middle" },
+      clock(t, t1 - t0)));
+  }
+  svg.appendChild(el("svg:line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
+  svg.appendChild(el("svg:line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  svg.appendChild(el("svg:text", { class: "axis-title x-title", x: L + (W - L - R) / 2, y: H - 8, "text-anchor": "middle" },
+    `time (UTC), ${when(t0)} to ${when(t1)}`));
+  svg.appendChild(el("svg:text", { class: "axis-title y-title", x: 14, y: T + (H - T - B) / 2, "text-anchor": "middle",
+    transform: `rotate(-90 14 ${T + (H - T - B) / 2})` }, "offsets (sum over partitions)"));
   for (const [key, cls] of [["high_watermark", "hw"], ["bound", "bound"]]) {
     // A step line: a value holds until the next observation.
     const coords = [];
@@ -217,9 +316,19 @@ function drawChart(points) {
   box.appendChild(svg);
 }
 
+function answer(r) {
+  if (r.status === 401) return Promise.reject(new Error("signed out of Airflow: reload the page to sign in again"));
+  return r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`));
+}
+
 function load() {
-  fetch("api/shards", { credentials: "same-origin" })
-    .then((r) => (r.ok ? r.json() : Promise.reject(new Error(`HTTP ${r.status}`))))
+  const params = new URLSearchParams({ offset: String(listOffset), limit: String(PAGE_SIZE), match: listMatch });
+  if (wanted) {
+    params.set("conn", wanted.conn_id);
+    params.set("shard", wanted.shard);
+  }
+  fetch(`api/shards?${params}`, { credentials: "same-origin" })
+    .then(answer)
     .then(renderShards)
     .catch((e) => {
       const box = document.getElementById("errors");
@@ -229,6 +338,26 @@ function load() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("prev").addEventListener("click", () => { listOffset = Math.max(0, listOffset - PAGE_SIZE); load(); });
+  document.getElementById("next").addEventListener("click", () => { listOffset += PAGE_SIZE; load(); });
+  let typing = null;
+  document.getElementById("match").addEventListener("input", (event) => {
+    clearTimeout(typing);
+    typing = setTimeout(() => { listMatch = event.target.value; listOffset = 0; load(); }, 250);
+  });
+  for (const button of document.querySelectorAll("#ranges button")) {
+    button.addEventListener("click", () => {
+      chartSeconds = Number(button.dataset.seconds);
+      if (selected) loadChart(selected);
+    });
+  }
+  let resizing = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(() => { if (chartData) drawChart(chartData); }, 150);
+  });
   load();
   setInterval(load, 30000);
 });
+
+followTheme();
