@@ -120,6 +120,27 @@ def s3_root(s3_server, monkeypatch, tmp_path):
     return f"s3://{s3_server.create_bucket()}/shards"
 
 
+@pytest.fixture
+def s3_executors(request, spark, s3_root):
+    """``s3_root`` for code that runs on the session ``spark``'s executors in this process
+    (``cli.main``, an operator's task): their Python workers see the S3 server's variables.
+
+    Those workers are started by the JVM with the JVM's environment, not this process's, so
+    what ``s3_root`` sets in ``os.environ`` reaches only the driver. PySpark ships
+    ``spark.sparkContext.environment`` with every Python function, and a changed one gets its
+    own worker daemon: the variables ``s3_root`` sets (and ``s3_faults``'s endpoint and
+    attempts, when the test asks for it) are put there for the test's duration, and the
+    previous dict is restored after it."""
+    if "s3_faults" in request.fixturenames:
+        request.getfixturevalue("s3_faults")  # its endpoint first: the executors reach the proxy
+    environment = spark.sparkContext.environment
+    previous = dict(environment)
+    environment.update({name: os.environ[name] for name in AWS_VARIABLES if name in os.environ})
+    yield s3_root
+    environment.clear()
+    environment.update(previous)
+
+
 class S3Faults:
     """A fresh bucket reached through a fault-injecting proxy (:mod:`tests.s3proxy`): ``root``
     is the URI of a prefix in it, ``proxy`` sets faults and records requests, ``server`` is

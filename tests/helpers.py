@@ -65,6 +65,25 @@ def run_cli_json(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict |
     return code, (json.loads(out) if out.strip() else None), err
 
 
+class Upsertctl:
+    """``upsertctl`` in this process against one consensus store and blob root, given as
+    ``--consensus`` and ``--blob-root`` (what a subprocess got through ``cli_env``): calling
+    it gives (exit code, stdout, stderr), :meth:`ok` the stdout of a command that must
+    succeed."""
+
+    def __init__(self, capsys: pytest.CaptureFixture, consensus_url: str, blob_root: str, *options: str) -> None:
+        self.capsys = capsys
+        self.options = ("--consensus", consensus_url, "--blob-root", blob_root, *options)
+
+    def __call__(self, *argv: str) -> tuple[int, str, str]:
+        return run_cli(self.capsys, *self.options, *argv)
+
+    def ok(self, *argv: str) -> str:
+        code, out, err = self(*argv)
+        assert code == 0, err[-3000:]
+        return out
+
+
 def cli_store(tmp_path, monkeypatch, consensus_url: str):
     """A consensus store and blob root under ``tmp_path`` that `upsertctl` in this process
     also uses (through its environment): (consensus, blob)."""
