@@ -1,6 +1,7 @@
-"""The shard's invariants on an S3 root, end to end: `upsertctl` processes whose local Spark
-executors write the runs to the loopback S3 server (through the fault proxy where a test
-needs one), against the oracle."""
+"""The shard's invariants on an S3 root, end to end: `upsertctl` in this process, on the
+session's Spark whose executors write the runs to the loopback S3 server (``s3_executors``;
+through the fault proxy where a test needs one), against the oracle. A writer held mid-write
+is a process of its own."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.conftest import REPO_ROOT, cli_env
+from tests.helpers import Upsertctl
 from tests.oracle import oracle_table, table_from_rows
-from tests.test_run_io_s3 import ok, upsertctl
+from tests.test_run_io_s3 import ok
 from tests.test_runs import write_segment
 
 pytestmark = pytest.mark.slow
@@ -44,13 +46,25 @@ def expected(landing: str):
     return oracle_table(landing, order_by="ts", delete_marker="deleted")
 
 
+def init_args(shard_id: str, landing: str, files_per_batch: int = 2) -> tuple[str, ...]:
+    """``upsertctl init`` of a shard over ``landing`` (:func:`landing_of`)."""
+    return ("init", shard_id, "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker",
+            "deleted", "--buckets", "2", "--max-files-per-batch", str(files_per_batch), "--schema", SCHEMA)
+
+
 def init_shard(shard_id: str, landing: str, env: dict[str, str], files_per_batch: int = 2) -> None:
-    ok("init", shard_id, "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker",
-       "deleted", "--buckets", "2", "--max-files-per-batch", str(files_per_batch), "--schema", SCHEMA, env=env)
+    """:func:`init_args` in a process of its own."""
+    ok(*init_args(shard_id, landing, files_per_batch), env=env)
+
+
+def table_of(read_output: str):
+    """The table ``upsertctl read`` printed."""
+    return table_from_rows(json.loads(line) for line in read_output.splitlines())
 
 
 def read_table(shard_id: str, env: dict[str, str]):
-    return table_from_rows(json.loads(line) for line in ok("read", shard_id, env=env).splitlines())
+    """The shard's table, read by ``upsertctl read`` in a process of its own."""
+    return table_of(ok("read", shard_id, env=env))
 
 
 def run_keys(s3_server, root: str, shard_id: str) -> set[str]:
@@ -69,17 +83,19 @@ def committed_files(consensus, shard_id: str) -> set[str]:
 
 
 def test_a_batch_commits_only_after_every_executor_put_completed_and_a_failing_put_fails_it_retryably(
-    s3_faults, sqlite_url, tmp_path
+    s3_faults, s3_executors, sqlite_url, tmp_path, capsys
 ):
     landing = landing_of(tmp_path, segments=2)
-    env = cli_env(sqlite_url, s3_faults.root)
-    init_shard("s", landing, env, files_per_batch=2)
+    upsertctl = Upsertctl(capsys, sqlite_url, s3_faults.root)
+    upsertctl.ok(*init_args("s", landing, files_per_batch=2))
     consensus = open_consensus(sqlite_url)
     try:
         # One executor PUT of the first batch's run is held: the batch is not committed while
-        # it is, and is once it completes.
+        # it is, and is once it completes. (The writer is a process of its own: this one waits
+        # for the PUT to arrive while the writer holds it.)
         held = s3_faults.proxy.hold("PUT", RUN_FILE)
-        writer = subprocess.Popen(upsertctl_command("run-batch", "s", "--json"), env=env, cwd=REPO_ROOT,
+        writer = subprocess.Popen(upsertctl_command("run-batch", "s", "--json"), cwd=REPO_ROOT,
+                                  env=cli_env(sqlite_url, s3_faults.root),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert held.arrived.wait(300), "no run file PUT reached the proxy"
@@ -97,35 +113,35 @@ def test_a_batch_commits_only_after_every_executor_put_completed_and_a_failing_p
         # Every PUT of a run file fails beyond the filesystem layer's bound: the batch fails
         # retryably (exit 2, BlobUnavailable) and nothing is committed.
         s3_faults.proxy.fail("PUT", RUN_FILE, times=1000, status=503)
-        failed = upsertctl("run-batch", "s", "--json", env=env)
-        assert failed.returncode == 2, failed.stderr[-3000:]
-        error = json.loads(failed.stdout)
+        code, out, err = upsertctl("run-batch", "s", "--json")
+        assert code == 2, err[-3000:]
+        error = json.loads(out)
         assert (error["error"], error["retryable"], error["operation"]) == ("BlobUnavailable", True, "write")
         assert error["bucket"] == s3_faults.bucket and "/runs/ts=" in error["key"]
         assert "SERVICE_UNAVAILABLE" in error["reason"] or "503" in error["reason"], error
         assert consensus.get_batch("s", 1) is None
         s3_faults.proxy.clear()
         # The retry converges.
-        ok("run-batch", "s", "--until-caught-up", env=env)
+        upsertctl.ok("run-batch", "s", "--until-caught-up")
         assert consensus.get_batch("s", 1) is not None and consensus.get_batch("s", 2) is None
     finally:
         consensus.dispose()
-    assert read_table("s", env) == expected(landing)
+    assert table_of(upsertctl.ok("read", "s")) == expected(landing)
 
 
 # -- checkpoints through upsertctl on an S3 root ---------------------------------------------
 
 
 def test_checkpoint_of_executor_written_batches_on_s3_restores_into_a_new_store_and_the_shard_resumes(
-    s3_server, s3_root, tmp_path
+    s3_server, s3_root, s3_executors, tmp_path, capsys
 ):
     landing = landing_of(tmp_path, segments=2)
-    env = cli_env(f"sqlite:///{tmp_path / 'first.db'}", s3_root)
-    init_shard("s", landing, env, files_per_batch=2)
-    ok("run-batch", "s", "--until-caught-up", env=env)
-    created = json.loads(ok("checkpoint", "create", "s", "--json", env=env))["checkpoint"]
+    upsertctl = Upsertctl(capsys, f"sqlite:///{tmp_path / 'first.db'}", s3_root)
+    upsertctl.ok(*init_args("s", landing, files_per_batch=2))
+    upsertctl.ok("run-batch", "s", "--until-caught-up")
+    created = json.loads(upsertctl.ok("checkpoint", "create", "s", "--json"))["checkpoint"]
     assert (created["upper"], created["since"]) == (2, 0)
-    verified = json.loads(ok("checkpoint", "verify", "s", created["id"], "--json", env=env))["verified"]
+    verified = json.loads(upsertctl.ok("checkpoint", "verify", "s", created["id"], "--json"))["verified"]
     assert verified == [{"id": created["id"], "files": created["files"], "ok": True}]
     # The checkpoint lists exactly the objects the executors wrote for the two batches.
     first = open_consensus(f"sqlite:///{tmp_path / 'first.db'}")
@@ -141,24 +157,30 @@ def test_checkpoint_of_executor_written_batches_on_s3_restores_into_a_new_store_
     damaged = blob.path(sorted(written)[0])
     original = blob.read_bytes(damaged)
     blob.write_file(damaged, bytes(b ^ 0xFF for b in original), sync=True)
-    bad = upsertctl("checkpoint", "verify", "s", created["id"], "--json", env=env)
-    assert bad.returncode == 4 and sorted(written)[0] in bad.stdout, bad.stdout[-2000:] + bad.stderr[-2000:]
+    code, out, err = upsertctl("checkpoint", "verify", "s", created["id"], "--json")
+    assert code == 4 and sorted(written)[0] in out, out[-2000:] + err[-2000:]
     blob.write_file(damaged, original, sync=True)
 
     # More data lands; the shard is restored into a new consensus store and resumes there.
     for p, partition in enumerate(("p0", "p1")):
         write_segment(landing, partition, 2, [{"id": p * 1000 + i, "v": "late", "ts": 9, "deleted": i % 5 == 0}
                                              for i in range(0, 300, 3)])
-    other = cli_env(f"sqlite:///{tmp_path / 'restored.db'}", s3_root)
-    restored = json.loads(ok("checkpoint", "restore", "s", created["id"], "--json", env=other))
+    other = Upsertctl(capsys, f"sqlite:///{tmp_path / 'restored.db'}", s3_root)
+    restored = json.loads(other.ok("checkpoint", "restore", "s", created["id"], "--json"))
     assert (restored["upper"], restored["since"]) == (2, 0)
-    ok("recover", "seek", "s", env=other)
-    ok("recover", "resume", "s", env=other)
-    ok("run-batch", "s", "--until-caught-up", env=other)
+    other.ok("recover", "seek", "s")
+    other.ok("recover", "resume", "s")
+    other.ok("run-batch", "s", "--until-caught-up")
     store = open_consensus(f"sqlite:///{tmp_path / 'restored.db'}")
     try:
         assert store.get_shard("s").upper == 3
         assert store.get_batch("s", 2).run["rows"] > 0
     finally:
         store.dispose()
-    assert read_table("s", other) == expected(landing)
+    # The first store never saw the batch the restored shard wrote.
+    first = open_consensus(f"sqlite:///{tmp_path / 'first.db'}")
+    try:
+        assert first.get_shard("s").upper == 2
+    finally:
+        first.dispose()
+    assert table_of(other.ok("read", "s")) == expected(landing)

@@ -1,7 +1,8 @@
-"""Runs on an S3 root, end to end: `upsertctl` processes, whose local Spark executors inherit
-the loopback S3 server's variables, write a shard's batches, compact it and read it while its
-blob root is on the server. Spark's own Parquet writer and reader cannot reach it on a stock
-``pip install pyspark``: the executors write and read every run through pyarrow."""
+"""Runs on an S3 root, end to end: `upsertctl` in this process, on the session's Spark whose
+executors get the loopback S3 server's variables (``s3_executors``), writes a shard's batches,
+compacts it and reads it while its blob root is on the server. Spark's own Parquet writer and
+reader cannot reach it on a stock ``pip install pyspark``: the executors write and read every
+run through pyarrow."""
 
 from __future__ import annotations
 
@@ -11,13 +12,21 @@ import subprocess
 import sys
 from urllib.parse import parse_qs, unquote
 
+import pytest
+
 from airflow_upsert_provider.engine.store.registry import open_consensus
-from tests.conftest import REPO_ROOT, cli_env
+from tests.conftest import REPO_ROOT
+from tests.helpers import Upsertctl
 from tests.oracle import oracle_table, table_from_rows
 from tests.test_runs import write_segment
 
+# The commands run on the session's Spark: its executors reach the S3 server.
+pytestmark = pytest.mark.usefixtures("s3_executors")
+
 
 def upsertctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``upsertctl`` in a process of its own, for the tests about processes (a writer held
+    or killed mid-write, racing writers, a cluster's executors)."""
     return subprocess.run([sys.executable, "-m", "airflow_upsert_provider.cli", *args], env=env,
                           capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
 
@@ -29,16 +38,12 @@ def ok(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def shard_on_s3(tmp_path, s3_root: str, landing: str, buckets: int, *options: str):
+def shard_on_s3(capsys, tmp_path, s3_root: str, landing: str, buckets: int, *options: str):
     """Shard ``s`` over ``landing`` on the S3 root, created with ``upsertctl init`` on a SQLite
     store: (consensus URL, a runner of upsertctl commands that must succeed, bucket, prefix)."""
     url = f"sqlite:///{tmp_path / 'consensus.db'}"
-    env = cli_env(url, s3_root)
+    run = Upsertctl(capsys, url, s3_root).ok
     bucket, prefix = s3_root[len("s3://"):].split("/", 1)
-
-    def run(*args: str) -> str:
-        return ok(*args, env=env)
-
     run("init", "s", "--source", f"dir:{landing}", "--key", "id", "--order-by", "ts", "--delete-marker", "deleted",
         "--buckets", str(buckets), *options, "--schema", "id BIGINT, v STRING, ts BIGINT, deleted BOOLEAN")
     return url, run, bucket, prefix
@@ -77,13 +82,13 @@ def shard_requests(s3_server, since: int, bucket: str, prefix: str) -> list[tupl
     return named
 
 
-def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_path):
+def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_path, capsys):
     landing = str(tmp_path / "landing")
     write_segment(landing, "p0", 0, [{"id": i, "v": "a", "ts": 1} for i in range(50)])
     write_segment(landing, "p0", 1, [{"id": i, "v": "b", "ts": 2, "deleted": i % 10 == 0} for i in range(25, 75)])
     write_segment(landing, "p1", 0, [{"id": i, "v": "c", "ts": 0} for i in range(70, 90)])
     expected = oracle_table(landing, order_by="ts", delete_marker="deleted")
-    url, run, bucket, prefix = shard_on_s3(tmp_path, s3_root, landing, 4, "--max-files-per-batch", "2")
+    url, run, bucket, prefix = shard_on_s3(capsys, tmp_path, s3_root, landing, 4, "--max-files-per-batch", "2")
     before = len(s3_server.requests())
     run("run-batch", "s", "--until-caught-up")
     batch_requests = shard_requests(s3_server, before, bucket, f"{prefix}/s/")
@@ -108,7 +113,7 @@ def test_batches_compaction_and_reads_of_a_shard_on_s3(s3_server, s3_root, tmp_p
     assert table_from_rows(json.loads(line) for line in run("read", "s").splitlines()) == expected
 
 
-def test_a_quarantining_batch_on_s3_writes_its_rejects_from_the_executors(s3_server, s3_root, tmp_path):
+def test_a_quarantining_batch_on_s3_writes_its_rejects_from_the_executors(s3_server, s3_root, tmp_path, capsys):
     """Rejects go where Spark's JSON writer cannot reach on a stock PySpark: each task writes
     its quarantined records as one JSON Lines object at its final name and reports it; the
     batch commits, and the rejects are readable from the bucket as the batch describes them."""
@@ -119,7 +124,7 @@ def test_a_quarantining_batch_on_s3_writes_its_rejects_from_the_executors(s3_ser
     with open(f"{landing}/p0/1.jsonl", "w") as handle:
         handle.write("\n".join(bad_lines) + "\n" + json.dumps({"id": 99, "v": "z", "ts": 2}) + "\n")
     expected[(99,)] = {"id": 99, "v": "z", "ts": 2}
-    url, run, bucket, prefix = shard_on_s3(tmp_path, s3_root, landing, 2)
+    url, run, bucket, prefix = shard_on_s3(capsys, tmp_path, s3_root, landing, 2)
     run("run-batch", "s", "--on-bad-record", "quarantine")
     assert table_from_rows(json.loads(line) for line in run("read", "s").splitlines()) == expected
 

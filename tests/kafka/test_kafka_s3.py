@@ -1,7 +1,7 @@
-"""A Kafka shard whose blob root is on the loopback S3 server: `upsertctl` processes (their
-local executors inherit the server's variables) fetch the topic's slices and write each batch's
-runs to the bucket; the table is what the topic holds, and `upsertctl frontier observe` sees
-the shard caught up with the topic."""
+"""A Kafka shard whose blob root is on the loopback S3 server: `upsertctl` in this process, on
+the session's Spark whose executors get the server's variables (``s3_executors``), fetches the
+topic's slices and writes each batch's runs to the bucket; the table is what the topic holds,
+and `upsertctl frontier observe` sees the shard caught up with the topic."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ import json
 import pytest
 
 from airflow_upsert_provider.engine.store.registry import open_consensus
-from tests.conftest import cli_env
-from tests.helpers import run_cli_json
+from tests.helpers import Upsertctl
 from tests.kafka.conftest import MOCK_PARTITIONS, produce_changes
 from tests.oracle import table_from_rows
-from tests.test_run_io_s3 import check_run_is_what_is_stored, upsertctl
+from tests.test_run_io_s3 import check_run_is_what_is_stored
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_kafka_shard_on_s3_holds_what_the_topic_holds(s3_server, s3_root, tmp_path, monkeypatch, capsys,
+def test_a_kafka_shard_on_s3_holds_what_the_topic_holds(s3_server, s3_root, s3_executors, tmp_path, capsys,
                                                          kafka_bootstrap, kafka_topic):
     # Keys keep to one partition each (key % 4); every key is written twice, every 7th then
     # deleted by a tombstone: the table holds each key's last value unless it was deleted.
@@ -37,13 +36,7 @@ def test_a_kafka_shard_on_s3_holds_what_the_topic_holds(s3_server, s3_root, tmp_
     config = tmp_path / "kafka.json"
     config.write_text(json.dumps({"bootstrap.servers": kafka_bootstrap}))
     url = f"sqlite:///{tmp_path / 'consensus.db'}"
-    env = cli_env(url, s3_root, UPSERT_KAFKA_CONFIG=str(config))
-
-    def run(*args: str) -> str:
-        done = upsertctl(*args, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
-
+    run = Upsertctl(capsys, url, s3_root, "--kafka-config", str(config)).ok
     run("init", "k", "--source", f"kafka:{kafka_topic}", "--key", "id", "--schema", "id BIGINT, name STRING",
         "--buckets", "2", "--max-records-per-batch", "120")
     batches = json.loads(run("run-batch", "k", "--until-caught-up", "--json"))["batches"]
@@ -60,12 +53,9 @@ def test_a_kafka_shard_on_s3_holds_what_the_topic_holds(s3_server, s3_root, tmp_
     finally:
         consensus.dispose()
 
-    # The frontier of the shard on S3, observed against the topic from this process.
-    monkeypatch.setenv("UPSERT_CONSENSUS_URL", url)
-    monkeypatch.setenv("UPSERT_BLOB_ROOT", s3_root)
-    monkeypatch.setenv("UPSERT_KAFKA_CONFIG", str(config))
-    code, out, err = run_cli_json(capsys, "frontier", "observe", "k")
-    assert (code, out["unobservable"]) == (0, {}), err
+    # The frontier of the shard on S3, observed against the topic.
+    out = json.loads(run("frontier", "observe", "k", "--json"))
+    assert out["unobservable"] == {}
     [observed] = out["observations"]
     offsets = {str(p): sum(1 for q, _, _ in changes if q == p) for p in range(MOCK_PARTITIONS)}
     assert observed["shard_id"] == "k" and observed["upper"] == 2
