@@ -79,10 +79,12 @@ def test_bad_conf_values_exit_2_naming_the_key_in_a_fresh_process(tmp_path):
     generate(str(landing), SampleSpec(records=10, keys=5, partitions=1, segments_per_partition=1, seed=3))
     env = cli_env(f"sqlite:///{tmp_path / 'c.db'}", str(tmp_path / "blob"))
     upsertctl = [sys.executable, "-m", "airflow_upsert_provider.cli"]
-    init = [*upsertctl, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL,
-            "--json"]
+    init = [*upsertctl, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema", SAMPLE_SCHEMA_DDL]
+    # init parses a plain schema without Spark; the batch is what starts the session.
+    assert subprocess.run(init, env=env, capture_output=True, text=True, timeout=300).returncode == 0
+    batch = [*upsertctl, "run-batch", "s", "--json"]
     for key, value in (("spark.sql.shuffle.partitions", "abc"), ("spark.driver.memory", "1z")):
-        done = subprocess.run([*init, "--conf", f"{key}={value}"], env=env, capture_output=True, text=True,
+        done = subprocess.run([*batch, "--conf", f"{key}={value}"], env=env, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 2, done.stderr[-2000:]
         out = json.loads(done.stdout)

@@ -36,10 +36,13 @@ class Context:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from airflow_upsert_provider.engine.blob.files import open_blob
+        from airflow_upsert_provider.engine.spark.session import resolve_remote
         from airflow_upsert_provider.engine.store.registry import open_consensus
 
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
+        # Refused whether or not this command starts Spark: the two flags contradict each other.
+        resolve_remote(getattr(args, "master", None), getattr(args, "remote", None))
         url = consensus_url(args)
         self.blob = open_blob(blob_root(args))
         # Checked up front, with a message naming the root, before any Spark job writes there.

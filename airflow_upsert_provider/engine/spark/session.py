@@ -108,6 +108,20 @@ def is_local_master(master: str) -> bool:
     return master.startswith("local")
 
 
+def resolve_remote(master: str | None, remote: str | None) -> str | None:
+    """The Spark Connect address to use (``remote``, else ``UPSERT_SPARK_REMOTE``), or None
+    for a classic session; a master given beside an address is refused (the server runs on
+    its own master). Callers that may not start Spark at all check it up front with this."""
+    remote = remote or os.environ.get("UPSERT_SPARK_REMOTE") or None
+    if remote and master:
+        raise ConfigurationError(
+            f"a Spark master ({master!r}) and a Spark Connect address were both given: "
+            "the Connect server runs on its own master; give one of them",
+            field="master",
+        )
+    return remote
+
+
 def get_spark(
     master: str | None = None,
     app_name: str = "airflow-upsert-provider",
@@ -139,14 +153,8 @@ def get_spark(
     """
     from pyspark.sql import SparkSession
 
-    remote = remote or os.environ.get("UPSERT_SPARK_REMOTE") or None
+    remote = resolve_remote(master, remote)
     if remote:
-        if master:
-            raise ConfigurationError(
-                f"a Spark master ({master!r}) and a Spark Connect address were both given: "
-                "the Connect server runs on its own master; give one of them",
-                field="master",
-            )
         return get_connect_spark(remote, conf=conf, private=private)
     active = SparkSession.getActiveSession()
     if active is not None and is_connect_session(active):
