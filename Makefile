@@ -13,7 +13,7 @@ DURATIONS ?= --durations=25
 # and subprocesses use more than one core, and memory grows with each worker.
 WORKERS ?= 2
 
-.PHONY: demo test test-fast bench soak check-java clean
+.PHONY: demo test test-fast bench soak docs-images check-java clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench: $(STAMP) check-java
 # racing writers SIGKILLed at random; SOAK_ARGS passes options (e.g. --batches 2000 --seed 3).
 soak: $(STAMP) check-java
 	$(BIN)/python bench/soak.py --batches 10000 --writers 3 --kill-every 300 $(SOAK_ARGS)
+
+# The shard page's screenshots in docs/img/ (docs/ui.md), taken by its browser test.
+docs-images: $(STAMP) check-java
+	UPSERT_DOCS_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/airflow/test_ui.py -k chromium
 
 clean:
 	rm -rf .upsert .demo spark-warehouse

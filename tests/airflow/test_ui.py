@@ -5,7 +5,7 @@ stays while the source grows for longer than the stall threshold: STALLED, and i
 a page open). Their frontier observations are recorded with ``observations.record_observation``,
 as writers record them. A second connection's store holds 500 shards: the list is paged.
 
-The browser test saves the screenshots docs/ui.md shows into docs/img/.
+The browser test takes the screenshots docs/ui.md shows (into docs/img/ under `make docs-images`).
 """
 
 from __future__ import annotations
@@ -398,11 +398,14 @@ def _wait_for_text(page, selector: str, text: str, timeout: float = 60) -> None:
 
 
 def _screenshot(target, name: str, tmp_path) -> None:
-    """A small PNG of ``target`` (a page or an element) in docs/img/, where docs/ui.md shows it."""
+    """A small PNG of ``target`` (a page or an element), taken on every run; copied into
+    docs/img/, where docs/ui.md shows it, when UPSERT_DOCS_IMAGES=1 (`make docs-images`), so
+    that a test run leaves the checkout as it found it."""
     shot = tmp_path / name
     target.screenshot(path=str(shot))
     assert 5_000 < shot.stat().st_size < 400_000, (name, shot.stat().st_size)
-    shutil.copy(shot, os.path.join(DOCS_IMG, name))
+    if os.environ.get("UPSERT_DOCS_IMAGES") == "1":
+        shutil.copy(shot, os.path.join(DOCS_IMG, name))
 
 
 def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airflow(api_server, tmp_path):
