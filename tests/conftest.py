@@ -21,8 +21,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the class-data-sharing archive that pytest_configure builds. Together they took a fresh
 # one-batch task to 0.46x (docs/performance.md, "Cold in-process task"); the suite starts
 # hundreds, and its own in-process sessions ran its Spark-heavy modules in 0.72x with C1 only
-# ("The test suite's time"). The Connect servers of tests/connect keep the default compilers.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+# ("The test suite's time"). The serial collector: heaps of a few hundred MB on two cores, where
+# G1's concurrent threads cost more than they save (0.97x on a Spark-heavy module). The Connect
+# servers of tests/connect keep the JVM's defaults.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 # Where pytest_configure builds that archive, once per checkout (gitignored).
 TEST_STATE_DIR = os.path.join(REPO_ROOT, ".upsert-test")
