@@ -191,7 +191,9 @@ def measure(history: History, spark, repeat: int, compact_batches: int) -> dict[
     )
     _, figures["compaction"] = timed(lambda: compact(spark, shard))
     _, figures["gc"] = timed(lambda: collect_garbage(consensus, history.blob, SHARD, grace_seconds=0))
-    figures["checkpoint"] = median(lambda: create_checkpoint(shard, keep_last=1), 3)
+    # As many samples as the warm figures: a create is milliseconds, and a median of 3 moved
+    # by a third between runs at the same level.
+    figures["checkpoint"] = median(lambda: create_checkpoint(shard, keep_last=1), repeat)
     shard.read(spark).count()  # warm
     figures["read"] = median(lambda: shard.read(spark).count(), 3)
     figures["retry_outcome"] = ",".join(sorted(outcomes))  # type: ignore[assignment]
