@@ -10,6 +10,22 @@ __version__ = "0.1.0"
 DISTRIBUTION_NAME = "airflow-upsert-provider"
 INTEGRATION_NAME = "Upsert shards"
 
+# The table read without Spark (engine/table/arrow_reader.py), exported lazily: importing the
+# package imports neither pyarrow nor PySpark.
+_LAZY_EXPORTS = {
+    "read_table": "airflow_upsert_provider.engine.table.arrow_reader",
+    "read_table_from_store": "airflow_upsert_provider.engine.table.arrow_reader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 def get_provider_info() -> dict[str, Any]:
     """Provider metadata, read by Airflow through the ``apache_airflow_provider`` entry point.

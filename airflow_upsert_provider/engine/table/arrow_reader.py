@@ -1,0 +1,255 @@
+"""The shard's table without Spark: the live runs merged with pyarrow, bucket by bucket.
+
+The table is the one :meth:`Shard.read` returns (``runs.read_runs``): per key the row with the
+highest order value wins, then the highest ``_ts``; a null order value ranks below every
+value and NaN above every number (Spark's ordering); without an order column the highest
+``_ts`` wins; tombstones are removed and only the user columns come out, keys first.
+
+Memory: every run is split by the hash of the key into the same buckets
+(``<run>/_bucket=<n>/part-*.parquet``), so a key's rows are all in one bucket of every run,
+and each bucket is merged alone. The reader holds at most the rows the live runs have in one
+bucket (the columns read, before the merge) with their merged winners, plus one output batch
+of at most ``batch_rows`` rows: never the table. A shard of R rows in B buckets read with
+C columns holds about R/B rows of C columns at a time (20M rows in 64 buckets: about 310k),
+so a large shard is read in bounded memory by giving it enough buckets (``--buckets``). Runs
+whose files are not laid out by bucket (none the engine writes) are merged as one bucket.
+
+Files are read through the blob's filesystem (local disk or object storage) with the same
+reader the executors use (:func:`run_io.read_files`). A listed file that is missing is an
+:class:`IntegrityError` naming it before anything is read; a file that fails to read and is
+not what the shard's state recorded (size, SHA-256, Parquet footer) is one too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_upsert_provider.engine.blob.interface import Blob
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.table import run_io
+from airflow_upsert_provider.engine.table.runs import (
+    check_present,
+    file_problem,
+    order_column,
+    run_schema,
+    table_columns,
+)
+
+if TYPE_CHECKING:
+    import pyarrow
+
+    from airflow_upsert_provider.engine.table.shard import Shard
+
+# Rows per output batch: one batch is what a consumer holds beside the merged bucket.
+BATCH_ROWS = 65_536
+# The bucket directory of a run file, as both run writers name it.
+_BUCKET_DIR = re.compile(r"(?:^|/)_bucket=(\d+)/[^/]+$")
+
+# What reads one run file: (blob root, path relative to it, schema) -> its record batches.
+FileReader = Callable[[str, str, "pyarrow.Schema"], Iterator["pyarrow.RecordBatch"]]
+
+
+def read_table(
+    shard: "Shard",
+    as_of: int | None = None,
+    columns: Sequence[str] | None = None,
+    *,
+    batch_rows: int = BATCH_ROWS,
+) -> "pyarrow.RecordBatchReader":
+    """The table of ``shard`` as of ``as_of`` (default: the upper), as Arrow record batches,
+    read without Spark: the same rows as :meth:`Shard.read`, bucket after bucket, sorted by
+    key within a bucket (not across buckets).
+
+    :param columns: the table columns to return, in this order (default: keys, then values).
+    :param batch_rows: rows per output batch at most.
+
+    Which runs are read is decided now, on one snapshot of consensus (refused outside
+    since <= as_of <= upper, as :meth:`Shard.live_runs` refuses it), and every listed file is
+    checked to exist; the files are read while the reader is consumed. Memory: the rows of
+    one bucket of the live runs plus one output batch (module docstring)."""
+    runs = shard.live_runs(as_of)
+    return read_runs_arrow(shard.config, shard.blob, runs, columns, shard_id=shard.shard_id, batch_rows=batch_rows)
+
+
+def read_table_from_store(
+    consensus_url: str,
+    blob_root: str,
+    shard_id: str,
+    *,
+    as_of: int | None = None,
+    columns: Sequence[str] | None = None,
+    batch_rows: int = BATCH_ROWS,
+) -> "pyarrow.RecordBatchReader":
+    """:func:`read_table` of the shard ``shard_id`` of the store at ``consensus_url``
+    (``sqlite:///PATH`` or ``postgresql://...``) whose runs are below ``blob_root`` (a local
+    path or ``s3://BUCKET/PREFIX``), without Airflow or Spark. The store is opened read-only
+    (a store without tables is refused, never created) and closed before this returns: what
+    to read is decided then, the reader needs only the blob."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
+
+    consensus = open_consensus(consensus_url, create=False)
+    try:
+        shard = Shard.open(consensus, open_blob(blob_root), shard_id)
+        return read_table(shard, as_of, columns, batch_rows=batch_rows)
+    finally:
+        consensus.dispose()
+
+
+def read_runs_arrow(
+    config: ShardConfig,
+    blob: Blob,
+    runs: list[dict[str, Any]],
+    columns: Sequence[str] | None = None,
+    *,
+    shard_id: str | None = None,
+    batch_rows: int = BATCH_ROWS,
+    read_file: FileReader | None = None,
+) -> "pyarrow.RecordBatchReader":
+    """Merge ``runs`` as :func:`runs.read_runs` does, with pyarrow, one bucket at a time.
+    ``read_file`` replaces how one run file is read (tests observe what is held through it)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if batch_rows < 1:
+        raise ConfigurationError(f"batch_rows must be at least 1, not {batch_rows}", field="batch_rows")
+    output = output_columns(config, columns)
+    order = order_column(config)
+    full_schema = to_arrow_schema(run_schema(config), timezone="UTC")
+    # Read only what the merge ranks by and what is returned.
+    needed = list(dict.fromkeys([*config.keys, *output, *([order] if order else []), "_deleted", "_ts"]))
+    read_schema = pa.schema([full_schema.field(name) for name in needed])
+    out_schema = pa.schema([full_schema.field(name) for name in output])
+    files = [f for run in runs for f in run["files"]]
+    check_present(blob, [blob.path(f["path"]) for f in files])
+    reader = read_file or _read_run_file
+
+    def batches() -> Iterator["pyarrow.RecordBatch"]:
+        for _bucket, listed in bucket_groups(files):
+            rows = _read_bucket(blob, listed, read_schema, reader, shard_id)
+            winners = merge_bucket(rows, config, output)
+            del rows  # the bucket's input goes before its output is handed out
+            yield from winners.to_batches(max_chunksize=batch_rows)
+
+    return pa.RecordBatchReader.from_batches(out_schema, batches())
+
+
+def output_columns(config: ShardConfig, columns: Sequence[str] | None) -> list[str]:
+    """The columns a read returns: ``columns`` as given, each a table column (the delete
+    marker is not one), or the keys then the values."""
+    table = table_columns(config)
+    if columns is None:
+        return [*config.keys, *[c for c in table if c not in config.keys]]
+    if isinstance(columns, str):
+        raise ConfigurationError("columns is a list of column names, not one string", field="columns")
+    unknown = [c for c in columns if c not in table]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown column {unknown[0]!r}; the table's columns are {', '.join(table)}", field="columns"
+        )
+    if len(set(columns)) != len(columns):
+        raise ConfigurationError("columns names a column twice", field="columns")
+    return list(columns)
+
+
+def bucket_groups(files: list[dict[str, Any]]) -> list[tuple[int | None, list[dict[str, Any]]]]:
+    """The listed run files grouped by their bucket (from the ``_bucket=<n>`` directory every
+    run writer puts a file in), by bucket number; one group of all files (bucket None) if any
+    file is outside such a directory, since its keys could then be in any bucket."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for f in files:
+        match = _BUCKET_DIR.search(f["path"])
+        if match is None:
+            return [(None, list(files))] if files else []
+        groups.setdefault(int(match.group(1)), []).append(f)
+    return sorted(groups.items())
+
+
+def merge_bucket(rows: "pyarrow.Table", config: ShardConfig, output: list[str]) -> "pyarrow.Table":
+    """Per key the winning row of ``rows`` (run columns of one bucket), tombstones removed,
+    ``output`` columns, sorted by key. Pure.
+
+    The rank is :func:`runs.merge_rows`'s: the order value (null lowest, NaN highest), then
+    ``_ts``; both descending so the first row of a key after the sort is its winner."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if rows.num_rows == 0:
+        return rows.select(output)
+    keys = list(config.keys)
+    order = order_column(config)
+    ranking = {name: rows.column(name) for name in keys}
+    rank: list[tuple[str, str]] = []
+    if order is not None:
+        value = rows.column(order)
+        if pa.types.is_floating(value.type):
+            # Spark orders NaN above every number; Arrow sorts it beside the nulls.
+            ranking["_nan"] = pc.fill_null(pc.is_nan(value), False)
+            rank.append(("_nan", "descending"))
+        # Nulls rank lowest: sorted after every value, whatever the null placement defaults to.
+        ranking["_valid"] = pc.is_valid(value)
+        ranking["_order"] = value
+        rank += [("_valid", "descending"), ("_order", "descending")]
+    ranking["_ts"] = rows.column("_ts")
+    rank.append(("_ts", "descending"))
+    ranked = pa.table(ranking)
+    order_of_rows = pc.sort_indices(ranked, sort_keys=[(k, "ascending") for k in keys] + rank)
+    by_key = ranked.select(keys).take(order_of_rows)
+    by_key = by_key.append_column("_position", pa.array(range(by_key.num_rows), pa.int64()))
+    # Rows are sorted by key and rank: each key's first position holds its winner.
+    firsts = by_key.group_by(keys, use_threads=False).aggregate([("_position", "min")])
+    first_positions = pc.sort_indices(firsts.column("_position_min"))
+    winners = rows.take(order_of_rows.take(firsts.column("_position_min").take(first_positions)))
+    return winners.filter(pc.invert(pc.fill_null(winners.column("_deleted"), False))).select(output)
+
+
+def _read_bucket(
+    blob: Blob, listed: list[dict[str, Any]], schema: "pyarrow.Schema", read_file: FileReader, shard_id: str | None
+) -> "pyarrow.Table":
+    import pyarrow as pa
+
+    batches: list[pa.RecordBatch] = []
+    for f in listed:
+        try:
+            batches.extend(read_file(blob.root, f["path"], schema))
+        except UpsertError:
+            raise
+        except Exception as exc:
+            error = _read_failure(blob, f, exc, shard_id)
+            if error is None:
+                raise
+            raise error from exc
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _read_run_file(root: str, path: str, schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
+    return run_io.read_files(root, [path], schema)
+
+
+def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: str | None) -> UpsertError | None:
+    """The engine error a failed read of the run file ``listed`` stands for: the store's own
+    (object storage unavailable, access denied), an :class:`IntegrityError` naming the file
+    when it is not what the shard's state recorded, else None (the original error stands)."""
+    from airflow_upsert_provider.engine.sources.kafka import carried_error
+
+    carried = carried_error(exc)  # run_io.read_files raises a store's error in the executors' form
+    if carried is not None:
+        return carried
+    recorded = {"path": listed["path"], "bytes": listed["bytes"], "sha256": listed.get("sha256")}
+    reason = file_problem(blob, recorded, "the shard's state")[1]
+    if reason is None:
+        return None
+    path = blob.path(listed["path"])
+    owner = f" of shard {shard_id!r}" if shard_id else ""
+    return IntegrityError(
+        f"a file of the committed runs{owner} is damaged: {path}: {reason} (restore the shard from a "
+        "checkpoint: `upsertctl checkpoint restore`)",
+        **({"shard": shard_id} if shard_id else {}),
+        file=path,
+        records=[{"file": path, "reason": reason}],
+        count=1,
+    )
