@@ -14,6 +14,9 @@ from airflow_upsert_provider.cli.options import actor_of, duration_option, integ
 from airflow_upsert_provider.cli.output import printable
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
+# Formats `read` writes without Spark, through the Arrow reader.
+ARROW_FORMATS = ("parquet", "arrow")
+
 
 def add_shard_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
     init = commands.add_parser("init", parents=[common, spark_conf], help="create a shard")
@@ -57,7 +60,9 @@ def add_shard_commands(commands, common: argparse.ArgumentParser, spark_conf: ar
     read = commands.add_parser("read", parents=[common, spark_conf], help="print the table, sorted by key")
     read.add_argument("shard")
     read.add_argument("--as-of", type=integer_option("--as-of", 0), default=None)
-    read.add_argument("--format", choices=("jsonl", "csv"), default="jsonl", dest="output_format")
+    read.add_argument("--format", choices=("jsonl", "csv", *ARROW_FORMATS), default="jsonl", dest="output_format",
+                      help="jsonl, csv (on Spark, sorted by key), or parquet, arrow (an Arrow IPC file; read "
+                           "without Spark, bucket by bucket: docs/readers.md; --out required)")
     read.add_argument("--out", help="write to this file instead of stdout")
 
 
@@ -187,6 +192,8 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.table.runs import read_runs, table_columns
 
+    if args.output_format in ARROW_FORMATS:
+        return _read_arrow(ctx, args)
     shard = ctx.shard(args.shard)
     handle = _open_output(args.out) if args.out else sys.stdout
     runs = shard.live_runs(args.as_of)
@@ -206,6 +213,46 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if args.out:
             handle.close()
+    return {}
+
+
+def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    """``read --format parquet|arrow``: the table read without Spark (engine/table/arrow_reader.py),
+    written to a temporary file beside ``--out`` and renamed into place once complete, so that
+    a failed read leaves no partial file another engine would take for the table."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_upsert_provider.engine.table.arrow_reader import read_table
+
+    if not args.out:
+        raise ConfigurationError(f"read --format {args.output_format} writes a file: give --out PATH", field="out")
+    shard = ctx.shard(args.shard)
+    reader = read_table(shard, args.as_of)  # what to read is decided, and checked, before --out is touched
+    tmp = os.path.join(os.path.dirname(os.path.abspath(args.out)), f".{os.path.basename(args.out)}.tmp-{os.getpid()}")
+    try:
+        handle = open(tmp, "wb")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write --out {args.out}: {exc.strerror}", field="out") from None
+    try:
+        with handle:
+            if args.output_format == "parquet":
+                with pq.ParquetWriter(handle, reader.schema) as writer:
+                    for batch in reader:
+                        writer.write_batch(batch)
+            else:
+                with pa.ipc.new_file(handle, reader.schema) as writer:
+                    for batch in reader:
+                        writer.write_batch(batch)
+        os.replace(tmp, args.out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return {}
 
 
