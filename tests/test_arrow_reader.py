@@ -137,7 +137,8 @@ def test_memory_holds_one_bucket_at_a_time(consensus, blob, tmp_path, monkeypatc
     history = []
     for _ in range(3):
         rows = random_rows(rng, 20_000, 20_000, order=True)
-        history += [{**r, "_ts": commit_batch(shard, rows)} for r in rows]
+        ts = commit_batch(shard, rows)
+        history += [{**r, "_ts": ts} for r in rows]
     bucket_rows = {b: sum(1 for r in history if r["id"] % buckets == b) for b in range(buckets)}
 
     events: list[tuple[str, int, int]] = []
@@ -225,7 +226,8 @@ def test_reads_from_store_urls_on_object_storage(s3_root, tmp_path):
         history = []
         for _ in range(3):
             rows = random_rows(rng, 30, 20, order=True)
-            history += [{**r, "_ts": commit_batch(shard, rows)} for r in rows]
+            ts = commit_batch(shard, rows)
+            history += [{**r, "_ts": ts} for r in rows]
     finally:
         consensus.dispose()
     for as_of in (1, 3):
@@ -258,7 +260,8 @@ def cli_shard(tmp_path, monkeypatch):
     history = []
     for _ in range(3):
         rows = random_rows(rng, 50, 40, order=True)
-        history += [{**r, "_ts": commit_batch(shard, rows)} for r in rows]
+        ts = commit_batch(shard, rows)
+        history += [{**r, "_ts": ts} for r in rows]
     compact_batches(shard, history, 1)
 
     def no_spark(self):
@@ -300,7 +303,7 @@ def test_read_parquet_needs_out_and_leaves_nothing_on_failure(cli_shard, capsys,
     victim = shard.blob.path(shard.live_runs()[-1]["files"][0]["path"])
     with open(victim, "r+b") as handle:
         handle.seek(0)
-        handle.write(b"garbage!")  # same size, a broken header
+        handle.write(b"garbage!" * 8)  # same size, its first pages broken
     target = tmp_path / "t.parquet"
     code, out, err = run_cli(capsys, "read", "orders", "--format", "parquet", "--out", str(target))
     assert code == 4 and victim in err and "checksum mismatch" in err

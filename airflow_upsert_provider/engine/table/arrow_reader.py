@@ -175,6 +175,7 @@ def merge_bucket(rows: "pyarrow.Table", config: ShardConfig, output: list[str]) 
 
     The rank is :func:`runs.merge_rows`'s: the order value (null lowest, NaN highest), then
     ``_ts``; both descending so the first row of a key after the sort is its winner."""
+    import numpy
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -199,7 +200,7 @@ def merge_bucket(rows: "pyarrow.Table", config: ShardConfig, output: list[str]) 
     ranked = pa.table(ranking)
     order_of_rows = pc.sort_indices(ranked, sort_keys=[(k, "ascending") for k in keys] + rank)
     by_key = ranked.select(keys).take(order_of_rows)
-    by_key = by_key.append_column("_position", pa.array(range(by_key.num_rows), pa.int64()))
+    by_key = by_key.append_column("_position", pa.array(numpy.arange(by_key.num_rows, dtype=numpy.int64)))
     # Rows are sorted by key and rank: each key's first position holds its winner.
     firsts = by_key.group_by(keys, use_threads=False).aggregate([("_position", "min")])
     first_positions = pc.sort_indices(firsts.column("_position_min"))
