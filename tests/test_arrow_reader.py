@@ -293,6 +293,13 @@ def test_read_writes_parquet_and_arrow_without_spark(cli_shard, capsys, tmp_path
     )
     with pa.ipc.open_file(arrow_path) as arrow_file:
         assert arrow_table(arrow_file) == expected_table(shard.config, history, 2)
+    # DuckDB scans the file directly, as docs/readers.md shows.
+    import duckdb
+
+    [(counted,)] = duckdb.sql(f"SELECT count(*) FROM read_parquet('{parquet_path}') WHERE amount > 500").fetchall()
+    assert counted == sum(1 for r in expected.values() if r["amount"] is not None and r["amount"] > 500)
+    rows = duckdb.sql(f"SELECT id, name, amount, updated_at FROM '{parquet_path}'").fetchall()
+    assert {(row[0],): dict(zip(("id", "name", "amount", "updated_at"), row)) for row in rows} == expected
     assert sorted(os.listdir(tmp_path)) == sorted({"blob", "c.db", "landing", "t.arrow", "t.parquet"})
 
 
