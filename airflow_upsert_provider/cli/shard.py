@@ -220,39 +220,32 @@ def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     """``read --format parquet|arrow``: the table read without Spark (engine/table/arrow_reader.py),
     written to a temporary file beside ``--out`` and renamed into place once complete, so that
     a failed read leaves no partial file another engine would take for the table."""
-    import os
+    import contextlib
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from airflow_upsert_provider.engine.common.atomic_file import replacing
     from airflow_upsert_provider.engine.table.arrow_reader import read_table
 
     if not args.out:
         raise ConfigurationError(f"read --format {args.output_format} writes a file: give --out PATH", field="out")
     shard = ctx.shard(args.shard)
     reader = read_table(shard, args.as_of)  # what to read is decided, and checked, before --out is touched
-    tmp = os.path.join(os.path.dirname(os.path.abspath(args.out)), f".{os.path.basename(args.out)}.tmp-{os.getpid()}")
-    try:
-        handle = open(tmp, "wb")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write --out {args.out}: {exc.strerror}", field="out") from None
-    try:
-        with handle:
-            if args.output_format == "parquet":
-                with pq.ParquetWriter(handle, reader.schema) as writer:
-                    for batch in reader:
-                        writer.write_batch(batch)
-            else:
-                with pa.ipc.new_file(handle, reader.schema) as writer:
-                    for batch in reader:
-                        writer.write_batch(batch)
-        os.replace(tmp, args.out)
-    except BaseException:
+    # Not fsynced: a file handed to another engine at once, not state the project trusts later.
+    with contextlib.ExitStack() as stack:
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            handle = stack.enter_context(replacing(args.out, durable=False, hidden=True))
+        except OSError as exc:
+            raise ConfigurationError(f"cannot write --out {args.out}: {exc.strerror}", field="out") from None
+        if args.output_format == "parquet":
+            with pq.ParquetWriter(handle, reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+        else:
+            with pa.ipc.new_file(handle, reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
     return {}
 
 
