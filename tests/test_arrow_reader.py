@@ -46,6 +46,17 @@ def random_rows(rng: random.Random, keys: int, count: int, *, order: bool) -> li
     return rows
 
 
+def commit_random_batches(shard, rng: random.Random, batches: int, *, keys: int, rows: int) -> list[dict]:
+    """``batches`` batches of ``rows`` random rows over ``keys`` keys (with order values),
+    committed in turn: every row written, stamped with its batch's ``_ts``."""
+    history = []
+    for _ in range(batches):
+        written = random_rows(rng, keys, rows, order=True)
+        ts = commit_batch(shard, written)
+        history += [{**r, "_ts": ts} for r in written]
+    return history
+
+
 def build_history(shard: Shard, rng: random.Random, *, batches: int, keys: int) -> list[dict]:
     """Commit ``batches`` random batches (some empty), compacting at random points; every row
     committed, with its ``_ts``."""
@@ -134,11 +145,7 @@ def test_memory_holds_one_bucket_at_a_time(consensus, blob, tmp_path, monkeypatc
     buckets = 16
     shard = make_shard(consensus, blob, tmp_path, buckets=buckets)
     rng = random.Random(7)
-    history = []
-    for _ in range(3):
-        rows = random_rows(rng, 20_000, 20_000, order=True)
-        ts = commit_batch(shard, rows)
-        history += [{**r, "_ts": ts} for r in rows]
+    history = commit_random_batches(shard, rng, 3, keys=20_000, rows=20_000)
     bucket_rows = {b: sum(1 for r in history if r["id"] % buckets == b) for b in range(buckets)}
 
     events: list[tuple[str, int, int]] = []
@@ -223,11 +230,7 @@ def test_reads_from_store_urls_on_object_storage(s3_root, tmp_path):
     try:
         shard = make_shard(consensus, s3_blob, tmp_path, buckets=3)
         rng = random.Random(3)
-        history = []
-        for _ in range(3):
-            rows = random_rows(rng, 30, 20, order=True)
-            ts = commit_batch(shard, rows)
-            history += [{**r, "_ts": ts} for r in rows]
+        history = commit_random_batches(shard, rng, 3, keys=30, rows=20)
     finally:
         consensus.dispose()
     for as_of in (1, 3):
@@ -257,11 +260,7 @@ def cli_shard(tmp_path, monkeypatch):
     consensus, cli_blob = cli_store(tmp_path, monkeypatch, f"sqlite:///{tmp_path / 'c.db'}")
     shard = make_shard(consensus, cli_blob, tmp_path, buckets=4)
     rng = random.Random(5)
-    history = []
-    for _ in range(3):
-        rows = random_rows(rng, 50, 40, order=True)
-        ts = commit_batch(shard, rows)
-        history += [{**r, "_ts": ts} for r in rows]
+    history = commit_random_batches(shard, rng, 3, keys=50, rows=40)
     compact_batches(shard, history, 1)
 
     def no_spark(self):
