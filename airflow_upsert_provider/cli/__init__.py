@@ -78,6 +78,7 @@ COMMANDS = {
     "compact": maintenance.cmd_compact,
     "checkpoint": maintenance.cmd_checkpoint,
     "gc": maintenance.cmd_gc,
+    "publish": maintenance.cmd_publish,
     "stream": lifecycle.cmd_stream,
     "recover": lifecycle.cmd_recover,
     "source": lifecycle.cmd_source,

@@ -23,7 +23,7 @@ def blob_access(args: argparse.Namespace) -> str:
     ``read`` (a missing root is then left to the command: an unknown shard says so)."""
     if args.command == "init":
         return "create"
-    if args.command in ("run-batch", "compact") or (args.command == "gc" and not args.dry_run):
+    if args.command in ("run-batch", "compact", "publish") or (args.command == "gc" and not args.dry_run):
         return "write"
     if args.command == "checkpoint" and args.checkpoint_command == "create":
         return "write"

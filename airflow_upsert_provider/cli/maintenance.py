@@ -1,4 +1,4 @@
-"""Maintenance commands: compact, checkpoint (create, list, verify, restore) and gc."""
+"""Maintenance commands: compact, checkpoint (create, list, verify, restore), gc and publish."""
 
 from __future__ import annotations
 
@@ -47,6 +47,16 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
                     metavar="SECONDS", help="delete quarantined records of batches below since once older than "
                     "this (default 30 days; 0 keeps them forever)")
     gc.add_argument("--json", action="store_true")
+
+    publish = commands.add_parser("publish", parents=[common],
+                                  help="publish the table as of since as a snapshot of an Iceberg table (no Spark)")
+    publish.add_argument("shard")
+    publish.add_argument("--iceberg", required=True, metavar="NAMESPACE.TABLE",
+                         help="the Iceberg table; created on the first publish")
+    publish.add_argument("--catalog-uri", default=None, metavar="URI",
+                         help="a REST catalog (http[s]://...) or a SQL catalog's database URL (default: the SQL "
+                              "catalog in the consensus store, tables under <blob root>/_iceberg; docs/readers.md)")
+    publish.add_argument("--json", action="store_true")
 
 
 def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,3 +143,25 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                   f"binding rows below ts {report.history['kept_from']}")
         return {}
     return report.to_dict()
+
+
+def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_upsert_provider.cli.context import consensus_url
+    from airflow_upsert_provider.engine.maintenance import iceberg
+
+    shard = ctx.shard(args.shard)
+    iceberg.parse_table_identifier(args.iceberg)  # a usage error before the catalog is opened
+    properties = iceberg.catalog_properties(consensus_url(args), ctx.blob.root, args.catalog_uri)
+    catalog = iceberg.open_catalog(properties)
+    try:
+        result = iceberg.publish_iceberg(shard, catalog, args.iceberg, catalog_name=iceberg.describe_catalog(properties))
+    finally:
+        iceberg.close_catalog(catalog)
+    if args.json:
+        return result.to_dict()
+    if result.outcome == iceberg.PUBLISHED:
+        print(f"published snapshot {result.snapshot_id} at since {result.since} to {result.table} "
+              f"({result.rows} rows, {result.files} files, {result.bytes} bytes)")
+    else:
+        print(f"nothing to publish ({printable(result.reason)})")
+    return {}

@@ -244,3 +244,50 @@ class RestoreCheckpointOperator(_ShardMaintenanceOperator):
         stream = read_stream(consensus, record.shard_id)
         return {"shard": record.shard_id, "checkpoint": checkpoint_id, "upper": record.upper, "since": record.since,
                 "stream": stream.to_dict()}
+
+
+class PublishIcebergOperator(_ShardMaintenanceOperator):
+    """Publish the shard's table as of its since (the state the last compaction fixed) as
+    one new snapshot of an Apache Iceberg table, read without Spark; run it after
+    ``CompactShardOperator``. Idempotent: a since already published adds nothing. Returns the
+    publish report (``outcome``: ``published`` or ``nothing_to_publish``, ``table``,
+    ``snapshot_id``, ``since``, ``upper``, ``rows``, ``files``, ``bytes``, ``attempts``,
+    ``seconds``, ``reason``). docs/readers.md, "Iceberg".
+
+    :param shard: the shard id (templated).
+    :param table: the Iceberg table, ``NAMESPACE.TABLE`` (templated); created on the first
+        publish with the shard's schema.
+    :param catalog_uri: a REST catalog's URL (``http[s]://...``) or a SQL catalog's database
+        URL; default the SQL catalog in the connection's consensus store, tables under
+        ``<blob root>/_iceberg``. Not templated, and never logged: a database URL may hold a
+        password (prefer the default, whose password stays in the connection).
+    :param upsert_conn_id: the `upsert` connection.
+    """
+
+    template_fields: Sequence[str] = ("shard", "table")
+
+    def __init__(
+        self,
+        *,
+        shard: str,
+        table: str,
+        catalog_uri: str | None = None,
+        upsert_conn_id: str = DEFAULT_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
+        self.table = table
+        self.catalog_uri = catalog_uri
+
+    def run(self, hook: UpsertShardHook) -> dict[str, Any]:
+        from airflow_upsert_provider.engine.maintenance import iceberg
+
+        iceberg.parse_table_identifier(self.table)
+        shard = hook.open_shard(self.shard)
+        properties = iceberg.catalog_properties(hook.settings.consensus_url, hook.settings.blob_root, self.catalog_uri)
+        catalog = iceberg.open_catalog(properties)
+        try:
+            result = iceberg.publish_iceberg(shard, catalog, self.table, catalog_name=iceberg.describe_catalog(properties))
+        finally:
+            iceberg.close_catalog(catalog)
+        return result.to_dict()

@@ -1,0 +1,619 @@
+"""Publishing a shard's table as an Apache Iceberg snapshot, through PyIceberg.
+
+``publish_iceberg`` writes the table as of the shard's ``since`` (the state the last
+compaction fixed) as ONE new snapshot of an Iceberg table: an overwrite of the whole table
+whose summary carries ``upsert.shard``, ``upsert.since`` and ``upsert.upper``. Any engine
+that reads Iceberg (Spark, Trino, DuckDB, Snowflake, PyIceberg) reads it, and time travel
+to an earlier snapshot gives the table as of an earlier compaction.
+
+What to do is a pure function of the shard's since and the table's current snapshot summary
+(:func:`decide_publish`): publish, nothing to publish (that since is the table's already), or
+refuse (the table is ahead of the shard, or was written by something else). The effects are
+a thin shell around it.
+
+Files: the publish writes its own Parquet files, under the Iceberg table's location (by
+default ``<blob root>/_iceberg/<namespace>/<table>/``), from the table read without Spark
+(``arrow_reader``). It never registers the shard's run files: a read merges several runs per
+bucket (latest row per key, tombstones removed), so no run file is the table, and GC deletes
+run files once a compaction replaced them. The published files are outside every shard's
+directories (``<shard>/runs``, ``<shard>/checkpoints``, ``<shard>/rejects``), the only places
+GC lists, so GC never deletes a file a snapshot references.
+
+Atomicity: the data files and the manifests are written first, then the catalog's commit
+swaps the table's metadata pointer (a conditional UPDATE in the SQL catalog; the REST
+catalog's commit). A crash or a lost race before that commit leaves only files no snapshot
+references (PyIceberg does not delete them; an orphan-file removal of the Iceberg table,
+e.g. Spark's ``remove_orphan_files`` procedure, does), never a partial snapshot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.errors import (
+    ConfigurationError,
+    ConsensusUnavailable,
+    OutcomeUnknown,
+    UpsertError,
+)
+from airflow_upsert_provider.engine.store.consensus import (
+    POSTGRES_TIMEOUT_DEFAULTS,
+    SQLITE_DEFAULT_TIMEOUT_S,
+    normalize_url,
+    redact_url,
+)
+from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow
+from airflow_upsert_provider.engine.table.shard import Shard
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
+    from pyiceberg.types import IcebergType
+
+# Keys of the snapshot summary a publish writes.
+SUMMARY_SHARD = "upsert.shard"
+SUMMARY_SINCE = "upsert.since"
+SUMMARY_UPPER = "upsert.upper"
+
+PUBLISHED = "published"
+NOTHING_TO_PUBLISH = "nothing_to_publish"
+# Decisions of decide_publish.
+PUBLISH = "publish"
+NOTHING = "nothing"
+REFUSE = "refuse"
+
+# The catalog's name inside PyIceberg (the SQL catalog keys its rows by it).
+CATALOG_NAME = "upsert"
+# Where the default catalog's tables live, below the blob root. A shard id starts with a
+# letter or a digit, so no shard's directory is named so.
+WAREHOUSE_DIR = "_iceberg"
+# The table property PyIceberg sizes data files by, and what a table a publish creates gets:
+# 128 MiB of Arrow data (files a few times smaller once compressed), which is also about the
+# most a publish holds at once beside the reader's bucket (PyIceberg's default is 512 MiB).
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
+DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
+# PyIceberg's table property for how often it retries a commit by itself (off for a publish).
+COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
+# A lost commit race means another publish committed first; a few rounds settle it.
+MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
+
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+_STRING_LIKE = re.compile(r"(?:var)?char\(\d+\)")
+_PRIMITIVES = {
+    "boolean": "BooleanType",
+    "byte": "IntegerType",
+    "short": "IntegerType",
+    "integer": "IntegerType",
+    "long": "LongType",
+    "float": "FloatType",
+    "double": "DoubleType",
+    "string": "StringType",
+    "binary": "BinaryType",
+    "date": "DateType",
+    # Spark's TIMESTAMP is an instant (Arrow: timestamp[us, tz=UTC]); TIMESTAMP_NTZ is not.
+    "timestamp": "TimestamptzType",
+    "timestamp_ntz": "TimestampType",
+}
+
+
+# -- pure ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublishDecision:
+    """What a publish does: ``action`` is PUBLISH, NOTHING or REFUSE; ``reason`` says why
+    (the refusal's message for REFUSE)."""
+
+    action: str
+    reason: str
+
+
+def decide_publish(
+    shard_id: str,
+    since: int,
+    table: str,
+    snapshot_id: int | None,
+    summary: Mapping[str, str] | None,
+) -> PublishDecision:
+    """What publishing shard ``shard_id`` as of ``since`` to the Iceberg table ``table``
+    does, given the table's current snapshot (``snapshot_id`` and its ``summary``; None for
+    a table that does not exist yet or has no snapshot). Pure.
+
+    - no snapshot: publish (nothing before since 0: nothing to publish);
+    - a snapshot another publish of this shard wrote at the same since: nothing to publish;
+    - at a lower since: publish;
+    - at a higher since (the shard was restored from an older checkpoint, or the table is
+      another store's), or written by another shard or by another writer: refuse, since an
+      overwrite would destroy what the table holds."""
+    if snapshot_id is None or summary is None:
+        if since == 0:
+            return PublishDecision(NOTHING, f"shard {shard_id!r} has no compaction yet, since 0")
+        return PublishDecision(PUBLISH, f"table {table} has no snapshot")
+    published_by = summary.get(SUMMARY_SHARD)
+    if published_by is None:
+        return PublishDecision(
+            REFUSE,
+            f"Iceberg table {table}: its current snapshot {snapshot_id} was not written by a publish of this "
+            f"provider (no {SUMMARY_SHARD} in its summary); publishing shard {shard_id!r} would overwrite it: "
+            "publish to another table",
+        )
+    if published_by != shard_id:
+        return PublishDecision(
+            REFUSE,
+            f"Iceberg table {table}: its current snapshot {snapshot_id} was published from shard "
+            f"{published_by!r}, not {shard_id!r}: publish each shard to its own table",
+        )
+    try:
+        published_since = int(summary.get(SUMMARY_SINCE, ""))
+    except ValueError:
+        return PublishDecision(
+            REFUSE,
+            f"Iceberg table {table}: its current snapshot {snapshot_id} has no integer {SUMMARY_SINCE} "
+            f"({summary.get(SUMMARY_SINCE)!r}) in its summary",
+        )
+    if published_since == since:
+        return PublishDecision(NOTHING, f"since {since} already published: snapshot {snapshot_id}")
+    if published_since > since:
+        return PublishDecision(
+            REFUSE,
+            f"Iceberg table {table} is ahead of shard {shard_id!r}: its current snapshot {snapshot_id} holds "
+            f"since {published_since}, the shard's since is {since} (was the shard restored from an older "
+            "checkpoint?); publish to a new table, or drop this one, to publish the shard's state",
+        )
+    return PublishDecision(PUBLISH, f"table {table} holds since {published_since}, the shard's since is {since}")
+
+
+def parse_table_identifier(text: str) -> tuple[str, ...]:
+    """``NAMESPACE.TABLE`` (a namespace may have several levels: ``a.b.TABLE``) as a tuple;
+    a :class:`ConfigurationError` (``field: iceberg``) for anything else."""
+    parts = tuple(text.split(".")) if isinstance(text, str) else ()
+    if len(parts) < 2 or any(not p or p != p.strip() for p in parts):
+        raise ConfigurationError(
+            f"Iceberg table {text!r} is not NAMESPACE.TABLE (e.g. analytics.orders)", field="iceberg"
+        )
+    return parts
+
+
+def iceberg_type(spark_type: Any, column: str) -> "IcebergType":
+    """The Iceberg type of a column of Spark type ``spark_type`` (its JSON form, as the
+    shard's schema stores it). Field ids are placeholders: the catalog assigns fresh ones
+    when it creates the table. Every field is optional: the engine does not enforce NOT NULL.
+    A type Iceberg has none for is a :class:`ConfigurationError` naming the column."""
+    from pyiceberg import types as t
+
+    counter = iter(range(1_000_000, 2_000_000))
+
+    def convert(node: Any, path: str) -> "IcebergType":
+        if isinstance(node, str):
+            name = _PRIMITIVES.get(node)
+            if name is not None:
+                return getattr(t, name)()
+            decimal = _DECIMAL.fullmatch(node)
+            if decimal:
+                return t.DecimalType(int(decimal.group(1)), int(decimal.group(2)))
+            if _STRING_LIKE.fullmatch(node):
+                return t.StringType()
+        elif isinstance(node, dict) and node.get("type") == "array":
+            return t.ListType(next(counter), convert(node["elementType"], f"{path}.element"), element_required=False)
+        elif isinstance(node, dict) and node.get("type") == "map":
+            return t.MapType(
+                next(counter), convert(node["keyType"], f"{path}.key"),
+                next(counter), convert(node["valueType"], f"{path}.value"), value_required=False,
+            )
+        elif isinstance(node, dict) and node.get("type") == "struct":
+            return t.StructType(*[
+                t.NestedField(next(counter), f["name"], convert(f["type"], f"{path}.{f['name']}"), required=False)
+                for f in node["fields"]
+            ])
+        shown = node if isinstance(node, str) else node.get("type") if isinstance(node, dict) else repr(node)
+        raise ConfigurationError(
+            f"column {path!r} has type {shown}, which Iceberg has no type for: it cannot be published",
+            field="schema",
+            column=path,
+        )
+
+    return convert(spark_type, column)
+
+
+def iceberg_schema(config: ShardConfig) -> "Schema":
+    """The Iceberg schema of the shard's table: the columns a read returns (keys first, the
+    delete marker left out), each optional. Pure."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import NestedField
+
+    types = {f["name"]: f["type"] for f in config.schema_fields()}
+    return Schema(*[
+        NestedField(position, name, iceberg_type(types[name], name), required=False)
+        for position, name in enumerate(output_columns(config, None), start=1)
+    ])
+
+
+def schema_mismatch(expected: "Schema", actual: "Schema", table: str) -> str | None:
+    """Why an existing table whose schema is ``actual`` cannot take the shard's table
+    (``expected``): the first field missing, extra or of another type, by name, named with
+    both types; None when they agree (field ids and optionality aside). Pure."""
+    wanted = {f.name: f for f in expected.fields}
+    have = {f.name: f for f in actual.fields}
+    for name, field in wanted.items():
+        if name not in have:
+            return f"Iceberg table {table} has no column {name!r} (shard column of type {field.field_type})"
+        if not _same_type(field.field_type, have[name].field_type):
+            return (f"Iceberg table {table}: column {name!r} is {have[name].field_type}, the shard's is "
+                    f"{field.field_type}")
+    extra = [name for name in have if name not in wanted]
+    if extra:
+        return (f"Iceberg table {table} has column {extra[0]!r}, which the shard's table does not have "
+                f"(the shard's columns: {', '.join(wanted)})")
+    return None
+
+
+def _same_type(a: "IcebergType", b: "IcebergType") -> bool:
+    """Equal types, nested field ids and optionality aside."""
+    from pyiceberg import types as t
+
+    if isinstance(a, t.StructType) and isinstance(b, t.StructType):
+        return [f.name for f in a.fields] == [f.name for f in b.fields] and all(
+            _same_type(x.field_type, y.field_type) for x, y in zip(a.fields, b.fields)
+        )
+    if isinstance(a, t.ListType) and isinstance(b, t.ListType):
+        return _same_type(a.element_type, b.element_type)
+    if isinstance(a, t.MapType) and isinstance(b, t.MapType):
+        return _same_type(a.key_type, b.key_type) and _same_type(a.value_type, b.value_type)
+    return a == b
+
+
+def catalog_sql_url(consensus_url: str) -> str:
+    """The SQLAlchemy URL PyIceberg's SQL catalog opens for a consensus store's URL: the same
+    database and driver, without the options only the engine reads (PostgreSQL's session
+    timeouts and ``options``). SQLite's options are the driver's own; without a ``timeout``
+    the catalog waits for the write lock as long as the store's writers do, not the driver's
+    5 s."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(normalize_url(consensus_url))
+    if parsed.get_backend_name() == "postgresql":
+        parsed = parsed.difference_update_query([*POSTGRES_TIMEOUT_DEFAULTS, "options"])
+    elif parsed.get_backend_name() == "sqlite" and "timeout" not in parsed.query:
+        parsed = parsed.update_query_dict({"timeout": str(SQLITE_DEFAULT_TIMEOUT_S)})
+    return parsed.render_as_string(hide_password=False)
+
+
+def warehouse_location(blob_root: str) -> str:
+    """Where the default catalog puts its tables: ``<blob root>/_iceberg``, as a URI PyIceberg
+    takes (``file://`` for a local root)."""
+    import os
+
+    if "://" in blob_root:
+        return f"{blob_root.rstrip('/')}/{WAREHOUSE_DIR}"
+    return "file://" + os.path.join(os.path.abspath(blob_root), WAREHOUSE_DIR)
+
+
+def catalog_properties(consensus_url: str, blob_root: str, catalog_uri: str | None = None) -> dict[str, str]:
+    """PyIceberg's properties of the catalog a publish uses. Pure.
+
+    - no ``catalog_uri``: the SQL catalog in the consensus store itself (its tables
+      ``iceberg_tables`` and ``iceberg_namespace_properties`` beside ours, which are all
+      named ``upsert_*``), tables under ``<blob root>/_iceberg``;
+    - ``http://`` or ``https://``: a REST catalog at that URL, which decides where tables go;
+    - a database URL (``sqlite:///...``, ``postgresql://...``): the SQL catalog there, tables
+      under ``<blob root>/_iceberg``.
+
+    The properties hold the URL's password: never log them."""
+    if catalog_uri and catalog_uri.split("://", 1)[0].lower() in ("http", "https"):
+        return {"type": "rest", "uri": catalog_uri}
+    properties = {
+        "type": "sql",
+        "uri": catalog_sql_url(catalog_uri or consensus_url),
+        "warehouse": warehouse_location(blob_root),
+    }
+    if "://" in blob_root and blob_root.split("://", 1)[0].lower() in ("s3", "s3a"):
+        # PyIceberg's own S3 client: the endpoint and region the blob's use; credentials from
+        # the environment's chain, as the blob's.
+        from airflow_upsert_provider.engine.blob.filesystems import s3_endpoint, s3_region
+
+        if s3_endpoint():
+            properties["s3.endpoint"] = s3_endpoint()  # type: ignore[assignment]
+        if s3_region():
+            properties["s3.region"] = s3_region()  # type: ignore[assignment]
+    return properties
+
+
+def describe_catalog(properties: Mapping[str, str]) -> str:
+    """The catalog as a message may name it: its kind and URL, the password hidden."""
+    return f"{properties['type'].upper()} catalog {redact_url(properties['uri'])}"
+
+
+# -- effects ---------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishResult:
+    shard: str
+    table: str
+    outcome: str
+    since: int
+    upper: int
+    snapshot_id: int | None = None
+    rows: int = 0
+    files: int = 0
+    bytes: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["seconds"] = round(self.seconds, 3)
+        return data
+
+
+def open_catalog(properties: Mapping[str, str]) -> "Catalog":
+    """PyIceberg's catalog for ``properties`` (:func:`catalog_properties`). A catalog that
+    cannot be reached is :class:`ConsensusUnavailable` (retryable; nothing was changed),
+    named without its password. Close it with :func:`close_catalog`."""
+    from pyiceberg.catalog import load_catalog
+
+    try:
+        return load_catalog(CATALOG_NAME, **properties)
+    except UpsertError:
+        raise
+    except Exception as exc:
+        raise _unavailable(properties, exc) from None
+
+
+def close_catalog(catalog: "Catalog") -> None:
+    """Release the catalog's connections (the SQL catalog's engine)."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def publish_iceberg(
+    shard: Shard,
+    catalog: "Catalog",
+    table_identifier: str,
+    *,
+    max_attempts: int = MAX_ATTEMPTS,
+    catalog_name: str | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> PublishResult:
+    """Publish ``shard``'s table as of its since to the Iceberg table ``table_identifier``
+    (``NAMESPACE.TABLE``) of ``catalog``, as one snapshot (module docstring). Idempotent:
+    the same since again publishes nothing. The namespace and the table are created on the
+    first publish, with the shard's schema (:func:`iceberg_schema`); an existing table of
+    another schema is a :class:`ConfigurationError` naming the table and the field, and
+    nothing is published.
+
+    :param catalog_name: how errors name the catalog (no secret), e.g. :func:`describe_catalog`.
+    :param on_step: called with ``"written"`` once the data files and manifests are written,
+        before the catalog's commit (tests force races and crashes there).
+    """
+    started = time.monotonic()
+    identifier = parse_table_identifier(table_identifier)
+    table_name = ".".join(identifier)
+    expected = iceberg_schema(shard.config)
+    where = catalog_name or "the Iceberg catalog"
+    for attempt in range(1, max_attempts + 1):
+        # Since and the runs a read as of it merges, from one snapshot of consensus; a
+        # compaction between the two reads moves since: read again.
+        since = shard.state().since
+        view = shard.consensus.live_view(shard.shard_id, since)
+        if view.record.since != since:
+            continue
+        table = _load_table(catalog, identifier, where)
+        snapshot = table.current_snapshot() if table is not None else None
+        summary = None
+        if snapshot is not None:
+            # A snapshot without a summary is not ours either: {} is refused, never None.
+            summary = dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
+        decision = decide_publish(shard.shard_id, since, table_name, snapshot.snapshot_id if snapshot else None,
+                                  summary)
+        base = dict(shard=shard.shard_id, table=table_name, since=since, upper=view.record.upper, attempts=attempt)
+        if decision.action == REFUSE:
+            raise ConfigurationError(decision.reason, shard=shard.shard_id, table=table_name, field="iceberg")
+        if decision.action == NOTHING:
+            return PublishResult(outcome=NOTHING_TO_PUBLISH, snapshot_id=snapshot.snapshot_id if snapshot else None,
+                                 seconds=time.monotonic() - started, reason=decision.reason, **base)
+        if table is None:
+            table = _create_table(catalog, identifier, expected, where)
+        problem = schema_mismatch(expected, table.schema(), table_name)
+        if problem is not None:
+            raise ConfigurationError(f"{problem}: nothing was published", shard=shard.shard_id, table=table_name,
+                                     field="schema")
+        summary_properties = {
+            SUMMARY_SHARD: shard.shard_id,
+            SUMMARY_SINCE: str(since),
+            SUMMARY_UPPER: str(view.record.upper),
+        }
+        reader = read_runs_arrow(shard.config, shard.blob, view.runs, shard_id=shard.shard_id)
+        committed = _commit_overwrite(table, reader, summary_properties, shard.shard_id, since, table_name, where,
+                                      on_step or (lambda _name: None))
+        if committed is None:
+            continue  # another commit landed first: decide again on the table it left
+        snapshot, added = committed
+        return PublishResult(
+            outcome=PUBLISHED,
+            snapshot_id=snapshot.snapshot_id,
+            rows=sum(f.record_count for f in added),
+            files=len(added),
+            bytes=sum(f.file_size_in_bytes for f in added),
+            seconds=time.monotonic() - started,
+            reason=decision.reason,
+            **base,
+        )
+    raise UpsertError(
+        f"publishing shard {shard.shard_id!r} to Iceberg table {table_name} lost the race {max_attempts} times; "
+        "another publish or compaction keeps moving",
+        shard=shard.shard_id,
+        table=table_name,
+    )
+
+
+def _load_table(catalog: "Catalog", identifier: tuple[str, ...], where: str) -> "Table | None":
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    except UpsertError:
+        raise
+    except Exception as exc:
+        raise _unavailable_named(where, exc) from None
+
+
+def _create_table(catalog: "Catalog", identifier: tuple[str, ...], schema: "Schema", where: str) -> "Table":
+    try:
+        catalog.create_namespace_if_not_exists(identifier[:-1])
+        # A peer creating it at the same time is fine: the table it created is loaded.
+        return catalog.create_table_if_not_exists(
+            identifier, schema=schema, properties={TARGET_FILE_SIZE_PROPERTY: str(DEFAULT_TARGET_FILE_BYTES)}
+        )
+    except UpsertError:
+        raise
+    except Exception as exc:
+        raise _unavailable_named(where, exc) from None
+
+
+def target_file_bytes(properties: Mapping[str, str]) -> int:
+    """The Arrow bytes of one data file (the table's ``write.target-file-size-bytes``, which
+    PyIceberg measures in memory, before compression): also the most rows a publish holds."""
+    text = properties.get(TARGET_FILE_SIZE_PROPERTY)
+    try:
+        value = int(text) if text is not None else DEFAULT_TARGET_FILE_BYTES
+    except ValueError:
+        value = DEFAULT_TARGET_FILE_BYTES
+    return max(value, 1)
+
+
+def arrow_chunks(reader: Any, target_bytes: int) -> Iterator[Any]:
+    """``reader``'s record batches gathered into tables of about ``target_bytes`` (the last
+    smaller); none for an empty reader. Pure."""
+    import pyarrow as pa
+
+    held: list[Any] = []
+    size = 0
+    for batch in reader:
+        if batch.num_rows == 0:
+            continue
+        held.append(batch)
+        size += batch.nbytes
+        if size >= target_bytes:
+            yield pa.Table.from_batches(held, schema=reader.schema)
+            held, size = [], 0
+    if held:
+        yield pa.Table.from_batches(held, schema=reader.schema)
+
+
+def current_data_files(table: "Table") -> Iterator[Any]:
+    """The data files of the table's current snapshot (what an overwrite replaces)."""
+    from pyiceberg.manifest import DataFileContent
+
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return
+    for manifest in snapshot.manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.DATA:
+                yield entry.data_file
+
+
+def _commit_overwrite(
+    table: "Table", reader: Any, summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
+    on_step: Callable[[str], None],
+) -> "tuple[Any, list[Any]] | None":
+    """Write ``reader``'s rows as new data files of ``table`` and commit ONE snapshot that
+    replaces every data file of the current one (an OVERWRITE; an APPEND on a table without
+    a snapshot), its summary carrying ``summary``. The commit requires the table's current
+    snapshot to be the one this started from: None when another commit landed first (the
+    files written are then referenced by nothing). Returns the new snapshot and the files
+    it added."""
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+    # Private in PyIceberg 0.12 (the pin's range): the writer its append and overwrite use.
+    # The public overwrite() commits a DELETE and an APPEND snapshot; one snapshot per
+    # publish needs the snapshot producer fed directly.
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    transaction = _without_commit_retries(table).transaction()
+    added: list[Any] = []
+    target_bytes = target_file_bytes(table.metadata.properties)
+    # One counter: the files of every chunk get distinct names.
+    counter = itertools.count(0)
+    with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+        for data_file in current_data_files(table):
+            overwrite.delete_data_file(data_file)
+        # Chunk by chunk: PyIceberg's writer hands every file of one call to a thread pool at
+        # once, so one call per chunk is what bounds the rows held to one chunk.
+        for chunk in arrow_chunks(reader, target_bytes):
+            for data_file in _dataframe_to_data_files(
+                table_metadata=transaction.table_metadata, df=chunk, io=table.io,
+                write_uuid=overwrite.commit_uuid, counter=counter,
+            ):
+                overwrite.append_data_file(data_file)
+                added.append(data_file)
+        snapshot_id = overwrite.snapshot_id
+    on_step("written")
+    try:
+        committed = transaction.commit_transaction()
+    except (CommitFailedException, ValidationException):
+        # Provably not committed (the table moved since this publish read it): no snapshot
+        # can reference these files (PyIceberg removed the attempt's manifests itself).
+        for data_file in added:
+            try:
+                table.io.delete(data_file.file_path)
+            except Exception:  # left for an orphan-file removal: referenced by nothing
+                pass
+        return None
+    except UpsertError:
+        raise
+    except Exception as exc:
+        raise OutcomeUnknown(
+            f"publishing shard {shard_id!r} at since {since} to Iceberg table {table_name} has an unknown "
+            f"outcome ({where}: {type(exc).__name__}: {_first_line(exc)}); run it again: a publish of the same "
+            "since adds nothing if this one landed",
+            shard=shard_id,
+            table=table_name,
+        ) from None
+    return committed.snapshot_by_id(snapshot_id), added
+
+
+def _without_commit_retries(table: "Table") -> "Table":
+    """``table`` as this process sees it, with PyIceberg's own commit retries off. Its retry
+    rebases a commit onto a table another commit moved, which would put this since's snapshot
+    over whatever the other commit published (a later since, even); the publish decides
+    again instead. Nothing of it is written to the table: the property changes only the copy
+    of the metadata in memory, and the catalog applies the commit's updates to its own."""
+    from pyiceberg.table import Table
+
+    properties = {**table.metadata.properties, COMMIT_RETRIES_PROPERTY: "0"}
+    metadata = table.metadata.model_copy(update={"properties": properties})
+    return Table(table.name(), metadata=metadata, metadata_location=table.metadata_location, io=table.io,
+                 catalog=table.catalog)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _unavailable(properties: Mapping[str, str], exc: BaseException) -> UpsertError:
+    return _unavailable_named(describe_catalog(properties), exc, properties.get("uri"))
+
+
+def _unavailable_named(where: str, exc: BaseException, secret_url: str | None = None) -> UpsertError:
+    """The catalog could not be used before anything was committed: retryable, nothing
+    changed. The driver's message is cut to one line and never repeats the URL's password."""
+    text = _first_line(exc)
+    if secret_url:
+        text = text.replace(secret_url, redact_url(secret_url))
+    return ConsensusUnavailable(
+        f"{where} could not be used: {type(exc).__name__}: {text}; nothing was published", catalog=where
+    )

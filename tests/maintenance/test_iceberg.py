@@ -1,0 +1,511 @@
+"""Publishing a shard's table as Apache Iceberg snapshots (engine/maintenance/iceberg.py), read
+back by other engines: PyIceberg's scan and DuckDB. The decision, the schema mapping and the
+catalog settings are pure; the publishes run on histories committed without Spark
+(tests/arrow_runs.py), in the SQL catalog inside the consensus store (SQLite and PostgreSQL).
+No Spark is started in this module."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pyarrow as pa
+import pytest
+
+from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.errors import ConfigurationError, ConsensusUnavailable
+from airflow_upsert_provider.engine.maintenance import iceberg
+from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
+from airflow_upsert_provider.engine.maintenance.iceberg import (
+    NOTHING,
+    NOTHING_TO_PUBLISH,
+    PUBLISH,
+    PUBLISHED,
+    REFUSE,
+    catalog_properties,
+    decide_publish,
+    iceberg_schema,
+    parse_table_identifier,
+    publish_iceberg,
+    schema_mismatch,
+)
+from airflow_upsert_provider.engine.store.migrations import schema_status
+from airflow_upsert_provider.engine.store.registry import open_consensus
+from airflow_upsert_provider.engine.table.arrow_reader import read_table
+from tests.arrow_runs import arrow_table, commit_batch, compact_batches, expected_table
+from tests.conftest import sqlite_only
+from tests.helpers import make_shard, run_cli
+
+TABLE = "analytics.orders"
+
+
+# -- pure: the decision --------------------------------------------------------------------
+
+
+def ours(since: int, shard: str = "orders") -> dict[str, str]:
+    return {"upsert.shard": shard, "upsert.since": str(since), "upsert.upper": str(since + 2)}
+
+
+@pytest.mark.parametrize(
+    ("since", "snapshot_id", "summary", "action", "words"),
+    [
+        (0, None, None, NOTHING, "no compaction yet"),
+        (3, None, None, PUBLISH, "no snapshot"),
+        (3, 11, ours(3), NOTHING, "since 3 already published: snapshot 11"),
+        (5, 11, ours(3), PUBLISH, "holds since 3"),
+        (3, 11, ours(5), REFUSE, "is ahead of shard 'orders': its current snapshot 11 holds since 5"),
+        (0, 11, ours(5), REFUSE, "is ahead"),
+        (3, 11, ours(3, shard="payments"), REFUSE, "published from shard 'payments', not 'orders'"),
+        (3, 11, {"added-records": "4"}, REFUSE, "was not written by a publish of this provider"),
+        (3, 11, {}, REFUSE, "was not written by a publish"),
+        (3, 11, {"upsert.shard": "orders", "upsert.since": "x"}, REFUSE, "no integer upsert.since ('x')"),
+    ],
+)
+def test_the_decision_is_a_pure_function_of_since_and_the_current_snapshot(since, snapshot_id, summary, action, words):
+    decision = decide_publish("orders", since, TABLE, snapshot_id, summary)
+    assert decision.action == action and words in decision.reason, decision
+    if action == REFUSE:
+        assert TABLE in decision.reason
+
+
+def test_table_identifiers_are_namespace_dot_table():
+    assert parse_table_identifier("analytics.orders") == ("analytics", "orders")
+    assert parse_table_identifier("a.b.orders") == ("a", "b", "orders")
+    for bad in ("orders", "analytics.", ".orders", "a..b", "a. b", ""):
+        with pytest.raises(ConfigurationError, match="is not NAMESPACE.TABLE") as raised:
+            parse_table_identifier(bad)
+        assert raised.value.details["field"] == "iceberg"
+
+
+def _config(fields: list[dict], tmp_path, **overrides) -> ShardConfig:
+    schema = json.dumps({"type": "struct", "fields": [{"nullable": True, "metadata": {}, **f} for f in fields]})
+    return ShardConfig(source=f"dir:{tmp_path}", keys=("id",), schema=schema, **overrides)
+
+
+def test_the_schema_maps_spark_types_to_iceberg_types(tmp_path):
+    from pyiceberg import types as t
+
+    element = {"type": "struct", "fields": [{"name": "sku", "type": "string", "nullable": True, "metadata": {}}]}
+    config = _config([
+        {"name": "flag", "type": "boolean"},
+        {"name": "id", "type": "long"},
+        {"name": "tiny", "type": "byte"},
+        {"name": "small", "type": "short"},
+        {"name": "n", "type": "integer"},
+        {"name": "price", "type": "decimal(12,2)"},
+        {"name": "ratio", "type": "float"},
+        {"name": "score", "type": "double"},
+        {"name": "code", "type": "varchar(8)"},
+        {"name": "raw", "type": "binary"},
+        {"name": "day", "type": "date"},
+        {"name": "at", "type": "timestamp"},
+        {"name": "local_at", "type": "timestamp_ntz"},
+        {"name": "items", "type": {"type": "array", "elementType": element, "containsNull": True}},
+        {"name": "tags", "type": {"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}},
+        {"name": "deleted", "type": "boolean"},
+    ], tmp_path, delete_marker="deleted")
+    schema = iceberg_schema(config)
+    # Keys first, the delete marker left out, every field optional.
+    assert [f.name for f in schema.fields] == ["id", "flag", "tiny", "small", "n", "price", "ratio", "score", "code",
+                                               "raw", "day", "at", "local_at", "items", "tags"]
+    assert not any(f.required for f in schema.fields)
+    types = {f.name: f.field_type for f in schema.fields}
+    assert types["id"] == t.LongType() and types["tiny"] == types["small"] == types["n"] == t.IntegerType()
+    assert types["price"] == t.DecimalType(12, 2) and types["code"] == t.StringType()
+    assert types["at"] == t.TimestamptzType() and types["local_at"] == t.TimestampType()
+    assert isinstance(types["items"], t.ListType) and types["items"].element_type.fields[0].name == "sku"
+    assert isinstance(types["tags"], t.MapType) and types["tags"].value_type == t.LongType()
+
+
+@pytest.mark.parametrize(("spark_type", "named"), [
+    ("interval day to second", "'span'"),
+    ({"type": "array", "elementType": "void", "containsNull": True}, "'span.element'"),
+])
+def test_a_type_iceberg_lacks_is_refused_naming_the_column(tmp_path, spark_type, named):
+    config = _config([{"name": "id", "type": "long"}, {"name": "span", "type": spark_type}], tmp_path)
+    with pytest.raises(ConfigurationError, match=f"column {named} has type .*which Iceberg has no type for"):
+        iceberg_schema(config)
+
+
+def test_a_schema_mismatch_names_the_table_and_the_field(tmp_path):
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    config = _config([{"name": "id", "type": "long"}, {"name": "name", "type": "string"}], tmp_path)
+    expected = iceberg_schema(config)
+    # Field ids and optionality aside, the same schema agrees.
+    same = Schema(NestedField(7, "id", LongType(), required=True), NestedField(9, "name", StringType()))
+    assert schema_mismatch(expected, same, TABLE) is None
+    other_type = Schema(NestedField(1, "id", StringType()), NestedField(2, "name", StringType()))
+    assert schema_mismatch(expected, other_type, TABLE) == f"Iceberg table {TABLE}: column 'id' is string, the shard's is long"
+    missing = Schema(NestedField(1, "id", LongType()))
+    assert schema_mismatch(expected, missing, TABLE) == f"Iceberg table {TABLE} has no column 'name' (shard column of type string)"
+    extra = Schema(NestedField(1, "id", LongType()), NestedField(2, "name", StringType()), NestedField(3, "x", LongType()))
+    assert "has column 'x', which the shard's table does not have" in schema_mismatch(expected, extra, TABLE)
+
+
+def test_the_default_catalog_is_the_consensus_store_with_tables_under_the_blob_root(tmp_path):
+    pg = "postgresql://upsert:s3cret@db.example.com:5432/upsert?lock_timeout=5s&statement_timeout=1min&sslmode=require"
+    properties = catalog_properties(pg, str(tmp_path / "blob"))
+    # The engine's own options stay out of the catalog's URL (libpq does not know them).
+    assert properties == {
+        "type": "sql",
+        "uri": "postgresql+psycopg://upsert:s3cret@db.example.com:5432/upsert?sslmode=require",
+        "warehouse": f"file://{tmp_path}/blob/_iceberg",
+    }
+    assert "s3cret" not in iceberg.describe_catalog(properties)
+    assert catalog_properties(f"sqlite:///{tmp_path}/c.db?timeout=5", "s3://b/shards")["warehouse"] == "s3://b/shards/_iceberg"
+    assert catalog_properties(f"sqlite:///{tmp_path}/c.db", "/b", "https://catalog.example.com/api") == {
+        "type": "rest", "uri": "https://catalog.example.com/api"}
+    # A SQLite catalog waits for the write lock as long as the store's writers (60 s), not 5 s.
+    assert catalog_properties(pg, "/b", f"sqlite:///{tmp_path}/ice.db")["uri"] == f"sqlite:///{tmp_path}/ice.db?timeout=60.0"
+    assert catalog_properties(f"sqlite:///{tmp_path}/c.db?timeout=5", "/b")["uri"] == f"sqlite:///{tmp_path}/c.db?timeout=5"
+
+
+# -- publishing ----------------------------------------------------------------------------
+
+
+def random_batch(rng: random.Random, keys: int) -> list[dict]:
+    """One batch's rows, one per key: updates with order values from a small range, some
+    tombstones."""
+    rows = []
+    for key in rng.sample(range(keys), rng.randrange(1, keys + 1)):
+        deleted = rng.random() < 0.2
+        rows.append({"id": key, "name": None if deleted else f"n{key}-{rng.randrange(100)}",
+                     "amount": None if deleted else float(rng.randrange(1000)),
+                     "updated_at": rng.randrange(4), "_deleted": deleted})
+    return rows
+
+
+def commit_batches(shard, rng: random.Random, history: list[dict], batches: int, keys: int = 40) -> None:
+    for _ in range(batches):
+        rows = random_batch(rng, keys)
+        ts = commit_batch(shard, rows)
+        history += [{**r, "_ts": ts} for r in rows]
+
+
+def by_key(table: pa.Table) -> dict[tuple, dict]:
+    rows = table.to_pylist()
+    out = {(r["id"],): r for r in rows}
+    assert len(out) == len(rows), "a key came out twice"
+    return out
+
+
+@pytest.fixture
+def catalog(consensus, blob):
+    """The default catalog: PyIceberg's SQL catalog in the consensus store, tables under the
+    blob root."""
+    properties = catalog_properties(consensus.url, blob.root)
+    opened = iceberg.open_catalog(properties)
+    yield opened
+    iceberg.close_catalog(opened)
+
+
+def test_each_compaction_is_one_snapshot_that_other_engines_read(consensus, blob, tmp_path, catalog):
+    import duckdb
+
+    shard = make_shard(consensus, blob, tmp_path, buckets=3)
+    rng = random.Random(23)
+    history: list[dict] = []
+    commit_batches(shard, rng, history, 4)
+    assert publish_iceberg(shard, catalog, TABLE).outcome == NOTHING_TO_PUBLISH  # nothing compacted yet
+    assert not catalog.table_exists(TABLE)
+    compact_batches(shard, history, 3)
+
+    first = publish_iceberg(shard, catalog, TABLE)
+    assert (first.outcome, first.since, first.upper, first.table) == (PUBLISHED, 3, 4, TABLE)
+    expected_first = expected_table(shard.config, history, 3)
+    table = catalog.load_table(TABLE)
+    assert [s.snapshot_id for s in table.snapshots()] == [first.snapshot_id]
+    snapshot = table.current_snapshot()
+    assert {k: snapshot.summary[k] for k in ("upsert.shard", "upsert.since", "upsert.upper")} == {
+        "upsert.shard": "orders", "upsert.since": "3", "upsert.upper": "4"}
+    # PyIceberg's scan, the engine's Arrow reader at since and the plain oracle agree.
+    scanned = table.scan().to_arrow()
+    assert scanned.schema.names == ["id", "name", "amount", "updated_at"]
+    assert by_key(scanned) == expected_first == arrow_table(read_table(shard, as_of=3))
+    assert first.rows == scanned.num_rows == len(expected_first) and first.files >= 1
+    # DuckDB queries what PyIceberg returns (its iceberg extension cannot be installed here).
+    [counted] = duckdb.sql("SELECT count(*), sum(amount) FROM scanned WHERE amount > 500").fetchall()
+    big = [r["amount"] for r in expected_first.values() if r["amount"] is not None and r["amount"] > 500]
+    assert counted == (len(big), sum(big) if big else None)
+
+    # The same since again adds no snapshot.
+    again = publish_iceberg(shard, catalog, TABLE)
+    assert (again.outcome, again.snapshot_id, again.reason) == (
+        NOTHING_TO_PUBLISH, first.snapshot_id, f"since 3 already published: snapshot {first.snapshot_id}")
+    assert len(catalog.load_table(TABLE).snapshots()) == 1
+
+    # A second compaction, a second snapshot: an overwrite of the whole table.
+    commit_batches(shard, rng, history, 3)
+    compact_batches(shard, history, 6)
+    second = publish_iceberg(shard, catalog, TABLE)
+    assert (second.outcome, second.since, second.upper) == (PUBLISHED, 6, 7)
+    table = catalog.load_table(TABLE)
+    assert [s.snapshot_id for s in table.snapshots()] == [first.snapshot_id, second.snapshot_id]
+    assert table.current_snapshot().summary.operation.value == "overwrite"
+    assert table.current_snapshot().summary["upsert.since"] == "6"
+    expected_second = expected_table(shard.config, history, 6)
+    assert expected_second != expected_first
+    assert by_key(table.scan().to_arrow()) == expected_second == arrow_table(read_table(shard, as_of=6))
+    # Time travel: the first snapshot is the table as of the first compaction.
+    assert by_key(table.scan(snapshot_id=first.snapshot_id).to_arrow()) == expected_first
+
+    # Compaction and GC (grace 0) afterwards: the shard's replaced runs go, every snapshot
+    # stays readable (its files are under <blob root>/_iceberg, which GC never lists).
+    commit_batches(shard, rng, history, 2)
+    compact_batches(shard, history, 9)
+    published_files = sorted(
+        os.path.join(d, n) for d, _, names in os.walk(blob.path("_iceberg")) for n in names)
+    report = collect_garbage(consensus, blob, "orders", grace_seconds=0)
+    assert report.files > 0, "GC deleted nothing: the test proves nothing"
+    assert sorted(os.path.join(d, n) for d, _, names in os.walk(blob.path("_iceberg")) for n in names) == published_files
+    table = catalog.load_table(TABLE)
+    assert by_key(table.scan(snapshot_id=first.snapshot_id).to_arrow()) == expected_first
+    assert by_key(table.scan().to_arrow()) == expected_second
+
+    # The catalog's tables beside ours change nothing of the store's schema checks.
+    reopened = open_consensus(consensus.url, create=False)
+    try:
+        status = schema_status(reopened)
+    finally:
+        reopened.dispose()
+    assert (status["state"], status["upgrade_needed"]) == ("current", False)
+    assert not [name for name in status["tables"] if name.startswith("iceberg")]
+
+
+@sqlite_only
+def test_a_table_of_another_schema_is_refused_and_nothing_is_published(consensus, blob, tmp_path, catalog):
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    shard = make_shard(consensus, blob, tmp_path, buckets=2)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(1), history, 2)
+    compact_batches(shard, history, 2)
+    catalog.create_namespace("analytics")
+    catalog.create_table(TABLE, schema=Schema(
+        NestedField(1, "id", LongType()), NestedField(2, "name", StringType()),
+        NestedField(3, "amount", StringType()), NestedField(4, "updated_at", LongType())))
+    with pytest.raises(ConfigurationError) as raised:
+        publish_iceberg(shard, catalog, TABLE)
+    assert raised.value.message == (
+        f"Iceberg table {TABLE}: column 'amount' is string, the shard's is double: nothing was published")
+    assert raised.value.details["table"] == TABLE
+    table = catalog.load_table(TABLE)
+    assert table.current_snapshot() is None
+    assert table.location() == "file://" + blob.path("_iceberg", "analytics", "orders")
+    assert os.path.isdir(blob.path("_iceberg", "analytics", "orders", "metadata"))
+    assert not os.path.exists(blob.path("_iceberg", "analytics", "orders", "data"))
+
+
+@sqlite_only
+def test_a_large_table_is_written_in_chunks_of_one_data_file(consensus, blob, tmp_path, catalog):
+    """A table created beforehand with small data files: the publish writes many, chunk by
+    chunk (every chunk of the reader's batches one PyIceberg write), all in one snapshot."""
+    shard = make_shard(consensus, blob, tmp_path, buckets=4)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(8), history, 3, keys=400)
+    compact_batches(shard, history, 3)
+    catalog.create_namespace("analytics")
+    catalog.create_table(TABLE, schema=iceberg_schema(shard.config),
+                         properties={"write.target-file-size-bytes": "4000"})
+    result = publish_iceberg(shard, catalog, TABLE)
+    table = catalog.load_table(TABLE)
+    files = list(iceberg.current_data_files(table))
+    assert result.files == len(files) > 3 and len({f.file_path for f in files}) == len(files)
+    assert [s.snapshot_id for s in table.snapshots()] == [result.snapshot_id]
+    assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
+
+
+def test_chunks_gather_batches_up_to_the_target():
+    schema = pa.schema([("id", pa.int64())])
+    batches = [pa.record_batch([pa.array(range(n), pa.int64())], schema=schema) for n in (100, 0, 100, 100, 50)]
+    reader = pa.RecordBatchReader.from_batches(schema, iter(batches))
+    chunks = list(iceberg.arrow_chunks(reader, 1600))  # 200 rows of 8 bytes
+    assert [c.num_rows for c in chunks] == [200, 150]
+    assert list(iceberg.arrow_chunks(pa.RecordBatchReader.from_batches(schema, iter([])), 10)) == []
+    assert iceberg.target_file_bytes({}) == iceberg.target_file_bytes({"write.target-file-size-bytes": "x"}) == 128 << 20
+
+
+@sqlite_only
+def test_another_shards_table_is_refused(consensus, blob, tmp_path, catalog):
+    shard = make_shard(consensus, blob, tmp_path, buckets=2)
+    other = make_shard(consensus, blob, tmp_path, buckets=2, shard_id="payments")
+    for s in (shard, other):
+        history: list[dict] = []
+        commit_batches(s, random.Random(2), history, 2)
+        compact_batches(s, history, 2)
+    published = publish_iceberg(shard, catalog, TABLE)
+    with pytest.raises(ConfigurationError, match="published from shard 'orders', not 'payments'"):
+        publish_iceberg(other, catalog, TABLE)
+    assert [s.snapshot_id for s in catalog.load_table(TABLE).snapshots()] == [published.snapshot_id]
+
+
+@sqlite_only
+def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus, blob, tmp_path, catalog):
+    """Two publishes of the same since: the one whose commit comes second finds the table
+    moved, decides again and has nothing to publish; one snapshot in all."""
+    shard = make_shard(consensus, blob, tmp_path, buckets=2)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(3), history, 3)
+    compact_batches(shard, history, 3)
+    peer = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
+    peer_results = []
+
+    def peer_publishes_first(step: str) -> None:
+        if step == "written" and not peer_results:
+            peer_results.append(publish_iceberg(shard, peer, TABLE))
+
+    try:
+        result = publish_iceberg(shard, catalog, TABLE, on_step=peer_publishes_first)
+    finally:
+        iceberg.close_catalog(peer)
+    assert peer_results[0].outcome == PUBLISHED
+    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 2, peer_results[0].snapshot_id)
+    table = catalog.load_table(TABLE)
+    assert [s.snapshot_id for s in table.snapshots()] == [peer_results[0].snapshot_id]
+    assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
+    # The loser's data files went with its commit: every data file is the snapshot's.
+    data_dir = blob.path("_iceberg", "analytics", "orders", "data")
+    on_disk = {os.path.join(d, n) for d, _, names in os.walk(data_dir) for n in names}
+    assert on_disk == {f.file_path.removeprefix("file://") for f in iceberg.current_data_files(table)}
+    # PyIceberg's own commit retry stays off: it would have rebased the loser's snapshot.
+    assert "commit.retry.num-retries" not in table.properties
+
+
+@sqlite_only
+def test_a_crash_before_the_commit_leaves_no_snapshot(consensus, blob, tmp_path, catalog):
+    shard = make_shard(consensus, blob, tmp_path, buckets=2)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(4), history, 3)
+    compact_batches(shard, history, 2)
+    first = publish_iceberg(shard, catalog, TABLE)
+    compact_batches(shard, history, 3)
+
+    def crash(step: str) -> None:
+        raise KeyboardInterrupt(step)
+
+    with pytest.raises(KeyboardInterrupt, match="written"):
+        publish_iceberg(shard, catalog, TABLE, on_step=crash)
+    table = catalog.load_table(TABLE)
+    assert [s.snapshot_id for s in table.snapshots()] == [first.snapshot_id]
+    assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 2)
+    # The run afterwards publishes since 3.
+    assert publish_iceberg(shard, catalog, TABLE).since == 3
+
+
+def test_publish_on_an_object_storage_blob_root(s3_root, tmp_path):
+    """A blob root on S3: the default warehouse is <root>/_iceberg on the same store, written
+    by PyIceberg's S3 client with the blob's endpoint and the environment's credentials."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    consensus, s3_blob = open_consensus(url), open_blob(s3_root)
+    try:
+        shard = make_shard(consensus, s3_blob, tmp_path, buckets=2)
+        history: list[dict] = []
+        commit_batches(shard, random.Random(9), history, 3)
+        compact_batches(shard, history, 3)
+        properties = catalog_properties(url, s3_root)
+        assert properties["warehouse"] == f"{s3_root}/_iceberg" and properties["s3.endpoint"]
+        catalog = iceberg.open_catalog(properties)
+        try:
+            result = publish_iceberg(shard, catalog, TABLE)
+            table = catalog.load_table(TABLE)
+            assert table.location() == f"{s3_root}/_iceberg/analytics/orders"
+            assert result.files >= 1 and all(f.file_path.startswith(table.location())
+                                              for f in iceberg.current_data_files(table))
+            assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
+        finally:
+            iceberg.close_catalog(catalog)
+    finally:
+        consensus.dispose()
+
+
+# -- upsertctl publish ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_shard(tmp_path, monkeypatch):
+    """A compacted shard in a store `upsertctl` (in this process) uses; Spark refused."""
+    from airflow_upsert_provider.cli.context import Context
+    from tests.helpers import cli_store
+
+    consensus, cli_blob = cli_store(tmp_path, monkeypatch, f"sqlite:///{tmp_path / 'c.db'}")
+    shard = make_shard(consensus, cli_blob, tmp_path, buckets=2)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(5), history, 3)
+    compact_batches(shard, history, 2)
+
+    def no_spark(self):
+        raise AssertionError("publish started Spark")
+
+    monkeypatch.setattr(Context, "spark", no_spark)
+    yield shard, history
+    consensus.dispose()
+
+
+def test_upsertctl_publish_without_spark(cli_shard, capsys):
+    shard, history = cli_shard
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE)
+    assert code == 0, err
+    properties = catalog_properties(shard.consensus.url, shard.blob.root)
+    catalog = iceberg.open_catalog(properties)
+    try:
+        table = catalog.load_table(TABLE)
+        snapshot_id = table.current_snapshot().snapshot_id
+        assert out.startswith(f"published snapshot {snapshot_id} at since 2 to {TABLE} (")
+        assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 2)
+    finally:
+        iceberg.close_catalog(catalog)
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE)
+    assert (code, out) == (0, f"nothing to publish (since 2 already published: snapshot {snapshot_id})\n"), err
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert {k: report[k] for k in ("outcome", "snapshot_id", "since", "upper", "table")} == {
+        "outcome": "nothing_to_publish", "snapshot_id": snapshot_id, "since": 2, "upper": 3, "table": TABLE}
+
+
+def test_upsertctl_publish_errors(cli_shard, capsys):
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", "orders")
+    assert code == 2 and "Iceberg table 'orders' is not NAMESPACE.TABLE" in err
+    # An unreachable catalog: exit 2 (retryable), its password never shown.
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--json",
+                             "--catalog-uri", "postgresql://iceberg:Hunter2secret@127.0.0.1:1/catalog")
+    assert code == 2, err
+    payload = json.loads(out)
+    assert payload["error"] == ConsensusUnavailable.__name__ and payload["retryable"] is True
+    assert "nothing was published" in payload["message"] and "127.0.0.1" in payload["message"]
+    assert "Hunter2secret" not in out + err
+
+
+# -- the operator --------------------------------------------------------------------------
+
+
+@sqlite_only
+def test_the_operator_publishes_through_the_connection(consensus, blob, tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_upsert_provider.operators.maintenance import PublishIcebergOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
+        {"conn_type": "upsert", "extra": {"consensus_url": consensus.url, "blob_root": blob.root}}))
+    shard = make_shard(consensus, blob, tmp_path, buckets=2)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(6), history, 3)
+    compact_batches(shard, history, 3)
+    assert PublishIcebergOperator.template_fields == ("shard", "table")
+    result = PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE).execute({})
+    assert (result["outcome"], result["since"], result["table"]) == (PUBLISHED, 3, TABLE)
+    again = PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE).execute({})
+    assert (again["outcome"], again["snapshot_id"]) == (NOTHING_TO_PUBLISH, result["snapshot_id"])
+    catalog = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
+    try:
+        assert by_key(catalog.load_table(TABLE).scan().to_arrow()) == expected_table(shard.config, history, 3)
+    finally:
+        iceberg.close_catalog(catalog)
+    with pytest.raises(AirflowFailException, match="is not NAMESPACE.TABLE"):
+        PublishIcebergOperator(task_id="publish", shard="orders", table="orders").execute({})
