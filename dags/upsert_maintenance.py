@@ -1,4 +1,6 @@
-"""Shard maintenance, daily: compact, then checkpoint, then collect garbage, in that order.
+"""Shard maintenance, daily: compact, then checkpoint, then collect garbage, in that order;
+after the compaction the table as of the new since is also published as a snapshot of the
+Apache Iceberg table `upsert.<shard>` ([docs/readers.md, "Iceberg"](upsert-provider/docs/readers#iceberg)).
 
 Compaction advances since to the upper (reads as of an older ts fail afterwards) and leaves
 the replaced runs behind; the checkpoint then records the compacted state and retention
@@ -6,7 +8,9 @@ drops old checkpoints; only then does GC delete what neither the live state nor 
 checkpoint nor an in-flight writer or read references (the runs today's compaction replaced
 stay for the grace period, for reads planned before it, and go on a later run). Every step is
 safe beside running writers (`upsert_microbatch`, `upsert_backfill`). A corrupt or missing checkpoint
-catalog fails the checkpoint and GC tasks without retry, and nothing is deleted.
+catalog fails the checkpoint and GC tasks without retry, and nothing is deleted. The publish
+writes its own files under `<blob root>/_iceberg/`, which GC never touches, and registers the
+table in the SQL catalog inside the consensus store; it needs no Spark.
 
 Runs on the `upsert_default` connection (embedded defaults when it is not defined).
 """
@@ -23,6 +27,7 @@ from airflow_upsert_provider.operators.maintenance import (
     CheckpointCommitOperator,
     CompactShardOperator,
     GarbageCollectOperator,
+    PublishIcebergOperator,
 )
 
 with DAG(
@@ -72,4 +77,8 @@ with DAG(
         grace_seconds="{{ params.grace_seconds }}",
         dry_run="{{ params.dry_run }}",
     )
+    publish = PublishIcebergOperator(
+        task_id="publish_iceberg", shard="{{ params.shard }}", table="upsert.{{ params.shard }}"
+    )
     compact >> checkpoint >> gc
+    compact >> publish

@@ -9,6 +9,7 @@ import os
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_upsert_provider.engine.maintenance import iceberg
 from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, list_checkpoints
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -20,6 +21,7 @@ from airflow_upsert_provider.operators.maintenance import (
 )
 from tests.airflow.conftest import airflow_home, failure_text  # noqa: F401 - the session fixture
 from tests.maintenance.support import age_compaction, age_files, oracle, table, tree, written_shard
+from tests.oracle import table_from_rows
 
 
 @pytest.fixture
@@ -114,7 +116,7 @@ def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, 
     proc = airflow_home.dags_test("upsert_maintenance", env, conf={"shard": "orders", "grace_seconds": 0})
     assert proc.returncode == 0, failure_text(proc)
     run_id = airflow_home.latest_run("upsert_maintenance")
-    for task in ("compact", "checkpoint", "gc"):
+    for task in ("compact", "checkpoint", "gc", "publish_iceberg"):
         assert airflow_home.task_instance("upsert_maintenance", run_id, task) == ("success", 1)
     compacted = airflow_home.xcom("upsert_maintenance", run_id, "compact")
     assert (compacted["since"], compacted["runs_merged"]) == (upper, upper)
@@ -125,4 +127,15 @@ def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, 
     assert {blob.path(i["path"]) for i in collected["items"]} == set(batch_dirs)
     assert not any(os.path.exists(d) for d in batch_dirs)
     assert table(shard, spark) == expected == oracle(shard)
+    # The publish after the compaction: one snapshot of upsert.orders, the table at since.
+    published = airflow_home.xcom("upsert_maintenance", run_id, "publish_iceberg")
+    assert (published["outcome"], published["since"], published["table"]) == ("published", upper, "upsert.orders")
+    catalog = iceberg.open_catalog(iceberg.catalog_properties(sqlite_url, blob.root))
+    try:
+        snapshot = catalog.load_table("upsert.orders").snapshot_by_id(published["snapshot_id"])
+        assert snapshot.summary["upsert.since"] == str(upper)
+        rows = catalog.load_table("upsert.orders").scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()
+    finally:
+        iceberg.close_catalog(catalog)
+    assert table_from_rows(rows) == expected
     consensus.dispose()
