@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from airflow_upsert_provider.cli.context import Context
@@ -54,8 +55,10 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
     publish.add_argument("--iceberg", required=True, metavar="NAMESPACE.TABLE",
                          help="the Iceberg table; created on the first publish")
     publish.add_argument("--catalog-uri", default=None, metavar="URI",
-                         help="a REST catalog (http[s]://...) or a SQL catalog's database URL (default: the SQL "
-                              "catalog in the consensus store, tables under <blob root>/_iceberg; docs/readers.md)")
+                         help="a REST catalog (http[s]://...) or a SQL catalog's database URL; default "
+                              "UPSERT_ICEBERG_CATALOG_URI (where a URL with a password belongs: argv is visible "
+                              "to ps), else the SQL catalog in the consensus store, tables under "
+                              "<blob root>/_iceberg (docs/readers.md)")
     publish.add_argument("--json", action="store_true")
 
 
@@ -151,7 +154,8 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     shard = ctx.shard(args.shard)
     iceberg.parse_table_identifier(args.iceberg)  # a usage error before the catalog is opened
-    properties = iceberg.catalog_properties(consensus_url(args), ctx.blob.root, args.catalog_uri)
+    catalog_uri = args.catalog_uri or os.environ.get("UPSERT_ICEBERG_CATALOG_URI") or None
+    properties = iceberg.catalog_properties(consensus_url(args), ctx.blob.root, catalog_uri)
     catalog = iceberg.open_catalog(properties)
     try:
         result = iceberg.publish_iceberg(shard, catalog, args.iceberg, catalog_name=iceberg.describe_catalog(properties))

@@ -469,7 +469,7 @@ def test_upsertctl_publish_without_spark(cli_shard, capsys):
         "outcome": "nothing_to_publish", "snapshot_id": snapshot_id, "since": 2, "upper": 3, "table": TABLE}
 
 
-def test_upsertctl_publish_errors(cli_shard, capsys):
+def test_upsertctl_publish_errors(cli_shard, capsys, monkeypatch):
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", "orders")
     assert code == 2 and "Iceberg table 'orders' is not NAMESPACE.TABLE" in err
     # An unreachable catalog: exit 2 (retryable), its password never shown.
@@ -480,6 +480,15 @@ def test_upsertctl_publish_errors(cli_shard, capsys):
     assert payload["error"] == ConsensusUnavailable.__name__ and payload["retryable"] is True
     assert "nothing was published" in payload["message"] and "127.0.0.1" in payload["message"]
     assert "Hunter2secret" not in out + err
+    # The same URL from the environment, where a password belongs (argv is visible to ps).
+    monkeypatch.setenv("UPSERT_ICEBERG_CATALOG_URI", "postgresql://iceberg:Hunter2secret@127.0.0.1:1/catalog")
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE)
+    assert code == 2 and "SQL catalog postgresql+psycopg://iceberg:***@127.0.0.1:1/catalog could not be used" in err
+    assert "Hunter2secret" not in out + err
+    # A REST catalog's client is PyIceberg's: nothing answers here, nothing is published.
+    monkeypatch.delenv("UPSERT_ICEBERG_CATALOG_URI")
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--catalog-uri", "http://127.0.0.1:1/api")
+    assert code == 2 and "REST catalog http://127.0.0.1:1/api could not be used" in err, err
 
 
 # -- the operator --------------------------------------------------------------------------
