@@ -301,6 +301,51 @@ def test_a_table_of_another_schema_is_refused_and_nothing_is_published(consensus
 
 
 @sqlite_only
+def test_typed_and_nested_columns_round_trip(consensus, blob, tmp_path, catalog):
+    """Decimal, timestamps, a small integer, a map and a list of structs come back from the
+    snapshot as the Arrow reader gives them at since; nested field ids are unique."""
+    import datetime
+    from decimal import Decimal
+
+    element = {"type": "struct", "fields": [{"name": "sku", "type": "string", "nullable": True, "metadata": {}},
+                                            {"name": "qty", "type": "integer", "nullable": True, "metadata": {}}]}
+    schema = json.loads(_config([
+        {"name": "id", "type": "long"},
+        {"name": "price", "type": "decimal(12,2)"},
+        {"name": "at", "type": "timestamp"},
+        {"name": "tiny", "type": "byte"},
+        {"name": "tags", "type": {"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}},
+        {"name": "items", "type": {"type": "array", "elementType": element, "containsNull": True}},
+        {"name": "deleted", "type": "boolean"},
+    ], tmp_path).schema)
+    shard = make_shard(consensus, blob, tmp_path, buckets=2, schema=json.dumps(schema), order_by=None,
+                       delete_marker="deleted")
+    at = datetime.datetime(2026, 3, 1, 12, 30, tzinfo=datetime.timezone.utc)
+
+    def row(key: int, version: int, deleted: bool = False) -> dict:
+        return {"id": key, "price": Decimal(f"{key}.{version:02d}"), "at": at + datetime.timedelta(hours=version),
+                "tiny": version, "tags": [("v", version), ("k", key)],
+                "items": [{"sku": f"s{key}", "qty": version}, None], "_deleted": deleted}
+
+    commit_batch(shard, [row(k, 1) for k in range(6)])
+    commit_batch(shard, [row(1, 2), row(2, 2, deleted=True), row(7, 2)])
+    history = []  # compacted straight from the rows: no order column, later batches win
+    for ts, rows in enumerate([[row(k, 1) for k in range(6)], [row(1, 2), row(2, 2, deleted=True), row(7, 2)]]):
+        history += [{**r, "_ts": ts} for r in rows]
+    compact_batches(shard, history, 2)
+    publish_iceberg(shard, catalog, TABLE)
+    table = catalog.load_table(TABLE)
+    ids = [f.field_id for f in table.schema().find_field("items").field_type.element_type.fields]
+    ids += [table.schema().find_field(n).field_id for n in ("id", "price", "at", "tiny", "tags", "items")]
+    assert len(set(ids)) == len(ids)
+    scanned = by_key(table.scan().to_arrow())
+    assert scanned == arrow_table(read_table(shard, as_of=2))
+    assert sorted(k for (k,) in scanned) == [0, 1, 3, 4, 5, 7]
+    assert scanned[(1,)]["price"] == Decimal("1.02") and scanned[(1,)]["at"] == at + datetime.timedelta(hours=2)
+    assert scanned[(1,)]["items"] == [{"sku": "s1", "qty": 2}, None] and dict(scanned[(1,)]["tags"]) == {"v": 2, "k": 1}
+
+
+@sqlite_only
 def test_a_large_table_is_written_in_chunks_of_one_data_file(consensus, blob, tmp_path, catalog):
     """A table created beforehand with small data files: the publish writes many, chunk by
     chunk (every chunk of the reader's batches one PyIceberg write), all in one snapshot."""

@@ -53,6 +53,7 @@ from airflow_upsert_provider.engine.table.arrow_reader import output_columns, re
 from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
+    import pyarrow
     from pyiceberg.catalog import Catalog
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
@@ -182,14 +183,13 @@ def parse_table_identifier(text: str) -> tuple[str, ...]:
     return parts
 
 
-def iceberg_type(spark_type: Any, column: str) -> "IcebergType":
+def iceberg_type(spark_type: Any, column: str, counter: Iterator[int]) -> "IcebergType":
     """The Iceberg type of a column of Spark type ``spark_type`` (its JSON form, as the
-    shard's schema stores it). Field ids are placeholders: the catalog assigns fresh ones
-    when it creates the table. Every field is optional: the engine does not enforce NOT NULL.
-    A type Iceberg has none for is a :class:`ConfigurationError` naming the column."""
+    shard's schema stores it); nested fields take their ids from ``counter`` (placeholders,
+    unique in the schema: the catalog assigns fresh ones when it creates the table). Every
+    field is optional: the engine does not enforce NOT NULL. A type Iceberg has none for is a
+    :class:`ConfigurationError` naming the column."""
     from pyiceberg import types as t
-
-    counter = iter(range(1_000_000, 2_000_000))
 
     def convert(node: Any, path: str) -> "IcebergType":
         if isinstance(node, str):
@@ -230,9 +230,11 @@ def iceberg_schema(config: ShardConfig) -> "Schema":
     from pyiceberg.types import NestedField
 
     types = {f["name"]: f["type"] for f in config.schema_fields()}
+    columns = output_columns(config, None)
+    nested_ids = itertools.count(len(columns) + 1)
     return Schema(*[
-        NestedField(position, name, iceberg_type(types[name], name), required=False)
-        for position, name in enumerate(output_columns(config, None), start=1)
+        NestedField(position, name, iceberg_type(types[name], name, nested_ids), required=False)
+        for position, name in enumerate(columns, start=1)
     ])
 
 
@@ -494,7 +496,7 @@ def target_file_bytes(properties: Mapping[str, str]) -> int:
     return max(value, 1)
 
 
-def arrow_chunks(reader: Any, target_bytes: int) -> Iterator[Any]:
+def arrow_chunks(reader: "pyarrow.RecordBatchReader", target_bytes: int) -> Iterator["pyarrow.Table"]:
     """``reader``'s record batches gathered into tables of about ``target_bytes`` (the last
     smaller); none for an empty reader. Pure."""
     import pyarrow as pa
@@ -527,7 +529,8 @@ def current_data_files(table: "Table") -> Iterator[Any]:
 
 
 def _commit_overwrite(
-    table: "Table", reader: Any, summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
+    table: "Table", reader: "pyarrow.RecordBatchReader", summary: dict[str, str], shard_id: str, since: int,
+    table_name: str, where: str,
     on_step: Callable[[str], None],
 ) -> "tuple[Any, list[Any]] | None":
     """Write ``reader``'s rows as new data files of ``table`` and commit ONE snapshot that
