@@ -469,6 +469,29 @@ def test_publish_on_an_object_storage_blob_root(s3_root, tmp_path):
         consensus.dispose()
 
 
+@sqlite_only
+def test_a_damaged_run_file_fails_the_publish_naming_it_and_leaves_no_file(consensus, blob, tmp_path, catalog):
+    from airflow_upsert_provider.engine.errors import IntegrityError
+
+    shard = make_shard(consensus, blob, tmp_path, buckets=4)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(10), history, 2, keys=400)
+    compact_batches(shard, history, 2)
+    catalog.create_namespace("analytics")
+    # Small data files: some are written before the read reaches the damaged bucket.
+    catalog.create_table(TABLE, schema=iceberg_schema(shard.config), properties={"write.target-file-size-bytes": "2000"})
+    victim = blob.path(shard.live_runs()[0]["files"][-1]["path"])
+    with open(victim, "r+b") as handle:
+        handle.truncate(os.path.getsize(victim) - 9)  # its footer is gone
+    with pytest.raises(IntegrityError, match="damaged") as raised:
+        publish_iceberg(shard, catalog, TABLE)
+    assert raised.value.details["file"] == victim
+    table = catalog.load_table(TABLE)
+    assert table.current_snapshot() is None
+    data_dir = blob.path("_iceberg", "analytics", "orders", "data")
+    assert not [n for _, _, names in os.walk(data_dir) for n in names]
+
+
 # -- upsertctl publish ---------------------------------------------------------------------
 
 

@@ -21,9 +21,10 @@ GC lists, so GC never deletes a file a snapshot references.
 
 Atomicity: the data files and the manifests are written first, then the catalog's commit
 swaps the table's metadata pointer (a conditional UPDATE in the SQL catalog; the REST
-catalog's commit). A crash or a lost race before that commit leaves only files no snapshot
-references (PyIceberg does not delete them; an orphan-file removal of the Iceberg table,
-e.g. Spark's ``remove_orphan_files`` procedure, does), never a partial snapshot.
+catalog's commit). A failed read or write or a lost race deletes the files it wrote (nothing
+references them); a crash before the commit leaves files no snapshot references (PyIceberg
+does not delete them; an orphan-file removal of the Iceberg table, e.g. Spark's
+``remove_orphan_files`` procedure, does). Never a partial snapshot.
 """
 
 from __future__ import annotations
@@ -550,30 +551,31 @@ def _commit_overwrite(
     target_bytes = target_file_bytes(table.metadata.properties)
     # One counter: the files of every chunk get distinct names.
     counter = itertools.count(0)
-    with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
-        for data_file in current_data_files(table):
-            overwrite.delete_data_file(data_file)
-        # Chunk by chunk: PyIceberg's writer hands every file of one call to a thread pool at
-        # once, so one call per chunk is what bounds the rows held to one chunk.
-        for chunk in arrow_chunks(reader, target_bytes):
-            for data_file in _dataframe_to_data_files(
-                table_metadata=transaction.table_metadata, df=chunk, io=table.io,
-                write_uuid=overwrite.commit_uuid, counter=counter,
-            ):
-                overwrite.append_data_file(data_file)
-                added.append(data_file)
-        snapshot_id = overwrite.snapshot_id
+    try:
+        with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+            for data_file in current_data_files(table):
+                overwrite.delete_data_file(data_file)
+            # Chunk by chunk: PyIceberg's writer hands every file of one call to a thread pool
+            # at once, so one call per chunk is what bounds the rows held to one chunk.
+            for chunk in arrow_chunks(reader, target_bytes):
+                for data_file in _dataframe_to_data_files(
+                    table_metadata=transaction.table_metadata, df=chunk, io=table.io,
+                    write_uuid=overwrite.commit_uuid, counter=counter,
+                ):
+                    overwrite.append_data_file(data_file)
+                    added.append(data_file)
+            snapshot_id = overwrite.snapshot_id
+    except BaseException:
+        # A read or write failed (a damaged run file, a full disk): nothing was committed.
+        _delete_files(table, added)
+        raise
     on_step("written")
     try:
         committed = transaction.commit_transaction()
     except (CommitFailedException, ValidationException):
         # Provably not committed (the table moved since this publish read it): no snapshot
         # can reference these files (PyIceberg removed the attempt's manifests itself).
-        for data_file in added:
-            try:
-                table.io.delete(data_file.file_path)
-            except Exception:  # left for an orphan-file removal: referenced by nothing
-                pass
+        _delete_files(table, added)
         return None
     except UpsertError:
         raise
@@ -586,6 +588,16 @@ def _commit_overwrite(
             table=table_name,
         ) from None
     return committed.snapshot_by_id(snapshot_id), added
+
+
+def _delete_files(table: "Table", data_files: list[Any]) -> None:
+    """Delete the data files of a publish that provably committed nothing; one that cannot be
+    deleted is left for an orphan-file removal (no snapshot references it)."""
+    for data_file in data_files:
+        try:
+            table.io.delete(data_file.file_path)
+        except Exception:
+            pass
 
 
 def _without_commit_retries(table: "Table") -> "Table":
