@@ -152,15 +152,10 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.cli.context import consensus_url
     from airflow_upsert_provider.engine.maintenance import iceberg
 
-    shard = ctx.shard(args.shard)
-    iceberg.parse_table_identifier(args.iceberg)  # a usage error before the catalog is opened
-    catalog_uri = args.catalog_uri or os.environ.get("UPSERT_ICEBERG_CATALOG_URI") or None
-    properties = iceberg.catalog_properties(consensus_url(args), ctx.blob.root, catalog_uri)
-    catalog = iceberg.open_catalog(properties)
-    try:
-        result = iceberg.publish_iceberg(shard, catalog, args.iceberg, catalog_name=iceberg.describe_catalog(properties))
-    finally:
-        iceberg.close_catalog(catalog)
+    result = iceberg.publish_to_catalog(
+        ctx.shard(args.shard), args.iceberg, consensus_url=consensus_url(args), blob_root=ctx.blob.root,
+        catalog_uri=args.catalog_uri or os.environ.get("UPSERT_ICEBERG_CATALOG_URI") or None,
+    )
     if args.json:
         return result.to_dict()
     if result.outcome == iceberg.PUBLISHED:

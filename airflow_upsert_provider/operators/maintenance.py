@@ -280,14 +280,11 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         self.catalog_uri = catalog_uri
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.maintenance import iceberg
+        from airflow_upsert_provider.engine.maintenance.iceberg import parse_table_identifier, publish_to_catalog
 
-        iceberg.parse_table_identifier(self.table)
-        shard = hook.open_shard(self.shard)
-        properties = iceberg.catalog_properties(hook.settings.consensus_url, hook.settings.blob_root, self.catalog_uri)
-        catalog = iceberg.open_catalog(properties)
-        try:
-            result = iceberg.publish_iceberg(shard, catalog, self.table, catalog_name=iceberg.describe_catalog(properties))
-        finally:
-            iceberg.close_catalog(catalog)
+        parse_table_identifier(self.table)  # before the shard is opened: a typo is the likely failure
+        result = publish_to_catalog(
+            hook.open_shard(self.shard), self.table, consensus_url=hook.settings.consensus_url,
+            blob_root=hook.settings.blob_root, catalog_uri=self.catalog_uri or None,
+        )
         return result.to_dict()

@@ -185,6 +185,21 @@ def commit_batches(shard, rng: random.Random, history: list[dict], batches: int,
         history += [{**r, "_ts": ts} for r in rows]
 
 
+def compacted_shard(consensus, blob, tmp_path, *, seed: int, batches: int, since: int, keys: int = 40,
+                    buckets: int = 2, shard_id: str = "orders"):
+    """A shard with ``batches`` random batches over ``keys`` keys, compacted to ``since``:
+    (shard, every committed row with its ``_ts``)."""
+    shard = make_shard(consensus, blob, tmp_path, buckets=buckets, shard_id=shard_id)
+    history: list[dict] = []
+    commit_batches(shard, random.Random(seed), history, batches, keys=keys)
+    compact_batches(shard, history, since)
+    return shard, history
+
+
+def files_below(path: str) -> set[str]:
+    return {os.path.join(d, n) for d, _, names in os.walk(path) for n in names}
+
+
 def by_key(table: pa.Table) -> dict[tuple, dict]:
     rows = table.to_pylist()
     out = {(r["id"],): r for r in rows}
@@ -256,11 +271,10 @@ def test_each_compaction_is_one_snapshot_that_other_engines_read(consensus, blob
     # stays readable (its files are under <blob root>/_iceberg, which GC never lists).
     commit_batches(shard, rng, history, 2)
     compact_batches(shard, history, 9)
-    published_files = sorted(
-        os.path.join(d, n) for d, _, names in os.walk(blob.path("_iceberg")) for n in names)
+    published_files = files_below(blob.path("_iceberg"))
     report = collect_garbage(consensus, blob, "orders", grace_seconds=0)
     assert report.files > 0, "GC deleted nothing: the test proves nothing"
-    assert sorted(os.path.join(d, n) for d, _, names in os.walk(blob.path("_iceberg")) for n in names) == published_files
+    assert files_below(blob.path("_iceberg")) == published_files
     table = catalog.load_table(TABLE)
     assert by_key(table.scan(snapshot_id=first.snapshot_id).to_arrow()) == expected_first
     assert by_key(table.scan().to_arrow()) == expected_second
@@ -280,10 +294,7 @@ def test_a_table_of_another_schema_is_refused_and_nothing_is_published(consensus
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType
 
-    shard = make_shard(consensus, blob, tmp_path, buckets=2)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(1), history, 2)
-    compact_batches(shard, history, 2)
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=1, batches=2, since=2)
     catalog.create_namespace("analytics")
     catalog.create_table(TABLE, schema=Schema(
         NestedField(1, "id", LongType()), NestedField(2, "name", StringType()),
@@ -349,10 +360,7 @@ def test_typed_and_nested_columns_round_trip(consensus, blob, tmp_path, catalog)
 def test_a_large_table_is_written_in_chunks_of_one_data_file(consensus, blob, tmp_path, catalog):
     """A table created beforehand with small data files: the publish writes many, chunk by
     chunk (every chunk of the reader's batches one PyIceberg write), all in one snapshot."""
-    shard = make_shard(consensus, blob, tmp_path, buckets=4)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(8), history, 3, keys=400)
-    compact_batches(shard, history, 3)
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=8, batches=3, since=3, keys=400, buckets=4)
     catalog.create_namespace("analytics")
     catalog.create_table(TABLE, schema=iceberg_schema(shard.config),
                          properties={"write.target-file-size-bytes": "4000"})
@@ -376,12 +384,8 @@ def test_chunks_gather_batches_up_to_the_target():
 
 @sqlite_only
 def test_another_shards_table_is_refused(consensus, blob, tmp_path, catalog):
-    shard = make_shard(consensus, blob, tmp_path, buckets=2)
-    other = make_shard(consensus, blob, tmp_path, buckets=2, shard_id="payments")
-    for s in (shard, other):
-        history: list[dict] = []
-        commit_batches(s, random.Random(2), history, 2)
-        compact_batches(s, history, 2)
+    shard, _ = compacted_shard(consensus, blob, tmp_path, seed=2, batches=2, since=2)
+    other, _ = compacted_shard(consensus, blob, tmp_path, seed=2, batches=2, since=2, shard_id="payments")
     published = publish_iceberg(shard, catalog, TABLE)
     with pytest.raises(ConfigurationError, match="published from shard 'orders', not 'payments'"):
         publish_iceberg(other, catalog, TABLE)
@@ -392,10 +396,7 @@ def test_another_shards_table_is_refused(consensus, blob, tmp_path, catalog):
 def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus, blob, tmp_path, catalog):
     """Two publishes of the same since: the one whose commit comes second finds the table
     moved, decides again and has nothing to publish; one snapshot in all."""
-    shard = make_shard(consensus, blob, tmp_path, buckets=2)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(3), history, 3)
-    compact_batches(shard, history, 3)
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=3, batches=3, since=3)
     peer = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
     peer_results = []
 
@@ -413,8 +414,7 @@ def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus,
     assert [s.snapshot_id for s in table.snapshots()] == [peer_results[0].snapshot_id]
     assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
     # The loser's data files went with its commit: every data file is the snapshot's.
-    data_dir = blob.path("_iceberg", "analytics", "orders", "data")
-    on_disk = {os.path.join(d, n) for d, _, names in os.walk(data_dir) for n in names}
+    on_disk = files_below(blob.path("_iceberg", "analytics", "orders", "data"))
     assert on_disk == {f.file_path.removeprefix("file://") for f in iceberg.current_data_files(table)}
     # PyIceberg's own commit retry stays off: it would have rebased the loser's snapshot.
     assert "commit.retry.num-retries" not in table.properties
@@ -422,10 +422,7 @@ def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus,
 
 @sqlite_only
 def test_a_crash_before_the_commit_leaves_no_snapshot(consensus, blob, tmp_path, catalog):
-    shard = make_shard(consensus, blob, tmp_path, buckets=2)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(4), history, 3)
-    compact_batches(shard, history, 2)
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=4, batches=3, since=2)
     first = publish_iceberg(shard, catalog, TABLE)
     compact_batches(shard, history, 3)
 
@@ -449,10 +446,7 @@ def test_publish_on_an_object_storage_blob_root(s3_root, tmp_path):
     url = f"sqlite:///{tmp_path / 'c.db'}"
     consensus, s3_blob = open_consensus(url), open_blob(s3_root)
     try:
-        shard = make_shard(consensus, s3_blob, tmp_path, buckets=2)
-        history: list[dict] = []
-        commit_batches(shard, random.Random(9), history, 3)
-        compact_batches(shard, history, 3)
+        shard, history = compacted_shard(consensus, s3_blob, tmp_path, seed=9, batches=3, since=3)
         properties = catalog_properties(url, s3_root)
         assert properties["warehouse"] == f"{s3_root}/_iceberg" and properties["s3.endpoint"]
         catalog = iceberg.open_catalog(properties)
@@ -473,10 +467,7 @@ def test_publish_on_an_object_storage_blob_root(s3_root, tmp_path):
 def test_a_damaged_run_file_fails_the_publish_naming_it_and_leaves_no_file(consensus, blob, tmp_path, catalog):
     from airflow_upsert_provider.engine.errors import IntegrityError
 
-    shard = make_shard(consensus, blob, tmp_path, buckets=4)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(10), history, 2, keys=400)
-    compact_batches(shard, history, 2)
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=10, batches=2, since=2, keys=400, buckets=4)
     catalog.create_namespace("analytics")
     # Small data files: some are written before the read reaches the damaged bucket.
     catalog.create_table(TABLE, schema=iceberg_schema(shard.config), properties={"write.target-file-size-bytes": "2000"})
@@ -488,8 +479,7 @@ def test_a_damaged_run_file_fails_the_publish_naming_it_and_leaves_no_file(conse
     assert raised.value.details["file"] == victim
     table = catalog.load_table(TABLE)
     assert table.current_snapshot() is None
-    data_dir = blob.path("_iceberg", "analytics", "orders", "data")
-    assert not [n for _, _, names in os.walk(data_dir) for n in names]
+    assert files_below(blob.path("_iceberg", "analytics", "orders", "data")) == set()
 
 
 # -- upsertctl publish ---------------------------------------------------------------------
@@ -502,10 +492,7 @@ def cli_shard(tmp_path, monkeypatch):
     from tests.helpers import cli_store
 
     consensus, cli_blob = cli_store(tmp_path, monkeypatch, f"sqlite:///{tmp_path / 'c.db'}")
-    shard = make_shard(consensus, cli_blob, tmp_path, buckets=2)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(5), history, 3)
-    compact_batches(shard, history, 2)
+    shard, history = compacted_shard(consensus, cli_blob, tmp_path, seed=5, batches=3, since=2)
 
     def no_spark(self):
         raise AssertionError("publish started Spark")
@@ -570,10 +557,7 @@ def test_the_operator_publishes_through_the_connection(consensus, blob, tmp_path
 
     monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
         {"conn_type": "upsert", "extra": {"consensus_url": consensus.url, "blob_root": blob.root}}))
-    shard = make_shard(consensus, blob, tmp_path, buckets=2)
-    history: list[dict] = []
-    commit_batches(shard, random.Random(6), history, 3)
-    compact_batches(shard, history, 3)
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=6, batches=3, since=3)
     assert PublishIcebergOperator.template_fields == ("shard", "table")
     result = PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE).execute({})
     assert (result["outcome"], result["since"], result["table"]) == (PUBLISHED, 3, TABLE)

@@ -379,6 +379,20 @@ def close_catalog(catalog: "Catalog") -> None:
         engine.dispose()
 
 
+def publish_to_catalog(
+    shard: Shard, table_identifier: str, *, consensus_url: str, blob_root: str, catalog_uri: str | None = None,
+) -> PublishResult:
+    """:func:`publish_iceberg` through the catalog :func:`catalog_properties` gives for the
+    shard's store URL, blob root and ``catalog_uri``, opened for this publish and closed after."""
+    parse_table_identifier(table_identifier)  # a usage error before the catalog is opened
+    properties = catalog_properties(consensus_url, blob_root, catalog_uri)
+    catalog = open_catalog(properties)
+    try:
+        return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties))
+    finally:
+        close_catalog(catalog)
+
+
 def publish_iceberg(
     shard: Shard,
     catalog: "Catalog",
