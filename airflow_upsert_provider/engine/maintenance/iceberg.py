@@ -555,10 +555,10 @@ def _commit_overwrite(
     files written are then referenced by nothing). Returns the new snapshot and the files
     it added."""
     from pyiceberg.exceptions import CommitFailedException, ValidationException
-    # Private in PyIceberg 0.12 (the pin's range): the writer its append and overwrite use.
     # The public overwrite() commits a DELETE and an APPEND snapshot; one snapshot per
-    # publish needs the snapshot producer fed directly.
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+    # publish feeds the transaction's snapshot producer with files written by write_file.
+    from pyiceberg.io.pyarrow import bin_pack_arrow_table, pyarrow_to_schema, write_file
+    from pyiceberg.table import WriteTask
 
     transaction = _without_commit_retries(table).transaction()
     added: list[Any] = []
@@ -569,13 +569,16 @@ def _commit_overwrite(
         with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
             for data_file in current_data_files(table):
                 overwrite.delete_data_file(data_file)
-            # Chunk by chunk: PyIceberg's writer hands every file of one call to a thread pool
-            # at once, so one call per chunk is what bounds the rows held to one chunk.
+            # Chunk by chunk: write_file hands every task of one call to a thread pool at once,
+            # so one call per chunk is what bounds the rows held to one chunk.
             for chunk in arrow_chunks(reader, target_bytes):
-                for data_file in _dataframe_to_data_files(
-                    table_metadata=transaction.table_metadata, df=chunk, io=table.io,
-                    write_uuid=overwrite.commit_uuid, counter=counter,
-                ):
+                metadata = transaction.table_metadata
+                schema = pyarrow_to_schema(chunk.schema, name_mapping=metadata.schema().name_mapping,
+                                           format_version=metadata.format_version)
+                tasks = (WriteTask(write_uuid=overwrite.commit_uuid, task_id=next(counter), record_batches=batches,
+                                   schema=schema)
+                         for batches in bin_pack_arrow_table(chunk, target_bytes))
+                for data_file in write_file(io=table.io, table_metadata=metadata, tasks=tasks):
                     overwrite.append_data_file(data_file)
                     added.append(data_file)
             snapshot_id = overwrite.snapshot_id
