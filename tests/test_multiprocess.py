@@ -110,7 +110,12 @@ def finish_with_healthy_writer(shard, env):
     return json.loads(out)
 
 
-def test_crash_after_staging_before_compare_and_set(spark, fault_shard):
+def test_a_crash_and_sigkills_before_compare_and_set_commit_nothing_and_a_healthy_writer_converges(spark, fault_shard):
+    """Three writers die before their compare-and-set, one after another on the same shard (one
+    writer process each; the finishing writer is shared, a JVM start per fault less): one exits
+    between staging and compare-and-set, one is SIGKILLed while Spark writes its run, one is
+    SIGKILLed after staging. Nothing is committed, and a healthy writer then converges to the
+    oracle without referencing any of their files."""
     shard, env = fault_shard
     crashed = start_writer(env, shard.shard_id, "crasher", FAULT="exit_before_cas")
     crashed.communicate(timeout=600)
@@ -119,33 +124,31 @@ def test_crash_after_staging_before_compare_and_set(spark, fault_shard):
     orphans = staged_dirs(shard)
     assert len(orphans) == 1 and any(f.endswith(".parquet") for d in orphans for _, _, fs in os.walk(d) for f in fs)
 
+    killed: set[str] = set()
+    for moment in ("mid_write", "after_stage"):
+        before = staged_dirs(shard)
+        # The victim never reaches its compare-and-set, so a kill that comes late (the test saw
+        # the staging directory only after the write ended) still finds nothing committed.
+        victim = start_writer(env, shard.shard_id, f"victim-{moment}", FAULT="hang_after_stage")
+        if moment == "mid_write":
+            # Spark creates the staging directory as it starts writing the run.
+            assert wait_for(lambda: bool(staged_dirs(shard) - before), timeout=300, interval=0.02), moment
+        else:
+            line = victim.stderr.readline()
+            while line and not line.startswith("STAGED"):
+                line = victim.stderr.readline()
+            assert line.startswith("STAGED"), moment
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+        assert victim.returncode == -signal.SIGKILL, moment
+        victim.stderr.close()
+        victim.stdout.close()
+        assert shard.state().upper == 0, moment
+        killed |= staged_dirs(shard) - before
+    assert len(killed) == 2
+
     report = finish_with_healthy_writer(shard, env)
     assert [b["outcome"] for b in report["batches"]] == ["committed"] * 3 + ["nothing_to_do"]
     assert_valid_and_equal_to_oracle(shard, spark, 3)
-    assert orphans <= staged_dirs(shard) and not orphans & committed_dirs(shard)
-
-
-@pytest.mark.parametrize("moment", ["mid_write", "after_stage"])
-def test_writer_killed_with_sigkill(moment, spark, fault_shard):
-    shard, env = fault_shard
-    # The victim never reaches its compare-and-set, so a kill that comes late (the test saw the
-    # staging directory only after the write ended) still finds nothing committed.
-    victim = start_writer(env, shard.shard_id, "victim", FAULT="hang_after_stage")
-    runs = shard.blob.path(shard.shard_id, "runs")
-    if moment == "mid_write":
-        # Spark creates the staging directory as it starts writing the run.
-        assert wait_for(lambda: bool(staged_dirs(shard)), timeout=300, interval=0.02)
-    else:
-        line = victim.stderr.readline()
-        while line and not line.startswith("STAGED"):
-            line = victim.stderr.readline()
-        assert line.startswith("STAGED")
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=60)
-    assert victim.returncode == -signal.SIGKILL
-    assert shard.state().upper == 0 and os.path.isdir(runs)
-    killed = staged_dirs(shard)
-
-    finish_with_healthy_writer(shard, env)
-    assert_valid_and_equal_to_oracle(shard, spark, 3)
-    assert not killed & committed_dirs(shard)  # the killed try's files are not referenced
+    # The dead writers' files are left to GC, and none of them is referenced.
+    assert orphans | killed <= staged_dirs(shard) and not (orphans | killed) & committed_dirs(shard)
