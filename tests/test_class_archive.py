@@ -234,13 +234,16 @@ def _upsertctl(argv, env, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _loaded_from_dynamic_archive(logs: str) -> int:
-    """Classes a JVM's class+load log says came from the top (dynamic) CDS layer."""
-    count = 0
+def _loaded_from_archives(logs: str) -> tuple[int, int]:
+    """Classes a JVM's class+load log says came from the JDK's base CDS archive and from the
+    top (dynamic) layer."""
+    base = top = 0
     for path in glob.glob(logs):
         with open(path, errors="replace") as handle:
-            count += sum("source: shared objects file (top)" in line for line in handle)
-    return count
+            for line in handle:
+                top += "source: shared objects file (top)" in line
+                base += line.rstrip().endswith("source: shared objects file")
+    return base, top
 
 
 @pytest.mark.slow
@@ -271,15 +274,12 @@ def test_a_built_archive_is_mapped_by_a_fresh_run_batch(tmp_path, sqlite_url):
     assert batch.returncode == 0, batch.stderr[-3000:]
     out = json.loads(batch.stdout)  # nothing else on stdout: the CDS logging is off
     assert out["batches"][0]["outcome"] == "committed"
-    assert _loaded_from_dynamic_archive(logs.replace("%p", "*")) > 1000
+    base, top = _loaded_from_archives(logs.replace("%p", "*"))
+    assert top > 1000 and base > 0, (base, top)
 
-    # The same with the archive disabled: nothing comes from a dynamic archive.
-    control = str(tmp_path / "control-%p.log")
-    status = _upsertctl(["status", "s", "--json"],
-                        {**env, "UPSERT_CLASS_ARCHIVE": "off", "JAVA_TOOL_OPTIONS": f"-Xlog:class+load=info:file={control}"})
-    assert status.returncode == 0, status.stderr[-3000:]
-    assert json.loads(status.stdout)["upper"] == 1
-    assert glob.glob(control.replace("%p", "*")) and _loaded_from_dynamic_archive(control.replace("%p", "*")) == 0
+    # "(top)" names the dynamic layer only: the same log shows the JDK's base archive's classes
+    # without it. Whether a JVM gets the archive at all (UPSERT_CLASS_ARCHIVE=off, a stale or
+    # damaged one) is decided from files: the tests above.
 
     status = _upsertctl(["spark-archive", "status", "--json"], env)
     assert status.returncode == 0 and json.loads(status.stdout)["used"] is True
