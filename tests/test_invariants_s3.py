@@ -62,9 +62,14 @@ def table_of(read_output: str):
     return table_from_rows(json.loads(line) for line in read_output.splitlines())
 
 
-def read_table(shard_id: str, env: dict[str, str]):
-    """The shard's table, read by ``upsertctl read`` in a process of its own."""
-    return table_of(ok("read", shard_id, env=env))
+def read_table(shard_id: str, env: dict[str, str], out: str):
+    """The shard's table, read by ``upsertctl read --format parquet`` in a process of its own:
+    the Arrow reader, no JVM (Spark's reads of S3 runs: the in-process tests here and in
+    tests/test_run_io_s3.py)."""
+    import pyarrow.parquet as pq
+
+    ok("read", shard_id, "--format", "parquet", "--out", out, env=env)
+    return table_from_rows(pq.read_table(out).to_pylist())
 
 
 def run_keys(s3_server, root: str, shard_id: str) -> set[str]:

@@ -73,7 +73,7 @@ def test_gc_with_grace_0_against_a_writer_held_after_staging_on_s3_claims_its_ru
         assert committed_files(consensus, "s") <= run_keys(s3_server, s3_root, "s")
     finally:
         consensus.dispose()
-    assert read_table("s", env) == expected(landing)
+    assert read_table("s", env, str(tmp_path / "table.parquet")) == expected(landing)
 
 
 def test_three_writers_on_s3_one_sigkilled_mid_write_converge_to_the_oracle_and_gc_leaves_the_committed_runs(
@@ -125,4 +125,4 @@ def test_three_writers_on_s3_one_sigkilled_mid_write_converge_to_the_oracle_and_
         assert run_keys(s3_server, s3_root, "s") == committed_files(consensus, "s")
     finally:
         consensus.dispose()
-    assert read_table("s", env) == expected(landing)
+    assert read_table("s", env, str(tmp_path / "table.parquet")) == expected(landing)
