@@ -162,22 +162,30 @@ def run_probe(probe: str, without: tuple[str, ...] = ()) -> subprocess.Completed
     return done
 
 
-def test_the_driver_jvm_holds_none_of_the_process_output_streams():
-    """What the JVM prints on its stdout reaches the process's stderr, never its stdout (an
-    `upsertctl --json` result stays valid), and the JVM holds neither of the process's own
-    output streams, so a reader of them is done when the process exits, not when the JVM
-    has shut down."""
+def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options_and_none_of_the_output_streams():
+    """One fresh process with a local session of its own (without the C1-only setting the suite
+    gives its own JVMs, tests/conftest.py):
+    - the engine's log4j configuration, then its own JVM options, on the driver JVM; the JIT
+      keeps its default tiers (C1 only would slow warm work, docs/performance.md);
+    - what the JVM prints on its stdout reaches the process's stderr, never its stdout (an
+      `upsertctl --json` result stays valid), and the JVM holds neither of the process's own
+      output streams, so a reader of them is done when the process exits, not when the JVM
+      has shut down."""
     probe = (
         "import json, os\n"
         "from airflow_upsert_provider.engine.spark.session import get_spark\n"
+        "from tests.test_spark_session import _jvm_option\n"
         "spark = get_spark('local[1]')\n"
         "jvm = spark.sparkContext._jvm\n"
+        "arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())\n"
+        "tiered = _jvm_option(spark, 'TieredStopAtLevel')\n"
         "jvm.java.lang.System.out.println('jvm-stdout-marker')\n"
         "jvm.java.lang.System.out.flush()\n"
         "pid = int(jvm.java.lang.ProcessHandle.current().pid())\n"
         "mine = {os.readlink(f'/proc/self/fd/{fd}') for fd in (1, 2)}\n"
         "held = {os.readlink(f'/proc/{pid}/fd/{fd}') for fd in (1, 2)}\n"
-        "print(json.dumps({'mine': sorted(mine), 'jvm': sorted(held)}), flush=True)\n"
+        "print(json.dumps({'arguments': arguments, 'tiered': tiered, 'mine': sorted(mine), 'jvm': sorted(held)}),"
+        " flush=True)\n"
         # The marker crosses a pipe and a forwarding thread: let the JVM exit (its stdin
         # closed), then join the thread, which ends at the pipe's EOF, so the marker has been
         # forwarded however slowly the machine runs.
@@ -189,26 +197,6 @@ def test_the_driver_jvm_holds_none_of_the_process_output_streams():
         "proc.wait(timeout=240)\n"
         "[t.join(timeout=240) for t in threading.enumerate() if t.name == 'spark-driver-stderr']\n"
     )
-    done = run_probe(probe)
-    assert "jvm-stdout-marker" in done.stderr and "jvm-stdout-marker" not in done.stdout
-    streams = json.loads(done.stdout.strip().splitlines()[-1])
-    assert not set(streams["mine"]) & set(streams["jvm"]), streams
-
-
-def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options():
-    """The engine's log4j configuration, then its own JVM options, on the driver JVM; the JIT
-    keeps its default tiers (C1 only would slow warm work, docs/performance.md). In a fresh
-    process without the C1-only setting the suite gives its own JVMs (tests/conftest.py)."""
-    probe = (
-        "import json\n"
-        "from airflow_upsert_provider.engine.spark.session import get_spark\n"
-        "from tests.test_spark_session import _jvm_option\n"
-        "spark = get_spark('local[1]')\n"
-        "jvm = spark.sparkContext._jvm\n"
-        "print(json.dumps({'arguments': list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()"
-        ".getInputArguments()), 'tiered': _jvm_option(spark, 'TieredStopAtLevel')}))\n"
-        "spark.stop()\n"
-    )
     # Importing tests.conftest (through this module) would set the variable again.
     probe = probe.replace("from tests.test_spark_session import _jvm_option\n", inspect.getsource(_jvm_option))
     done = run_probe(probe, without=("SPARK_SUBMIT_OPTS",))
@@ -216,6 +204,8 @@ def test_a_new_local_session_runs_its_driver_jvm_with_the_engine_options():
     assert f"-Dlog4j.configurationFile=file:{spark_module.LOG4J_CONFIG}" in seen["arguments"]
     assert all(option in seen["arguments"] for option in spark_module.DRIVER_JAVA_OPTIONS)
     assert seen["tiered"] == "4"
+    assert "jvm-stdout-marker" in done.stderr and "jvm-stdout-marker" not in done.stdout
+    assert not set(seen["mine"]) & set(seen["jvm"]), seen
 
 
 def test_a_users_driver_java_options_replace_the_engines():
