@@ -1,0 +1,196 @@
+"""Which reader costs what: the Arrow reader (no JVM) against Spark's, and an Iceberg publish.
+
+One shard from ``--rows`` change records of the sample data over as many key values (so about
+six in ten keys end up in the table, some deleted) is written by the engine (`upsertctl run-batch`, local Spark) and compacted, then
+each command below runs as a fresh process, as an Airflow task or a user runs it, ``--repeat``
+times (medians), with the peak resident memory of its whole process tree (the JVM included,
+sampled every 50 ms):
+
+  arrow parquet   ``upsertctl read --format parquet --out F``: the Arrow reader, no JVM
+  spark parquet   a process that starts Spark and writes ``Shard.read(spark)`` to Parquet:
+                  the same output through Spark's reader
+  spark jsonl     ``upsertctl read --out F``: Spark's reader, sorted by key, JSON Lines
+  publish         ``upsertctl publish --iceberg`` into a new table each time: the table as of
+                  since, through the Arrow reader, written by PyIceberg
+
+and, warm in one process (after one read of each): ``read_table(...).read_all()`` against
+``Shard.read(spark).toArrow()``. The ratios are to ``spark parquet`` measured in the same run.
+
+    .venv/bin/python bench/bench_readers.py                   # 5M rows
+    .venv/bin/python bench/bench_readers.py --rows 200000     # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+SHARD = "orders"
+UPSERTCTL = [sys.executable, "-m", "airflow_upsert_provider.cli"]
+
+SPARK_EXPORT = """
+import sys
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.spark.session import get_spark
+from airflow_upsert_provider.engine.store.registry import open_consensus
+from airflow_upsert_provider.engine.table.shard import Shard
+url, root, shard_id, out = sys.argv[1:5]
+spark = get_spark("local[*]")
+Shard.open(open_consensus(url), open_blob(root), shard_id).read(spark).write.mode("overwrite").parquet(out)
+"""
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    total, stack = 0, [root]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as handle:
+                total += int(handle.read().split()[1]) * page
+        except OSError:
+            pass
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """Wall seconds of a fresh process and the peak resident memory of its tree."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, tree_rss(proc.pid))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.monotonic() - started
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[2:5])} exited {proc.returncode}: {err[-2000:]}")
+    return wall, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000, help="change records (default 5M)")
+    parser.add_argument("--buckets", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workdir", default=None, help="default: a temporary directory, removed at the end")
+    args = parser.parse_args()
+
+    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bench-readers-")
+    os.makedirs(workdir, exist_ok=True)
+    url, root = f"sqlite:///{workdir}/consensus.db", os.path.join(workdir, "blob")
+    landing, out = os.path.join(workdir, "landing"), os.path.join(workdir, "out")
+    env = dict(os.environ, UPSERT_CONSENSUS_URL=url, UPSERT_BLOB_ROOT=root, PYTHONPATH=REPO)
+    try:
+        t = time.monotonic()
+        generate(landing, SampleSpec(records=args.rows, keys=args.rows, partitions=4, segments_per_partition=4))
+        subprocess.run([*UPSERTCTL, "init", SHARD, "--source", f"dir:{landing}", "--key", "id", "--order-by",
+                        "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL, "--buckets",
+                        str(args.buckets), "--max-files-per-batch", "16"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        for step in (["run-batch", SHARD, "--until-caught-up"], ["compact", SHARD]):
+            subprocess.run([*UPSERTCTL, *step], env=env, check=True, stdout=subprocess.DEVNULL)
+        status = json.loads(subprocess.run([*UPSERTCTL, "status", SHARD, "--json"], env=env, check=True,
+                                           capture_output=True, text=True).stdout)
+        print(f"shard: {status.get('rows', '?')} rows in {args.buckets} buckets, since {status['since']}, "
+              f"written and compacted in {time.monotonic() - t:.0f} s", flush=True)
+
+        commands = {
+            "arrow parquet": lambda n: [*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out",
+                                        os.path.join(out, f"arrow-{n}.parquet")],
+            "spark parquet": lambda n: [sys.executable, "-c", SPARK_EXPORT, url, root, SHARD,
+                                        os.path.join(out, f"spark-{n}")],
+            "spark jsonl": lambda n: [*UPSERTCTL, "read", SHARD, "--out", os.path.join(out, f"spark-{n}.jsonl")],
+            "publish": lambda n: [*UPSERTCTL, "publish", SHARD, "--iceberg", f"bench.t{n}"],
+        }
+        figures: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
+        os.makedirs(out, exist_ok=True)
+        for n in range(args.repeat):
+            for name, argv in commands.items():  # interleaved: drift hits every command alike
+                figures[name].append(timed(argv(n), env))
+                print(f"  {name:14s} run {n + 1}: {figures[name][-1][0]:6.1f} s", flush=True)
+            for entry in os.listdir(out):  # the outputs are not kept: disk, not figures
+                path = os.path.join(out, entry)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+        base_wall = statistics.median(w for w, _ in figures["spark parquet"])
+        base_peak = statistics.median(p for _, p in figures["spark parquet"])
+        print(f"\nfresh processes, {args.rows:,} records, medians of {args.repeat}:")
+        print(f"| command | seconds | vs spark parquet | peak memory (MiB) | vs spark parquet |")
+        print("|---|---:|---:|---:|---:|")
+        for name, runs in figures.items():
+            wall = statistics.median(w for w, _ in runs)
+            peak = statistics.median(p for _, p in runs)
+            print(f"| {name} | {wall:.1f} | {wall / base_wall:.2f}x | {peak / 2**20:.0f} | {peak / base_peak:.2f}x |")
+
+        warm(url, root, args.repeat)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def warm(url: str, root: str, repeat: int) -> None:
+    """Both readers in this process, after one read each: what a long-lived worker sees."""
+    from airflow_upsert_provider import read_table
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.spark.session import get_spark
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
+
+    shard = Shard.open(open_consensus(url), open_blob(root), SHARD)
+    spark = get_spark("local[*]")
+    readers = {"arrow read_all": lambda: read_table(shard).read_all().num_rows,
+               "spark toArrow": lambda: shard.read(spark).toArrow().num_rows}
+    times: dict[str, list[float]] = {name: [] for name in readers}
+    for n in range(repeat + 1):
+        for name, read in readers.items():
+            started = time.monotonic()
+            rows = read()
+            if n:  # the first of each warms up
+                times[name].append(time.monotonic() - started)
+    base = statistics.median(times["spark toArrow"])
+    print(f"\nwarm, in one process ({rows:,} rows), medians of {repeat}:")
+    for name, values in times.items():
+        print(f"  {name:15s} {statistics.median(values):6.2f} s  {statistics.median(values) / base:.2f}x")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
