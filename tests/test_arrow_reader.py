@@ -138,6 +138,43 @@ def test_columns_are_chosen_and_checked(consensus, blob, tmp_path):
 
 
 @sqlite_only
+@pytest.mark.parametrize("seed", range(3))
+def test_a_filter_keeps_the_merged_rows_that_satisfy_it(consensus, blob, tmp_path, seed):
+    """The filter applies to the table, never to the runs: a key whose older version
+    satisfies it but whose current one does not is left out (a filter before the merge would
+    bring the older version back). Filters may name columns that are not returned."""
+    import pyarrow.compute as pc
+
+    rng = random.Random(seed)
+    shard = make_shard(consensus, blob, tmp_path, buckets=3)
+    history = build_history(shard, rng, batches=6, keys=30)
+    state = shard.state()
+    for as_of in range(state.since, state.upper + 1):
+        expected = expected_table(shard.config, history, as_of)
+        got = arrow_table(read_table(shard, as_of, filter=pc.field("amount") >= 500))
+        assert got == {k: r for k, r in expected.items() if r["amount"] is not None and r["amount"] >= 500}, as_of
+        names = arrow_table(read_table(shard, as_of, columns=["id", "name"], filter=pc.field("updated_at") == 2))
+        assert names == {k: {"id": r["id"], "name": r["name"]} for k, r in expected.items() if r["updated_at"] == 2}
+    # The case a filter before the merge gets wrong, made certain: key 1's old row matches.
+    commit_batch(shard, [{"id": 1, "name": "old", "amount": 900.0, "updated_at": 1000, "_deleted": False}])
+    commit_batch(shard, [{"id": 1, "name": "new", "amount": 1.0, "updated_at": 1001, "_deleted": False}])
+    assert (1,) not in arrow_table(read_table(shard, filter=pc.field("amount") >= 500))
+
+
+@sqlite_only
+def test_a_filter_that_does_not_apply_is_refused_naming_it(consensus, blob, tmp_path):
+    import pyarrow.compute as pc
+
+    shard = make_shard(consensus, blob, tmp_path, buckets=2)
+    commit_batch(shard, [{"id": 1, "name": "a", "amount": 1.0, "updated_at": 1, "_deleted": False}])
+    for bad, words in [(pc.field("price") > 1, "price"), (pc.field("amount") + 1, "amount"),
+                       ("amount > 1", "not a str")]:
+        with pytest.raises(ConfigurationError, match="filter") as raised:
+            read_table(shard, filter=bad)
+        assert words in str(raised.value) and raised.value.details["field"] == "filter"
+
+
+@sqlite_only
 def test_memory_holds_one_bucket_at_a_time(consensus, blob, tmp_path, monkeypatch):
     """The reader reads the files of one bucket, hands out that bucket's rows, and only then
     reads the next bucket: what it has read and not yet handed out is never more than one

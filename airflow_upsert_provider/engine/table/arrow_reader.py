@@ -56,6 +56,7 @@ def read_table(
     shard: "Shard",
     as_of: int | None = None,
     columns: Sequence[str] | None = None,
+    filter: "pyarrow.compute.Expression | None" = None,  # noqa: A002 (the name pyarrow's datasets use)
     *,
     batch_rows: int = BATCH_ROWS,
 ) -> "pyarrow.RecordBatchReader":
@@ -64,6 +65,11 @@ def read_table(
     key within a bucket (not across buckets).
 
     :param columns: the table columns to return, in this order (default: keys, then values).
+    :param filter: a ``pyarrow.compute`` expression over table columns (any, returned or
+        not), e.g. ``pc.field("amount") > 100``: the rows of the table that satisfy it. It is
+        applied to the merged rows, never to the runs' rows (a key whose older version
+        matches but whose current one does not is not in the result); the merge then reads
+        every table column.
     :param batch_rows: rows per output batch at most.
 
     Which runs are read is decided now, on one snapshot of consensus (refused outside
@@ -71,7 +77,8 @@ def read_table(
     checked to exist; the files are read while the reader is consumed. Memory: the rows of
     one bucket of the live runs plus one output batch (module docstring)."""
     runs = shard.live_runs(as_of)
-    return read_runs_arrow(shard.config, shard.blob, runs, columns, shard_id=shard.shard_id, batch_rows=batch_rows)
+    return read_runs_arrow(shard.config, shard.blob, runs, columns, filter, shard_id=shard.shard_id,
+                           batch_rows=batch_rows)
 
 
 def read_table_from_store(
@@ -81,6 +88,7 @@ def read_table_from_store(
     *,
     as_of: int | None = None,
     columns: Sequence[str] | None = None,
+    filter: "pyarrow.compute.Expression | None" = None,  # noqa: A002
     batch_rows: int = BATCH_ROWS,
 ) -> "pyarrow.RecordBatchReader":
     """:func:`read_table` of the shard ``shard_id`` of the store at ``consensus_url``
@@ -95,7 +103,7 @@ def read_table_from_store(
     consensus = open_consensus(consensus_url, create=False)
     try:
         shard = Shard.open(consensus, open_blob(blob_root), shard_id)
-        return read_table(shard, as_of, columns, batch_rows=batch_rows)
+        return read_table(shard, as_of, columns, filter, batch_rows=batch_rows)
     finally:
         consensus.dispose()
 
@@ -105,6 +113,7 @@ def read_runs_arrow(
     blob: Blob,
     runs: list[dict[str, Any]],
     columns: Sequence[str] | None = None,
+    filter: "pyarrow.compute.Expression | None" = None,  # noqa: A002
     *,
     shard_id: str | None = None,
     batch_rows: int = BATCH_ROWS,
@@ -120,10 +129,15 @@ def read_runs_arrow(
     output = output_columns(config, columns)
     order = order_column(config)
     full_schema = to_arrow_schema(run_schema(config), timezone="UTC")
+    # The filter may name any table column: the merge then keeps them all (pyarrow does not
+    # say which columns an expression names), and the output drops what was not asked for.
+    merged = output if filter is None else list(dict.fromkeys([*output, *table_columns(config)]))
     # Read only what the merge ranks by and what is returned.
-    needed = list(dict.fromkeys([*config.keys, *output, *([order] if order else []), "_deleted", "_ts"]))
+    needed = list(dict.fromkeys([*config.keys, *merged, *([order] if order else []), "_deleted", "_ts"]))
     read_schema = pa.schema([full_schema.field(name) for name in needed])
     out_schema = pa.schema([full_schema.field(name) for name in output])
+    if filter is not None:
+        check_filter(filter, pa.schema([full_schema.field(name) for name in merged]))
     files = [f for run in runs for f in run["files"]]
     check_present(blob, [blob.path(f["path"]) for f in files])
     reader = read_file or _read_run_file
@@ -131,11 +145,35 @@ def read_runs_arrow(
     def batches() -> Iterator["pyarrow.RecordBatch"]:
         for _bucket, listed in bucket_groups(files):
             rows = _read_bucket(blob, listed, read_schema, reader, shard_id)
-            winners = merge_bucket(rows, config, output)
+            winners = merge_bucket(rows, config, merged)
             del rows  # the bucket's input goes before its output is handed out
+            if filter is not None:
+                winners = winners.filter(filter).select(output)
             yield from winners.to_batches(max_chunksize=batch_rows)
 
     return pa.RecordBatchReader.from_batches(out_schema, batches())
+
+
+def check_filter(filter: Any, schema: "pyarrow.Schema") -> None:  # noqa: A002
+    """Refuse, before anything is read, a filter that is not a ``pyarrow.compute`` expression
+    or that does not evaluate to booleans over the table's columns (an unknown column, a
+    type mismatch), naming it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(filter, pc.Expression):
+        raise ConfigurationError(
+            f"filter is a pyarrow.compute expression (e.g. pc.field('amount') > 100), not a {type(filter).__name__}",
+            field="filter",
+        )
+    try:
+        schema.empty_table().filter(filter)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigurationError(
+            f"filter {filter} does not apply to the table's columns ({', '.join(schema.names)}): {first}",
+            field="filter",
+        ) from exc
 
 
 def output_columns(config: ShardConfig, columns: Sequence[str] | None) -> list[str]:
