@@ -336,6 +336,17 @@ def test_read_writes_parquet_and_arrow_without_spark(cli_shard, capsys, tmp_path
     assert counted == sum(1 for r in expected.values() if r["amount"] is not None and r["amount"] > 500)
     rows = duckdb.sql(f"SELECT id, name, amount, updated_at FROM '{parquet_path}'").fetchall()
     assert {(row[0],): dict(zip(("id", "name", "amount", "updated_at"), row)) for row in rows} == expected
+    # And Polars scans both files lazily, as docs/readers.md shows.
+    import polars as pl
+
+    ids = pl.scan_parquet(str(parquet_path)).filter(pl.col("amount") > 500).select("id").collect()
+    assert sorted(ids["id"].to_list()) == sorted(scanned.column("id").to_pylist())
+    as_of_2 = expected_table(shard.config, history, 2)
+    sums = pl.scan_ipc(str(arrow_path)).group_by("name").agg(pl.col("amount").sum()).collect()
+    expected_sums: dict = {}
+    for r in as_of_2.values():
+        expected_sums[r["name"]] = expected_sums.get(r["name"], 0.0) + (r["amount"] or 0.0)
+    assert {row["name"]: row["amount"] for row in sums.to_dicts()} == pytest.approx(expected_sums)
     assert sorted(os.listdir(tmp_path)) == sorted({"blob", "c.db", "landing", "t.arrow", "t.parquet"})
 
 
