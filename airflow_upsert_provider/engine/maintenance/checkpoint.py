@@ -6,21 +6,31 @@ from since - 1 on (``ShardSnapshot``: the older ones are history, summed up in i
 and the quarantined files, so that consensus can be rebuilt from it. On disk, below
 ``<blob>/<shard>/checkpoints/``::
 
-    CATALOG.json        {"format": 1, "shard": ..., "checkpoints": [entry, ...]}
-    <id>/MANIFEST.json  {"format": 1, "checkpoint": ..., "state": ..., "files": [...], ...}
-    <id>/COMMIT         {"checkpoint": ..., "manifest_sha256": ...}
+    catalog-v<version>.json  {"format": 1, "shard": ..., "version": V, "checkpoints": [entry, ...]}
+    <id>/MANIFEST.json       {"format": 1, "checkpoint": ..., "state": ..., "files": [...], ...}
+    <id>/COMMIT              {"checkpoint": ..., "manifest_sha256": ...}
 
-Every one of them is written atomically and durably (``Blob.write_atomic``), in the
-order manifest, commit marker, catalog: a catalog entry never points at anything missing.
-The catalog is written (empty) before the first checkpoint directory exists, so a missing
+The catalog itself lives in the consensus store (store/catalog_rows.py), changed in short
+transactions with no blob I/O; ``catalog-v<version>.json`` is the blob copy of its version V,
+written after the change committed, write-once, the older ones pruned: what ``checkpoint
+restore`` reads into an empty store. ``CATALOG.json`` is the catalog file of a release before
+the store held catalogs: read (and imported into the store by the first change) while no copy
+exists, then pruned.
+
+Every file is written atomically and durably (``Blob.write_atomic``), in the order manifest,
+commit marker, catalog entry: a catalog entry never points at anything missing. The catalog
+(and its copy) is made, empty, before the first checkpoint directory exists, so a missing
 catalog beside committed checkpoint directories is corruption, never "no checkpoints"; a
 checkpoint directory without a commit marker is a checkpoint being written (or abandoned).
+Before a listed checkpoint's directory is deleted (retention, GC), the copy of a version that
+no longer lists it is written: a copy never lists a deleted directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -28,6 +38,12 @@ from typing import Any, Callable
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_lock
+from airflow_upsert_provider.engine.store.catalog_rows import (
+    entry_order,
+    read_catalog,
+    read_catalog_in,
+    write_catalog_in,
+)
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import (
@@ -43,15 +59,27 @@ from airflow_upsert_provider.engine.errors import (
     BlobUnavailable,
     CommitRefused,
     ConfigurationError,
+    ConsensusOutcomeUnknown,
     IntegrityError,
     UpsertError,
 )
-from airflow_upsert_provider.engine.store.gc_claims import check_blob_owner, mark_blob_owner, refuse_claimed_checkpoints
+from airflow_upsert_provider.engine.store.gc_claims import (
+    check_blob_owner,
+    claimed_checkpoints,
+    mark_blob_owner,
+    refuse_claimed_checkpoints,
+)
 from airflow_upsert_provider.engine.table.runs import file_problem
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 
+log = logging.getLogger(__name__)
+
 FORMAT = 1
+# The catalog file of a release before the store held catalogs.
 CATALOG_NAME = "CATALOG.json"
+# The blob copies of the catalog's versions: catalog-v<version, 12 digits>.json.
+COPY_PREFIX = "catalog-v"
+COPY_SUFFIX = ".json"
 MANIFEST_NAME = "MANIFEST.json"
 COMMIT_NAME = "COMMIT"
 # A checkpoint whose snapshot was overtaken by a compaction, or whose directory GC collected,
@@ -112,13 +140,17 @@ def is_committed(blob: Blob, shard_id: str, checkpoint_id: str) -> bool:
 
 
 class Catalog:
-    """The committed checkpoints of one shard. The in-memory list always equals the file:
-    it changes only after the file was written, and a failed write is undone on disk.
+    """The committed checkpoints of one shard.
 
-    The file is the authoritative catalog. A change (``ensure``, ``add``, ``remove``,
-    ``update``) is a compare-and-set: it holds the shard's catalog lock in consensus
-    (``catalog_lock``), re-reads the file under it and applies itself to what it finds, so
-    overlapping changes serialize and none is lost. Reading needs no consensus; changing does."""
+    The consensus store holds the authoritative catalog (store/catalog_rows.py). A change
+    (``ensure``, ``add``, ``remove``, ``update``) is one short transaction under the shard's
+    catalog lock that reads the rows, applies itself to what it finds and writes them back
+    with the next version, so overlapping changes serialize and none is lost; no blob I/O runs
+    inside it. After it, the change writes the blob copy of its version (``write_copy``), from
+    which ``checkpoint restore`` works with the blob alone. A store that does not hold a
+    shard's catalog yet (written before the store held catalogs, or restored from the blob)
+    imports the blob's on its first change. Reading needs no consensus (the blob copy is
+    read); changing does."""
 
     def __init__(
         self,
@@ -127,48 +159,42 @@ class Catalog:
         entries: list[CheckpointEntry],
         exists: bool,
         consensus: Consensus | None = None,
+        *,
+        version: int = 0,
+        in_store: bool = False,
     ) -> None:
         self.blob = blob
         self.shard_id = shard_id
         self.entries = entries
         self.exists = exists
         self.consensus = consensus
+        # The catalog's version (0: none yet), and whether the store holds it.
+        self.version = version
+        self.in_store = in_store
+        # Whether the blob copy of ``version`` is known to be written (see ``update``).
+        self.copy_written = True
 
     @property
     def path(self) -> str:
+        """The catalog file of a release before the store held catalogs (read, then pruned)."""
         return self.blob.join(checkpoints_root(self.blob, self.shard_id), CATALOG_NAME)
+
+    def copy_path(self, version: int) -> str:
+        return self.blob.join(checkpoints_root(self.blob, self.shard_id), copy_name(version))
 
     @classmethod
     def load(cls, blob: Blob, shard_id: str, consensus: Consensus | None = None) -> "Catalog":
-        """Read the catalog. Refuses (CheckpointCorrupt) an empty, truncated or corrupt one,
-        and a missing one while committed checkpoint directories exist. ``consensus`` (whose
-        catalog lock every change holds) is needed to change it."""
-        catalog = cls(blob, shard_id, [], exists=False, consensus=consensus)
-        path = catalog.path
-        try:
-            data = blob.read_bytes(path)
-        except FileNotFoundError:
-            committed = [n for n in checkpoint_dirs(blob, shard_id) if is_committed(blob, shard_id, n)]
-            if committed:
-                raise CheckpointCorrupt(
-                    f"checkpoint catalog {path} is missing but committed checkpoint directories exist "
-                    f"({len(committed)}, first: {committed[0]}): refusing to treat it as empty; restore the "
-                    "catalog file before running checkpoint or GC commands",
-                    shard=shard_id,
-                    file=path,
-                    records=[{"file": blob.join(blob.parent(path), n), "reason": "committed, not in a catalog"}
-                             for n in committed[:MAX_REPORTED]],
-                ) from None
-            # No catalog and nothing committed: no checkpoint yet (or the first one is being
-            # written, which writes the catalog before its directory).
-            return catalog
-        except OSError as exc:
-            raise CheckpointCorrupt(
-                f"checkpoint catalog {path} is unreadable: {exc.strerror}", shard=shard_id, file=path
-            ) from None
-        catalog.entries = _parse_catalog(data, path, shard_id)
-        catalog.exists = True
-        return catalog
+        """Read the catalog: from ``consensus`` when given and it holds the shard's catalog,
+        else from the blob copy (``read_blob_catalog``: refuses an empty, truncated or corrupt
+        one, and a missing one while committed checkpoint directories exist). ``consensus``
+        is needed to change it."""
+        if consensus is not None:
+            stored = read_catalog(consensus, shard_id)
+            if stored is not None:
+                entries = [CheckpointEntry.from_dict(e) for e in stored.entries]
+                return cls(blob, shard_id, entries, True, consensus, version=stored.version, in_store=True)
+        found = read_blob_catalog(blob, shard_id)
+        return cls(blob, shard_id, found.entries, found.exists, consensus, version=found.version)
 
     def get(self, checkpoint_id: str) -> CheckpointEntry:
         for entry in self.entries:
@@ -185,7 +211,8 @@ class Catalog:
         return max(self.entries, key=lambda e: (e.upper, e.created_at), default=None)
 
     def ensure(self) -> None:
-        """Write an empty catalog if there is none (before the first checkpoint directory)."""
+        """Make the store hold the catalog (importing the blob's) and its blob copy exist,
+        before the first checkpoint directory."""
         self.update(lambda entries: entries)
 
     def add(self, entry: CheckpointEntry) -> None:
@@ -195,8 +222,11 @@ class Catalog:
         self.update(lambda entries: [e for e in entries if e.id not in ids])
 
     def update(self, change: Callable[[list[CheckpointEntry]], list[CheckpointEntry]]) -> list[CheckpointEntry]:
-        """Apply ``change`` to the catalog as it is on disk now, under the catalog lock, and
-        write the result (also when there was no catalog yet). Returns the new list."""
+        """Apply ``change`` to the catalog as the store holds it now, under the catalog lock,
+        then write the blob copy of the result. Returns the new list.
+
+        A failed copy write does not fail the change (it is committed): it is logged, and
+        ``copy_written`` says so; the next change or GC writes the copy."""
         if self.consensus is None:
             raise ConfigurationError(
                 f"changing the checkpoint catalog of shard {self.shard_id!r} needs the consensus store "
@@ -206,11 +236,28 @@ class Catalog:
         # The catalog of a shard restored into another store sharing the blob is that
         # store's: this one's retention must not drop what the restore came from.
         check_blob_owner(self.consensus, self.blob, self.shard_id, "change the checkpoint catalog")
+        # The blob's catalog, read before the lock, for a store that does not hold it yet.
+        imported = None if read_catalog(self.consensus, self.shard_id) is not None else read_blob_catalog(
+            self.blob, self.shard_id
+        )
         with catalog_lock(self.consensus, self.shard_id) as conn:
-            current = Catalog.load(self.blob, self.shard_id)
-            self.entries, self.exists = current.entries, current.exists
-            entries = change(list(current.entries))
-            added = {e.id for e in entries} - {e.id for e in current.entries}
+            stored = read_catalog_in(conn, self.shard_id)
+            if stored is not None:
+                base_version, current = stored.version, [CheckpointEntry.from_dict(e) for e in stored.entries]
+            elif imported is not None:
+                # A checkpoint GC claimed (and deletes) is never listed, imported or added.
+                claimed = claimed_checkpoints(conn, self.shard_id, [e.id for e in imported.entries])
+                base_version, current = imported.version, [e for e in imported.entries if e.id not in claimed]
+            else:
+                # The rows were there before the lock and are gone now: only a drop of the
+                # shard's catalog does that.
+                raise UpsertError(
+                    f"the checkpoint catalog of shard {self.shard_id!r} was removed from the consensus store "
+                    "while it was being changed; nothing was changed",
+                    shard=self.shard_id,
+                )
+            entries = _ordered(change(list(current)))
+            added = {e.id for e in entries} - {e.id for e in current}
             if added:
                 # Under the lock GC takes to claim checkpoint directories: a directory GC
                 # claimed (and deletes) is never listed.
@@ -222,47 +269,137 @@ class Catalog:
                         shard=self.shard_id,
                         reason=reason,
                     )
-            if entries != current.entries or not current.exists:
-                self._write(entries)
+            version = base_version
+            if stored is None or entries != _ordered(current):
+                version = base_version + 1
+                write_catalog_in(conn, self.shard_id, stored, [e.to_dict() for e in entries], version)
+        self.entries, self.exists, self.version, self.in_store = entries, True, version, True
+        self.copy_written = self.write_copy()
         return list(self.entries)
 
-    def _encode(self, entries: list[CheckpointEntry]) -> bytes:
-        doc = {"format": FORMAT, "shard": self.shard_id, "checkpoints": [e.to_dict() for e in entries]}
+    def write_copy(self) -> bool:
+        """Make sure the blob holds the copy of this catalog's version (or of a later one),
+        then prune the older copies. False (logged) if the blob failed: a change is committed
+        in the store whatever its copy does."""
+        try:
+            self.write_copy_or_raise()
+        except (OSError, BlobUnavailable) as exc:
+            log.warning(
+                "checkpoint catalog of shard %r: version %d is committed in the consensus store, but its "
+                "blob copy %s could not be written (%s); the next catalog change or GC writes it",
+                self.shard_id, self.version, self.copy_path(self.version), exc,
+            )
+            return False
+        return True
+
+    def write_copy_or_raise(self) -> None:
+        """``write_copy``, raising what the blob raised. Copies are write-once: version V has
+        one content, whoever writes it, and a copy is never written below an existing one."""
+        root = checkpoints_root(self.blob, self.shard_id)
+        names = self.blob.listdir(root)
+        versions = [v for v in map(copy_version, names) if v is not None]
+        if not any(v >= self.version for v in versions):
+            self.blob.write_atomic(self.copy_path(self.version), self._encode())
+        # Older copies (and the file of a release before copies) are superseded; what a failure
+        # leaves is pruned by the next write.
+        stale = [copy_name(v) for v in versions if v < self.version] + [n for n in names if n == CATALOG_NAME]
+        for name in stale:
+            try:
+                self.blob.delete_file(self.blob.join(root, name))
+            except (OSError, BlobUnavailable):
+                pass
+
+    def _encode(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "shard": self.shard_id,
+            "version": self.version,
+            "checkpoints": [e.to_dict() for e in _ordered(self.entries)],
+        }
         return json.dumps(doc, indent=1, sort_keys=True).encode()
 
-    def _write(self, entries: list[CheckpointEntry]) -> None:
-        old = self._encode(self.entries) if self.exists else None
-        try:
-            self.blob.write_atomic(self.path, self._encode(entries))
-        except BaseException:
-            self._undo(old)
-            raise
-        self.entries = list(entries)
-        self.exists = True
 
-    def _undo(self, old: bytes | None) -> None:
-        """After a failed write, put the old catalog back on disk if the new one got there
-        (the rename may have happened before the failure); memory keeps the old list. If
-        even that fails, memory follows whatever the disk holds."""
+def _ordered(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
+    return sorted(entries, key=lambda e: entry_order(e.to_dict()))
+
+
+def copy_name(version: int) -> str:
+    """The name of the blob copy of a catalog's version (zero-padded: names sort as versions)."""
+    return f"{COPY_PREFIX}{version:012d}{COPY_SUFFIX}"
+
+
+def copy_version(name: str) -> int | None:
+    """The version a copy's file name carries; None for any other name."""
+    if not (name.startswith(COPY_PREFIX) and name.endswith(COPY_SUFFIX)):
+        return None
+    number = name[len(COPY_PREFIX) : -len(COPY_SUFFIX)]
+    return int(number) if number.isdigit() else None
+
+
+@dataclass(frozen=True)
+class BlobCatalog:
+    """A catalog as the blob holds it: the copy's version (0 for a catalog file of a release
+    before copies, or none), its entries, and whether there is one."""
+
+    version: int
+    entries: list[CheckpointEntry]
+    exists: bool
+
+
+def read_blob_catalog(blob: Blob, shard_id: str) -> BlobCatalog:
+    """The catalog of ``shard_id`` as its blob copies give it: the highest version that parses
+    (a change's copy lags the store's version only after a crash or a failed write), else the
+    catalog file of a release before copies. Refuses (CheckpointCorrupt) when no copy parses,
+    an empty, truncated or corrupt catalog file, and none at all while committed checkpoint
+    directories exist."""
+    root = checkpoints_root(blob, shard_id)
+    versions = sorted((v for v in map(copy_version, blob.listdir(root)) if v is not None), reverse=True)
+    first_problem: CheckpointCorrupt | None = None
+    for version in versions:
+        path = blob.join(root, copy_name(version))
         try:
-            current = self.blob.read_bytes(self.path)
+            return BlobCatalog(version, _parse_catalog(blob.read_bytes(path), path, shard_id), True)
         except FileNotFoundError:
-            current = None
-        except (OSError, BlobUnavailable):
-            current = b""
-        if current == old:
-            return
-        try:
-            if old is None:
-                self.blob.delete_file(self.path)
-            else:
-                self.blob.write_atomic(self.path, old)
-        except Exception:
-            try:
-                reloaded = Catalog.load(self.blob, self.shard_id)
-            except Exception:
-                return
-            self.entries, self.exists = reloaded.entries, reloaded.exists
+            continue  # pruned after a later one was written
+        except OSError as exc:
+            problem = CheckpointCorrupt(f"checkpoint catalog {path} is unreadable: {exc.strerror}", shard=shard_id, file=path)
+        except CheckpointCorrupt as exc:
+            problem = exc
+        first_problem = first_problem or problem
+    if first_problem is not None:
+        raise first_problem
+    path = blob.join(root, CATALOG_NAME)
+    try:
+        data = blob.read_bytes(path)
+    except FileNotFoundError:
+        committed = [n for n in checkpoint_dirs(blob, shard_id) if is_committed(blob, shard_id, n)]
+        if committed:
+            raise CheckpointCorrupt(
+                f"checkpoint catalog {path} is missing but committed checkpoint directories exist ({len(committed)}, "
+                f"first: {committed[0]}), and there is no copy ({COPY_PREFIX}<version>{COPY_SUFFIX}) beside it: "
+                "refusing to treat it as empty; restore the catalog file before running checkpoint or GC commands",
+                shard=shard_id,
+                file=path,
+                records=[{"file": blob.join(root, n), "reason": "committed, not in a catalog"}
+                         for n in committed[:MAX_REPORTED]],
+            ) from None
+        # No catalog and nothing committed: no checkpoint yet (or the first one is being
+        # written, which writes the catalog before its directory).
+        return BlobCatalog(0, [], False)
+    except OSError as exc:
+        raise CheckpointCorrupt(
+            f"checkpoint catalog {path} is unreadable: {exc.strerror}", shard=shard_id, file=path
+        ) from None
+    return BlobCatalog(0, _parse_catalog(data, path, shard_id), True)
+
+
+def write_current_copy(consensus: Consensus, blob: Blob, shard_id: str) -> None:
+    """Write the blob copy of the catalog's current version if it is missing (raising what the
+    blob raises): before a checkpoint directory is deleted, so that no copy a restore may read
+    lists it. Nothing to do while the store does not hold the catalog (the blob's is the one)."""
+    catalog = Catalog.load(blob, shard_id, consensus)
+    if catalog.in_store:
+        catalog.write_copy_or_raise()
 
 
 def _parse_catalog(data: bytes, path: str, shard_id: str) -> list[CheckpointEntry]:
@@ -511,6 +648,8 @@ def create_checkpoint(
             # GC collected this checkpoint's directory (the create paused past its grace
             # period): the directory is GC's to delete; write the checkpoint again.
             continue
+        except ConsensusOutcomeUnknown:
+            raise  # it may be listed: an unlisted directory is GC's to delete
         except BaseException:
             if all(e.id != checkpoint_id for e in catalog.entries):
                 _delete_quietly(blob, directory)
@@ -527,14 +666,19 @@ def create_checkpoint(
     )
 
 
-def list_checkpoints(blob: Blob, shard_id: str) -> list[CheckpointEntry]:
-    return list(Catalog.load(blob, shard_id).entries)
+def list_checkpoints(blob: Blob, shard_id: str, consensus: Consensus | None = None) -> list[CheckpointEntry]:
+    """The committed checkpoints of a shard: the store's catalog when ``consensus`` holds it,
+    else the blob copy's."""
+    return list(Catalog.load(blob, shard_id, consensus).entries)
 
 
-def verify_checkpoint(blob: Blob, shard_id: str, checkpoint_id: str) -> dict[str, Any]:
+def verify_checkpoint(
+    blob: Blob, shard_id: str, checkpoint_id: str, consensus: Consensus | None = None
+) -> dict[str, Any]:
     """Check every file a checkpoint lists: present, same size, same SHA-256, parses as
-    Parquet. Returns the manifest; raises CheckpointCorrupt naming every bad file."""
-    entry = Catalog.load(blob, shard_id).get(checkpoint_id)
+    Parquet. Returns the manifest; raises CheckpointCorrupt naming every bad file. The
+    checkpoint is looked up as ``list_checkpoints`` lists it."""
+    entry = Catalog.load(blob, shard_id, consensus).get(checkpoint_id)
     manifest = read_manifest(blob, shard_id, checkpoint_id, entry.manifest_sha256)
     problems = [
         {"file": blob.path(f["path"]), "reason": reason}
@@ -570,9 +714,11 @@ def restore_checkpoint(
 
     The target (default: the checkpoint's own shard id, into an empty consensus) must not
     exist: a restore never moves an existing upper backwards. The restored shard reads the
-    checkpoint's files where they are (no copy)."""
+    checkpoint's files where they are (no copy). The checkpoint is looked up in this store's
+    catalog of ``shard_id`` if it holds one, else in the blob copy; a restore under the
+    checkpoint's own shard id then imports the blob copy into this store."""
     target = validate_shard_id(target_shard_id or shard_id)
-    manifest = verify_checkpoint(blob, shard_id, checkpoint_id)
+    manifest = verify_checkpoint(blob, shard_id, checkpoint_id, consensus)
     try:
         snapshot = snapshot_from_manifest(manifest, target)
     except (KeyError, TypeError, ValueError) as exc:
@@ -589,7 +735,20 @@ def restore_checkpoint(
     # The new generation the restore recorded, on blob: another store's GC keeps off it. A
     # crash before this line is repaired by ``recover seek``, which must run before any write.
     mark_blob_owner(consensus, blob, target)
+    if target == shard_id:
+        _import_catalog(consensus, blob, target)
     return record
+
+
+def _import_catalog(consensus: Consensus, blob: Blob, shard_id: str) -> None:
+    """Make this store hold the restored shard's catalog, from its blob copy. The restore is
+    done whatever this does: a failure is logged, and the first catalog change imports it."""
+    try:
+        catalog = Catalog.load(blob, shard_id, consensus)
+        if not catalog.in_store and catalog.exists:
+            catalog.ensure()
+    except UpsertError as exc:
+        log.warning("shard %r restored; its checkpoint catalog is imported by its first change: %s", shard_id, exc)
 
 
 def check_retention(keep_last: int | None, keep_within: float | None) -> None:
@@ -621,16 +780,18 @@ def retained_ids(
     return keep
 
 
-def newest_verifying(blob: Blob, shard_id: str, verified: set[str] = frozenset()) -> str | None:
+def newest_verifying(
+    blob: Blob, shard_id: str, verified: set[str] = frozenset(), consensus: Consensus | None = None
+) -> str | None:
     """The id of the newest checkpoint the catalog lists now that verifies, trying newest
     first and stopping at the first (``verified``: ids known to verify, not read again);
     None if none does."""
-    entries = Catalog.load(blob, shard_id).entries
+    entries = Catalog.load(blob, shard_id, consensus).entries
     for entry in sorted(entries, key=lambda e: (e.upper, e.created_at), reverse=True):
         if entry.id in verified:
             return entry.id
         try:
-            verify_checkpoint(blob, shard_id, entry.id)
+            verify_checkpoint(blob, shard_id, entry.id, consensus)
         except (CheckpointCorrupt, ConfigurationError):  # damaged, or dropped meanwhile
             continue
         return entry.id
@@ -648,8 +809,9 @@ def apply_retention(
     """Drop from the catalog every checkpoint that is neither among the last ``keep_last``
     nor newer than ``keep_within`` seconds (a checkpoint either rule keeps is kept), never
     the newest one and never the newest one that verifies (``verified``: ids the caller
-    verified, not read again). The catalog is written first; the directories are then
-    deleted, and whatever a failure leaves behind is no longer listed, so GC removes it."""
+    verified, not read again). The catalog is changed first, then its blob copy written;
+    the directories are deleted only once that copy is on the blob (a copy never lists a
+    deleted directory). Whatever is left behind is no longer listed, so GC removes it."""
     check_retention(keep_last, keep_within)
     if keep_last is None and keep_within is None:
         return []
@@ -657,7 +819,7 @@ def apply_retention(
     removed: list[CheckpointEntry] = []
     # Read before the lock (verifying reads files); a checkpoint listed meanwhile only adds
     # to what is kept.
-    protected = newest_verifying(catalog.blob, catalog.shard_id, verified)
+    protected = newest_verifying(catalog.blob, catalog.shard_id, verified, catalog.consensus)
 
     def drop(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
         # Decided on the catalog as it is under the lock, not as it was loaded.
@@ -666,6 +828,8 @@ def apply_retention(
         return [e for e in entries if e.id in keep]
 
     catalog.update(drop)
+    if not catalog.copy_written:
+        return removed  # GC deletes them once it has written the copy
     for entry in removed:
         _delete_quietly(catalog.blob, checkpoint_path(catalog.blob, catalog.shard_id, entry.id))
     return removed

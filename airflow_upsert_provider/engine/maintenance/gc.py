@@ -39,7 +39,10 @@ Every catalog and manifest is read before the first deletion; any one that canno
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
 manifest) aborts GC with an error naming it, and nothing is deleted. A manifest that cannot be
 read because retention removed its checkpoint meanwhile is not corruption: the catalog is read
-again, and a checkpoint no longer listed pins nothing.
+again, and a checkpoint no longer listed pins nothing. A shard's catalog is the consensus
+store's (``checkpoint.Catalog``; its blob copy for a shard the store does not hold the catalog
+of). Before deleting a checkpoint directory, GC writes the blob copy of the catalog's current
+version if a crash or a failed write left it behind: no copy lists a deleted directory.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
     checkpoints_root,
     is_committed,
     read_manifest,
+    write_current_copy,
 )
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
@@ -258,12 +262,12 @@ def collect_garbage(
     # being written. Any unreadable catalog or manifest raises here, before any deletion.
     ours_listed: set[str] = set()
     for owner in _shards_with_checkpoints(blob, shard_id):
-        catalog = Catalog.load(blob, owner)
+        catalog = Catalog.load(blob, owner, consensus)
         listed = {e.id for e in catalog.entries}
         if owner == shard_id:
             ours_listed = listed
         for entry in catalog.entries:
-            manifest = _read_listed_manifest(blob, owner, entry)
+            manifest = _read_listed_manifest(consensus, blob, owner, entry)
             if manifest is not None:
                 referenced.update(run_dir_of_relative(f["path"]) for f in manifest["files"])
                 report.checkpoints_read += 1
@@ -327,7 +331,6 @@ def collect_garbage(
     claimed_runs, claimed_checkpoints = claim_for_deletion(
         consensus, shard_id, [i.path for i in runs], planned_upper,
         checkpoint_candidates=[i.path for i in checkpoints],
-        listed_now=lambda: {e.id for e in Catalog.load(blob, shard_id).entries},
     )
     claimed = set(claimed_runs) | set(claimed_checkpoints)
     for item in runs + checkpoints:
@@ -335,6 +338,10 @@ def collect_garbage(
             report.items.remove(item)
             report.kept_referenced += item.files
     step("claimed")
+    if claimed_checkpoints:
+        # The catalog's blob copy of a version that lists none of them, before they go: a
+        # restore from the blob alone never meets a listed checkpoint that is gone.
+        write_current_copy(consensus, blob, shard_id)
     step("deleting")
     deleting = time.monotonic()
     for item in list(report.items):
@@ -383,13 +390,13 @@ def rejects_batch_ts(rejects_dir: str) -> int:
         return 2**62
 
 
-def _read_listed_manifest(blob: Blob, owner: str, entry) -> dict[str, Any] | None:
+def _read_listed_manifest(consensus: Consensus, blob: Blob, owner: str, entry) -> dict[str, Any] | None:
     """The manifest of a checkpoint the catalog listed, or None if retention removed the
     checkpoint since the catalog was read (a harmless race, not corruption)."""
     try:
         return read_manifest(blob, owner, entry.id, entry.manifest_sha256)
     except CheckpointCorrupt:
-        if any(e.id == entry.id for e in Catalog.load(blob, owner).entries):
+        if any(e.id == entry.id for e in Catalog.load(blob, owner, consensus).entries):
             raise
         return None
 

@@ -1,11 +1,12 @@
 """The checkpoint catalog's lock: one row per shard in consensus.
 
-The catalog file on blob stays the one authoritative catalog (``checkpoint restore`` works
-from the blob alone, into an empty consensus). Every change to it is a read-modify-write done
-while holding this row, in one consensus transaction: the change re-reads the file under the
-lock, so two overlapping ``checkpoint create`` runs, or retention during a create, serialize
-and none loses the other's entry. The store releases the lock when its holder dies (the
-transaction aborts), so a crashed writer never wedges the catalog.
+Every change to a shard's checkpoint catalog (store/catalog_rows.py) holds this row for one
+short consensus transaction that reads the catalog's rows, applies the change and writes them
+back, so two overlapping ``checkpoint create`` runs, or retention during a create, serialize
+and none loses the other's entry. GC takes the same row when it claims checkpoint directories
+(store/gc_claims.py). No blob I/O runs while it is held: the catalog's blob copies are read
+before and written after (engine/maintenance/checkpoint.py). The store releases the lock when
+its holder dies (the transaction aborts), so a crashed writer never wedges the catalog.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ catalog_locks_table = sa.Table(
     "upsert_catalog_locks",
     metadata,
     sa.Column("shard_id", sa.String(128), primary_key=True),
-    # Catalog changes made under the lock: what a reader of the table can compare.
+    # Times the lock was held to the end of its body (the catalog's own version is in
+    # store/catalog_rows.py).
     sa.Column("version", sa.BigInteger, nullable=False),
     sa.Column("changed_at", sa.Float, nullable=False),
 )
@@ -36,7 +38,7 @@ def catalog_lock(consensus: Consensus, shard_id: str) -> Iterator[sa.Connection]
     in the body releases it without counting a change.
 
     A store failure while taking the lock changed nothing (:class:`ConsensusUnavailable`).
-    Once the body ran, the catalog file may have changed: a store failure then (the body's
+    Once the body ran, the catalog's rows may have changed: a store failure then (the body's
     own checks, counting the change, releasing the lock) is :class:`ConsensusOutcomeUnknown`,
     never "nothing changed"."""
     body_started = False

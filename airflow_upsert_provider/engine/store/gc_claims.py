@@ -14,9 +14,10 @@ does not parse is kept for ever. A GC that crashes between claiming and deleting
 files on disk: no commit can name them, and the next GC plans them again and deletes them.
 
 Checkpoint directories GC deletes (abandoned or unlisted, ``<shard>/checkpoints/<id>``) are
-claimed the same way, under the shard's catalog lock, and a catalog change refuses to list a
-claimed one (``refuse_claimed_checkpoints``): a ``checkpoint create`` paused past the grace
-period between its manifest and its catalog entry writes the checkpoint again. Checkpoint ids
+claimed the same way, under the shard's catalog lock, leaving out any the catalog's rows list
+then, and a catalog change refuses to list a claimed one (``refuse_claimed_checkpoints``; an
+import of the blob's catalog drops it): a ``checkpoint create`` paused past the grace period
+between its manifest and its catalog entry writes the checkpoint again. Checkpoint ids
 are unique per attempt and such claims are few (leftovers of crashed or overtaken creates), so
 they are kept.
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import sqlalchemy as sa
 
@@ -178,7 +179,6 @@ def claim_for_deletion(
     candidates: list[str],
     planned_upper: int,
     checkpoint_candidates: list[str] = (),
-    listed_now: Callable[[], set[str]] = set,
 ) -> tuple[list[str], list[str]]:
     """Claim the run and checkpoint directories GC planned to delete; return those it may
     now delete (runs, checkpoint directories).
@@ -188,12 +188,14 @@ def claim_for_deletion(
     catalog lock): a run that a batch or compaction committed since GC planned at
     ``planned_upper`` is left out. Expired claims of the shard are dropped in the same go.
 
-    No blob I/O runs inside it: the catalog is read (``listed_now()``) after the claim has
-    committed. A catalog change that took the lock before the claim wrote its file before the
-    claim committed, so the read sees it, and that checkpoint is left out and unclaimed; one
-    that takes the lock after sees the claim and is refused (``refuse_claimed_checkpoints``)."""
+    No blob I/O runs inside it: the catalog is the store's rows (store/catalog_rows.py), read
+    under the lock. A checkpoint a change listed before the claim is left out and unclaimed; a
+    change that takes the lock after sees the claim and is refused
+    (``refuse_claimed_checkpoints``). While the store does not hold the shard's catalog, the
+    blob's catalog GC planned with is the one, and the candidates are unlisted in it; an import
+    after the claim drops what is claimed."""
 
-    def txn(conn) -> list[str]:
+    def txn(conn) -> tuple[list[str], list[str]]:
         # A write to the shard row (changing nothing) orders this transaction with every
         # append and swap, which update the same row: whichever commits second sees the
         # other (and under snapshot isolation gets a serialization failure, not a stale read).
@@ -232,26 +234,21 @@ def claim_for_deletion(
             conn.execute(
                 sa.delete(replaced_runs_table).where(replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]))
             )
+        checkpoints: list[str] = []
         if checkpoint_candidates:
             # Imported here: catalog_lock and this module are both loaded by consensus.
             from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
+            from airflow_upsert_provider.engine.store.catalog_rows import listed_ids_in
 
             insert_ignore(conn, catalog_locks_table, shard_id=shard_id, version=0, changed_at=now)
             locked = sa.select(catalog_locks_table.c.version).where(catalog_locks_table.c.shard_id == shard_id)
             conn.execute(locked.with_for_update() if consensus.dialect == "postgresql" else locked)
-            _insert_claims(conn, shard_id, list(checkpoint_candidates), now)
-        return doomed
+            listed = listed_ids_in(conn, shard_id) or set()
+            checkpoints = [p for p in checkpoint_candidates if p.rpartition("/")[2] not in listed]
+            _insert_claims(conn, shard_id, checkpoints, now)
+        return doomed, checkpoints
 
-    doomed = consensus._run(txn)
-    if not checkpoint_candidates:
-        return doomed, []
-    listed = listed_now()
-    relisted = [p for p in checkpoint_candidates if p.rpartition("/")[2] in listed]
-    if relisted:
-        # Listed before the claim: its claim must not outlive this GC.
-        consensus._run(lambda conn: conn.execute(sa.delete(gc_claims_table).where(
-            gc_claims_table.c.shard_id == shard_id, gc_claims_table.c.path.in_(relisted))))
-    return doomed, [p for p in checkpoint_candidates if p not in relisted]
+    return consensus._run(txn)
 
 
 def _insert_claims(conn, shard_id: str, paths: list[str], now: float) -> None:
@@ -263,12 +260,25 @@ def _insert_claims(conn, shard_id: str, paths: list[str], now: float) -> None:
             conn.execute(sa.insert(gc_claims_table), fresh)
 
 
+def claimed_checkpoints(conn, shard_id: str, checkpoint_ids: list[str]) -> set[str]:
+    """The ids among ``checkpoint_ids`` whose directory GC claimed, in the caller's transaction."""
+    claimed: set[str] = set()
+    for start in range(0, len(checkpoint_ids), CHUNK):
+        paths = [checkpoint_dir_relative(shard_id, i) for i in checkpoint_ids[start : start + CHUNK]]
+        claimed.update(
+            p.rpartition("/")[2]
+            for p in conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(paths))).scalars()
+        )
+    return claimed
+
+
 def refuse_claimed_checkpoints(conn, shard_id: str, checkpoint_ids: list[str]) -> str | None:
     """Run under the catalog lock before listing checkpoints: a reason to refuse if GC
     claimed the directory of any of them, else None."""
-    paths = [checkpoint_dir_relative(shard_id, i) for i in checkpoint_ids]
-    claimed = conn.execute(sa.select(gc_claims_table.c.path).where(gc_claims_table.c.path.in_(paths))).scalars().all()
-    return f"GC claimed {sorted(claimed)[0]} for deletion" if claimed else None
+    claimed = claimed_checkpoints(conn, shard_id, checkpoint_ids)
+    if not claimed:
+        return None
+    return f"GC claimed {checkpoint_dir_relative(shard_id, sorted(claimed)[0])} for deletion"
 
 
 def claims(consensus: Consensus, shard_id: str) -> list[str]:

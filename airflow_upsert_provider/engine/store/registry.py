@@ -7,6 +7,7 @@ opened: nothing joins a store by being imported.
 from __future__ import annotations
 
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
+from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
 from airflow_upsert_provider.engine.store.consensus import (
     Consensus,
     StoreSchema,
@@ -39,6 +40,8 @@ STORE_SCHEMA = StoreSchema(
         quarantined_files_table,
         compactions_table,
         catalog_locks_table,
+        catalogs_table,
+        catalog_entries_table,
         gc_claims_table,
         replaced_runs_table,
         blob_owners_table,
