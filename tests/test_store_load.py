@@ -3,7 +3,6 @@ writer."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import traceback
 
@@ -165,23 +164,19 @@ def test_the_guard_sees_a_transaction_of_its_store_on_its_thread_only(sqlite_url
     assert inside == [("exists", blob.path("x")), ("exists", blob.path("read"))]
 
 
-def test_gc_claims_checkpoint_directories_without_reading_the_catalog_in_its_transaction(consensus, blob):
+def test_gc_claims_only_checkpoint_directories_the_stores_catalog_does_not_list(consensus, blob):
+    from airflow_upsert_provider.engine.store.catalog_rows import write_catalog_in
     from airflow_upsert_provider.engine.store.gc_claims import claim_for_deletion, claims
 
     consensus.create_shard("orders", "{}")
-    read_inside = []
-
-    def listed_now() -> set[str]:
-        read_inside.append(consensus.in_transaction())
-        return {"listed"}  # listed by a catalog change that committed before the claim
-
+    listed = {"id": "listed", "upper": 1, "since": 0, "created_at": 1.0, "files": 1, "bytes": 1, "manifest_sha256": "0" * 64}
+    # Listed by a catalog change that committed before the claim (read under the catalog lock).
+    consensus._run(lambda conn: write_catalog_in(conn, "orders", None, [listed], 1))
     runs, checkpoints = claim_for_deletion(
         consensus, "orders", [], 0, checkpoint_candidates=["orders/checkpoints/listed", "orders/checkpoints/old"],
-        listed_now=listed_now,
     )
-    assert read_inside == [False]
     assert (runs, checkpoints) == ([], ["orders/checkpoints/old"])
-    # The listed one's claim does not outlive the GC; the other's refuses a late listing.
+    # The other's claim refuses a late listing.
     assert claims(consensus, "orders") == ["orders/checkpoints/old"]
 
 
@@ -195,12 +190,7 @@ def test_no_blob_io_inside_a_consensus_transaction(spark, consensus, blob, tmp_p
     from tests.maintenance.support import SPEC, age_compaction, age_files, oracle, table
 
     shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
-    # The one holder that does blob I/O under a consensus lock by design: the checkpoint
-    # catalog's read-modify-write (Catalog.update holds the catalog lock while it re-reads and
-    # writes CATALOG.json; without a conditional write on the blob, the lock is what keeps two
-    # changes from losing one another). Everything else must not.
-    inside = guard_blob(blob, consensus, allow=lambda stack: any(
-        f.name == "update" and f.filename.endswith(os.path.join("maintenance", "checkpoint.py")) for f in stack))
+    inside = guard_blob(blob, consensus)
     Writer(shard, "w", spark_factory=lambda: spark).run(max_batches=3, with_lag=False)
     compact(spark, shard)
     create_checkpoint(shard, keep_last=1)

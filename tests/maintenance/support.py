@@ -100,3 +100,55 @@ def copy_blob(source, target) -> int:
         target.write_file(target.path(source.relative(f.path)), source.read_bytes(f.path), sync=True)
         copied += 1
     return copied
+
+
+def as_legacy_catalog(consensus, blob, shard_id: str) -> str:
+    """Leave the shard's checkpoint catalog as a release before the store held catalogs left
+    it: its entries in ``<shard>/checkpoints/CATALOG.json`` only, no copy and no rows in the
+    store. Returns the file's path."""
+    import json
+
+    import sqlalchemy as sa
+
+    from airflow_upsert_provider.engine.maintenance.checkpoint import (
+        CATALOG_NAME,
+        Catalog,
+        checkpoints_root,
+        copy_version,
+    )
+    from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
+
+    catalog = Catalog.load(blob, shard_id, consensus)
+    root = checkpoints_root(blob, shard_id)
+    doc = {"format": 1, "shard": shard_id, "checkpoints": [e.to_dict() for e in catalog.entries]}
+    path = blob.join(root, CATALOG_NAME)
+    blob.write_atomic(path, json.dumps(doc, indent=1, sort_keys=True).encode())
+    for name in blob.listdir(root):
+        if copy_version(name) is not None:
+            blob.delete_file(blob.join(root, name))
+    with consensus.engine.begin() as conn:
+        for table in (catalog_entries_table, catalogs_table):
+            conn.execute(sa.delete(table).where(table.c.shard_id == shard_id))
+    return path
+
+
+def catalog_copies(blob, shard_id: str) -> list[str]:
+    """The names of the catalog's blob copies (and of a catalog file before copies)."""
+    from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, copy_version
+
+    return [n for n in blob.listdir(checkpoints_root(blob, shard_id)) if copy_version(n) is not None or n == CATALOG_NAME]
+
+
+def copy_sqlite_store(consensus, path: str):
+    """A copy of a SQLite consensus store at ``path``, opened (what a crash test restarts
+    from: the store's own state is transactional, only the blob loses what was not durable)."""
+    import sqlite3
+
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+
+    source = sqlite3.connect(consensus.engine.url.database)
+    try:
+        source.execute("VACUUM INTO ?", (path,))
+    finally:
+        source.close()
+    return open_consensus(f"sqlite:///{path}")

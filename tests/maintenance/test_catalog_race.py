@@ -110,3 +110,76 @@ def test_changing_a_catalog_without_its_lock_is_refused(spark, consensus, blob, 
     else:
         raise AssertionError("a catalog change without the consensus lock was accepted")
     assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [entry.id]
+
+
+# -- no blob I/O while the catalog lock (or any consensus transaction) is held ------------------
+
+
+def lock_probe(consensus, shard_id: str):
+    """A check, from a connection of its own, that nothing holds the store's write lock
+    (SQLite) or the shard's catalog lock row (PostgreSQL) right now: None, or what blocked."""
+    if consensus.dialect == "sqlite":
+        import sqlite3
+
+        def probe() -> str | None:
+            conn = sqlite3.connect(consensus.engine.url.database, timeout=0, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+                return None
+            except sqlite3.OperationalError as exc:
+                return str(exc)
+            finally:
+                conn.close()
+
+        return probe
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(consensus.engine.url, poolclass=sa.pool.NullPool)
+
+    def probe() -> str | None:
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text("SELECT shard_id FROM upsert_catalog_locks WHERE shard_id = :s FOR UPDATE NOWAIT"),
+                    {"s": shard_id},
+                )
+            return None
+        except sa.exc.OperationalError as exc:
+            return str(exc.orig).splitlines()[0]
+
+    return probe
+
+
+def test_a_catalog_change_does_no_blob_io_while_the_catalog_lock_is_held(consensus, blob):
+    from airflow_upsert_provider.engine.maintenance.checkpoint import CheckpointEntry
+    from tests.test_store_load import guard_blob
+
+    inside = guard_blob(blob, consensus)
+    probe = lock_probe(consensus, "orders")
+    calls: list[str] = []
+    blocked: list[tuple[str, str]] = []
+    for name in ("write_atomic", "read_bytes", "listdir", "exists", "delete_file"):
+        method = getattr(blob, name)
+
+        def probed(*args, _method=method, _name=name, **kwargs):
+            calls.append(_name)
+            reason = probe()
+            if reason is not None:
+                blocked.append((_name, reason))
+            return _method(*args, **kwargs)
+
+        setattr(blob, name, probed)
+
+    def entry(n: int) -> CheckpointEntry:
+        return CheckpointEntry(f"{n:012d}-abcdef0{n}", n, 0, float(n), 1, 10, f"{n:064d}")
+
+    catalog = Catalog.load(blob, "orders", consensus)
+    catalog.ensure()
+    catalog.add(entry(1))
+    catalog.add(entry(2))
+    catalog.remove({entry(1).id})
+    assert {"write_atomic", "read_bytes", "listdir"} <= set(calls)  # the copies were written and read
+    assert blocked == [] and inside == []
+    assert [e.id for e in Catalog.load(blob, "orders", consensus).entries] == [entry(2).id]
+    assert [e.id for e in list_checkpoints(blob, "orders")] == [entry(2).id]  # the blob copy

@@ -9,14 +9,15 @@ import pytest
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    CATALOG_NAME,
     COMMIT_NAME,
+    COPY_PREFIX,
     MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
     apply_retention,
     checkpoint_dirs,
     checkpoints_root,
+    copy_name,
     create_checkpoint,
     list_checkpoints,
     restore_checkpoint,
@@ -30,11 +31,21 @@ from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
 from tests.helpers import recover
-from tests.maintenance.support import age_files, files_of, oracle, reads_at_every_ts, table, tree, written_shard
+from tests.maintenance.support import (
+    age_files,
+    as_legacy_catalog,
+    catalog_copies,
+    files_of,
+    oracle,
+    reads_at_every_ts,
+    table,
+    tree,
+    written_shard,
+)
 
 
 class FailingBlob(LocalBlob):
-    """Fails one primitive operation on the catalog file once, when armed."""
+    """Fails one primitive operation on a catalog copy once, when armed."""
 
     def __init__(self, root: str, operation: str) -> None:
         super().__init__(root)
@@ -42,12 +53,12 @@ class FailingBlob(LocalBlob):
         self.armed = False
 
     def _maybe_fail(self, operation: str, path: str) -> None:
-        if self.armed and operation == self.operation and (CATALOG_NAME in path or operation == "fsync_dir"):
+        if self.armed and operation == self.operation and (COPY_PREFIX in path or operation == "fsync_dir"):
             self.armed = False
             raise OSError(28, f"injected {operation} failure")
 
     def write_file(self, path, data, *, sync):
-        self._maybe_fail("write_file", os.path.join(os.path.dirname(path), CATALOG_NAME) if ".tmp-" in path else path)
+        self._maybe_fail("write_file", os.path.join(os.path.dirname(path), COPY_PREFIX) if ".tmp-" in path else path)
         super().write_file(path, data, sync=sync)
 
     def rename(self, src, dst):
@@ -65,39 +76,51 @@ def on_shard_with(blob, shard) -> Shard:
 
 @sqlite_only
 @pytest.mark.parametrize("operation", ["write_file", "rename", "fsync_dir"])
-def test_catalog_write_failure_leaves_the_checkpoint_absent_from_memory_and_disk(
+def test_a_failed_catalog_copy_write_fails_no_committed_change_and_no_copy_lists_a_deleted_directory(
     spark, consensus, blob, tmp_path, operation
 ):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    sid = shard.shard_id
     first = create_checkpoint(shard)
     failing = FailingBlob(blob.root, operation)
 
     def arm(step: str) -> None:
-        if step == "commit":  # manifest and marker are on disk; the catalog write is next
+        if step == "commit":  # manifest and marker are on disk; the catalog change is next
             failing.armed = True
 
-    with pytest.raises(OSError, match="injected"):
-        create_checkpoint(on_shard_with(failing, shard), on_step=arm)
-    assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [first.id]
-    assert checkpoint_dirs(blob, shard.shard_id) == [first.id]
-    assert not [n for n in os.listdir(checkpoints_root(blob, shard.shard_id)) if n.startswith(".tmp-")]
+    # The entry is committed in the store; its blob copy is written after, and failed.
+    second = create_checkpoint(on_shard_with(failing, shard), on_step=arm)
+    assert not failing.armed
+    assert [e.id for e in list_checkpoints(blob, sid, consensus)] == [first.id, second.id]
+    # The copy lags the store (unless the rename landed before the failure).
+    lagging = [first.id, second.id] if operation == "fsync_dir" else [first.id]
+    assert [e.id for e in list_checkpoints(blob, sid)] == lagging
+    assert not [n for n in os.listdir(checkpoints_root(blob, sid)) if n.startswith(".tmp-")]
 
-    # The in-memory list of a catalog whose write fails is rolled back, and equals the disk.
-    catalog = Catalog.load(failing, shard.shard_id, consensus)
-    second = create_checkpoint(shard)
-    catalog_on_disk = Catalog.load(blob, shard.shard_id).entries
-    catalog = Catalog.load(failing, shard.shard_id, consensus)
+    # Retention whose copy write fails drops the entry in the store and deletes no directory:
+    # the copy on the blob may still list it.
+    catalog = Catalog.load(failing, sid, consensus)
     failing.armed = True
-    with pytest.raises(OSError, match="injected"):
-        catalog.remove({first.id})
-    assert catalog.entries == catalog_on_disk == Catalog.load(blob, shard.shard_id).entries
-    assert [e.id for e in catalog.entries] == [first.id, second.id]
+    assert [e.id for e in apply_retention(catalog, keep_last=1)] == [first.id]
+    assert not failing.armed and not catalog.copy_written
+    assert [e.id for e in list_checkpoints(blob, sid, consensus)] == [second.id]
+    assert checkpoint_dirs(blob, sid) == sorted([first.id, second.id])
+    for entry in list_checkpoints(blob, sid):
+        verify_checkpoint(blob, sid, entry.id)
+
+    # GC writes the copy of the current version before it deletes the unlisted directory.
+    age_files(blob.root)
+    report = collect_garbage(consensus, blob, sid, grace_seconds=0)
+    assert "unlisted_checkpoint" in {i.kind for i in report.items}
+    assert checkpoint_dirs(blob, sid) == [second.id]
+    assert [e.id for e in list_checkpoints(blob, sid)] == [second.id]
+    assert catalog_copies(blob, sid) == [copy_name(Catalog.load(blob, sid, consensus).version)]
 
 
 def refused_everywhere(consensus, blob, shard, message: str, catalog_path: str) -> None:
     """Listing, GC and a new checkpoint all refuse, naming the catalog file."""
     for attempt in (
-        lambda: list_checkpoints(blob, shard.shard_id),
+        lambda: list_checkpoints(blob, shard.shard_id, consensus),
         lambda: collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0),
         lambda: create_checkpoint(shard),
     ):
@@ -124,9 +147,21 @@ def test_corrupt_truncated_or_empty_catalog_is_refused_and_nothing_deleted(
     create_checkpoint(shard)
     compact(spark, shard)  # the batches' runs are now pinned only by the checkpoint
     create_checkpoint(shard)
-    catalog_path = os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME)
-    with open(catalog_path, "rb") as handle:
+    # The store holds the catalog: a damaged copy concerns only a reader of the blob alone.
+    (copy,) = catalog_copies(blob, shard.shard_id)
+    copy_path = os.path.join(checkpoints_root(blob, shard.shard_id), copy)
+    with open(copy_path, "rb") as handle:
         original = handle.read()
+    with open(copy_path, "wb") as handle:
+        handle.write(damage(original))
+    with pytest.raises(CheckpointCorrupt, match=message) as caught:
+        list_checkpoints(blob, shard.shard_id)
+    assert copy_path in str(caught.value)
+    assert len(list_checkpoints(blob, shard.shard_id, consensus)) == 2
+
+    # A catalog file of a release before the store held catalogs, damaged, before the store
+    # imported it: refused by every reader and changer.
+    catalog_path = as_legacy_catalog(consensus, blob, shard.shard_id)
     with open(catalog_path, "wb") as handle:
         handle.write(damage(original))
     age_files(blob.root)
@@ -141,10 +176,10 @@ def test_missing_catalog_with_checkpoint_directories_is_refused(spark, consensus
     shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
     create_checkpoint(shard)
     compact(spark, shard)
-    os.unlink(os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME))
+    catalog_path = as_legacy_catalog(consensus, blob, shard.shard_id)
+    os.unlink(catalog_path)
     age_files(blob.root)
     before = tree(blob.root)
-    catalog_path = os.path.join(checkpoints_root(blob, shard.shard_id), CATALOG_NAME)
     refused_everywhere(consensus, blob, shard, r"is missing but committed checkpoint directories exist \(1,", catalog_path)
     assert tree(blob.root) == before
 

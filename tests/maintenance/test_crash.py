@@ -1,6 +1,9 @@
 """Crash consistency: at every operation of a checkpoint commit and of GC, a simulated power
 loss drops what was not durable; recovery finds the old or the new state, every checkpoint
-whose commit returned is complete, and no catalog entry points at a missing file."""
+whose commit returned is complete, and no catalog entry points at a missing file: neither the
+store's nor the blob copy's (which may lag the store's after a crash, never list a deleted
+directory). Each crash point starts from a copy of the store as it was before (its own state
+is transactional: only the blob loses what was not durable)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ import shutil
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    CATALOG_NAME,
     Catalog,
+    copy_name,
     apply_retention,
     checkpoints_root,
     create_checkpoint,
@@ -21,7 +24,14 @@ from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.maintenance.crashfs import Crash, CrashingBlob
-from tests.maintenance.support import age_compaction, age_files, table, written_shard
+from tests.maintenance.support import (
+    age_compaction,
+    age_files,
+    catalog_copies,
+    copy_sqlite_store,
+    table,
+    written_shard,
+)
 
 # A guard: a crash point loop that never completes is a bug in the test or the code.
 MAX_POINTS = 400
@@ -34,16 +44,22 @@ def copy_blob(source: str, target: str) -> LocalBlob:
 
 
 def recovered(consensus, root: str, shard_id: str) -> list[str]:
-    """What recovery finds: the catalog must load and every listed checkpoint verify, before
-    and after a GC on the recovered tree."""
+    """What recovery finds: the store's catalog and the blob copy must load and every
+    checkpoint either lists verify, before and after a GC on the recovered tree. Returns the
+    store's list."""
     blob = LocalBlob(root)
-    ids = [e.id for e in list_checkpoints(blob, shard_id)]
-    for checkpoint_id in ids:
-        verify_checkpoint(blob, shard_id, checkpoint_id)
+    ids = [e.id for e in list_checkpoints(blob, shard_id, consensus)]
+
+    def all_verify() -> None:
+        for checkpoint_id in ids:
+            verify_checkpoint(blob, shard_id, checkpoint_id, consensus)
+        for entry in list_checkpoints(blob, shard_id):  # what a restore from the blob alone reads
+            verify_checkpoint(blob, shard_id, entry.id)
+
+    all_verify()
     collect_garbage(consensus, blob, shard_id, grace_seconds=0)
-    for checkpoint_id in ids:
-        verify_checkpoint(blob, shard_id, checkpoint_id)
-    assert [e.id for e in list_checkpoints(blob, shard_id)] == ids
+    all_verify()
+    assert [e.id for e in list_checkpoints(blob, shard_id, consensus)] == ids
     return ids
 
 
@@ -62,13 +78,15 @@ def test_checkpoint_commit_crash_at_every_point(spark, sqlite_url, tmp_path):
         root = str(tmp_path / f"crash-{point}")
         copy_blob(base.root, root)
         crashing = CrashingBlob(root, str(tmp_path / f"stash-{point}"), crash_at=point)
+        store = copy_sqlite_store(consensus, str(tmp_path / f"crash-{point}.db"))
         try:
-            entry = create_checkpoint(Shard(consensus, crashing, shard.shard_id, shard.config), keep_last=2)
+            entry = create_checkpoint(Shard(store, crashing, shard.shard_id, shard.config), keep_last=2)
         except Crash:
             entry = None
         if entry is not None:
             crashing.crash_now()
-        ids = recovered(consensus, root, shard.shard_id)
+        ids = recovered(store, root, shard.shard_id)
+        store.dispose()
         new = [i for i in ids if i not in before]
         assert len(new) <= 1
         # Old state, new state, or new state after retention: nothing in between.
@@ -107,13 +125,16 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
         root = str(tmp_path / f"crash-{point}")
         copy_blob(base.root, root)
         crashing = CrashingBlob(root, str(tmp_path / f"stash-{point}"), crash_at=point)
+        store = copy_sqlite_store(consensus, str(tmp_path / f"crash-{point}.db"))
         try:
-            report = collect_garbage(consensus, crashing, shard.shard_id, grace_seconds=60)
+            report = collect_garbage(store, crashing, shard.shard_id, grace_seconds=60)
             crashing.crash_now()
         except Crash:
             report = None
-        assert recovered(consensus, root, shard.shard_id) == [kept]
-        assert table(Shard(consensus, LocalBlob(root), shard.shard_id, shard.config), spark) == expected
+        assert recovered(store, root, shard.shard_id) == [kept]
+        assert table(Shard(store, LocalBlob(root), shard.shard_id, shard.config), spark) == expected
+        version = Catalog.load(LocalBlob(root), shard.shard_id, store).version
+        store.dispose()
         if report is not None:
             assert {i.kind for i in report.items} == {"run", "unlisted_checkpoint", "temporary_file"}
             assert not os.path.exists(os.path.join(checkpoints_root(LocalBlob(root), shard.shard_id), dropped))
@@ -121,7 +142,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
     else:
         raise AssertionError("GC never completed")
     assert point > 10
-    assert os.path.exists(os.path.join(checkpoints_root(LocalBlob(root), shard.shard_id), CATALOG_NAME))
+    assert catalog_copies(LocalBlob(root), shard.shard_id) == [copy_name(version)]
     consensus.dispose()
 
 
@@ -136,13 +157,15 @@ def test_retention_crash_at_every_point(spark, sqlite_url, tmp_path):
         root = str(tmp_path / f"crash-{point}")
         copy_blob(base.root, root)
         crashing = CrashingBlob(root, str(tmp_path / f"stash-{point}"), crash_at=point)
+        store = copy_sqlite_store(consensus, str(tmp_path / f"crash-{point}.db"))
         try:
-            apply_retention(Catalog.load(crashing, shard.shard_id, consensus), keep_last=1)
+            apply_retention(Catalog.load(crashing, shard.shard_id, store), keep_last=1)
             crashing.crash_now()
             done = True
         except Crash:
             done = False
-        found = recovered(consensus, root, shard.shard_id)
+        found = recovered(store, root, shard.shard_id)
+        store.dispose()
         assert found in (ids, ids[2:])
         if done:
             assert found == ids[2:]

@@ -16,7 +16,12 @@ import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.errors import BlobUnavailable
-from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints, verify_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint import (
+    copy_name,
+    create_checkpoint,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.store.consensus import BatchRecord
 from airflow_upsert_provider.engine.store.registry import open_consensus
@@ -65,7 +70,7 @@ def test_a_checkpoint_whose_manifest_put_fails_beyond_the_bound_is_not_recorded_
 
     assert caught.value.details["operation"] == "write" and caught.value.details["key"].endswith("/MANIFEST.json")
     assert list_checkpoints(shard.blob, SHARD) == []
-    assert keys(s3_faults, f"{SHARD}/checkpoints/") == {f"{SHARD}/checkpoints/CATALOG.json"}
+    assert keys(s3_faults, f"{SHARD}/checkpoints/") == {f"{SHARD}/checkpoints/{copy_name(1)}"}
     entry = create_checkpoint(shard)
     assert [e.id for e in list_checkpoints(shard.blob, SHARD)] == [entry.id]
     assert [f["path"] for f in verify_checkpoint(shard.blob, SHARD, entry.id)["files"]] == [PART]
@@ -81,7 +86,7 @@ def test_a_checkpoint_is_listed_only_once_its_manifest_put_completed(s3_faults, 
     try:
         assert hold.arrived.wait(60)
         assert list_checkpoints(shard.blob, SHARD) == []
-        assert keys(s3_faults, f"{SHARD}/checkpoints/") == {f"{SHARD}/checkpoints/CATALOG.json"}
+        assert keys(s3_faults, f"{SHARD}/checkpoints/") == {f"{SHARD}/checkpoints/{copy_name(1)}"}
     finally:
         hold.release()
         creating.join(60)
@@ -140,10 +145,10 @@ def test_an_unreadable_catalog_or_owner_marker_for_now_is_retryable_not_an_integ
     """A catalog or an ``OWNER.json`` the store fails to serve is not corrupt (exit 4 pages
     someone): listing checkpoints and GC fail retryably, and succeed once the store answers."""
     create_checkpoint(shard)
-    s3_faults.proxy.fail("HEAD", r"/CATALOG\.json$", times=s3_faults.attempts)
+    s3_faults.proxy.fail("HEAD", r"/catalog-v[0-9]+\.json$", times=s3_faults.attempts)
     with pytest.raises(BlobUnavailable) as caught:
-        list_checkpoints(shard.blob, SHARD)
-    assert caught.value.details["key"] == f"shards/{SHARD}/checkpoints/CATALOG.json"
+        list_checkpoints(shard.blob, SHARD)  # the blob copy, as a restore into an empty store reads it
+    assert caught.value.details["key"] == f"shards/{SHARD}/checkpoints/{copy_name(2)}"
     assert len(list_checkpoints(shard.blob, SHARD)) == 1
 
     s3_faults.proxy.fail("HEAD", r"/OWNER\.json$", times=s3_faults.attempts)

@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.maintenance import iceberg
-from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint import list_checkpoints
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.operators.maintenance import (
@@ -20,7 +20,7 @@ from airflow_upsert_provider.operators.maintenance import (
     RestoreCheckpointOperator,
 )
 from tests.airflow.conftest import airflow_home, failure_text  # noqa: F401 - the session fixture
-from tests.maintenance.support import age_compaction, age_files, oracle, table, tree, written_shard
+from tests.maintenance.support import age_compaction, age_files, as_legacy_catalog, oracle, table, tree, written_shard
 from tests.oracle import table_from_rows
 
 
@@ -60,7 +60,8 @@ def test_operators_call_the_engine_and_return_its_report(spark, store, blob):
 def test_engine_errors_fail_without_retry(spark, store, blob):
     consensus, shard = store
     CheckpointCommitOperator(task_id="checkpoint", shard="orders").execute({})
-    catalog = os.path.join(checkpoints_root(blob, "orders"), CATALOG_NAME)
+    # A catalog file of a release before the store held catalogs, not imported yet, damaged.
+    catalog = as_legacy_catalog(consensus, blob, "orders")
     open(catalog, "wb").close()
     age_files(blob.root)
     before = tree(blob.root)

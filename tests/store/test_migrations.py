@@ -127,11 +127,15 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
 ):
     create_legacy_store(store_url)
     # The old code is emulated by this release's code, whose checkpoint snapshot reads the
-    # batch rollups (revision 0002): that table exists as the old code's own would have.
+    # batch rollups (revision 0002) and whose checkpoint catalog is in the store (revision
+    # 0003): those tables exist as the old code's own would have (a catalog file of the old
+    # code: test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_checkpoints).
+    from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
     from airflow_upsert_provider.engine.store.consensus import batch_rollups_table
 
     engine = raw_engine(store_url)
-    batch_rollups_table.create(engine)
+    for table in (batch_rollups_table, catalogs_table, catalog_entries_table):
+        table.create(engine)
     engine.dispose()
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
     monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
@@ -413,3 +417,63 @@ def test_a_fresh_store_opens_from_the_package_zipped_as_submit_mode_ships_it(tmp
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     assert revisions_of(url) == [migrations.code_head()]
+
+
+def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_checkpoints(
+    spark, store_url, tmp_path, monkeypatch, capsys
+):
+    """Revision 0003 moves the checkpoint catalog into the store. A store at 0002 has its
+    shards' catalogs as ``CATALOG.json`` files on the blob: after `db upgrade` they are listed,
+    restored from and collected as before, and the first catalog change imports the file."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, copy_name
+    from tests.maintenance.support import as_legacy_catalog, catalog_copies
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    landing = tmp_path / "landing"
+    generate(str(landing), SPEC)
+    init(capsys, "orders", landing)
+    committed(capsys, "orders", "--max-batches", "2")
+    code, first, err = run_cli_json(capsys, "checkpoint", "create", "orders")
+    assert code == 0, err
+    # As revision 0002 left it: the catalog in CATALOG.json only, no catalog tables.
+    blob = open_blob(str(tmp_path / "blob"))
+    consensus = open_consensus(store_url)
+    as_legacy_catalog(consensus, blob, "orders")
+    consensus.dispose()
+    engine = raw_engine(store_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE upsert_checkpoint_entries")
+        conn.exec_driver_sql("DROP TABLE upsert_checkpoint_catalogs")
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '0002'")
+    engine.dispose()
+
+    code, error, err = run_cli_json(capsys, "checkpoint", "list", "orders")
+    assert code == 2 and error["error"] == "SchemaVersionMismatch" and "revision 0002, older" in err
+    code, upgraded, err = run_cli_json(capsys, "db", "upgrade")
+    assert code == 0, err
+    assert upgraded == {"from_revision": "0002", "to_revision": code_head(), "upgraded": True}
+    assert schema_differences(store_url) == []
+
+    # Listed from the file until the store imports it; GC keeps what it lists.
+    code, listed, err = run_cli_json(capsys, "checkpoint", "list", "orders")
+    assert code == 0, err
+    assert [c["id"] for c in listed["checkpoints"]] == [first["id"]]
+    assert run_cli_json(capsys, "gc", "orders", "--grace", "0")[0] == 0
+    assert run_cli_json(capsys, "checkpoint", "verify", "orders", first["id"])[0] == 0
+
+    # The next checkpoint imports the file into the store: both listed, the file superseded
+    # by the store's blob copy.
+    committed(capsys, "orders", "--max-batches", "1")
+    code, second, err = run_cli_json(capsys, "checkpoint", "create", "orders")
+    assert code == 0, err
+    code, listed, err = run_cli_json(capsys, "checkpoint", "list", "orders")
+    assert [c["id"] for c in listed["checkpoints"]] == [first["id"], second["id"]]
+    assert dump(store_url)["upsert_checkpoint_entries"] and len(dump(store_url)["upsert_checkpoint_entries"]) == 2
+    assert CATALOG_NAME not in blob.listdir(checkpoints_root(blob, "orders"))
+    assert catalog_copies(blob, "orders") == [copy_name(2)]
+    # And the checkpoint from before the upgrade restores, to the table as it was then.
+    code, restored, err = run_cli_json(capsys, "checkpoint", "restore", "orders", first["id"], "--as", "orders-then")
+    assert code == 0, err
+    assert (restored["shard"], restored["upper"]) == ("orders-then", first["upper"])
