@@ -203,7 +203,7 @@ def test_a_catalog_change_whose_lock_release_failed_is_outcome_unknown(sqlite_ur
     try:
         with pytest.raises(ConsensusOutcomeUnknown) as info:
             with catalog_lock(store, "s"):
-                changed.append("CATALOG.json rewritten")  # the body's change is already made
+                changed.append("catalog rows rewritten")  # the body's change is already made
     finally:
         event.remove(store.engine, "commit", fail_commit)
         store.dispose()

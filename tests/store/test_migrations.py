@@ -435,8 +435,9 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
     generate(str(landing), SPEC)
     init(capsys, "orders", landing)
     committed(capsys, "orders", "--max-batches", "2")
-    code, first, err = run_cli_json(capsys, "checkpoint", "create", "orders")
+    code, created, err = run_cli_json(capsys, "checkpoint", "create", "orders")
     assert code == 0, err
+    first = created["checkpoint"]
     # As revision 0002 left it: the catalog in CATALOG.json only, no catalog tables.
     blob = open_blob(str(tmp_path / "blob"))
     consensus = open_consensus(store_url)
@@ -466,8 +467,9 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
     # The next checkpoint imports the file into the store: both listed, the file superseded
     # by the store's blob copy.
     committed(capsys, "orders", "--max-batches", "1")
-    code, second, err = run_cli_json(capsys, "checkpoint", "create", "orders")
+    code, created, err = run_cli_json(capsys, "checkpoint", "create", "orders")
     assert code == 0, err
+    second = created["checkpoint"]
     code, listed, err = run_cli_json(capsys, "checkpoint", "list", "orders")
     assert [c["id"] for c in listed["checkpoints"]] == [first["id"], second["id"]]
     assert dump(store_url)["upsert_checkpoint_entries"] and len(dump(store_url)["upsert_checkpoint_entries"]) == 2

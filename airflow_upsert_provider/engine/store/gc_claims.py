@@ -206,7 +206,7 @@ def claim_for_deletion(
             sa.select(shards_table.c.upper, shards_table.c.since).where(shards_table.c.shard_id == shard_id)
         ).first()
         if row is None:
-            return []
+            return [], []
         committed_since_plan = [
             r.run for r in conn.execute(
                 sa.select(batches_table.c.run).where(
