@@ -96,6 +96,12 @@ def test_a_failed_catalog_copy_write_fails_no_committed_change_and_no_copy_lists
     lagging = [first.id, second.id] if operation == "fsync_dir" else [first.id]
     assert [e.id for e in list_checkpoints(blob, sid)] == lagging
     assert not [n for n in os.listdir(checkpoints_root(blob, sid)) if n.startswith(".tmp-")]
+    # A restore from the blob alone (an empty store) works from the lagging copy.
+    empty = open_consensus(f"sqlite:///{tmp_path / 'empty.db'}")
+    try:
+        assert restore_checkpoint(empty, blob, sid, lagging[-1], target_shard_id="from-blob").upper == 2
+    finally:
+        empty.dispose()
 
     # Retention whose copy write fails drops the entry in the store and deletes no directory:
     # the copy on the blob may still list it.
