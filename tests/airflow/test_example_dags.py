@@ -1,12 +1,15 @@
 """The example DAGs end to end: `airflow dags test` in the shared Airflow home, on the
 embedded kind of store (SQLite consensus, local blob, local Spark). A backfill binds one
-large batch, then the scheduled DAG catches the rest up in the shard's small batches. The
-recovery DAG restores a shard whose consensus store was lost from its checkpoint, seeks and
+large batch, then the scheduled DAG catches the rest up in the shard's small batches; each
+committing run emits one event on the shard's Asset with its numbers, which queues the DAG
+scheduled on it, and a caught-up run emits none. The recovery DAG restores a shard whose consensus store was lost from its checkpoint, seeks and
 resumes it; a micro-batch run then catches it up from the checkpoint's upper."""
 
 from __future__ import annotations
 
+import json
 import os
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +23,7 @@ from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from demo.task_logs import save_task_logs
-from tests.airflow.conftest import failure_text, init_shard, read_table
+from tests.airflow.conftest import AirflowHome, failure_text, init_shard, read_table
 from tests.airflow.test_demo import read_task_log
 from tests.maintenance.support import oracle, table, written_shard
 from tests.oracle import oracle_table
@@ -38,12 +41,57 @@ def _bindings(url: str) -> list[dict]:
         consensus.dispose()
 
 
+URI = "upsert://upsert_default/orders"
+CONSUMER = "upsert_fresh_data"
+
+
+def _events(home: AirflowHome) -> list[dict]:
+    rows = home.query(
+        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = ? ORDER BY e.id", URI
+    )
+    return [json.loads(extra) if isinstance(extra, str) else extra for (extra,) in rows]
+
+
+def _queued(home: AirflowHome) -> list[str]:
+    return [r[0] for r in home.query(
+        "SELECT q.target_dag_id FROM asset_dag_run_queue q JOIN asset a ON a.id = q.asset_id WHERE a.uri = ?", URI)]
+
+
+def _event_of(report: dict, upper_before: int) -> dict:
+    committed = [b for b in report["batches"] if b["outcome"] == "committed"]
+    return {"upper": report["upper"], "upper_before": upper_before, "committed": report["committed"],
+            "rows_in": sum(b["rows_in"] for b in committed), "rows_out": sum(b["rows_out"] for b in committed)}
+
+
+@contextmanager
+def _consumer_unpaused(home: AirflowHome):
+    """The DAG scheduled on the shard's Asset unpaused (Airflow queues no run of a paused DAG),
+    with none of the shard's events or queued runs left by other tests' runs; the shared home
+    is left as it was found: paused, nothing queued."""
+    home.query("DELETE FROM asset_dag_run_queue")
+    home.query("DELETE FROM asset_event")
+    home.query("UPDATE dag SET is_paused = 0 WHERE dag_id = ?", CONSUMER)
+    try:
+        assert home.query("SELECT is_paused FROM dag WHERE dag_id = ?", CONSUMER) == [(0,)]
+        assert _events(home) == [] and _queued(home) == []
+        yield
+    finally:
+        home.query("UPDATE dag SET is_paused = 1 WHERE dag_id = ?", CONSUMER)
+        home.query("DELETE FROM asset_dag_run_queue")
+
+
 def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path, spark):
     landing = str(tmp_path / "landing")
     generate(landing, SPEC)
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", str(tmp_path / "blob")
     init_shard(url, blob, landing, max_files_per_batch=3)
     env = airflow_home.env(url, blob)
+    with _consumer_unpaused(airflow_home):
+        _backfill_then_schedule(airflow_home, env, url, blob, landing, spark)
+
+
+def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url: str, blob: str, landing: str,
+                            spark) -> None:
 
     # A batch_size the form refuses (0) is refused by the param's schema before any task runs:
     # tests/airflow/test_provider.py checks every param's refusals without an Airflow process.
@@ -59,6 +107,9 @@ def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path, spark
     assert read_table(url, blob, "orders", spark) == oracle_table(
         landing, max_offset={p: rng["to"] for p, rng in first.items()}
     )
+    # Its committing run emitted one event on the shard's Asset, which queued the DAG scheduled on it.
+    assert _events(airflow_home) == [_event_of(report, upper_before=0)]
+    assert _queued(airflow_home) == [CONSUMER]
 
     proc = airflow_home.dags_test("upsert_microbatch", env)
     assert proc.returncode == 0, failure_text(proc)
@@ -81,6 +132,18 @@ def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path, spark
     assert not any("Could not read served logs" in line for line in shown)
     assert [sum(len(r["files"]) for r in b.values()) for b in _bindings(url)] == [8, 3, 1]
     assert read_table(url, blob, "orders", spark) == oracle_table(landing)
+    # One more event, with this run's numbers; the consumer stays queued once.
+    assert _events(airflow_home)[1:] == [_event_of(report, upper_before=1)]
+    assert _queued(airflow_home) == [CONSUMER]
+
+    # Caught up: the next run commits nothing, and Airflow registers no event (the operator took
+    # the shard's asset out of the try's outlets, which the task runner sends on success).
+    proc = airflow_home.dags_test("upsert_microbatch", env)
+    assert proc.returncode == 0, failure_text(proc)
+    report = airflow_home.xcom("upsert_microbatch", airflow_home.latest_run("upsert_microbatch"), "upsert")
+    assert report["committed"] == 0 and report["upper"] == 3, report
+    assert len(_events(airflow_home)) == 2
+    assert f"the upper did not advance, no event for asset {URI}" in proc.stdout + proc.stderr
 
 
 def test_recovery_dag_restores_a_lost_store_from_its_checkpoint_seeks_and_resumes(airflow_home, tmp_path, spark,
