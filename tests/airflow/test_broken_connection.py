@@ -4,16 +4,18 @@ unreachable store is retried only within the task's bounded retries)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+from types import SimpleNamespace
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_upsert_provider.sample_data import SampleSpec, generate
-from tests.airflow.conftest import failure_text, init_shard
-
-pytestmark = pytest.mark.slow
+from airflow_upsert_provider.engine.store.registry import open_consensus
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
+from tests.airflow.conftest import failure_text
 
 PASSWORD = "Sup3r-S3cret-pw"
 
@@ -31,6 +33,7 @@ def _task_test(airflow_home, env) -> tuple[str, str]:
     return states[-1], output
 
 
+@pytest.mark.slow
 def test_unreachable_consensus_is_retryable_and_never_shows_the_password(airflow_home, pg_server, tmp_path):
     blob = tmp_path / "blob"
     blob.mkdir()
@@ -42,17 +45,24 @@ def test_unreachable_consensus_is_retryable_and_never_shows_the_password(airflow
     assert "Connection refused" in output
 
 
-def test_missing_blob_root_fails_without_retry(airflow_home, tmp_path):
-    landing = str(tmp_path / "landing")
-    generate(landing, SampleSpec(records=100, keys=10, partitions=1, segments_per_partition=1))
+def test_missing_blob_root_fails_without_retry(tmp_path, monkeypatch):
+    # In process: a configuration error's way to a failed task without retry is the real
+    # `airflow tasks test` of test_unknown_shard_fails_without_retry below.
     url = f"sqlite:///{tmp_path / 'consensus.db'}"
-    init_shard(url, str(tmp_path / "blob"), landing)
+    consensus = open_consensus(url)
+    consensus.create_shard("orders", "{}")
+    consensus.dispose()
     missing = str(tmp_path / "no-such-blob")
-    state, output = _task_test(airflow_home, airflow_home.env(url, missing))
-    assert state == "failed"
-    assert f"configuration error: blob root {missing} does not exist" in output
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
+        {"conn_type": "upsert", "extra": {"consensus_url": url, "blob_root": missing}}))
+    ti = SimpleNamespace(dag_id="upsert_microbatch", run_id="manual__1", task_id="upsert", map_index=-1, try_number=1)
+    with pytest.raises(AirflowFailException) as failure:
+        MicroBatchUpsertOperator(task_id="upsert", shard="orders").execute({"ti": ti})
+    assert str(failure.value).startswith(f"configuration error: blob root {missing} does not exist")
+    assert not os.path.exists(missing)
 
 
+@pytest.mark.slow
 def test_unknown_shard_fails_without_retry(airflow_home, tmp_path, pg_url):
     blob = tmp_path / "blob"
     blob.mkdir()
