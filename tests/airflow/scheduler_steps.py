@@ -7,6 +7,9 @@ without a word; fail the try as the scheduler does on a heartbeat timeout
 ``scheduler_steps.py run-retry DAG_ID RUN_ID TASK_ID``: schedule the retry (the next try
 number) and run it in this process with the task runner `dag.test()` uses. `dag.test()`
 itself cannot do this: it deletes and recreates the DAG run, so every try would be try 1.
+
+``scheduler_steps.py heartbeat-timeout,run-retry DAG_ID RUN_ID TASK_ID``: both, one after the
+other in one process (each prints its STATE line; the retry refuses a try not up for retry).
 """
 
 from __future__ import annotations
@@ -55,4 +58,6 @@ def run_retry(dag_id: str, run_id: str, task_id: str) -> None:
 
 
 if __name__ == "__main__":
-    {"heartbeat-timeout": heartbeat_timeout, "run-retry": run_retry}[sys.argv[1]](*sys.argv[2:5])
+    steps = {"heartbeat-timeout": heartbeat_timeout, "run-retry": run_retry}
+    for step in sys.argv[1].split(","):
+        steps[step](*sys.argv[2:5])
