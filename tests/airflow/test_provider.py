@@ -6,13 +6,18 @@ import json
 import os
 import sys
 
+import pytest
 
 from tests.airflow.conftest import failure_text
 from tests.conftest import REPO_ROOT
 
+# One Python process for what Airflow discovers and parses: the provider, the example DAGs'
+# parse, their params' schemas; each test reads its part.
 PROBE = r"""
-import json
+import copy, json, sys
+from airflow.dag_processing.dagbag import DagBag
 from airflow.providers_manager import ProvidersManager
+from airflow.sdk.exceptions import ParamValidationError
 
 pm = ProvidersManager()
 info = pm.providers["airflow-upsert-provider"]
@@ -22,7 +27,7 @@ widgets = {
            "package": w.package_name}
     for name, w in pm.connection_form_widgets.items() if name.startswith("extra__upsert__")
 }
-print(json.dumps({
+provider = {
     "version": info.version,
     "package": info.data["package-name"],
     "hook_class": hook.hook_class_name,
@@ -30,30 +35,46 @@ print(json.dumps({
     "connection_id_attr": hook.connection_id_attribute_name,
     "widgets": widgets,
     "behaviour": pm.field_behaviours.get("upsert"),
-}))
-"""
-
-PARSE = r"""
-import json, os, sys
-from airflow.dag_processing.dagbag import DagBag
+}
 
 bag = DagBag(dag_folder=sys.argv[1])
-print(json.dumps({
+parse = {
     "dags": sorted(bag.dag_ids),
     "errors": {k: str(v) for k, v in bag.import_errors.items()},
     "warnings": {k: [str(w) for w in v] for k, v in bag.captured_warnings.items()},
-}))
+}
+
+bad = json.loads(sys.argv[2])
+params_of = {}
+for dag_id, dag in bag.dags.items():
+    params = {}
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        refused = []
+        for value in bad.get(name, []):
+            try:
+                copy.deepcopy(param).resolve(value=value)
+            except ParamValidationError:
+                refused.append(value)
+        params[name] = {"schema": param.schema, "description": param.description, "refused": refused,
+                        "default": param.value, "default_valid": param.resolve(suppress_exception=True) == param.value,
+                        "null_valid": copy.deepcopy(param).resolve(value=None, suppress_exception=True) is None
+                        and "null" in param.schema.get("type", [])}
+    params_of[dag_id] = params
+print(json.dumps({"provider": provider, "parse": parse, "params": params_of}))
 """
 
 
-def _python(airflow_home, code: str, *args: str) -> dict:
-    proc = airflow_home.run([sys.executable, "-c", code, *args], airflow_home.base_env)
+@pytest.fixture(scope="module")
+def airflow_view(airflow_home) -> dict:
+    proc = airflow_home.run([sys.executable, "-c", PROBE, os.path.join(REPO_ROOT, "dags"), json.dumps(BAD_VALUES)],
+                            airflow_home.base_env)
     assert proc.returncode == 0, failure_text(proc)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_providers_manager_discovers_the_provider_and_its_connection_form(airflow_home):
-    found = _python(airflow_home, PROBE)
+def test_providers_manager_discovers_the_provider_and_its_connection_form(airflow_view):
+    found = airflow_view["provider"]
     assert found["package"] == "airflow-upsert-provider"
     assert found["version"] == "0.1.0"
     assert found["hook_class"] == "airflow_upsert_provider.hooks.upsert.UpsertShardHook"
@@ -89,38 +110,12 @@ def test_airflow_providers_list_shows_it(airflow_home):
     assert mine and mine[0]["version"] == "0.1.0"
 
 
-def test_example_dags_parse_without_errors_or_warnings(airflow_home):
-    parsed = _python(airflow_home, PARSE, os.path.join(REPO_ROOT, "dags"))
+def test_example_dags_parse_without_errors_or_warnings(airflow_view):
+    parsed = airflow_view["parse"]
     assert parsed["errors"] == {}
     assert parsed["warnings"] == {}
     assert {"upsert_microbatch", "upsert_backfill"} <= set(parsed["dags"])
 
-
-PARAMS = r"""
-import copy, json, sys
-from airflow.dag_processing.dagbag import DagBag
-from airflow.sdk.exceptions import ParamValidationError
-
-bag = DagBag(dag_folder=sys.argv[1])
-bad = json.loads(sys.argv[2])
-out = {}
-for dag_id, dag in bag.dags.items():
-    params = {}
-    for name in dag.params:
-        param = dag.params.get_param(name)
-        refused = []
-        for value in bad.get(name, []):
-            try:
-                copy.deepcopy(param).resolve(value=value)
-            except ParamValidationError:
-                refused.append(value)
-        params[name] = {"schema": param.schema, "description": param.description, "refused": refused,
-                        "default": param.value, "default_valid": param.resolve(suppress_exception=True) == param.value,
-                        "null_valid": copy.deepcopy(param).resolve(value=None, suppress_exception=True) is None
-                        and "null" in param.schema.get("type", [])}
-    out[dag_id] = params
-print(json.dumps(out))
-"""
 
 # Values a user may type in the trigger form that must be refused there, not in the task.
 BAD_VALUES = {
@@ -150,8 +145,8 @@ BAD_VALUES = {
 }
 
 
-def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuses_bad_input(airflow_home):
-    found = _python(airflow_home, PARAMS, os.path.join(REPO_ROOT, "dags"), json.dumps(BAD_VALUES))
+def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuses_bad_input(airflow_view):
+    found = airflow_view["params"]
     assert {"upsert_microbatch", "upsert_backfill", "upsert_maintenance", "upsert_recovery", "upsert_frontier_monitor", "upsert_kafka"} <= set(found)
     seen = set()
     for dag_id, params in found.items():
