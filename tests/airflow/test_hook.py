@@ -12,11 +12,11 @@ from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.airflow.conftest import failure_text
 
 
-def _last_json(stdout: str) -> dict:
-    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+def _json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 PROBE = r"""
-import json, sys
+import json, os, sys
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL
@@ -39,14 +39,14 @@ print(json.dumps({
     "has_password": ":s3cret-pw@" in hook.settings.consensus_url,
     "undefined": undefined,
 }))
-"""
 
-EMBEDDED = r"""
-import json
-from airflow_upsert_provider.hooks.upsert import UpsertShardHook
+# Then, in the same process, no upsert connection (the embedded defaults) and the Spark
+# connection given as the second argument.
+os.environ.pop("AIRFLOW_CONN_UPSERT_DEFAULT")
+os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = sys.argv[2]
 hook = UpsertShardHook()
-print(json.dumps({"consensus": hook.settings.consensus_url, "blob": hook.settings.blob_root,
-                  "master": hook.spark_master()}))
+print(json.dumps({"embedded": {"consensus": hook.settings.consensus_url, "blob": hook.settings.blob_root,
+                               "master": hook.spark_master()}}))
 """
 
 
@@ -60,21 +60,19 @@ def test_hook_builds_engine_objects_from_the_connection(airflow_home, tmp_path, 
     upsert = json.loads(env["AIRFLOW_CONN_UPSERT_DEFAULT"])
     upsert["extra"].update(default_buckets=3, default_max_files_per_batch=5)
     env["AIRFLOW_CONN_UPSERT_DEFAULT"] = json.dumps(upsert)
-    proc = airflow_home.run([sys.executable, "-c", PROBE, landing], env)
+    # The same process then drops the upsert connection (the embedded defaults) and reads a
+    # standalone master given as host and port, the way the Spark provider reads it.
+    standalone = json.dumps({"conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077})
+    proc = airflow_home.run([sys.executable, "-c", PROBE, landing, standalone], env)
     assert proc.returncode == 0, failure_text(proc)
-    found = _last_json(proc.stdout)
+    found = next(line for line in _json_lines(proc.stdout) if "buckets" in line)
     assert (found["buckets"], found["max_files"], found["upper"]) == (3, 5, 0)
     assert found["master"] == "local[1]"
     assert found["has_password"] and "s3cret-pw" not in found["redacted"] and "***" in found["redacted"]
     assert "s3cret-pw" not in proc.stdout + proc.stderr
     assert found["undefined"].startswith("Airflow connection 'no_such_connection' is not defined")
 
-    # A standalone master given as host and port, the way the Spark provider reads it.
-    env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077})
-    env.pop("AIRFLOW_CONN_UPSERT_DEFAULT")
-    proc = airflow_home.run([sys.executable, "-c", EMBEDDED], env)
-    assert proc.returncode == 0, failure_text(proc)
-    embedded = _last_json(proc.stdout)
+    embedded = next(line for line in _json_lines(proc.stdout) if "embedded" in line)["embedded"]
     assert embedded == {
         "consensus": f"sqlite:///{airflow_home.path}/upsert/consensus.db",
         "blob": f"{airflow_home.path}/upsert/blob",
