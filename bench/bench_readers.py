@@ -16,8 +16,16 @@ sampled every 50 ms):
 and, warm in one process (after one read of each): ``read_table(...).read_all()`` against
 ``Shard.read(spark).toArrow()``. The ratios are to ``spark parquet`` measured in the same run.
 
+``--memory ROWS`` measures instead what the Arrow reader holds on a large table: a shard of
+ROWS distinct keys in ``--buckets`` buckets is written straight with pyarrow (one committed run,
+no Spark: minutes of Spark for 20M rows say nothing about the reader), then a fresh process
+streams ``read_table`` (counting rows, holding none) and another runs
+``upsertctl read --format parquet``; each one's peak resident memory is printed beside the
+table's size in Arrow memory.
+
     .venv/bin/python bench/bench_readers.py                   # 5M rows
     .venv/bin/python bench/bench_readers.py --rows 200000     # quick
+    .venv/bin/python bench/bench_readers.py --memory 20000000 --buckets 64
 """
 
 from __future__ import annotations
@@ -109,7 +117,12 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", default=None, help="default: a temporary directory, removed at the end")
+    parser.add_argument("--memory", type=int, default=0, metavar="ROWS",
+                        help="measure the Arrow reader's memory on a table of ROWS keys instead")
     args = parser.parse_args()
+    if args.memory:
+        memory(args.memory, args.buckets, args.workdir)
+        return
 
     from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 
@@ -163,6 +176,77 @@ def main() -> None:
         warm(url, root, args.repeat)
     finally:
         if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+STREAM = """
+import resource, sys
+from airflow_upsert_provider import read_table_from_store
+rows = sum(batch.num_rows for batch in read_table_from_store(sys.argv[1], sys.argv[2], sys.argv[3]))
+print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def memory(rows: int, buckets: int, workdir: str | None) -> None:
+    """The Arrow reader's peak memory on a table of ``rows`` keys against the table's size."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
+    from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL
+    from tests.arrow_runs import arrow_run_schema
+
+    given = workdir is not None
+    workdir = workdir or tempfile.mkdtemp(prefix="bench-readers-")
+    os.makedirs(workdir, exist_ok=True)
+    url, root = f"sqlite:///{workdir}/consensus.db", os.path.join(workdir, "blob")
+    env = dict(os.environ, UPSERT_CONSENSUS_URL=url, UPSERT_BLOB_ROOT=root, PYTHONPATH=REPO)
+    try:
+        os.makedirs(os.path.join(workdir, "landing"), exist_ok=True)
+        subprocess.run([*UPSERTCTL, "init", SHARD, "--source", f"dir:{workdir}/landing", "--key", "id",
+                        "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL,
+                        "--buckets", str(buckets)], env=env, check=True, stdout=subprocess.DEVNULL)
+        shard = Shard.open(open_consensus(url), open_blob(root), SHARD)
+        schema = arrow_run_schema(shard.config)
+        blob, run_dir = shard.blob, shard.blob.path(SHARD, "runs", "ts=000000000000", "w-bench")
+        files, arrow_bytes, started = [], 0, time.monotonic()
+        for bucket in range(buckets):  # a bucket per key % buckets: each key once, so any split merges alike
+            ids = pa.array(np.arange(bucket, rows, buckets, dtype=np.int64))
+            table = pa.Table.from_arrays([
+                ids, pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), ""),
+                pc.multiply(pc.cast(ids, pa.float64()), 0.5), ids,
+                pa.nulls(len(ids), pa.bool_()).fill_null(False), pa.array(np.zeros(len(ids), dtype=np.int64)),
+            ], schema=schema)
+            arrow_bytes += table.nbytes
+            path = blob.join(run_dir, f"_bucket={bucket}", "part-00000.parquet")
+            blob.make_dirs(blob.parent(path))
+            pq.write_table(table, path)
+            files.append({"path": blob.relative(path), "bytes": os.path.getsize(path), "sha256": blob.checksum(path)})
+        run = {"path": blob.relative(run_dir), "files": files, "rows": rows}
+        shard.compare_and_append(0, 1, BatchRecord(ts=0, writer_id="bench", token="bench", run=run, stats={}))
+        parquet_bytes = sum(f["bytes"] for f in files)
+        print(f"table: {rows:,} rows in {buckets} buckets, {arrow_bytes / 2**20:,.0f} MiB in Arrow memory, "
+              f"{parquet_bytes / 2**20:,.0f} MiB of Parquet; written in {time.monotonic() - started:.0f} s",
+              flush=True)
+
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", STREAM, url, root, SHARD], env=env, check=True,
+                              capture_output=True, text=True)
+        counted, peak = map(int, done.stdout.split())
+        assert counted == rows, (counted, rows)
+        print(f"| streaming read_table (a fresh process) | {time.monotonic() - started:.1f} s | "
+              f"{peak / 2**20:,.0f} MiB | {peak / arrow_bytes:.2f}x the table |")
+        wall, peak = timed([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out",
+                            os.path.join(workdir, "out.parquet")], env)
+        print(f"| upsertctl read --format parquet | {wall:.1f} s | {peak / 2**20:,.0f} MiB | "
+              f"{peak / arrow_bytes:.2f}x the table |")
+    finally:
+        if not given:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
