@@ -628,8 +628,9 @@ class Soak:
 def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
     """Files under the shard's blob directory that neither the live state nor a retained
     checkpoint accounts for (leaked), run directories nothing references (leaked, even when
-    empty), and files they name that are not there (missing). A checkpoint's own files
-    (catalog, manifest, commit marker) belong to it; Spark's markers beside a referenced run's
+    empty), and files they name that are not there (missing). The blob copy of the store's
+    current catalog version and a checkpoint's own files (manifest, commit marker) belong to
+    it (an older copy left behind is a leak); Spark's markers beside a referenced run's
     files (``_SUCCESS``, ``.*.crc``) belong to that run."""
     from airflow_upsert_provider.engine.maintenance import checkpoint
     from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
@@ -647,7 +648,8 @@ def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
 
     def accounted(path: str) -> bool:
         name = os.path.basename(path)
-        if path in referenced or path == catalog.path or any(path.startswith(d + os.sep) for d in kept_dirs):
+        if path in referenced or path == catalog.copy_path(catalog.version) or any(
+                path.startswith(d + os.sep) for d in kept_dirs):
             return True
         marker = name == "_SUCCESS" or (name.startswith(".") and name.endswith(".crc"))
         return marker and blob.path(run_dir_of_relative(blob.relative(path))) in run_dirs
