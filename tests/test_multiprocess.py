@@ -56,9 +56,10 @@ def assert_valid_and_equal_to_oracle(shard, spark, expected_upper):
     assert table_from_rows(shard.read(spark).collect()) == oracle_table(shard.source.root)
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
-def test_four_racing_writer_processes_converge(store, spark, tmp_path, request):
-    url = f"sqlite:///{tmp_path / 'consensus.db'}" if store == "sqlite" else request.getfixturevalue("pg_url")
+def test_four_racing_writer_processes_converge(spark, tmp_path, pg_url):
+    """On PostgreSQL; racing writer processes on SQLite (its file lock across processes):
+    tests/connect/test_connect_multiprocess.py, whose writers are processes too."""
+    url = pg_url
     consensus, blob = open_consensus(url), open_blob(str(tmp_path / "blob"))
     # 8 batches: every writer races for every one of them; more batches repeated the same races
     # (16 cost twice the time for the same races). One partition: the sample's coarse clock
