@@ -276,7 +276,7 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
                        "thresholds": settings.thresholds(), "thresholds_text": _durations(settings.thresholds())}
     row["monitor"] = None if version == 0 else monitor_summary(state)
     try:
-        latest = Catalog.load(store.blob, shard_id).latest()
+        latest = Catalog.load(store.blob, shard_id, store.consensus).latest()
         row["last_checkpoint"] = None if latest is None else {
             "id": latest.id, "upper": latest.upper, "created_at": latest.created_at}
     except Exception as exc:

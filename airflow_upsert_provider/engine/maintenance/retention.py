@@ -175,7 +175,7 @@ def _checkpoint_bound(shard: "Shard") -> tuple[str, dict[str, int]] | None:
     consensus's own binding at that ts if it differs. None without a checkpoint."""
     from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, read_manifest
 
-    catalog = Catalog.load(shard.blob, shard.shard_id)
+    catalog = Catalog.load(shard.blob, shard.shard_id, shard.consensus)
     if not catalog.entries:
         return None
     oldest = min(catalog.entries, key=lambda e: (e.upper, e.created_at))
