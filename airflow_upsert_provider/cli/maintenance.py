@@ -77,7 +77,7 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         shard = ctx.shard(args.shard)
         entry = ckpt.create_checkpoint(shard, keep_last=args.keep_last, keep_within=args.keep_within)
         return {"shard": shard.shard_id, "checkpoint": entry.to_dict()}
-    # list, verify and restore read the blob only: a restore runs against an empty consensus.
+    # list, verify and restore work on an empty store too: a restore runs against one.
     shard_id = args.shard
     if not ctx.blob.is_dir(ckpt.checkpoints_root(ctx.blob, shard_id)):
         try:
@@ -88,7 +88,9 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                 shard=shard_id,
             ) from None
 
-    catalog = ckpt.Catalog.load(ctx.blob, shard_id)
+    # The store's catalog once it holds it (a blob copy can lag it by one change after a
+    # crash), else the blob copy's: a store that never held it, one being restored into.
+    catalog = ckpt.Catalog.load(ctx.blob, shard_id, ctx.consensus)
     if args.checkpoint_command == "list":
         entries = [e.to_dict() for e in catalog.entries]
         if not args.json:
@@ -101,7 +103,7 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         ids = [args.checkpoint] if args.checkpoint else [e.id for e in catalog.entries]
         verified = []
         for checkpoint_id in ids:
-            manifest = ckpt.verify_checkpoint(ctx.blob, shard_id, checkpoint_id)
+            manifest = ckpt.verify_checkpoint(ctx.blob, shard_id, checkpoint_id, ctx.consensus)
             verified.append({"id": checkpoint_id, "files": len(manifest["files"]), "ok": True})
         return {"shard": shard_id, "verified": verified}
     latest = catalog.latest()

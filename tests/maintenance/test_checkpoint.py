@@ -30,7 +30,7 @@ from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
-from tests.helpers import recover
+from tests.helpers import recover, run_cli_json
 from tests.maintenance.support import (
     age_files,
     as_legacy_catalog,
@@ -77,7 +77,7 @@ def on_shard_with(blob, shard) -> Shard:
 @sqlite_only
 @pytest.mark.parametrize("operation", ["write_file", "rename", "fsync_dir"])
 def test_a_failed_catalog_copy_write_fails_no_committed_change_and_no_copy_lists_a_deleted_directory(
-    spark, consensus, blob, tmp_path, operation
+    spark, consensus, blob, tmp_path, operation, capsys
 ):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
     sid = shard.shard_id
@@ -96,6 +96,13 @@ def test_a_failed_catalog_copy_write_fails_no_committed_change_and_no_copy_lists
     lagging = [first.id, second.id] if operation == "fsync_dir" else [first.id]
     assert [e.id for e in list_checkpoints(blob, sid)] == lagging
     assert not [n for n in os.listdir(checkpoints_root(blob, sid)) if n.startswith(".tmp-")]
+    # upsertctl lists and verifies what the store lists, not the lagging copy.
+    code, listed, _ = run_cli_json(capsys, "--consensus", consensus.url, "--blob-root", blob.root,
+                                   "checkpoint", "list", sid)
+    assert code == 0 and [c["id"] for c in listed["checkpoints"]] == [first.id, second.id]
+    code, verified, _ = run_cli_json(capsys, "--consensus", consensus.url, "--blob-root", blob.root,
+                                     "checkpoint", "verify", sid)
+    assert code == 0 and [v["id"] for v in verified["verified"]] == [first.id, second.id]
     # A restore from the blob alone (an empty store) works from the lagging copy.
     empty = open_consensus(f"sqlite:///{tmp_path / 'empty.db'}")
     try:
