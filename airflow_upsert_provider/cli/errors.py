@@ -14,8 +14,8 @@ from typing import Any
 
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS
 from airflow_upsert_provider.cli.options import blob_root
-from airflow_upsert_provider.cli.output import first_line, printable
-from airflow_upsert_provider.engine.errors import BlobWriteFailed, SparkUnavailable, UpsertError
+from airflow_upsert_provider.cli.output import printable
+from airflow_upsert_provider.engine.errors import BlobWriteFailed, SparkUnavailable, UpsertError, first_line
 
 # Exit status of a process that wrote to a pipe whose reader closed it (128 + SIGPIPE).
 EXIT_BROKEN_PIPE = 128 + 13

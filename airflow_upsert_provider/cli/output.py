@@ -17,11 +17,6 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
-def first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:300]
-
-
 def print_human(result: dict[str, Any]) -> None:
     for key, value in result.items():
         if isinstance(value, dict):

@@ -195,3 +195,10 @@ class StopSuperseded(TransitionRefused):
     """A stop that wrote STOPPING was overtaken before it finished: someone finalized it and
     resumed the stream (or began a recovery). The stream is not STOPPED: writers may run, so a
     step gated on the stop must not go ahead (exit 7). ``details`` hold the stream's state."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message, cut to 300 characters ("" if none): what
+    an error of ours quotes of a library's or driver's error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:300]

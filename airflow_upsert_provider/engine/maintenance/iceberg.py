@@ -43,6 +43,7 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusUnavailable,
     OutcomeUnknown,
     UpsertError,
+    first_line,
 )
 from airflow_upsert_provider.engine.store.consensus import (
     POSTGRES_TIMEOUT_DEFAULTS,
@@ -599,7 +600,7 @@ def _commit_overwrite(
     except Exception as exc:
         raise OutcomeUnknown(
             f"publishing shard {shard_id!r} at since {since} to Iceberg table {table_name} has an unknown "
-            f"outcome ({where}: {type(exc).__name__}: {_first_line(exc)}); run it again: a publish of the same "
+            f"outcome ({where}: {type(exc).__name__}: {first_line(exc)}); run it again: a publish of the same "
             "since adds nothing if this one landed",
             shard=shard_id,
             table=table_name,
@@ -631,11 +632,6 @@ def _without_commit_retries(table: "Table") -> "Table":
                  catalog=table.catalog)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
-
-
 def _unavailable(properties: Mapping[str, str], exc: BaseException) -> UpsertError:
     return _unavailable_named(describe_catalog(properties), exc, properties.get("uri"))
 
@@ -643,7 +639,7 @@ def _unavailable(properties: Mapping[str, str], exc: BaseException) -> UpsertErr
 def _unavailable_named(where: str, exc: BaseException, secret_url: str | None = None) -> UpsertError:
     """The catalog could not be used before anything was committed: retryable, nothing
     changed. The driver's message is cut to one line and never repeats the URL's password."""
-    text = _first_line(exc)
+    text = first_line(exc)
     if secret_url:
         text = text.replace(secret_url, redact_url(secret_url))
     return ConsensusUnavailable(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError
+from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError, first_line
 from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.runs import (
     check_present,
@@ -169,7 +169,7 @@ def check_filter(filter: Any, schema: "pyarrow.Schema") -> None:  # noqa: A002
     try:
         schema.empty_table().filter(filter)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise ConfigurationError(
             f"filter {filter} does not apply to the table's columns ({', '.join(schema.names)}): {first}",
             field="filter",
