@@ -38,13 +38,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from process_memory import PeakRss  # noqa: E402 (bench/, the script's directory)
 
 SHARD = "orders"
 UPSERTCTL = [sys.executable, "-m", "airflow_upsert_provider.cli"]
@@ -61,51 +62,14 @@ Shard.open(open_consensus(url), open_blob(root), shard_id).read(spark).write.mod
 """
 
 
-def tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    total, stack = 0, [root]
-    page = os.sysconf("SC_PAGE_SIZE")
-    while stack:
-        pid = stack.pop()
-        try:
-            with open(f"/proc/{pid}/statm") as handle:
-                total += int(handle.read().split()[1]) * page
-        except OSError:
-            pass
-        stack.extend(children.get(pid, []))
-    return total
-
-
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
     """Wall seconds of a fresh process and the peak resident memory of its tree."""
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, tree_rss(proc.pid))
-            done.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate()
+    with PeakRss(proc.pid, tree=True) as rss:
+        _, err = proc.communicate()
     wall = time.monotonic() - started
-    done.set()
-    sampler.join()
+    peak = rss.peak
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[2:5])} exited {proc.returncode}: {err[-2000:]}")
     return wall, peak

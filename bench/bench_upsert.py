@@ -21,7 +21,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,34 +37,7 @@ from airflow_upsert_provider.engine.write.writer import StagedBatch, Writer  # n
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
 from tests.helpers import sample_config  # noqa: E402
 
-
-class PeakRss:
-    """Samples a process's resident memory in a thread; ``peak`` in MiB."""
-
-    def __init__(self, pid: int) -> None:
-        import psutil
-
-        self.process = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.05)
-
-    def __enter__(self) -> "PeakRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def mib(self) -> int:
-        return self.peak // (1024 * 1024)
+from process_memory import PeakRss  # noqa: E402 (bench/, the script's directory)
 
 
 def jvm_pid(spark) -> int:
