@@ -33,6 +33,13 @@ history, not the source's retention.
     .venv/bin/python bench/bench_history.py                         # 1k, 10k, 100k, 500k on SQLite
     .venv/bin/python bench/bench_history.py --max-batches 10000     # a quick run: 1k, 10k
     .venv/bin/python bench/bench_history.py --consensus postgresql://USER@HOST:PORT/DB
+
+The 500k level takes about an hour of seeding. To keep the figures off a busy machine, seed
+first (nothing is timed, it may share the machine) and measure every level later, one after
+another in one quiet window, from a copy of the store kept at each level:
+
+    .venv/bin/python bench/bench_history.py --workdir /dev/shm/bh --snapshot-only
+    .venv/bin/python bench/bench_history.py --workdir /dev/shm/bh --from-snapshots --json F
 """
 
 from __future__ import annotations
@@ -87,18 +94,26 @@ def timed(fn):
 class History:
     """The shard under test and the engine calls that grow and maintain its history."""
 
-    def __init__(self, workdir: str, consensus_url: str, keys: int) -> None:
+    def __init__(self, workdir: str, consensus_url: str, keys: int, *, existing: bool = False) -> None:
         self.workdir = workdir
         self.consensus_url = consensus_url
         self.consensus = open_consensus(consensus_url)
         self.blob = open_blob(os.path.join(workdir, "blob"))
         self.landing = os.path.join(workdir, "landing")
         os.makedirs(os.path.join(self.landing, PARTITION), exist_ok=True)
-        config = ShardConfig(source=f"dir:{self.landing}", keys=("id",), schema=sample_schema_json(),
-                             order_by="updated_at", delete_marker="deleted", buckets=1)
-        self.shard = Shard.create(self.consensus, self.blob, SHARD, config)
+        if existing:
+            self.shard = Shard.open(self.consensus, self.blob, SHARD)
+        else:
+            config = ShardConfig(source=f"dir:{self.landing}", keys=("id",), schema=sample_schema_json(),
+                                 order_by="updated_at", delete_marker="deleted", buckets=1)
+            self.shard = Shard.create(self.consensus, self.blob, SHARD, config)
         self.keys = keys
-        self.tokens: dict[int, str] = {}
+
+    @staticmethod
+    def token(ts: int) -> str:
+        """Batch ``ts``'s commit token: derived from ts, so that a history measured from a
+        snapshot retries with the token its batch committed with."""
+        return uuid.UUID(int=ts + 1).hex
 
     @property
     def upper(self) -> int:
@@ -116,18 +131,17 @@ class History:
                          "_deleted": [False], "_ts": [ts]}, schema=RUN_SCHEMA)
         pq.write_table(rows, os.path.join(run_dir, "_bucket=0", f"part-00000-{uuid.uuid4().hex[:8]}.c000.snappy.parquet"))
         run = describe_run(self.blob, run_dir)
-        token = uuid.uuid4().hex
+        token = self.token(ts)
         stats = {"rows_in": 1, "rows_out": 1, "rejected": 0, "rejects": None, "quarantined_files": []}
         result = self.shard.compare_and_append(ts, ts + 1, BatchRecord(ts, "bench", token, run, stats))
         if result.outcome.value != "committed":
             raise SystemExit(f"batch {ts} did not commit: {result}")
-        self.tokens[ts] = token
 
     def retry(self, ts: int) -> str:
         """The append of persisted batch ``ts`` again, with its own token (a writer that lost
         the answer, or a lagging one): what the store answers."""
         run = {"path": "unused", "files": [], "rows": 0}
-        record = BatchRecord(ts, "bench", self.tokens.get(ts, "lost"), run, {})
+        record = BatchRecord(ts, "bench", self.token(ts), run, {})
         return self.shard.compare_and_append(ts, ts + 1, record).outcome.value
 
     def maintain(self, spark) -> dict[str, float]:
@@ -211,6 +225,46 @@ def fresh_status(history: History) -> float:
     return seconds
 
 
+LIVE_ENTRIES = ("consensus.db", "consensus.db-wal", "blob", "landing")
+
+
+def snapshot_dir(base: str, level: int) -> str:
+    return os.path.join(base, "snapshots", str(level))
+
+
+def save_snapshot(base: str, level: int) -> None:
+    """Copy the SQLite store (file and WAL, as they are: nothing writes between batches) and
+    the blob and landing directories, at the same paths the measurement will use."""
+    target = snapshot_dir(base, level)
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    for name in LIVE_ENTRIES:
+        source = os.path.join(base, name)
+        if os.path.isdir(source):
+            shutil.copytree(source, os.path.join(target, name), symlinks=True)
+        elif os.path.exists(source):
+            shutil.copy2(source, os.path.join(target, name))
+
+
+def restore_snapshot(base: str, level: int) -> None:
+    """Put level's copy back at the live paths (the store names the blob's files by path)."""
+    source = snapshot_dir(base, level)
+    if not os.path.isdir(source):
+        raise SystemExit(f"no snapshot of level {level:,} in {source}: seed with --snapshot-only first")
+    for name in LIVE_ENTRIES + ("consensus.db-shm",):
+        live = os.path.join(base, name)
+        if os.path.isdir(live):
+            shutil.rmtree(live)
+        elif os.path.exists(live):
+            os.remove(live)
+    for name in LIVE_ENTRIES:
+        kept = os.path.join(source, name)
+        if os.path.isdir(kept):
+            shutil.copytree(kept, os.path.join(base, name), symlinks=True)
+        elif os.path.exists(kept):
+            shutil.copy2(kept, os.path.join(base, name))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--consensus", help="consensus URL (default: a SQLite file in the work directory)")
@@ -223,9 +277,19 @@ def main() -> int:
     parser.add_argument("--workdir", help="where the blob, landing and SQLite file go (default: a temporary "
                         "directory, on /dev/shm when it exists)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--snapshot-only", action="store_true",
+                        help="seed to every level and keep a copy of the store and blob at each (WORKDIR/snapshots/"
+                             "LEVEL), measuring nothing: the seeding may share the machine")
+    parser.add_argument("--from-snapshots", action="store_true",
+                        help="measure every level from its copy under WORKDIR/snapshots, one after another in this "
+                             "process: all levels in one quiet window")
     args = parser.parse_args()
     chosen = [int(x) for x in args.levels.split(",")] if args.levels else LEVELS
     levels = [level for level in chosen if level <= args.max_batches] or [args.max_batches]
+    if (args.snapshot_only or args.from_snapshots) and (args.consensus or not args.workdir):
+        parser.error("--snapshot-only and --from-snapshots take --workdir and the SQLite store (no --consensus)")
+    if args.snapshot_only and args.from_snapshots:
+        parser.error("--snapshot-only and --from-snapshots are two runs: seed first, then measure")
 
     from airflow_upsert_provider.engine.spark.session import get_spark
 
@@ -236,12 +300,37 @@ def main() -> int:
     results: dict[str, object] = {"levels": {}, "compact_every": args.compact_every, "keys": args.keys,
                                   "store": "postgresql" if url.startswith("postgres") else "sqlite"}
     try:
-        history = History(base, url, args.keys)
+        if args.snapshot_only:
+            history = History(base, url, args.keys)
+            for level in levels:
+                history.seed_to(spark, level, args.compact_every)
+                history.maintain(spark)
+                save_snapshot(base, level)
+                print(f"[{level:,} batches] kept in {snapshot_dir(base, level)}", flush=True)
+            return 0
+        history = None
         fresh: dict[int, float] = {}
-        for index, level in enumerate(levels):
-            print(f"[{level:,} batches]", flush=True)
-            history.seed_to(spark, level, args.compact_every)
+        # From snapshots, the first level is measured twice and the first pass dropped: it
+        # warms the JVM (its first compaction took 5x a later one), which a seeded run's
+        # first level cannot avoid but a measured-later one can.
+        passes = [(levels[0], False)] if args.from_snapshots else []
+        passes += [(level, True) for level in levels]
+        for level, kept in passes:
+            index = levels.index(level)
+            print(f"[{level:,} batches]" + ("" if kept else " (warm-up, not kept)"), flush=True)
+            if args.from_snapshots:
+                if history is not None:
+                    history.consensus.engine.dispose()
+                restore_snapshot(base, level)
+                history = History(base, url, args.keys, existing=True)
+                if history.upper != level:
+                    raise SystemExit(f"{snapshot_dir(base, level)} holds upper {history.upper}, not {level}")
+            else:
+                history = history or History(base, url, args.keys)
+                history.seed_to(spark, level, args.compact_every)
             figures = measure(history, spark, args.repeat, compact_batches=50)
+            if not kept:
+                continue
             figures["store"] = history.store_size()  # type: ignore[assignment]
             if index in (0, len(levels) - 1):
                 fresh[level] = fresh_status(history)
