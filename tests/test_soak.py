@@ -15,7 +15,8 @@ from airflow_upsert_provider.engine.frontier.observations import load_alert_stat
 from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
-from tests.oracle import oracle_table, table_from_rows
+from tests.helpers import table
+from tests.oracle import oracle_table
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +48,14 @@ def referenced_run_dirs(shard: Shard) -> set[str]:
 
 # The whole soak with its final compaction, GC and read in fresh JVMs: generous for a slow CI.
 @pytest.mark.timeout(1800)
-def test_short_soak_ends_with_the_oracle_no_page_no_leak_each_batch_once(pg_url, spark, tmp_path):
+def test_short_soak_ends_with_the_oracle_no_page_no_leak_each_batch_once(pg_url, tmp_path):
     soak_module = load_soak()
-    # 20 batches: a SIGKILL about every 8, a compaction every 6, a checkpoint every 10 (two
-    # kept), a GC every 8 with a 30 s grace, a history prune every 10; the monitor's stall rule at its defaults (a stall
-    # after 5 minutes with records pending), so a page would be a false one.
+    # 20 batches: a SIGKILL about every 8, a compaction every 10 (each a fresh JVM), a
+    # checkpoint every 10 (two kept), a GC every 8 with a 30 s grace, a history prune every 10;
+    # the monitor's stall rule at its defaults (a stall after 5 minutes with records pending),
+    # so a page would be a false one.
     opts = soak_module.SoakOptions(
-        batches=20, writers=2, kill_every=8, seed=7, compact_every=6, checkpoint_every=10, keep_last=2,
+        batches=20, writers=2, kill_every=8, seed=7, compact_every=10, checkpoint_every=10, keep_last=2,
         gc_every=8, prune_every=10, gc_grace_seconds=30.0, observe_every_seconds=2.0, cadence_seconds=60.0,
         min_stall_seconds=300.0, window=5, progress_seconds=60.0, workdir=str(tmp_path),
         consensus_url=pg_url,
@@ -76,7 +78,7 @@ def test_short_soak_ends_with_the_oracle_no_page_no_leak_each_batch_once(pg_url,
     written = report.checks["segments_written"]
     assert written == {p: len(os.listdir(tmp_path / "landing" / p)) for p in soak_module.PARTITIONS}
     assert shard.bound_offsets(state.upper) == written
-    assert table_from_rows(shard.read(spark).collect()) == oracle_table(str(tmp_path / "landing"))
+    assert table(shard) == oracle_table(str(tmp_path / "landing"))
 
     # No page: none decided, none sent, none waiting.
     alert, _ = load_alert_state(shard.consensus, shard.shard_id)
