@@ -10,8 +10,10 @@ import pytest
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.table.arrow_reader import read_table
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.sample_data import SampleSpec, generate, sample_schema_json
+from tests.oracle import table_from_rows
 
 
 def sample_config(landing: str, **overrides) -> ShardConfig:
@@ -118,3 +120,16 @@ def quarantined_records(shard: Shard) -> list[dict]:
         with open(path) as handle:
             written += [json.loads(line) for line in handle]
     return written
+
+
+def table(shard: Shard, as_of: int | None = None) -> dict:
+    """The shard's table as of ``as_of`` (default: its upper), keyed, read by the Arrow reader:
+    no Spark job per check. Spark's read is held to the same rows over random histories with
+    compactions (tests/test_arrow_reader_spark.py); :func:`spark_table` where Spark's own read
+    is what a test is about."""
+    return table_from_rows(read_table(shard, as_of).read_all().to_pylist())
+
+
+def spark_table(shard: Shard, spark, as_of: int | None = None) -> dict:
+    """The shard's table as of ``as_of``, read by ``Shard.read`` on ``spark``."""
+    return table_from_rows(shard.read(spark, as_of=as_of).collect())

@@ -21,8 +21,7 @@ from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.write.writer import BatchResult, Writer
 from airflow_upsert_provider.sample_data import write_segment
 from tests.conftest import sqlite_only
-from tests.helpers import make_shard, quarantined_records
-from tests.oracle import table_from_rows
+from tests.helpers import make_shard, quarantined_records, table
 
 
 def rec(id_, name="n", amount=1.0, at=1, deleted=False):
@@ -45,10 +44,6 @@ def shard_with(consensus, blob, tmp_path, files: dict[str, list[str]], **overrid
     for relative, lines in files.items():
         write_segment(str(landing / relative), lines)
     return make_shard(consensus, blob, tmp_path, **overrides)
-
-
-def rows(shard, spark):
-    return table_from_rows(shard.read(spark).collect())
 
 
 @dataclass
@@ -89,7 +84,7 @@ def run_bad_records(spark, root, mode: str) -> SharedBatch:
             batch.result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record=mode).step()
         except BadInputError as error:
             batch.error = error
-        batch.ids = sorted(k[0] for k in rows(shard, spark))
+        batch.ids = sorted(k[0] for k in table(shard))
         batch.upper = shard.state().upper
         batch.batches = len(shard.batches())
         batch.written = quarantined_records(shard)
@@ -218,7 +213,7 @@ def bad_names_quarantined(spark, tmp_path_factory) -> QuarantinedNames:
         write_segment(str(root / "landing" / "p0" / "20.jsonl"), [rec(9)])
         second = w.step()
         return QuarantinedNames(str(root / "landing"), first, second, quarantined,
-                                sorted(k[0] for k in rows(shard, spark)))
+                                sorted(k[0] for k in table(shard)))
     finally:
         consensus.dispose()
 
@@ -263,7 +258,7 @@ def test_late_arrival_quarantined_and_later_batches_proceed(spark, consensus, bl
     shard, w = late_arrival_setup(consensus, blob, tmp_path, spark, "quarantine")
     result = w.step()
     assert (result.outcome, result.quarantined_files) == ("committed", 1)
-    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2, 30]
+    assert sorted(k[0] for k in table(shard)) == [1, 2, 30]
     assert "late arrival" in shard.consensus.quarantined_files(shard.shard_id)[str(tmp_path / "landing" / "p0" / "5.jsonl")]
     # Not reported again.
     write_segment(str(tmp_path / "landing" / "p0" / "40.jsonl"), [rec(40)])
@@ -282,7 +277,7 @@ def test_unreadable_segment_fails_or_is_quarantined(spark, consensus, blob, tmp_
 
     result = Writer(shard, "w2", spark_factory=lambda: spark, on_bad_record="quarantine").step()
     assert (result.outcome, result.quarantined_files) == ("committed", 1)
-    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2, 3]
+    assert sorted(k[0] for k in table(shard)) == [1, 2, 3]
     # The offset range still covers it: the frontier moved past, it is never read later.
     assert shard.bound_offsets(1) == {"p0": 11}
 
@@ -318,7 +313,7 @@ def test_parquet_segments_upsert_and_schema_mismatch_names_file_and_field(spark,
     shard = make_shard(consensus, blob, tmp_path, source_format="parquet")
     result = Writer(shard, "w", spark_factory=lambda: spark).step()
     assert (result.rows_in, result.rows_out) == (3, 2)
-    assert {k[0]: v["name"] for k, v in rows(shard, spark).items()} == {1: "a", 2: "b2"}
+    assert {k[0]: v["name"] for k, v in table(shard).items()} == {1: "a", 2: "b2"}
 
     wrong = pa.table({"id": [3], "amount": ["not a number"]})
     write_parquet(str(landing / "p0" / "10.parquet"), wrong)
@@ -334,7 +329,7 @@ def test_parquet_segments_upsert_and_schema_mismatch_names_file_and_field(spark,
     assert (result.outcome, result.quarantined_files) == ("committed", 2)
     reasons = shard.consensus.quarantined_files(shard.shard_id)
     assert reasons[str(landing / "p0" / "20.parquet")] == "not a Parquet file (bad magic bytes)"
-    assert sorted(k[0] for k in rows(shard, spark)) == [1, 2]
+    assert sorted(k[0] for k in table(shard)) == [1, 2]
 
 
 def test_user_columns_may_not_use_engine_column_names(tmp_path):
@@ -362,4 +357,4 @@ def test_batch_whose_every_record_is_bad(mode, spark, consensus, blob, tmp_path)
         return
     result = writer.step()
     assert (result.outcome, result.rows_in, result.rejected, result.rows_out) == ("committed", 2, 2, 0)
-    assert rows(shard, spark) == {}
+    assert table(shard) == {}

@@ -11,8 +11,8 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import ALREADY_PERSISTED, COMMITTED, Writer
 from airflow_upsert_provider.sample_data import SampleSpec
-from tests.helpers import make_shard
-from tests.oracle import oracle_table, table_from_rows
+from tests.helpers import make_shard, table
+from tests.oracle import oracle_table
 
 pytestmark = pytest.mark.slow
 
@@ -92,5 +92,5 @@ def test_twenty_shards_written_by_racing_writers_on_one_store(store, spark, blob
         left = {os.path.join(runs_root, group, name) for group in os.listdir(runs_root)
                 for name in os.listdir(os.path.join(runs_root, group))}
         assert left == {blob.path(b.run["path"]) for b in batches}, shard_id
-        assert table_from_rows(shard.read(spark).collect()) == oracle_table(shard.source.root), shard_id
+        assert table(shard) == oracle_table(shard.source.root), shard_id
     setup.dispose()

@@ -14,8 +14,8 @@ from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.conftest import cli_env
-from tests.helpers import make_shard
-from tests.oracle import oracle_table, table_from_rows
+from tests.helpers import make_shard, table
+from tests.oracle import oracle_table
 from tests.pgserver import wait_for
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def assert_valid_and_equal_to_oracle(shard, spark, expected_upper):
         prev, cur = shard.binding(ts - 1), shard.binding(ts)
         for partition, rng in cur.ranges.items():
             assert rng["from"] == prev.ranges.get(partition, {"to": 0})["to"]
-    assert table_from_rows(shard.read(spark).collect()) == oracle_table(shard.source.root)
+    assert table(shard) == oracle_table(shard.source.root)
 
 
 def test_four_racing_writer_processes_converge(spark, tmp_path, pg_url):

@@ -14,18 +14,14 @@ from airflow_upsert_provider.engine.errors import CommitOutcomeUnknown, Consensu
 from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, write_segment
 from tests.conftest import sqlite_only
-from tests.helpers import make_shard
-from tests.oracle import oracle_table, table_from_rows
+from tests.helpers import make_shard, spark_table, table
+from tests.oracle import oracle_table
 
 SMALL = SampleSpec(records=3000, keys=600, partitions=3, segments_per_partition=4, seed=3)
 
 
 def landing_of(shard) -> str:
     return shard.source.root
-
-
-def table(shard, spark, as_of=None):
-    return table_from_rows(shard.read(spark, as_of=as_of).collect())
 
 
 def no_spark():
@@ -49,7 +45,7 @@ def test_catch_up_equals_oracle_and_every_ts_committed_once(spark, consensus, bl
     state = shard.state()
     assert state.upper == 3 == report.upper
     assert [b.ts for b in shard.batches()] == [0, 1, 2]
-    assert table(shard, spark) == oracle_table(landing_of(shard))
+    assert table(shard) == oracle_table(landing_of(shard))
     # Caught up: another step mints no empty batch.
     assert Writer(shard, "w2", spark_factory=no_spark).step().outcome == "nothing_to_do"
     assert shard.state().upper == 3
@@ -61,7 +57,7 @@ def test_read_as_of_every_ts_matches_oracle_of_bound_offsets(spark, consensus, b
     Writer(shard, "w", spark_factory=lambda: spark).run(until_caught_up=True)
     for as_of in range(0, 4):
         expected = oracle_table(landing_of(shard), max_offset=shard.bound_offsets(as_of))
-        assert table(shard, spark, as_of) == expected, f"as_of={as_of}"
+        assert spark_table(shard, spark, as_of) == expected, f"as_of={as_of}"
 
 
 @sqlite_only
@@ -107,7 +103,7 @@ def test_lagging_writer_drops_persisted_batches_and_reaches_upper(spark, consens
     # Its files provably lost (a peer's token holds ts 5 and 7): deleted. The peer's stay.
     assert not any(os.path.exists(d) for d in held_dirs)
     assert all(os.path.isdir(d) for d in committed_dirs(shard))
-    assert table(shard, spark) == oracle_table(landing_of(shard))
+    assert table(shard) == oracle_table(landing_of(shard))
 
 
 def test_batch_ahead_of_upper_is_held_not_appended(spark, consensus, blob, tmp_path):
@@ -122,7 +118,7 @@ def test_batch_ahead_of_upper_is_held_not_appended(spark, consensus, blob, tmp_p
     w.run(until_caught_up=True)
     # The held batch was appended when the upper reached it, not restaged.
     assert shard.consensus.get_batch(shard.shard_id, 2).token == ahead.token
-    assert table(shard, spark) == oracle_table(landing_of(shard))
+    assert table(shard) == oracle_table(landing_of(shard))
 
 
 def test_lost_connection_after_commit_reports_already_committed(spark, consensus, blob, tmp_path, monkeypatch):
@@ -168,7 +164,7 @@ def test_unknown_outcome_keeps_files_and_a_new_writer_proceeds(spark, consensus,
     Writer(shard, "healthy", spark_factory=lambda: spark).run(until_caught_up=True)
     assert orphan <= staged_dirs(shard)  # still there: only GC may remove them
     assert not orphan & committed_dirs(shard)
-    assert table(shard, spark) == oracle_table(landing_of(shard))
+    assert table(shard) == oracle_table(landing_of(shard))
 
 
 def test_zombie_append_after_peer_commit_is_dropped_and_cleaned(spark, consensus, blob, tmp_path):
@@ -182,7 +178,7 @@ def test_zombie_append_after_peer_commit_is_dropped_and_cleaned(spark, consensus
     assert zombie.append(staged) == "already_persisted"
     assert not os.path.exists(blob.path(staged.run["path"]))
     assert zombie.progress == 3
-    assert table(shard, spark) == oracle_table(landing_of(shard))
+    assert table(shard) == oracle_table(landing_of(shard))
 
 
 @sqlite_only
@@ -215,9 +211,10 @@ def test_tombstones_and_tie_breaking(spark, consensus, blob, tmp_path):
     write_segment(str(landing / "a" / "10.jsonl"), [rec(2, "two-again", 2), rec(5, "late-but-old", 0)])
     shard = make_shard(consensus, blob, tmp_path, max_files_per_batch=2)
     Writer(shard, "w", spark_factory=lambda: spark).run(until_caught_up=True)
-    rows = {k[0]: v["name"] for k, v in table(shard, spark).items()}
+    # Spark's reads (tests/test_run_io_spark.py runs this test again with the executors reading).
+    rows = {k[0]: v["name"] for k, v in spark_table(shard, spark).items()}
     assert rows == {2: "two-again", 3: "b-wins-partition", 4: "newer", 5: "late-but-old"}
-    assert table(shard, spark) == oracle_table(str(landing))
+    assert spark_table(shard, spark) == oracle_table(str(landing))
 
 
 @sqlite_only
@@ -237,7 +234,7 @@ def test_status_reports_frontier_lag_and_rows(spark, consensus, blob, tmp_path):
     assert after["source"]["bound"] == {"p0": 11, "p1": 1, "p2": 1}
     assert after["source"]["pending_segments"] == 8
     assert (after["source"]["lag"], after["source"]["lag_unit"]) == (8, "segments")
-    assert after["rows"] == len(table(shard, spark))
+    assert after["rows"] == len(table(shard))
 
 
 # -- a staging directory deleted under the writer (GC with a short grace period) -----------------

@@ -137,17 +137,13 @@ def init_shard(consensus_url: str, blob_root: str, landing: str, *, shard: str =
     assert proc.returncode == 0, proc.stderr
 
 
-def read_table(consensus_url: str, blob_root: str, shard: str, spark) -> dict:
-    from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.registry import open_consensus
-    from airflow_upsert_provider.engine.table.shard import Shard
+def read_table(consensus_url: str, blob_root: str, shard: str) -> dict:
+    """The shard's table, read by the Arrow reader (no Spark job; tests/test_arrow_reader_spark.py
+    holds Spark's read to the same rows)."""
+    from airflow_upsert_provider.engine.table.arrow_reader import read_table_from_store
     from tests.oracle import table_from_rows
 
-    consensus = open_consensus(consensus_url)
-    try:
-        return table_from_rows(Shard.open(consensus, open_blob(blob_root), shard).read(spark).collect())
-    finally:
-        consensus.dispose()
+    return table_from_rows(read_table_from_store(consensus_url, blob_root, shard).read_all().to_pylist())
 
 
 def failure_text(proc: subprocess.CompletedProcess) -> str:

@@ -25,7 +25,8 @@ from airflow_upsert_provider.sample_data import SampleSpec, generate
 from demo.task_logs import save_task_logs
 from tests.airflow.conftest import AirflowHome, failure_text, init_shard, read_table
 from tests.airflow.test_demo import read_task_log
-from tests.maintenance.support import oracle, table, written_shard
+from tests.helpers import table
+from tests.maintenance.support import oracle, written_shard
 from tests.oracle import oracle_table
 
 pytestmark = pytest.mark.slow
@@ -104,7 +105,7 @@ def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url:
     # One batch of 8 files, not the shard's 3: the backfill minted the binding.
     first = _bindings(url)[0]
     assert sum(len(r["files"]) for r in first.values()) == 8
-    assert read_table(url, blob, "orders", spark) == oracle_table(
+    assert read_table(url, blob, "orders") == oracle_table(
         landing, max_offset={p: rng["to"] for p, rng in first.items()}
     )
     # Its committing run emitted one event on the shard's Asset, which queued the DAG scheduled on it.
@@ -131,7 +132,7 @@ def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url:
     assert any(line.startswith("batch ts=2 committed: rows in") for line in shown), shown[-20:]
     assert not any("Could not read served logs" in line for line in shown)
     assert [sum(len(r["files"]) for r in b.values()) for b in _bindings(url)] == [8, 3, 1]
-    assert read_table(url, blob, "orders", spark) == oracle_table(landing)
+    assert read_table(url, blob, "orders") == oracle_table(landing)
     # One more event, with this run's numbers; the consumer stays queued once.
     assert _events(airflow_home)[1:] == [_event_of(report, upper_before=1)]
     assert _queued(airflow_home) == [CONSUMER]
@@ -195,6 +196,6 @@ def test_recovery_dag_restores_a_lost_store_from_its_checkpoint_seeks_and_resume
         report = MicroBatchUpsertOperator(task_id="upsert", shard="orders", until_caught_up=True).execute({"ti": ti})
         assert [b["ts"] for b in report["batches"] if b["outcome"] == "committed"] == [2, 3, 4, 5]
         assert report["upper"] == 6 == shard.state().upper
-        assert table(shard, spark) == oracle(shard)
+        assert table(shard) == oracle(shard)
     finally:
         consensus.dispose()

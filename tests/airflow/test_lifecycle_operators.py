@@ -28,8 +28,8 @@ from airflow_upsert_provider.operators.lifecycle import (
     StopStreamOperator,
 )
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
-from tests.helpers import make_shard
-from tests.maintenance.support import SPEC, oracle, table, written_shard
+from tests.helpers import make_shard, table
+from tests.maintenance.support import SPEC, oracle, written_shard
 
 RUN_ID = "manual__2026-11-23T10:00:00+00:00"
 
@@ -136,7 +136,7 @@ def test_a_stop_refuses_runs_ends_a_run_early_and_fences_until_resumed(spark, sq
         context("upsert", 4))
     assert caught_up["stopped_because"] is None
     assert caught_up["upper"] == 6 == shard.state().upper
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
     assert history(consensus) == [
         ("stop", "STOPPING", actor("stop")), ("finalize", "STOPPED", actor("stop")),
         ("resume", "READY", actor("resume")),

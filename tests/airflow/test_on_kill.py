@@ -19,7 +19,7 @@ from tests.pgserver import wait_for
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_cancels_the_in_process_spark_job_and_the_retry_completes(airflow_home, tmp_path, spark):
+def test_sigterm_cancels_the_in_process_spark_job_and_the_retry_completes(airflow_home, tmp_path):
     landing = str(tmp_path / "landing")
     generate(landing, SampleSpec(records=120_000, keys=30_000, partitions=4, segments_per_partition=2, seed=21))
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", str(tmp_path / "blob")
@@ -51,4 +51,4 @@ def test_sigterm_cancels_the_in_process_spark_job_and_the_retry_completes(airflo
         assert [(b.ts, b.writer_id) for b in consensus.batches("orders")] == [(0, report["writer_id"])]
     finally:
         consensus.dispose()
-    assert read_table(url, blob, "orders", spark) == oracle_table(landing)
+    assert read_table(url, blob, "orders") == oracle_table(landing)

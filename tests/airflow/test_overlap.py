@@ -16,7 +16,7 @@ from tests.oracle import oracle_table
 pytestmark = pytest.mark.slow
 
 
-def test_scheduled_and_backfill_runs_converge(airflow_home, tmp_path, spark):
+def test_scheduled_and_backfill_runs_converge(airflow_home, tmp_path):
     landing = str(tmp_path / "landing")
     generate(landing, SampleSpec(records=3200, keys=500, partitions=4, segments_per_partition=8, seed=5))
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", str(tmp_path / "blob")
@@ -73,4 +73,4 @@ def test_scheduled_and_backfill_runs_converge(airflow_home, tmp_path, spark):
     assert committed["scheduled"].isdisjoint(committed["backfill"])
     assert committed["scheduled"] | committed["backfill"] == set(range(upper))
     assert {b.writer_id for b in batches} <= {reports["scheduled"]["writer_id"], reports["backfill"]["writer_id"]}
-    assert read_table(url, blob, "orders", spark) == oracle_table(landing)
+    assert read_table(url, blob, "orders") == oracle_table(landing)

@@ -31,7 +31,7 @@ def _waiting_updates(conn) -> int:
     ).fetchone()[0]
 
 
-def test_killed_try_is_superseded_by_its_retry(airflow_home, pg_url, tmp_path, spark):
+def test_killed_try_is_superseded_by_its_retry(airflow_home, pg_url, tmp_path):
     landing = str(tmp_path / "landing")
     generate(landing, SampleSpec(records=1200, keys=300, partitions=2, segments_per_partition=3, seed=3))
     blob = str(tmp_path / "blob")
@@ -93,4 +93,4 @@ def test_killed_try_is_superseded_by_its_retry(airflow_home, pg_url, tmp_path, s
     # and nothing the shard reads points at them.
     assert killed_files and referenced.isdisjoint(killed_files)
     assert all(path.startswith("orders/runs/ts=000000000000/") and "try2" in path for path in referenced)
-    assert read_table(pg_url, blob, "orders", spark) == oracle_table(landing)
+    assert read_table(pg_url, blob, "orders") == oracle_table(landing)

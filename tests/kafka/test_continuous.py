@@ -36,7 +36,7 @@ from airflow_upsert_provider.engine.write.writer import COMMITTED, NOTHING_TO_DO
 from airflow_upsert_provider.sample_data import sample_schema_json
 from tests.conftest import REPO_ROOT
 from tests.kafka.conftest import MOCK_PARTITIONS, produce_changes
-from tests.oracle import table_from_rows
+from tests.helpers import table
 
 SECRET = "c0nt-Pa55-77e1"
 
@@ -77,10 +77,6 @@ def kafka_shard(consensus, blob, topic: str, bootstrap: str, *, max_records: int
                          delete_marker="deleted", buckets=2,
                          extra=KafkaShardOptions(max_records_per_batch=max_records).to_extra())
     return Shard.create(consensus, blob, shard_id, config, kafka_config=client_config(bootstrap))
-
-
-def table(shard: Shard, spark) -> dict[tuple, dict[str, Any]]:
-    return table_from_rows(shard.read(spark).collect())
 
 
 class Scheduler:
@@ -202,7 +198,7 @@ def test_continuous_run_with_prefetch_equals_the_oracle(spark, sqlite_url, blob,
         # 90 records at <= 25 per batch, then 40 more.
         assert len(committed) >= 6 and produced_more
         assert sum(r.rows_in for r in committed) == 130
-        assert table(shard, spark) == changes.oracle()
+        assert table(shard) == changes.oracle()
         high = {str(p): h for p, h in shard.source.high_watermarks().items()}
         assert {p: chain[-1][1] for p, chain in contiguous_ranges(shard).items()} == high
         # Batches after the first staged the slice fetched while the one before committed.
@@ -276,7 +272,7 @@ def test_a_prefetched_slice_is_consumed_for_its_binding_and_one_from_an_earlier_
         assert SECRET not in caplog.text
         failing.close()
         assert writer.run(until_caught_up=True).results[0].rows_in == 8
-        assert table(shard, spark) == changes.oracle()
+        assert table(shard) == changes.oracle()
     finally:
         consensus.dispose()
 
@@ -336,7 +332,7 @@ def test_the_596_race_a_prefetch_across_a_seek_is_dropped_and_every_offset_is_pr
     assert sum(sum(r["count"] for r in shard.binding(r_.ts).ranges.values()) for r_ in committed) \
         == sum(high.values()) - seek_point
     assert {p: chain[-1][1] for p, chain in contiguous_ranges(shard).items()} == high
-    assert table(shard, spark) == changes.oracle()
+    assert table(shard) == changes.oracle()
     # The group's committed offsets follow the frontier to the high watermark.
     assert group_offsets(shard) == high
 
@@ -411,7 +407,7 @@ def test_a_writer_killed_mid_prefetch_in_continuous_mode_is_converged_by_a_retry
         high = {str(p): h for p, h in shard.source.high_watermarks().items()}
         assert {p: chain[-1][1] for p, chain in contiguous_ranges(shard).items()} == high
         assert sum(r.rows_in for r in shard_batches(shard)) == 80
-        assert table(shard, spark) == changes.oracle()
+        assert table(shard) == changes.oracle()
     finally:
         consensus.dispose()
 

@@ -19,7 +19,7 @@ from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.kafka.conftest import produce_changes
-from tests.oracle import table_from_rows
+from tests.helpers import table
 
 SCHEMA = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -94,7 +94,7 @@ def test_batches_equal_the_oracle_and_the_group_follows_the_upper(spark, sqlite_
     assert shard.bound_offsets(3) == {str(p): high for p, high in marks.items()}
     assert group_offsets(shard) == shard.bound_offsets(3)
     assert shard.group_id == "upsert-k"
-    assert table_from_rows(shard.read(spark).collect()) == oracle(produced)
+    assert table(shard) == oracle(produced)
     rows_in = sum(b.stats["rows_in"] for b in shard.batches())
     tombstones = sum(1 for m in produced if m.value is None)
     assert rows_in == 600  # a JSON tombstone is a record: it deletes its key
@@ -103,7 +103,7 @@ def test_batches_equal_the_oracle_and_the_group_follows_the_upper(spark, sqlite_
     # More messages later: the next run continues from the frontier, nothing skipped or read twice.
     more = produce_changes(kafka_bootstrap, kafka_topic, changes(120, 80, seed=2))
     writer.run(max_batches=None, until_caught_up=True)
-    assert table_from_rows(shard.read(spark).collect()) == oracle(produced + more)
+    assert table(shard) == oracle(produced + more)
     assert sum(b.stats["rows_in"] for b in shard.batches()) == 720
     assert group_offsets(shard) == shard.bound_offsets(shard.state().upper)
 
@@ -136,7 +136,7 @@ def test_a_bad_message_is_named_by_topic_partition_and_offset(spark, sqlite_cons
     # Quarantine: the good record lands, the bad one is set aside with its position.
     report = Writer(shard, "w2", spark_factory=lambda: spark, on_bad_record="quarantine").run(max_batches=1)
     assert report.upper == 1
-    assert table_from_rows(shard.read(spark).collect()) == {(1,): {"id": 1, "name": "a", "amount": 1.0}}
+    assert table(shard) == {(1,): {"id": 1, "name": "a", "amount": 1.0}}
     rejects = shard.batches()[0].stats["rejects"]
     lines = [json.loads(line) for path in blob_files(blob.path(rejects["path"])) for line in open(path)]
     assert [r["file"] for r in lines] == [f"kafka:{kafka_topic}/1/1"]
@@ -162,4 +162,4 @@ def test_a_message_that_is_not_utf8_is_a_bad_record_not_a_failed_read(spark, sql
     assert f"kafka topic {kafka_topic!r} partition 2 offset 1: message value is not valid UTF-8" in raised.value.message
     report = Writer(shard, "w2", spark_factory=lambda: spark, on_bad_record="quarantine").run(max_batches=1)
     assert report.results[0].rejected == 1
-    assert table_from_rows(shard.read(spark).collect()) == {(1,): {"id": 1, "name": "ok", "amount": 1.0}}
+    assert table(shard) == {(1,): {"id": 1, "name": "ok", "amount": 1.0}}

@@ -18,7 +18,7 @@ from airflow_upsert_provider.engine.lifecycle.group_offsets import group_consume
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig, KafkaSource, read_range
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.kafka.test_kafka_shard import kafka_shard
-from tests.oracle import table_from_rows
+from tests.helpers import table
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_committed_transactions_are_bound_and_read_across_their_markers(
     assert shard.bound_offsets(report.upper) == {str(p): high for p, high in marks.items()}
     expected = {(i,): {"id": i, "name": f"a{i}", "amount": float(i)} for i in range(2)}
     expected.update({(i,): {"id": i, "name": f"b{i}", "amount": float(i) + 0.5} for i in range(2, 6)})
-    assert table_from_rows(shard.read(spark).collect()) == expected
+    assert table(shard) == expected
     assert sum(b.stats["rows_in"] for b in shard.batches()) == len(first) + len(second)
 
     # A range that ends on a marker completes at once: the reader's position passes it.

@@ -22,8 +22,8 @@ from airflow_upsert_provider.engine.sources.planning import range_files
 from airflow_upsert_provider.engine.maintenance.retention import record_deletions
 from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec, generate
-from tests.helpers import batch, make_shard, recover
-from tests.maintenance.support import SPEC, table
+from tests.helpers import batch, make_shard, recover, table
+from tests.maintenance.support import SPEC
 from tests.oracle import oracle_table
 
 # Segments landed after the store was lost: two more per partition, beyond SPEC's offsets.
@@ -100,7 +100,7 @@ def test_restore_seek_resume_after_losing_the_store(spark, consensus_url, blob, 
         Writer(restored, "after", spark_factory=factory).run(until_caught_up=True, with_lag=False)
 
         # The table is the whole source's, old segments and late ones.
-        assert table(restored, spark) == oracle_table(restored.source.root)
+        assert table(restored) == oracle_table(restored.source.root)
         upper = restored.state().upper
         assert [b.ts for b in restored.batches()] == list(range(upper))
         bindings = list(store.bindings(shard.shard_id))

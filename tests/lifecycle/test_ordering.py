@@ -22,8 +22,8 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced, StreamNotReady, TransitionRefused
 from airflow_upsert_provider.engine.store.stream_rules import Status
 from airflow_upsert_provider.engine.write.writer import COMMITTED, Writer
-from tests.helpers import batch, make_shard, recover
-from tests.maintenance.support import oracle, table, written_shard
+from tests.helpers import batch, make_shard, recover, table
+from tests.maintenance.support import oracle, written_shard
 from tests.pgserver import wait_for
 
 TIMEOUT = 120
@@ -79,7 +79,7 @@ def test_steps_out_of_order_are_refused_and_fenced_writers_commit_nothing(spark,
     assert "shard 'orders' is not READY: the stream is STOPPED (epoch 0), set by operator" in not_ready.value.message
     streams.resume(consensus, shard_id, "operator")
 
-    before_table, before_upper = table(shard, spark), shard.state().upper
+    before_table, before_upper = table(shard), shard.state().upper
 
     # -- recover begin, then every step that may not come next ---------------------------------
     epoch = streams.begin_recovery(consensus, shard_id, "operator", "drill").state.epoch
@@ -99,7 +99,7 @@ def test_steps_out_of_order_are_refused_and_fenced_writers_commit_nothing(spark,
     state = streams.read_stream(consensus, shard_id)
     assert (state.status, state.epoch, state.seeked_epoch) == (Status.RECOVERING, epoch, None)
     assert [h["action"] for h in streams.stream_history(consensus, shard_id)][-1] == "recover begin"
-    assert (table(shard, spark), shard.state().upper) == (before_table, before_upper)
+    assert (table(shard), shard.state().upper) == (before_table, before_upper)
     assert shard.binding(before_upper) is None
     recover(shard, actor="operator")
 
@@ -116,7 +116,7 @@ def test_steps_out_of_order_are_refused_and_fenced_writers_commit_nothing(spark,
     assert caught.value.details["writer_epoch"] == epoch != second
     assert fenced.staged_paths and not any(os.path.exists(p) for p in fenced.staged_paths)
     assert run_dirs(shard) == committed_dirs(shard)
-    assert (table(shard, spark), shard.state().upper) == (before_table, before_upper)
+    assert (table(shard), shard.state().upper) == (before_table, before_upper)
     assert consensus.get_batch(shard_id, before_upper) is None
 
     # -- a writer that staged before a whole recovery (begin, seek, resume) commits after it ----
@@ -135,11 +135,11 @@ def test_steps_out_of_order_are_refused_and_fenced_writers_commit_nothing(spark,
             f"stream READY (epoch {third.epoch})") in across_caught.value.message
     assert across_caught.value.exit_code == 6
     assert across.staged_paths and not any(os.path.exists(p) for p in across.staged_paths)
-    assert (table(shard, spark), shard.state().upper) == (before_table, before_upper)
+    assert (table(shard), shard.state().upper) == (before_table, before_upper)
 
     # Nothing was lost: a writer of the current epoch converges to the source.
     Writer(shard, "after", spark_factory=factory).run(until_caught_up=True, with_lag=False)
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
     assert run_dirs(shard) == committed_dirs(shard)
     assert [b.ts for b in shard.batches()] == list(range(shard.state().upper))
 

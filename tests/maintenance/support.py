@@ -8,8 +8,8 @@ import time
 
 from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.sample_data import SampleSpec
-from tests.helpers import make_shard
-from tests.oracle import oracle_table, table_from_rows
+from tests.helpers import make_shard, table
+from tests.oracle import oracle_table
 
 # 2 partitions x 6 segments, 2 files per batch: 6 batches, with updates and tombstones
 # crossing batches (600 keys for 2400 records).
@@ -28,12 +28,8 @@ def written_shard(spark, consensus, blob, tmp_path, *, batches: int | None = BAT
     return shard
 
 
-def table(shard, spark, as_of=None) -> dict:
-    return table_from_rows(shard.read(spark, as_of=as_of).collect())
-
-
-def reads_at_every_ts(shard, spark, start: int = 0) -> dict[int, dict]:
-    return {ts: table(shard, spark, ts) for ts in range(start, shard.state().upper + 1)}
+def reads_at_every_ts(shard, start: int = 0) -> dict[int, dict]:
+    return {ts: table(shard, ts) for ts in range(start, shard.state().upper + 1)}
 
 
 def oracle(shard) -> dict:
@@ -127,8 +123,8 @@ def as_legacy_catalog(consensus, blob, shard_id: str) -> str:
         if copy_version(name) is not None:
             blob.delete_file(blob.join(root, name))
     with consensus.engine.begin() as conn:
-        for table in (catalog_entries_table, catalogs_table):
-            conn.execute(sa.delete(table).where(table.c.shard_id == shard_id))
+        for rows_of in (catalog_entries_table, catalogs_table):
+            conn.execute(sa.delete(rows_of).where(rows_of.c.shard_id == shard_id))
     return path
 
 

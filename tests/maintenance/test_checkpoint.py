@@ -271,7 +271,7 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
     compact(spark, shard, since=2)
     entry = create_checkpoint(shard)
     assert (entry.upper, entry.since) == (4, 2)
-    expected = reads_at_every_ts(shard, spark, start=2)
+    expected = reads_at_every_ts(shard, start=2)
     # The manifest reuses the checksums recorded when the runs were written.
     manifest = verify_checkpoint(blob, shard.shard_id, entry.id)
     assert manifest["files"] and all(f["sha256"] == blob.checksum(blob.path(f["path"])) for f in manifest["files"])
@@ -284,7 +284,7 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
     record = restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="orders-restored")
     assert (record.upper, record.since) == (4, 2)
     restored = Shard.open(consensus, blob, "orders-restored")
-    assert reads_at_every_ts(restored, spark, start=2) == expected
+    assert reads_at_every_ts(restored, start=2) == expected
     # The bindings from since - 1 on, as the checkpoint recorded them (the original's GC has
     # truncated its own below since - 1 meanwhile).
     assert [(b.ts, b.ranges) for b in consensus.bindings("orders-restored")] == [
@@ -299,8 +299,8 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
         Writer(restored, "too-early", spark_factory=lambda: spark).run()
     recover(restored)
     Writer(restored, "resumed", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
-    assert table(restored, spark) == oracle(restored) == table(shard, spark)
-    assert table(restored, spark) == table(shard, spark) == oracle(restored)
+    assert table(restored) == oracle(restored) == table(shard)
+    assert table(restored) == table(shard) == oracle(restored)
 
     # Never over an existing shard (its upper would move backwards).
     upper = shard.state().upper
@@ -325,7 +325,7 @@ def test_restore_rebuilds_the_state_and_resumes(spark, consensus, blob, tmp_path
     empty = open_consensus(f"sqlite:///{tmp_path / 'empty.db'}")
     try:
         restore_checkpoint(empty, blob, shard.shard_id, latest.id)
-        assert table(Shard.open(empty, blob, shard.shard_id), spark) == table(shard, spark)
+        assert table(Shard.open(empty, blob, shard.shard_id)) == table(shard)
     finally:
         empty.dispose()
 

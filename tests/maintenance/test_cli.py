@@ -10,7 +10,8 @@ import pytest
 from airflow_upsert_provider.cli import main
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
-from tests.maintenance.support import age_compaction, age_files, as_legacy_catalog, oracle, table, tree, written_shard
+from tests.helpers import table
+from tests.maintenance.support import age_compaction, age_files, as_legacy_catalog, oracle, tree, written_shard
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def cli(monkeypatch, capsys, sqlite_url, blob):
 def test_maintenance_commands_end_to_end(spark, sqlite_url, blob, tmp_path, cli):
     consensus = open_consensus(sqlite_url)
     shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
-    expected = table(shard, spark)
+    expected = table(shard)
 
     code, out = cli("compact", "orders", "--since", "3", "--json")
     assert code == 0 and (out["outcome"], out["since"], out["runs_merged"]) == ("compacted", 3, 3)
@@ -50,11 +51,11 @@ def test_maintenance_commands_end_to_end(spark, sqlite_url, blob, tmp_path, cli)
     code, out = cli("gc", "orders", "--grace", "60", "--json")
     assert code == 0 and out["deleted"]["items"] == 3
     assert not any(os.path.exists(blob.path(i["path"])) for i in out["items"])
-    assert table(shard, spark) == expected == oracle(shard)
+    assert table(shard) == expected == oracle(shard)
 
     code, out = cli("checkpoint", "restore", "orders", "--as", "orders-copy", "--json")
     assert code == 0 and (out["shard"], out["upper"], out["since"]) == ("orders-copy", 4, 3)
-    assert table(Shard.open(consensus, blob, "orders-copy"), spark) == expected
+    assert table(Shard.open(consensus, blob, "orders-copy")) == expected
     code, out = cli("checkpoint", "restore", "orders", checkpoint_id, "--json")
     assert code == 2 and out["error"] == "ShardExists"
 

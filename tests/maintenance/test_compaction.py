@@ -11,14 +11,16 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.table.runs import read_runs
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
-from tests.maintenance.support import BATCHES, oracle, reads_at_every_ts, table, written_shard
+from tests.helpers import spark_table, table
+from tests.maintenance.support import BATCHES, oracle, reads_at_every_ts, written_shard
 from tests.oracle import table_from_rows
 
 
 @sqlite_only
 def test_reads_at_every_ts_from_since_are_unchanged(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path)
-    before = reads_at_every_ts(shard, spark)
+    # Spark's own reads here: compaction's output as the engine's main reader sees it.
+    before = {ts: spark_table(shard, spark, ts) for ts in range(BATCHES + 1)}
     assert before[BATCHES] == oracle(shard)
 
     result = compact(spark, shard, since=3)
@@ -26,7 +28,7 @@ def test_reads_at_every_ts_from_since_are_unchanged(spark, consensus, blob, tmp_
     state = shard.state()
     assert (state.since, state.upper) == (3, BATCHES)
     for ts in range(3, BATCHES + 1):
-        assert table(shard, spark, ts) == before[ts], f"as_of={ts}"
+        assert spark_table(shard, spark, ts) == before[ts], f"as_of={ts}"
     with pytest.raises(ConfigurationError, match="as of 2: compacted below since 3"):
         shard.read(spark, as_of=2)
 
@@ -44,7 +46,7 @@ def test_reads_at_every_ts_from_since_are_unchanged(spark, consensus, blob, tmp_
     # Compacting again merges the compacted run with the later batches.
     again = compact(spark, shard)
     assert (again.outcome, again.since, again.runs_merged) == (COMPACTED, BATCHES, 1 + BATCHES - 3)
-    assert table(shard, spark) == before[BATCHES] == oracle(shard)
+    assert table(shard) == before[BATCHES] == oracle(shard)
     assert compact(spark, shard).outcome == NOTHING_TO_DO
 
 
@@ -79,7 +81,7 @@ def test_racing_writers_and_a_rival_compaction(spark, consensus, blob, tmp_path)
     # Every batch the writer committed is intact and counted.
     assert [b.ts for b in shard.batches()] == [0, 1, 2, 3, 4]
     Writer(shard, "tail", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
-    final = reads_at_every_ts(shard, spark, start=3)
+    final = reads_at_every_ts(shard, start=3)
     assert final[shard.state().upper] == oracle(shard)
     # Reads at every ts >= since equal those of an uncompacted copy of the same batches.
     for ts, rows in final.items():
@@ -95,7 +97,7 @@ def test_store_lost_during_the_swap_and_its_read_back_is_an_unknown_outcome(spar
     from tests.faults import StoreOutage
 
     shard = written_shard(spark, consensus, blob, tmp_path)
-    before = table(shard, spark)
+    before = table(shard)
     outage = StoreOutage(consensus)
     real_swap = consensus.compare_and_set_since
 
@@ -114,4 +116,4 @@ def test_store_lost_during_the_swap_and_its_read_back_is_an_unknown_outcome(spar
 
     assert shard.state().since == 3
     assert compact(spark, shard, since=3).outcome == NOTHING_TO_DO
-    assert table(shard, spark) == before
+    assert table(shard) == before

@@ -119,7 +119,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
     with open(os.path.join(checkpoints_root(base, shard.shard_id), ".tmp-crashed"), "wb") as handle:
         handle.write(b"{")
     age_files(base.root)
-    expected = table(shard, spark)
+    expected = table(shard)
 
     for point in range(MAX_POINTS):
         root = str(tmp_path / f"crash-{point}")
@@ -132,7 +132,7 @@ def test_gc_crash_at_every_point(spark, sqlite_url, tmp_path):
         except Crash:
             report = None
         assert recovered(store, root, shard.shard_id) == [kept]
-        assert table(Shard(store, LocalBlob(root), shard.shard_id, shard.config), spark) == expected
+        assert table(Shard(store, LocalBlob(root), shard.shard_id, shard.config)) == expected
         version = Catalog.load(LocalBlob(root), shard.shard_id, store).version
         store.dispose()
         if report is not None:

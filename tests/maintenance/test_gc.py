@@ -25,7 +25,8 @@ from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
-from tests.maintenance.support import age_compaction, age_files, files_of, oracle, table, tree, written_shard
+from tests.helpers import table
+from tests.maintenance.support import age_compaction, age_files, files_of, oracle, tree, written_shard
 from tests.oracle import table_from_rows
 
 GRACE = 600
@@ -79,7 +80,7 @@ def test_gc_deletes_only_what_nothing_references(spark, consensus, blob, tmp_pat
 
     # The in-flight writer commits after GC: its batch is readable.
     assert writer.append(staged) == "committed"
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
 
 
 @sqlite_only
@@ -112,7 +113,7 @@ def test_gc_aborts_before_any_deletion_on_a_corrupt_retained_manifest(spark, con
 def test_a_read_planned_before_a_compaction_survives_gc(spark, consensus, blob, tmp_path):
     """GC keeps the runs a compaction replaced for its grace period after the swap."""
     shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
-    expected = table(shard, spark)
+    expected = table(shard)
     planned = shard.read(spark)  # lists the three batch runs
     replaced = {b.run["path"] for b in shard.batches()}
     compact(spark, shard)
@@ -125,7 +126,7 @@ def test_a_read_planned_before_a_compaction_survives_gc(spark, consensus, blob, 
     age_compaction(consensus, shard.shard_id)
     report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
     assert {i.path for i in report.items} == replaced
-    assert table(shard, spark) == expected
+    assert table(shard) == expected
 
 
 CHECKPOINT_STEPS = ["snapshot", "manifest", "commit", "catalog"]
@@ -148,8 +149,8 @@ def race_outcome(spark, consensus, blob, shard, writer, staged, entry, expected_
     collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
     verify_checkpoint(blob, shard.shard_id, entry.id)
     restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="restored")
-    assert table(Shard.open(consensus, blob, "restored"), spark) == expected_at_entry[entry.upper]
-    assert table(shard, spark) == oracle(shard)
+    assert table(Shard.open(consensus, blob, "restored")) == expected_at_entry[entry.upper]
+    assert table(shard) == oracle(shard)
 
 
 @pytest.mark.parametrize("at", CHECKPOINT_STEPS)
@@ -161,7 +162,7 @@ def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_p
 
     consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
     shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
-    expected = {3: table(shard, spark), 4: None}
+    expected = {3: table(shard), 4: None}
 
     def interleave(step: str) -> None:
         if step != at or expected.get("done"):
@@ -172,7 +173,7 @@ def test_gc_and_compaction_inside_every_checkpoint_step(spark, sqlite_url, tmp_p
         age_compaction(consensus, shard.shard_id)
         collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
         assert writer.append(staged) == "committed"
-        expected[4] = table(shard, spark)
+        expected[4] = table(shard)
 
     entry = create_checkpoint(shard, on_step=interleave)
     race_outcome(spark, consensus, blob, shard, writer, staged, entry, expected)
@@ -187,7 +188,7 @@ def test_checkpoint_compaction_and_commit_inside_every_gc_step(spark, sqlite_url
 
     consensus, blob = open_consensus(sqlite_url), open_blob(str(tmp_path / "blob"))
     shard, writer, staged = race_setup(spark, consensus, blob, tmp_path)
-    expected = {3: table(shard, spark)}
+    expected = {3: table(shard)}
     made = []
 
     def interleave(step: str) -> None:

@@ -21,8 +21,8 @@ from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.store.gc_claims import claim_for_deletion, claim_needed, claims
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import Writer
-from tests.helpers import make_shard
-from tests.maintenance.support import oracle, table, written_shard
+from tests.helpers import make_shard, table
+from tests.maintenance.support import oracle, written_shard
 
 
 def committed_files_exist(shard) -> None:
@@ -75,7 +75,7 @@ def test_writer_paused_past_the_grace_period_restages_instead_of_committing_coll
 
     writer.run(until_caught_up=True, with_lag=False)
     committed_files_exist(shard)
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
     # The claim expired once the upper passed its ts: the next GC drops it.
     collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
     assert claims(consensus, shard.shard_id) == []
@@ -106,7 +106,7 @@ def test_gc_crash_between_claiming_and_deleting_refuses_the_commit_and_the_next_
     assert not os.path.exists(blob.path(staged.run["path"]))
     writer.run(until_caught_up=True, with_lag=False)
     committed_files_exist(shard)
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
 
 
 def test_a_commit_after_the_claim_transaction_read_it_is_never_claimed(consensus, blob, tmp_path):
@@ -135,7 +135,7 @@ def test_claim_lifetime_rule():
 
 def test_compaction_paused_past_the_grace_period_writes_a_new_output(spark, consensus, blob, tmp_path):
     shard = written_shard(spark, consensus, blob, tmp_path, batches=3)
-    expected = table(shard, spark)
+    expected = table(shard)
     collected = []
 
     def pause(step: str) -> None:
@@ -147,14 +147,14 @@ def test_compaction_paused_past_the_grace_period_writes_a_new_output(spark, cons
     assert len(first_output) == 1 and "compaction-" in first_output[0]
     assert result.outcome == "compacted" and result.attempts == 2 and result.run_path != first_output[0]
     committed_files_exist(shard)
-    assert table(shard, spark) == expected
+    assert table(shard) == expected
 
 
 def test_checkpoint_create_paused_past_the_grace_period_writes_the_checkpoint_again(spark, consensus, blob, tmp_path):
     """GC (grace 0) collects a checkpoint directory whose create paused between manifest and
     catalog: the create is refused the catalog entry and writes the checkpoint again."""
     shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
-    expected = table(shard, spark)
+    expected = table(shard)
     reports = []
 
     def pause(step: str) -> None:
@@ -171,4 +171,4 @@ def test_checkpoint_create_paused_past_the_grace_period_writes_the_checkpoint_ag
     collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)  # the refused attempt's leftovers
     assert checkpoint_dirs(blob, shard.shard_id) == [entry.id]
     restore_checkpoint(consensus, blob, shard.shard_id, entry.id, target_shard_id="restored")
-    assert table(Shard.open(consensus, blob, "restored"), spark) == expected
+    assert table(Shard.open(consensus, blob, "restored")) == expected

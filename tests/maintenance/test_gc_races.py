@@ -24,7 +24,8 @@ from airflow_upsert_provider.engine.errors import IntegrityError
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.conftest import sqlite_only
-from tests.maintenance.support import age_compaction, age_files, table, written_shard
+from tests.helpers import table
+from tests.maintenance.support import age_compaction, age_files, written_shard
 from tests.oracle import table_from_rows
 
 GRACE = 600
@@ -34,7 +35,7 @@ def test_runs_replaced_by_every_compaction_inside_the_grace_period_stay(spark, c
     shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
     first_replaced = {b.run["path"] for b in shard.batches(below=2)}
     planned = shard.read(spark, as_of=4)  # lists every batch run
-    expected = table(shard, spark)
+    expected = table(shard)
     compact(spark, shard, since=2)
     compact(spark, shard, since=4)  # the compactions table now only holds this one
     age_files(blob.root)
@@ -43,14 +44,14 @@ def test_runs_replaced_by_every_compaction_inside_the_grace_period_stay(spark, c
     deleted = {i.path for i in report.items}
     assert not deleted & first_replaced, deleted
     assert all(os.path.isdir(blob.path(p)) for p in first_replaced)
-    assert table(shard, spark) == expected
+    assert table(shard) == expected
     assert table_from_rows(planned.collect()) == expected  # a read planned before both swaps
 
     age_compaction(consensus, shard.shard_id)
     report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=GRACE)
     deleted = {i.path for i in report.items}
     assert first_replaced <= deleted and not any(os.path.exists(blob.path(p)) for p in first_replaced)
-    assert table(shard, spark) == expected
+    assert table(shard) == expected
 
 
 class RetentionWhileGcReads(LocalBlob):
@@ -87,7 +88,7 @@ def test_checkpoint_removed_by_retention_between_catalog_and_manifest_read_is_no
     assert [e.id for e in list_checkpoints(blob, shard.shard_id)] == [new.id]
     verify_checkpoint(blob, shard.shard_id, new.id)
     assert report.checkpoints_read == 1
-    assert table(shard, spark) == table(Shard.open(consensus, blob, shard.shard_id), spark)
+    assert table(shard) == table(Shard.open(consensus, blob, shard.shard_id))
 
 
 @sqlite_only

@@ -18,8 +18,8 @@ from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchR
 from airflow_upsert_provider.engine.store.history import keep_from, plan_truncation, rollups, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import ALREADY_PERSISTED, Writer
-from tests.helpers import recover
-from tests.maintenance.support import age_files, oracle, table, written_shard
+from tests.helpers import recover, table
+from tests.maintenance.support import age_files, oracle, written_shard
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -112,7 +112,7 @@ def test_truncated_history_retries_checkpoints_restores_seeks_resumes_and_reads_
     recover(restored)
     Writer(restored, "resumed", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
     Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
-    assert table(restored, spark) == oracle(restored) == table(shard, spark)
+    assert table(restored) == oracle(restored) == table(shard)
 
 
 def test_retry_of_a_truncated_batch_keeps_its_files(spark, consensus, blob, tmp_path):
@@ -211,7 +211,7 @@ def test_bindings_from_the_lowest_source_index_anchor_stay(spark, consensus, blo
                               source_partitions=partitions)
     assert (report.kept_from, report.batches) == (3, 3)
     Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
 
 
 def test_source_prune_deletes_the_segments_of_truncated_bindings(spark, consensus, blob, tmp_path):

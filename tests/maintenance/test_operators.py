@@ -20,7 +20,8 @@ from airflow_upsert_provider.operators.maintenance import (
     RestoreCheckpointOperator,
 )
 from tests.airflow.conftest import airflow_home, failure_text  # noqa: F401 - the session fixture
-from tests.maintenance.support import age_compaction, age_files, as_legacy_catalog, oracle, table, tree, written_shard
+from tests.helpers import table
+from tests.maintenance.support import age_compaction, age_files, as_legacy_catalog, oracle, tree, written_shard
 from tests.oracle import table_from_rows
 
 
@@ -38,7 +39,7 @@ def store(spark, sqlite_url, blob, tmp_path, monkeypatch):
 
 def test_operators_call_the_engine_and_return_its_report(spark, store, blob):
     consensus, shard = store
-    expected = table(shard, spark)
+    expected = table(shard)
     compacted = CompactShardOperator(task_id="compact", shard="orders", since="3").execute({})
     assert (compacted["outcome"], compacted["since"], compacted["runs_merged"]) == ("compacted", 3, 3)
     first = CheckpointCommitOperator(task_id="checkpoint", shard="orders").execute({})
@@ -54,7 +55,7 @@ def test_operators_call_the_engine_and_return_its_report(spark, store, blob):
     assert {k: restored[k] for k in ("shard", "checkpoint", "upper", "since")} == {
         "shard": "copy", "checkpoint": second["id"], "upper": 4, "since": 3}
     assert restored["stream"]["status"] == "RECOVERING"
-    assert table(Shard.open(consensus, blob, "copy"), spark) == expected == oracle(shard)
+    assert table(Shard.open(consensus, blob, "copy")) == expected == oracle(shard)
 
 
 def test_engine_errors_fail_without_retry(spark, store, blob):
@@ -110,7 +111,7 @@ def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, 
     consensus = open_consensus(sqlite_url)
     shard = written_shard(spark, consensus, blob, tmp_path, batches=None)
     upper = shard.state().upper
-    expected = table(shard, spark)
+    expected = table(shard)
     batch_dirs = [blob.path(b.run["path"]) for b in shard.batches()]
     age_files(blob.root)
     env = airflow_home.env(sqlite_url, blob.root)
@@ -127,7 +128,7 @@ def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, 
     # GC ran after the checkpoint: it deleted exactly the replaced batch runs.
     assert {blob.path(i["path"]) for i in collected["items"]} == set(batch_dirs)
     assert not any(os.path.exists(d) for d in batch_dirs)
-    assert table(shard, spark) == expected == oracle(shard)
+    assert table(shard) == expected == oracle(shard)
     # The publish after the compaction: one snapshot of upsert.orders, the table at since.
     published = airflow_home.xcom("upsert_maintenance", run_id, "publish_iceberg")
     assert (published["outcome"], published["since"], published["table"]) == ("published", upper, "upsert.orders")
