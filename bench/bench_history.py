@@ -296,13 +296,22 @@ def main() -> int:
     base = args.workdir or tempfile.mkdtemp(prefix="bench-history-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     os.makedirs(base, exist_ok=True)
     url = args.consensus or f"sqlite:///{os.path.join(base, 'consensus.db')}"
-    spark = get_spark("local[2]", app_name="bench-history")
+    # The seeding may be paused (SIGSTOP) for as long as a measurement elsewhere needs the
+    # machine: with Spark's default heartbeat the local executor exits when it resumes.
+    spark = get_spark("local[2]", app_name="bench-history",
+                      conf={"spark.executor.heartbeatInterval": "3600s", "spark.network.timeout": "7200s"})
     results: dict[str, object] = {"levels": {}, "compact_every": args.compact_every, "keys": args.keys,
                                   "store": "postgresql" if url.startswith("postgres") else "sqlite"}
     try:
         if args.snapshot_only:
-            history = History(base, url, args.keys)
+            # An interrupted seeding goes on from the store's upper (each batch commits whole).
+            resuming = os.path.exists(os.path.join(base, "consensus.db"))
+            history = History(base, url, args.keys, existing=resuming)
+            if resuming:
+                print(f"resuming the seeding at {history.upper:,} batches", flush=True)
             for level in levels:
+                if level < history.upper and os.path.isdir(snapshot_dir(base, level)):
+                    continue
                 history.seed_to(spark, level, args.compact_every)
                 history.maintain(spark)
                 save_snapshot(base, level)
