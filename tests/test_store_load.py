@@ -187,7 +187,8 @@ def test_no_blob_io_inside_a_consensus_transaction(spark, consensus, blob, tmp_p
     from airflow_upsert_provider.engine.maintenance.compaction import compact
     from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
     from airflow_upsert_provider.engine.write.writer import Writer
-    from tests.maintenance.support import SPEC, age_compaction, age_files, oracle, table
+    from tests.helpers import table
+    from tests.maintenance.support import SPEC, age_compaction, age_files, oracle
 
     shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
     inside = guard_blob(blob, consensus)
@@ -205,7 +206,7 @@ def test_no_blob_io_inside_a_consensus_transaction(spark, consensus, blob, tmp_p
     assert {i.kind for i in report.items} >= {"run", "abandoned_checkpoint"}
     assert not blob.exists(abandoned)
     assert inside == []
-    assert table(shard, spark) == oracle(shard)
+    assert table(shard) == oracle(shard)
 
 
 def test_a_schema_upgrade_is_not_cut_off_by_the_sessions_statement_timeout(pg_url):

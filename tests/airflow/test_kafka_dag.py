@@ -18,7 +18,8 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.kafka.conftest import kafka_bootstrap, kafka_topic  # noqa: F401 - fixtures
-from tests.kafka.test_continuous import SECRET, Changes, client_config, kafka_shard, table
+from tests.helpers import table
+from tests.kafka.test_continuous import SECRET, Changes, client_config, kafka_shard
 from tests.pgserver import wait_for
 
 
@@ -57,6 +58,6 @@ def test_the_kafka_example_dag_upserts_a_window_of_a_topic(airflow_home, spark, 
     assert "STOPPING" in report["stopped_because"]  # the stop ended the window, not its length
     assert SECRET not in text + json.dumps(report)
 
-    assert table(shard, spark) == changes.oracle()
+    assert table(shard) == changes.oracle()
     group = group_status(shard)
     assert group["committed"] == shard.bound_offsets(3) and group["alert"] is False

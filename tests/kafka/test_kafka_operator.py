@@ -20,7 +20,8 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.operators.arguments import parse_duration
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, _RunPlan
-from tests.kafka.test_continuous import Changes, client_config, kafka_shard, table
+from tests.helpers import table
+from tests.kafka.test_continuous import Changes, client_config, kafka_shard
 
 SECRET = "0per-Pa55-9c2d"
 
@@ -103,7 +104,7 @@ def test_continuous_mode_from_the_upsert_connections_kafka_connection_keeps_the_
     # 90 changes at 40 a batch, then one idle poll.
     assert outcomes == ["committed", "committed", "committed", "nothing_to_do"]
     assert report["upper"] == 3 and "STOPPING" in report["stopped_because"]
-    assert table(shard, spark) == changes.oracle()
+    assert table(shard) == changes.oracle()
     out, err = capfd.readouterr()
     for text in (json.dumps(report), caplog.text, out, err):
         assert SECRET not in text
