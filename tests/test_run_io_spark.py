@@ -25,11 +25,11 @@ from tests.test_runs import (  # noqa: F401
     test_a_missing_run_file_is_an_integrity_error_naming_it,
     test_a_run_carries_its_batch_ts_and_a_new_ts_compiles_no_code,
     test_a_tombstone_with_a_higher_order_value_survives_compaction,
-    test_every_batching_gives_the_same_table,
     test_order_column_wins_across_batches,
     test_without_an_order_column_compaction_drops_tombstones,
 )
 from tests.test_runs import new_shard, run_all, write_segment
+from tests.test_runs import test_every_batching_gives_the_same_table as every_batching_property
 from tests.test_writer import (  # noqa: F401
     test_read_as_of_every_ts_matches_oracle_of_bound_offsets,
     test_tombstones_and_tie_breaking,
@@ -55,6 +55,13 @@ def executors_do_run_io():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(run_io, "executor_io", lambda root: True)
         yield
+
+
+def test_every_batching_gives_the_same_table_through_the_executors(spark, sqlite_url, tmp_path):
+    """The every-batching property once here, on its harder shape (keys per partition, tied and
+    null order values): the executors write and read the runs the same way whatever the
+    batching; both shapes run on Spark's own I/O in tests/test_runs.py."""
+    every_batching_property(spark, sqlite_url, tmp_path, key_per_partition=True)
 
 
 def listed_files(directory: str) -> set[str]:
