@@ -9,9 +9,11 @@ DURATIONS ?= --durations=25
 # The main suite runs on this many pytest-xdist workers, each with its own SparkSession,
 # PostgreSQL server and Airflow home; whole modules go to a worker (--dist loadfile), so a
 # module's shared batches are built once, in the order tests/conftest.py gives them (the
-# modules of slow tests first) instead of xdist's largest-module-first. Two, not one per core: every worker's Spark jobs
-# and subprocesses use more than one core, and memory grows with each worker.
-WORKERS ?= 2
+# modules of slow tests first) instead of xdist's largest-module-first. Three on two cores:
+# a worker spends part of its time waiting on the processes its tests start (a JVM's or an
+# Airflow process's start, a held writer), which a third worker fills (the main suite in
+# 13:38 against 14:23 with two, docs/performance.md); each worker holds about 2-3 GB.
+WORKERS ?= 3
 
 .PHONY: demo test test-fast bench soak docs-images check-java clean
 
