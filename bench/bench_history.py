@@ -232,18 +232,23 @@ def snapshot_dir(base: str, level: int) -> str:
     return os.path.join(base, "snapshots", str(level))
 
 
+def copy_live_entries(source_dir: str, target_dir: str) -> None:
+    """Copy the store's files and the blob and landing directories from one directory to another."""
+    for name in LIVE_ENTRIES:
+        source = os.path.join(source_dir, name)
+        if os.path.isdir(source):
+            shutil.copytree(source, os.path.join(target_dir, name), symlinks=True)
+        elif os.path.exists(source):
+            shutil.copy2(source, os.path.join(target_dir, name))
+
+
 def save_snapshot(base: str, level: int) -> None:
     """Copy the SQLite store (file and WAL, as they are: nothing writes between batches) and
     the blob and landing directories, at the same paths the measurement will use."""
     target = snapshot_dir(base, level)
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
-    for name in LIVE_ENTRIES:
-        source = os.path.join(base, name)
-        if os.path.isdir(source):
-            shutil.copytree(source, os.path.join(target, name), symlinks=True)
-        elif os.path.exists(source):
-            shutil.copy2(source, os.path.join(target, name))
+    copy_live_entries(base, target)
 
 
 def restore_snapshot(base: str, level: int) -> None:
@@ -257,12 +262,7 @@ def restore_snapshot(base: str, level: int) -> None:
             shutil.rmtree(live)
         elif os.path.exists(live):
             os.remove(live)
-    for name in LIVE_ENTRIES:
-        kept = os.path.join(source, name)
-        if os.path.isdir(kept):
-            shutil.copytree(kept, os.path.join(base, name), symlinks=True)
-        elif os.path.exists(kept):
-            shutil.copy2(kept, os.path.join(base, name))
+    copy_live_entries(source, base)
 
 
 def main() -> int:
