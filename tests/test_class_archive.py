@@ -1,5 +1,7 @@
 """The driver JVM's class-data-sharing archive: which archive a new session uses (decided from
-files, no JVM), and a real build whose archive a fresh `upsertctl` process maps."""
+files, no JVM), and a real archive that a fresh `upsertctl` process maps: a copy of the one the
+suite built at its start (tests/conftest.py), or, when the suite runs without one, a build
+through `upsertctl spark-archive build`."""
 
 from __future__ import annotations
 
