@@ -46,7 +46,8 @@ def referenced_run_dirs(shard: Shard) -> set[str]:
     return {shard.blob.path(run_dir_of_relative(p)) for p in paths}
 
 
-# The whole soak with its final compaction and GC in fresh processes (its read: the Arrow reader): generous for a slow CI.
+# The whole soak with its final compaction and GC in fresh processes (its final read: the Arrow
+# reader): generous for a slow CI.
 @pytest.mark.timeout(1800)
 def test_short_soak_ends_with_the_oracle_no_page_no_leak_each_batch_once(pg_url, tmp_path):
     soak_module = load_soak()
