@@ -124,6 +124,15 @@ class CommitRefused(UpsertError):
     retryable = True
 
 
+class PlanningOutdated(UpsertError):
+    """A directory shard's next binding could not be planned: the bindings planning catches up
+    from were truncated by GC while it planned (a planner slower than GC's grace period).
+    Nothing was bound (exit 2). Retryable: the next try plans from the current upper."""
+
+    exit_code = 2
+    retryable = True
+
+
 class StagingLost(UpsertError):
     """A batch's staging directory was deleted while Spark wrote into it (GC with a grace
     period shorter than a batch takes), on every restage the writer tried. Nothing was

@@ -214,6 +214,51 @@ def test_bindings_from_the_lowest_source_index_anchor_stay(spark, consensus, blo
     assert table(shard) == oracle(shard)
 
 
+def test_a_planner_overtaken_by_a_peer_and_a_truncation_takes_the_peers_binding(spark, consensus, blob, tmp_path,
+                                                                               monkeypatch):
+    """A planner holds binding(3) to plan binding 4; before it reads the source index, a peer
+    binds and commits batch 4 and GC anchors the index rows at binding 4 and truncates
+    bindings 0..2. The planner took the index row (now ahead of its binding) as unusable and
+    caught up from binding 0, whose rows were gone: every segment bound by 0..2, still in the
+    landing directory, was called a late arrival (the long soak's writer exited 3 on it)."""
+    import airflow_upsert_provider.engine.table.shard as shard_module
+    from airflow_upsert_provider.engine.errors import PlanningOutdated
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard)  # since 4: bindings 0..2 may go
+    _age_batches(consensus, shard.shard_id, 2 * HOUR)
+    held = {ts: shard.binding(ts) for ts in (1, 3)}
+    real_survey = shard_module.survey_source
+    overtaken = []
+
+    def survey_after_the_peer(source, index, previous):
+        if not overtaken:
+            overtaken.append(previous.ts)
+            peer = Writer(Shard.open(consensus, blob, shard.shard_id), "peer", spark_factory=lambda: spark)
+            assert [b.outcome for b in peer.run(max_batches=1, with_lag=False).results] == ["committed"]
+            report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=HOUR)
+            assert report.history["bindings"] == 3
+        return real_survey(source, index, previous)
+
+    monkeypatch.setattr(shard_module, "survey_source", survey_after_the_peer)
+    minted = shard.mint_binding(4, minted_by="overtaken")
+    assert overtaken == [3]
+    assert _ts_of(consensus, bindings_table, shard.shard_id) == [3, 4]
+    assert minted.to_json() == shard.binding(4).to_json()
+    # Planning from binding(3) now subtracts binding 4's names from the row anchored at it.
+    index = shard.source_index()
+    for partition in shard.source.partitions():
+        names, _ = index.settled(partition, held[3])
+        assert names == index.settled(partition, shard.binding(4))[0] - index.settled_by(partition, shard.binding(4))
+    # From binding(1), whose successor is truncated, nothing can be settled: a retryable
+    # refusal, never a late arrival.
+    with pytest.raises(PlanningOutdated) as refused:
+        index.settled("p0", held[1])
+    assert refused.value.retryable and refused.value.exit_code == 2
+    Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    assert table(shard) == oracle(shard)
+
+
 def test_source_prune_deletes_the_segments_of_truncated_bindings(spark, consensus, blob, tmp_path):
     from airflow_upsert_provider.engine.maintenance.retention import prune
 

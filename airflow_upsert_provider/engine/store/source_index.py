@@ -32,7 +32,9 @@ from airflow_upsert_provider.engine.store.consensus import (
     quarantined_files_table,
     settled_names_table,
 )
+from airflow_upsert_provider.engine.errors import PlanningOutdated
 from airflow_upsert_provider.engine.sources.planning import bound_names, range_to
+
 
 def binding_digest(binding: Binding | None) -> str:
     return "" if binding is None else hashlib.sha256(binding.to_json().encode()).hexdigest()
@@ -59,26 +61,72 @@ class SourceIndex:
 
     def settled(self, partition: str, upto: Binding | None) -> tuple[set[str], int]:
         """Names of ``partition`` settled through binding ``upto`` (None: before any), and
-        how many bindings the stored row lagged behind ``upto`` (caught up from them)."""
+        how many bindings the stored row lagged behind ``upto`` (caught up from them).
+
+        The row and the bindings it is checked against and caught up from are read in one
+        snapshot: GC rewrites rows and truncates the bindings below them (store/history.py)
+        in between two reads. A row ahead of ``upto`` (a peer minted later bindings and saved
+        it while this planner held ``upto``) gives its names less those the later bindings
+        settled. Raises :class:`PlanningOutdated` when the bindings needed are truncated:
+        names cannot be settled from a history that is gone, and a file must never be
+        called late for it."""
         upto_ts = -1 if upto is None else upto.ts
         table = settled_names_table
-        row = self.consensus._run_snapshot(
-            lambda conn: conn.execute(
+
+        def bindings_in(conn, first_ts: int, last_ts: int) -> list[Binding]:
+            rows = conn.execute(
+                sa.select(bindings_table)
+                .where(bindings_table.c.shard_id == self.shard_id, bindings_table.c.ts >= first_ts,
+                       bindings_table.c.ts <= last_ts)
+                .order_by(bindings_table.c.ts)
+            ).all()
+            return [_binding_from_row(r) for r in rows]
+
+        def read(conn):
+            row = conn.execute(
                 sa.select(table.c.through_ts, table.c.binding_digest, table.c.names).where(
                     table.c.shard_id == self.shard_id, table.c.partition == partition
                 )
             ).first()
-        )
-        names: set[str] = set()
-        through = -1
-        if row is not None and row.through_ts <= upto_ts:
-            anchor = upto if row.through_ts == upto_ts else self.consensus.get_binding(self.shard_id, row.through_ts)
-            if row.through_ts == -1 or binding_digest(anchor) == row.binding_digest:
-                names, through = _decode(row.names), row.through_ts
-        if through < upto_ts:
-            for binding in self._bindings_between(through + 1, upto_ts):
-                names |= self.settled_by(partition, binding)
+            if row is not None and row.through_ts > upto_ts:
+                later = bindings_in(conn, upto_ts + 1, row.through_ts)
+                if later and binding_digest(later[-1]) == row.binding_digest:
+                    return row, later, []
+                row = None  # not this shard's row (a reused shard id): rebuilt from bindings
+            if row is not None and row.through_ts >= 0 and row.through_ts < upto_ts:
+                anchor = bindings_in(conn, row.through_ts, row.through_ts)
+                if not anchor or binding_digest(anchor[0]) != row.binding_digest:
+                    row = None
+            elif row is not None and row.through_ts == upto_ts and binding_digest(upto) != row.binding_digest:
+                row = None
+            through = -1 if row is None else row.through_ts
+            return row, [], (bindings_in(conn, through + 1, upto_ts) if through < upto_ts else [])
+
+        row, later, catch_up = self.consensus._run_snapshot(read)
+        if later:
+            if [b.ts for b in later] != list(range(upto_ts + 1, row.through_ts + 1)):
+                raise self._outdated(upto_ts)
+            names = _decode(row.names)
+            for binding in later:
+                names -= self.settled_by(partition, binding)
+            return names, 0
+        through = -1 if row is None else row.through_ts
+        # Without a row (a partition new since GC anchored the rows) the bindings kept are all
+        # there is; from a row, every binding after its anchor is kept unless truncated since.
+        if row is not None and [b.ts for b in catch_up] != list(range(through + 1, upto_ts + 1)):
+            raise self._outdated(upto_ts)
+        names = set() if row is None else _decode(row.names)
+        for binding in catch_up:
+            names |= self.settled_by(partition, binding)
         return names, upto_ts - through
+
+    def _outdated(self, upto_ts: int) -> PlanningOutdated:
+        return PlanningOutdated(
+            f"shard {self.shard_id!r}: binding {upto_ts + 1} cannot be planned from binding {upto_ts}: the "
+            "bindings planning catches up from were truncated meanwhile (the planner took longer than GC's "
+            "grace period). Nothing was bound; run again",
+            shard=self.shard_id, ts=upto_ts + 1,
+        )
 
     def settled_by(self, partition: str, binding: Binding) -> set[str]:
         """Names of ``partition`` that ``binding`` bound or set aside."""
@@ -151,14 +199,3 @@ class SourceIndex:
             )
             found |= {r.file for r in rows}
         return found
-
-    def _bindings_between(self, first_ts: int, last_ts: int) -> list[Binding]:
-        table = bindings_table
-        rows = self.consensus._run_snapshot(
-            lambda conn: conn.execute(
-                sa.select(table)
-                .where(table.c.shard_id == self.shard_id, table.c.ts >= first_ts, table.c.ts <= last_ts)
-                .order_by(table.c.ts)
-            ).all()
-        )
-        return [_binding_from_row(r) for r in rows]

@@ -27,6 +27,7 @@ from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     IntegrityError,
     KafkaSliceUnavailable,
+    PlanningOutdated,
     UpsertError,
 )
 from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
@@ -233,7 +234,15 @@ class Shard:
             planned = self._plan_kafka_binding(ts, previous)
             return None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
         index = self.source_index()
-        survey = survey_source(self.source, index, previous)
+        try:
+            survey = survey_source(self.source, index, previous)
+        except PlanningOutdated:
+            # A peer bound ts and GC truncated what this planner caught up from: the peer's
+            # binding is the one that counts.
+            existing = self.binding(ts)
+            if existing is None:
+                raise
+            return existing
         planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED)
         minted = None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
         remember_settled(index, survey, minted)
