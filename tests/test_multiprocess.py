@@ -56,7 +56,7 @@ def assert_valid_and_equal_to_oracle(shard, spark, expected_upper):
     assert table(shard) == oracle_table(shard.source.root)
 
 
-def test_four_racing_writer_processes_converge(spark, tmp_path, pg_url):
+def test_three_racing_writer_processes_converge(spark, tmp_path, pg_url):
     """On PostgreSQL; racing writer processes on SQLite (its file lock across processes):
     tests/connect/test_connect_multiprocess.py, whose writers are processes too."""
     url = pg_url
@@ -68,14 +68,15 @@ def test_four_racing_writer_processes_converge(spark, tmp_path, pg_url):
     spec = SampleSpec(records=1600, keys=400, partitions=1, segments_per_partition=8, seed=11)
     shard = make_shard(consensus, blob, tmp_path, spec=spec, max_files_per_batch=1)
     env = cli_env(url, blob.root)
-    # All four hold batch 0 before any appends it, so three of them lose a race whatever the
-    # machine's speed: the converged count below counts races, not timing luck.
+    # All three hold batch 0 before any appends it, so two of them lose a race whatever the
+    # machine's speed: the converged count below counts races, not timing luck. (Three racers
+    # make every race a fourth did, for a JVM less.)
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     procs = [
         start_writer(env, shard.shard_id, f"racer-{n}", RACE_SEED=str(n), RACE_MAX_DELAY="0.3",
-                     RACE_BARRIER=f"{barrier}:4")
-        for n in range(4)
+                     RACE_BARRIER=f"{barrier}:3")
+        for n in range(3)
     ]
     reports = []
     for proc in procs:
@@ -85,13 +86,13 @@ def test_four_racing_writer_processes_converge(spark, tmp_path, pg_url):
 
     assert_valid_and_equal_to_oracle(shard, spark, 8)
     # No writer ended with its progress below the upper.
-    assert [r["upper"] for r in reports] == [8] * 4
+    assert [r["upper"] for r in reports] == [8] * 3
     # Every ts committed exactly once, by the writer the shard records.
     committed = [(b["ts"], r["writer_id"]) for r in reports for b in r["batches"] if b["outcome"] == "committed"]
     assert sorted(committed) == sorted((b.ts, b.writer_id) for b in shard.batches())
     lost_batch_0 = [r["writer_id"] for r in reports for b in r["batches"]
                     if (b["ts"], b["outcome"]) == (0, "already_persisted")]
-    assert len(lost_batch_0) == 3 and shard.batches()[0].writer_id not in lost_batch_0
+    assert len(lost_batch_0) == 2 and shard.batches()[0].writer_id not in lost_batch_0
     # Losers deleted their provably-lost files; what is left is exactly what is referenced.
     assert staged_dirs(shard) == committed_dirs(shard)
 
