@@ -1,4 +1,4 @@
-"""An Airflow home shared by the Airflow tests: migrated and reserialized once per session.
+"""An Airflow home shared by the Airflow tests: migrated and reserialized once per run.
 
 Every DAG run is a real `airflow dags test` (or `dag.test()`) in a subprocess against this
 home; the upsert connection comes from AIRFLOW_CONN_* environment variables, so each test
@@ -7,6 +7,7 @@ points the same example DAGs at its own shard store.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -118,10 +119,32 @@ def airflow_home(tmp_path_factory) -> AirflowHome:
     for var in ("AIRFLOW_CONN_UPSERT_DEFAULT", "AIRFLOW_CONN_SPARK_DEFAULT"):
         env.pop(var, None)
     home = AirflowHome(path, env)
-    for step in (["db", "migrate"], ["dags", "reserialize"]):
-        proc = home.run([os.path.join(VENV_BIN, "airflow"), *step], env)
-        assert proc.returncode == 0, f"airflow {' '.join(step)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    shutil.copy(_migrated_database(tmp_path_factory, env), os.path.join(path, "airflow.db"))
     return home
+
+
+def _migrated_database(tmp_path_factory, env: dict[str, str]) -> str:
+    """A metadata database migrated and with the example DAGs serialized, built once per run:
+    the pytest-xdist workers share it (each migration and reserialization is two Airflow
+    processes, about 10 s of CPU) and each copies it into its own home."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's directory, above each worker's own
+    template = os.path.join(shared, "airflow-home-template")
+    database = os.path.join(template, "airflow.db")
+    with open(os.path.join(shared, "airflow-home-template.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not os.path.exists(database + ".built"):
+            shutil.rmtree(template, ignore_errors=True)  # a worker that failed half-way
+            os.makedirs(template)
+            template_env = home_env(env, template)
+            for step in (["db", "migrate"], ["dags", "reserialize"]):
+                proc = subprocess.run([os.path.join(VENV_BIN, "airflow"), *step], env=template_env, cwd=template,
+                                      text=True, capture_output=True, timeout=600)
+                assert proc.returncode == 0, (f"airflow {' '.join(step)} failed:\n{proc.stdout[-3000:]}\n"
+                                              f"{proc.stderr[-3000:]}")
+            open(database + ".built", "w").close()
+    return database
 
 
 def init_shard(consensus_url: str, blob_root: str, landing: str, *, shard: str = "orders",
