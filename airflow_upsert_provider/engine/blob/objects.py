@@ -67,7 +67,7 @@ from airflow_upsert_provider.engine.blob.filesystems import (
     split_uri,
 )
 from airflow_upsert_provider.engine.blob.interface import BlobFile
-from airflow_upsert_provider.engine.errors import BlobUnavailable, ConfigurationError, UpsertError
+from airflow_upsert_provider.engine.errors import BlobUnavailable, ConfigurationError, UpsertError, first_line
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -525,7 +525,7 @@ def store_failure(exc: BaseException) -> tuple[str, str]:
     """(error code, one-line reason) of a failed store request, with every secret the
     environment holds cut out: PyArrow's S3 errors carry the code of the AWS error; a store's
     own message may quote a signed request."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = first_line(exc) or type(exc).__name__
     match = _AWS_ERROR.search(text)
     code = ""
     if match:

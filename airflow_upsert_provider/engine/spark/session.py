@@ -17,7 +17,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
     parse_endpoint,
     with_session_id,
 )
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, first_line
 from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ JVM_NOTICES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vecto
 def refused_setting(key: str, value: str, exc: BaseException | str) -> ConfigurationError:
     """The :class:`ConfigurationError` for a Spark setting Spark refused: names the key and
     Spark's reason, never the value (it may be a secret)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    reason = (lines[0] if lines else type(exc).__name__)[:300]
+    reason = first_line(exc) or type(exc).__name__
     value = str(value)
     if value:
         # Spark quotes the value; a long one is masked wherever it appears. (A short bare one
@@ -367,7 +366,7 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None, *, pri
             from airflow_upsert_provider.engine.errors import SparkUnavailable
 
             raise SparkUnavailable(
-                f"the Spark Connect server at {shown} did not answer: {str(exc).splitlines()[0][:200]}",
+                f"the Spark Connect server at {shown} did not answer: {first_line(exc)}",
                 address=shown,
             ) from None
         raise

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from airflow_upsert_provider.engine.errors import UpsertError
+    from airflow_upsert_provider.engine.errors import UpsertError, first_line
 
     args = build_parser().parse_args(argv)
     started = time.monotonic()
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = {"ok": False, "exit_code": exc.exit_code, **exc.to_dict()}
     except Exception as exc:  # reported to the operator, which fails the task with it
         exit_code = 1
-        result = {"ok": False, "exit_code": 1, "error": type(exc).__name__, "message": str(exc).splitlines()[0] if str(exc) else ""}
+        result = {"ok": False, "exit_code": 1, "error": type(exc).__name__, "message": first_line(exc)}
     result["driver_seconds"] = round(time.monotonic() - started, 3)
     directory = os.path.dirname(os.path.abspath(args.result_file))
     os.makedirs(directory, exist_ok=True)
