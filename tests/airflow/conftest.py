@@ -137,10 +137,9 @@ def _migrated_database(tmp_path_factory, env: dict[str, str]) -> str:
         if not os.path.exists(database + ".built"):
             shutil.rmtree(template, ignore_errors=True)  # a worker that failed half-way
             os.makedirs(template)
-            template_env = home_env(env, template)
+            builder = AirflowHome(template, home_env(env, template))
             for step in (["db", "migrate"], ["dags", "reserialize"]):
-                proc = subprocess.run([os.path.join(VENV_BIN, "airflow"), *step], env=template_env, cwd=template,
-                                      text=True, capture_output=True, timeout=600)
+                proc = builder.run([os.path.join(VENV_BIN, "airflow"), *step], builder.base_env)
                 assert proc.returncode == 0, (f"airflow {' '.join(step)} failed:\n{proc.stdout[-3000:]}\n"
                                               f"{proc.stderr[-3000:]}")
             open(database + ".built", "w").close()
