@@ -23,7 +23,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # hundreds, and its own in-process sessions ran its Spark-heavy modules in 0.72x with C1 only
 # ("The test suite's time"). The serial collector: heaps of a few hundred MB on two cores, where
 # G1's concurrent threads cost more than they save (0.97x on a Spark-heavy module). The Connect
-# servers of tests/connect keep the JVM's defaults.
+# servers of tests/connect take them too, though each serves a whole run: its 66 tests took
+# 134 s of CPU with them against 182 s with the JVM's defaults, whose C2 compiles did not
+# pay for themselves in a run of two minutes (docs/performance.md).
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 # Where pytest_configure builds that archive, once per checkout (gitignored).

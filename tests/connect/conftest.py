@@ -18,12 +18,7 @@ import sys
 
 import pytest
 
-from tests.conftest import AWS_VARIABLES, TEST_JVM_OPTIONS
-
-# The Connect servers started here serve a whole run: the default compilers, not the C1-only
-# setting tests/conftest.py gives the other test JVMs.
-if os.environ.get("SPARK_SUBMIT_OPTS") == TEST_JVM_OPTIONS:
-    del os.environ["SPARK_SUBMIT_OPTS"]
+from tests.conftest import AWS_VARIABLES
 from tests.kafka.conftest import kafka_bootstrap, kafka_topic  # noqa: F401  (fixtures)
 
 UPSERTCTL = [sys.executable, "-m", "airflow_upsert_provider.cli"]
