@@ -21,7 +21,7 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from tests.airflow.conftest import SAMPLE_SCHEMA, failure_text, init_shard, read_table
-from tests.conftest import REPO_ROOT, cli_env
+from tests.conftest import REPO_ROOT, TEST_JVM_OPTIONS, cli_env
 from tests.oracle import oracle_table, table_from_rows
 from tests.pgserver import free_port, wait_for
 
@@ -49,6 +49,8 @@ class StandaloneCluster:
             SPARK_LOG_DIR=directory,
             # No REST submission server: it would claim a fixed port.
             SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+            # The master and workers take the options of the suite's other JVMs (C1 only).
+            SPARK_DAEMON_JAVA_OPTS=TEST_JVM_OPTIONS,
             **(env or {}),
         )
         self.procs: list[subprocess.Popen] = []
@@ -78,10 +80,6 @@ class StandaloneCluster:
             self.log("master")
         return self
 
-    def executor_logs(self, work_dir: str) -> list[str]:
-        """The stderr of every executor a worker ran (``<work dir>/<app>/<executor id>/stderr``)."""
-        return glob.glob(os.path.join(work_dir, "app-*", "*", "stderr"))
-
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
@@ -110,7 +108,13 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_oracle(airflow_home, clu
     blob = str(tmp_path / "blob")
     init_shard(pg_url, blob, landing, shard="orders", max_files_per_batch=3)
 
-    submit_env = airflow_home.env(pg_url, blob, spark_master="spark://127.0.0.1", spark_port=cluster.port)
+    # One core of the cluster's two (spark-submit reads SPARK_CONF_DIR's defaults): one executor
+    # JVM is what this test needs; the two-worker test below spreads a job over both.
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.cores.max 1\n")
+    submit_env = airflow_home.env(pg_url, blob, spark_master="spark://127.0.0.1", spark_port=cluster.port,
+                                  SPARK_CONF_DIR=str(conf_dir))
     proc = airflow_home.dags_test("upsert_microbatch", submit_env, conf={"spark_mode": "submit"})
     assert proc.returncode == 0, failure_text(proc)
     run_id = airflow_home.latest_run("upsert_microbatch")
@@ -119,7 +123,8 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_oracle(airflow_home, clu
     assert [b["outcome"] for b in report["batches"]] == ["committed"] * 3 + ["nothing_to_do"]
     # The job ran on the cluster: the master registered it, a worker ran its executor.
     assert "Registered app upsert-orders" in cluster.log("master")
-    assert any(cluster.executor_logs(work_dir) for work_dir in cluster.work_dirs)
+    app = app_id(cluster, "upsert-orders")
+    assert sum(bool(glob.glob(os.path.join(work_dir, app, "*", "stderr"))) for work_dir in cluster.work_dirs) == 1
     # The consensus password never reached the logged spark-submit command line.
     password = pg_url.split(":")[2].split("@")[0]
     assert password not in proc.stdout + proc.stderr
