@@ -109,10 +109,12 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_oracle(airflow_home, clu
     init_shard(pg_url, blob, landing, shard="orders", max_files_per_batch=3)
 
     # One core of the cluster's two (spark-submit reads SPARK_CONF_DIR's defaults): one executor
-    # JVM is what this test needs; the two-worker test below spreads a job over both.
+    # JVM is what this test needs; the two-worker test below spreads a job over both. The
+    # executor takes the suite's JVM options, as the driver does.
     conf_dir = tmp_path / "spark-conf"
     conf_dir.mkdir()
-    (conf_dir / "spark-defaults.conf").write_text("spark.cores.max 1\n")
+    (conf_dir / "spark-defaults.conf").write_text(
+        f"spark.cores.max 1\nspark.executor.extraJavaOptions {TEST_JVM_OPTIONS}\n")
     submit_env = airflow_home.env(pg_url, blob, spark_master="spark://127.0.0.1", spark_port=cluster.port,
                                   SPARK_CONF_DIR=str(conf_dir))
     proc = airflow_home.dags_test("upsert_microbatch", submit_env, conf={"spark_mode": "submit"})
@@ -192,7 +194,8 @@ def test_batches_on_a_two_worker_cluster_write_a_shard_on_s3(cluster, s3_server,
         "run-batch", "orders", "--until-caught-up", "--json", "--master", f"spark://127.0.0.1:{cluster.port}",
         "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
         "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=300s",
-        "--conf", "spark.locality.wait=0", "--conf", "spark.executor.memory=512m"))
+        "--conf", "spark.locality.wait=0", "--conf", "spark.executor.memory=512m",
+        "--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}"))
     assert [b["outcome"] for b in report["batches"]][:2] == ["committed", "committed"]
     assert "Registered app airflow-upsert-provider" in cluster.log("master")
     # The table read by the Arrow reader (no third JVM): Spark's reads of runs on S3 are
