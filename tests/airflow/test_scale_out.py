@@ -80,6 +80,11 @@ class StandaloneCluster:
             self.log("master")
         return self
 
+    @staticmethod
+    def executor_logs(work_dir: str, app: str) -> list[str]:
+        """The stderr of every executor of application ``app`` a worker ran."""
+        return glob.glob(os.path.join(work_dir, app, "*", "stderr"))
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
@@ -126,7 +131,7 @@ def test_submit_mode_on_a_standalone_cluster_equals_the_oracle(airflow_home, clu
     # The job ran on the cluster: the master registered it, a worker ran its executor.
     assert "Registered app upsert-orders" in cluster.log("master")
     app = app_id(cluster, "upsert-orders")
-    assert sum(bool(glob.glob(os.path.join(work_dir, app, "*", "stderr"))) for work_dir in cluster.work_dirs) == 1
+    assert sum(bool(cluster.executor_logs(work_dir, app)) for work_dir in cluster.work_dirs) == 1
     # The consensus password never reached the logged spark-submit command line.
     password = pg_url.split(":")[2].split("@")[0]
     assert password not in proc.stdout + proc.stderr
@@ -165,7 +170,7 @@ def tasks_run_by(cluster: StandaloneCluster, app: str) -> list[set[int]]:
     ran = []
     for work_dir in cluster.work_dirs:
         tids: set[int] = set()
-        for path in glob.glob(os.path.join(work_dir, app, "*", "stderr")):
+        for path in cluster.executor_logs(work_dir, app):
             with open(path, encoding="utf-8", errors="replace") as handle:
                 tids |= {int(t) for t in re.findall(r"Running task \S+ in stage \S+ \(TID (\d+)\)", handle.read())}
         ran.append(tids)
