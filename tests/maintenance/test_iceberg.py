@@ -757,3 +757,38 @@ def test_the_operator_publishes_through_the_connection(consensus, blob, tmp_path
         iceberg.close_catalog(catalog)
     with pytest.raises(AirflowFailException, match="is not NAMESPACE.TABLE"):
         PublishIcebergOperator(task_id="publish", shard="orders", table="orders").execute({})
+
+
+# -- an Iceberg catalog connection -----------------------------------------------------------
+
+
+def test_a_catalog_connection_maps_its_extra_to_pyiceberg_properties_and_its_password_to_the_secret():
+    rest = {"uri": "https://catalog.example.com/api", "warehouse": "lake", "scope": "catalog", "header.X-Team": "data",
+            "rest.sigv4-enabled": False, "connect-timeout": 10}
+    # A REST catalog: the password with a login is the OAuth2 client credential, alone the token.
+    assert iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest, login="client", password="pw") == {
+        "type": "rest", "uri": "https://catalog.example.com/api", "warehouse": "lake", "scope": "catalog",
+        "header.X-Team": "data", "rest.sigv4-enabled": "false", "connect-timeout": "10", "credential": "client:pw"}
+    assert iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest, password="tok")["token"] == "tok"
+    assert "token" not in iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest)
+    # A SQL catalog: the password goes into its URL; the default warehouse, unless the extra says.
+    sql = iceberg.connection_catalog_properties("sqlite:///c.db", "/b", {"uri": "postgresql://ice@db:5432/cat"},
+                                                password="pw")
+    assert sql == {"type": "sql", "uri": "postgresql+psycopg://ice:pw@db:5432/cat", "warehouse": "file:///b/_iceberg"}
+    assert "pw" not in iceberg.describe_catalog(sql)
+    assert iceberg.connection_catalog_properties(
+        "sqlite:///c.db", "/b", {"uri": "sqlite:///i.db", "type": "SQL", "warehouse": "s3://w"})["warehouse"] == "s3://w"
+
+
+@pytest.mark.parametrize(("extra", "password", "field", "words"), [
+    ({}, None, "uri", "its extra names no catalog 'uri'"),
+    ({"uri": "garbage"}, None, "catalog_uri", "neither a REST catalog's"),
+    ({"uri": "https://c/api", "type": "sql"}, None, "type", "extra 'type' is 'sql', but its uri is a REST catalog's"),
+    ({"uri": "https://c/api", "scope": {"a": 1}}, None, "scope", "extra 'scope' is not a string, number or boolean"),
+    ({"uri": "https://c/api", "token": "also-secret"}, "pw", "token", "give the secret once, in the password field"),
+])
+def test_a_catalog_connection_that_cannot_be_used_is_refused_naming_the_key(extra, password, field, words):
+    with pytest.raises(ConfigurationError) as raised:
+        iceberg.connection_catalog_properties("sqlite:///c.db", "/b", extra, password=password, connection="conn 'x'")
+    assert words in raised.value.message and raised.value.details["field"] == field
+    assert "also-secret" not in raised.value.message and "pw" not in raised.value.message

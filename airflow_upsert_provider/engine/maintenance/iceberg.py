@@ -51,6 +51,7 @@ from airflow_upsert_provider.engine.store.consensus import (
     SQLITE_DEFAULT_TIMEOUT_S,
     normalize_url,
     redact_url,
+    with_password,
 )
 from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -380,6 +381,54 @@ def catalog_properties(consensus_url: str, blob_root: str, catalog_uri: str | No
     return properties
 
 
+def connection_catalog_properties(
+    consensus_url: str, blob_root: str, extra: Mapping[str, Any], *, login: str | None = None,
+    password: str | None = None, connection: str = "the Iceberg catalog connection",
+) -> dict[str, str]:
+    """PyIceberg's properties of the catalog an Iceberg catalog connection describes. Pure.
+
+    ``extra`` holds PyIceberg catalog properties as they are (``uri`` required; ``warehouse``,
+    ``scope``, ``header.*``, ``s3.*``, ...); ``type`` is optional and must agree with the URI
+    (:func:`catalog_properties` decides it). The connection's password is kept out of the
+    extra: for a REST catalog it becomes the OAuth2 client ``credential``
+    (``LOGIN:PASSWORD``) when a login is given, else the bearer ``token``; for a SQL catalog
+    it is the database URL's password. A value that is not a string, number or boolean, or
+    a secret also written into the extra, is a :class:`ConfigurationError` naming the key,
+    never the value. The result holds the password: never log it."""
+    uri = extra.get("uri")
+    if not isinstance(uri, str) or not uri:
+        raise ConfigurationError(f"{connection}: its extra names no catalog 'uri' (a REST catalog's http[s]:// URL "
+                                 "or a SQL catalog's database URL)", field="uri")
+    values: dict[str, str] = {}
+    for key, value in extra.items():
+        if isinstance(value, bool):
+            values[key] = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            values[key] = str(value)
+        else:
+            raise ConfigurationError(f"{connection}: extra {key!r} is not a string, number or boolean", field=key)
+    secret_keys = [key for key in ("credential", "token") if key in values and password]
+    if secret_keys:
+        raise ConfigurationError(f"{connection}: give the secret once, in the password field, not also as "
+                                 f"extra {secret_keys[0]!r}", field=secret_keys[0])
+    rest = uri.split("://", 1)[0].lower() in ("http", "https")
+    if password and not rest:
+        uri = with_password(uri, password)
+    properties = catalog_properties(consensus_url, blob_root, uri)
+    wanted_type = values.pop("type", properties["type"])
+    if wanted_type.lower() != properties["type"]:
+        raise ConfigurationError(f"{connection}: extra 'type' is {wanted_type!r}, but its uri is a "
+                                 f"{properties['type'].upper()} catalog's", field="type")
+    values.pop("uri")
+    properties.update(values)
+    if password and rest:
+        if login:
+            properties["credential"] = f"{login}:{password}"
+        else:
+            properties["token"] = password
+    return properties
+
+
 def describe_catalog(properties: Mapping[str, str]) -> str:
     """The catalog as a message may name it: its kind and URL, the password hidden."""
     return f"{properties['type'].upper()} catalog {redact_url(properties['uri'])}"
@@ -432,11 +481,15 @@ def close_catalog(catalog: "Catalog") -> None:
 
 def publish_to_catalog(
     shard: Shard, table_identifier: str, *, consensus_url: str, blob_root: str, catalog_uri: str | None = None,
+    properties: Mapping[str, str] | None = None,
 ) -> PublishResult:
-    """:func:`publish_iceberg` through the catalog :func:`catalog_properties` gives for the
-    shard's store URL, blob root and ``catalog_uri``, opened for this publish and closed after."""
+    """:func:`publish_iceberg` through the catalog of ``properties`` (an Iceberg catalog
+    connection's: :func:`connection_catalog_properties`), else the one :func:`catalog_properties`
+    gives for the shard's store URL, blob root and ``catalog_uri``; opened for this publish
+    and closed after."""
     parse_table_identifier(table_identifier)  # a usage error before the catalog is opened
-    properties = catalog_properties(consensus_url, blob_root, catalog_uri)
+    if properties is None:
+        properties = catalog_properties(consensus_url, blob_root, catalog_uri)
     catalog = open_catalog(properties)
     try:
         return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties))
