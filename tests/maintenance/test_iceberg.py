@@ -456,16 +456,14 @@ def test_another_shards_table_is_refused(consensus, blob, tmp_path, catalog):
     assert [s.snapshot_id for s in catalog.load_table(TABLE).snapshots()] == [published.snapshot_id]
 
 
-@sqlite_only
-def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus, blob, tmp_path, catalog):
-    """Two publishes of the same since: the one whose commit comes second finds the table
-    moved, decides again and has nothing to publish; one snapshot in all."""
-    shard, history = compacted_shard(consensus, blob, tmp_path, seed=3, batches=3, since=3)
+def publish_with_a_peer_first(shard, consensus, blob, catalog, step: str):
+    """Publish ``shard`` to TABLE while a peer (a catalog of its own) publishes the same since
+    when this publish reaches ``step`` (publish_iceberg's on_step): (this result, the peer's)."""
     peer = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
     peer_results = []
 
-    def peer_publishes_first(step: str) -> None:
-        if step == "written" and not peer_results:
+    def peer_publishes_first(reached: str) -> None:
+        if reached == step and not peer_results:
             peer_results.append(publish_iceberg(shard, peer, TABLE))
 
     try:
@@ -473,13 +471,28 @@ def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus,
     finally:
         iceberg.close_catalog(peer)
     assert peer_results[0].outcome == PUBLISHED
-    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 2, peer_results[0].snapshot_id)
+    return result, peer_results[0]
+
+
+def only_the_peers_snapshot(catalog, blob, shard, history, peer_result):
+    """The table, after asserting it holds the peer's snapshot alone, as of since 3, and only
+    that snapshot's data files (the loser's went with its attempt)."""
     table = catalog.load_table(TABLE)
-    assert [s.snapshot_id for s in table.snapshots()] == [peer_results[0].snapshot_id]
+    assert [s.snapshot_id for s in table.snapshots()] == [peer_result.snapshot_id]
     assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
-    # The loser's data files went with its commit: every data file is the snapshot's.
     on_disk = files_below(blob.path("_iceberg", "analytics", "orders", "data"))
     assert on_disk == {f.file_path.removeprefix("file://") for f in iceberg.current_data_files(table)}
+    return table
+
+
+@sqlite_only
+def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus, blob, tmp_path, catalog):
+    """Two publishes of the same since: the one whose commit comes second finds the table
+    moved, decides again and has nothing to publish; one snapshot in all."""
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=3, batches=3, since=3)
+    result, peer = publish_with_a_peer_first(shard, consensus, blob, catalog, "written")
+    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 2, peer.snapshot_id)
+    table = only_the_peers_snapshot(catalog, blob, shard, history, peer)
     # PyIceberg's own commit retry stays off: it would have rebased the loser's snapshot.
     assert "commit.retry.num-retries" not in table.properties
 
@@ -492,25 +505,10 @@ def test_a_first_publish_that_loses_the_race_to_create_the_table_has_nothing_to_
     and has nothing to publish. One snapshot, one set of data files (SQLite and PostgreSQL
     catalogs)."""
     shard, history = compacted_shard(consensus, blob, tmp_path, seed=12, batches=3, since=3)
-    peer = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
-    peer_results = []
-
-    def peer_creates_and_publishes_first(step: str) -> None:
-        if step == "create" and not peer_results:
-            peer_results.append(publish_iceberg(shard, peer, TABLE))
-
-    try:
-        result = publish_iceberg(shard, catalog, TABLE, on_step=peer_creates_and_publishes_first)
-    finally:
-        iceberg.close_catalog(peer)
-    assert peer_results[0].outcome == PUBLISHED
-    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 1, peer_results[0].snapshot_id)
-    assert result.reason == f"since 3 already published: snapshot {peer_results[0].snapshot_id}"
-    table = catalog.load_table(TABLE)
-    assert [s.snapshot_id for s in table.snapshots()] == [peer_results[0].snapshot_id]
-    assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
-    on_disk = files_below(blob.path("_iceberg", "analytics", "orders", "data"))
-    assert on_disk == {f.file_path.removeprefix("file://") for f in iceberg.current_data_files(table)}
+    result, peer = publish_with_a_peer_first(shard, consensus, blob, catalog, "create")
+    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 1, peer.snapshot_id)
+    assert result.reason == f"since 3 already published: snapshot {peer.snapshot_id}"
+    only_the_peers_snapshot(catalog, blob, shard, history, peer)
 
 
 @sqlite_only
