@@ -621,12 +621,17 @@ def _metadata_location(catalog: "Catalog", identifier: tuple[str, ...]) -> str |
 
 
 def _damaged_metadata(catalog: "Catalog", identifier: tuple[str, ...], where: str, exc: BaseException) -> UpsertError:
+    """The integrity error of a table whose metadata file (the one the SQL catalog names)
+    does not parse or is gone; the catalog's failure as it is when no file is named (a REST
+    catalog reads the metadata itself: its failure says nothing of a file here)."""
     table_name = ".".join(identifier)
     location = _metadata_location(catalog, identifier)
+    if location is None:
+        return _unavailable_named(where, exc)
     what = "is missing" if isinstance(exc, FileNotFoundError) else "does not parse"
-    named = f"its metadata file {location}" if location else "its metadata file"
     return IntegrityError(
-        f"Iceberg table {table_name} in {where}: {named} {what} ({type(exc).__name__}: {first_line(exc)[:200]}); "
+        f"Iceberg table {table_name} in {where}: its metadata file {location} {what} "
+        f"({type(exc).__name__}: {first_line(exc)[:200]}); "
         "nothing was published: restore the file, or point the table at an intact metadata file (or drop it), "
         "then publish again",
         table=table_name,
