@@ -232,7 +232,7 @@ def test_the_notifier_delivers_a_page_composed_elsewhere(pager, monkeypatch):
 SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=7)
 POKE = 0.5
 # Stalled after max(2 x 0.5 s, 2 s) = 2 s of pending records and an unmoved upper.
-QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=60,
+QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=600,
              consecutive_breaches=2)
 
 

@@ -404,7 +404,7 @@ def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_
         assert [(o.observer, o.writer_outcome, o.upper, o.lag) for o in recorded] == [
             (f"writer:failing-{i}", "failed:SparkUnavailable", 0, 8) for i in range(3)]
         # A look past the stall threshold after the first failure: the page says what fails.
-        settings = StallSettings(cadence_seconds=1, min_stall_seconds=1, window_seconds=60)
+        settings = StallSettings(cadence_seconds=1, min_stall_seconds=1)
         evaluation = observations.peek_shard(consensus, blob, "orders", settings, observer="test",
                                              now=recorded[0].observed_at + 5).evaluation
         assert evaluation.status is FrontierStatus.STALLED, evaluation.rule
@@ -445,3 +445,25 @@ def test_a_resumed_stream_is_not_stalled_by_the_time_it_spent_stopped(sqlite_url
         assert later.evaluation.window["samples"] == 62  # the hour stopped is in the window
     finally:
         consensus.dispose()
+
+
+def test_a_stall_longer_than_the_window_is_dated_by_the_look_before_it(consensus, blob, tmp_path):
+    """A writer stuck for three hours on a five-minute cadence: a monitor's first round, and a
+    look by hand, see only the window from the store, and the look before it dates the stall."""
+    make_shard(consensus, blob, tmp_path, spec=SPEC)
+    settings = StallSettings(cadence_seconds=300, consecutive_breaches=1)  # window 1500 s
+    now = 100_000.0
+    for i in range(37):  # every 300 s for three hours, records pending the whole time
+        at = now - 3 * 3600 + 300.0 * i
+        observations.record_observation(consensus, replace(obs("orders", at, upper=0, hw=20 + i),
+                                                           lag_seconds=at - (now - 3 * 3600)))
+    window = observations.judging_window(consensus, "orders", settings, now)
+    assert window[0].observed_at == now - settings.window_seconds - 300  # the look before the window
+    peeked = observations.peek_shard(consensus, blob, "orders", settings, observer="test", now=now,
+                                     observe_first=False).evaluation
+    judged = observations.evaluate_shard(consensus, blob, "orders", settings, observer="test", now=now,
+                                         observe_first=False)
+    for evaluation in (peeked, judged.evaluation):
+        assert evaluation.status is FrontierStatus.STALLED, evaluation.rule
+        assert evaluation.stuck_seconds == pytest.approx(3 * 3600)
+    assert (judged.state.stall_upper, judged.state.pending_since) == (0, now - 3 * 3600)

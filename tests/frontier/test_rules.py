@@ -192,8 +192,8 @@ EXPECTED: dict[str, tuple[FrontierStatus, bool, str | None, str, str]] = {
     "stopping stream stuck (the stop never finalized)": (FrontierStatus.STALLED, True, "critical", "stalled",
                                                          "has not moved"),
     "stopped with stale observations": (FrontierStatus.STOPPED, False, None, "stopped", "STOPPED"),
-    "resumed after idle, grew 130s ago": (FrontierStatus.OK, False, None, "pending for 2m10s", "records pending for 2m10s"),
-    "resumed after idle, grew 130s ago, undated": (FrontierStatus.OK, False, None, "pending for", "records pending for"),
+    "resumed after idle, grew 130s ago": (FrontierStatus.OK, False, None, "pending for 2m10s", "records pending at this upper for 2m10s"),
+    "resumed after idle, grew 130s ago, undated": (FrontierStatus.OK, False, None, "pending for", "records pending at this upper for"),
     "resumed after idle, grew 400s ago": (FrontierStatus.STALLED, True, "critical", "unmoved for 6m", "the oldest waiting 6m40s"),
     "resumed after idle, grew 400s ago, undated": (FrontierStatus.STALLED, True, "critical", "unmoved for 6m",
                                                    "has not moved for 6m"),
@@ -279,7 +279,7 @@ def test_stall_threshold_follows_the_settings() -> None:
     # max(k * cadence, min_stall): with cadence 300s the threshold is 900s, so 14m is not yet a stall.
     slow_cadence = StallSettings(cadence_seconds=300, window_seconds=1800)
     assert run(STUCK_GROWING, slow_cadence).status is FrontierStatus.OK
-    quick = StallSettings(cadence_seconds=10, min_stall_seconds=0, stall_multiplier=2, window_seconds=60)
+    quick = StallSettings(cadence_seconds=10, min_stall_seconds=0, stall_multiplier=2)
     window = series([(42, 1000, 1000 + 10 * i) for i in range(5)], step=7)  # pending for 28s >= 20s
     e = run(window, quick)
     assert e.status is FrontierStatus.STALLED and "max(2 x 10s, 0s) = 20s" in e.rule
@@ -476,7 +476,7 @@ def test_settings_errors_name_the_field(kwargs: dict[str, Any], field: str) -> N
 
 
 def test_settings_round_trip_and_unknown_field() -> None:
-    s = StallSettings(window_seconds=60, cadence_seconds=5, min_stall_seconds=10, page_on_lagging=True)
+    s = StallSettings(window_seconds=600, cadence_seconds=5, min_stall_seconds=10, page_on_lagging=True)
     assert StallSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     with pytest.raises(ConfigurationError) as err:
         StallSettings.from_dict({"windows_seconds": 60})

@@ -193,17 +193,32 @@ def _record(conn, obs: Observation) -> None:
 
 
 def observation_window(
-    consensus: Consensus, shard_id: str, start: float, end: float | None = None
+    consensus: Consensus, shard_id: str, start: float, end: float | None = None, *, with_previous: bool = False
 ) -> list[Observation]:
     """The observations of ``shard_id`` with ``start <= observed_at`` (and ``<= end`` when
-    given), oldest first (ties in the order they were recorded)."""
+    given), oldest first (ties in the order they were recorded). ``with_previous``: the newest
+    observation before ``start`` first, if there is one (the rules date a stall that began
+    before the window with it)."""
     table = observations_table
-    query = sa.select(table.c.payload).where(table.c.shard_id == shard_id, table.c.observed_at >= start)
+    mine = table.c.shard_id == shard_id
+    query = sa.select(table.c.payload).where(mine, table.c.observed_at >= start)
     if end is not None:
         query = query.where(table.c.observed_at <= end)
     query = query.order_by(table.c.observed_at, table.c.id)
-    rows = consensus._run_snapshot(lambda conn: conn.execute(query).scalars().all())
+    previous = (sa.select(table.c.payload).where(mine, table.c.observed_at < start)
+                .order_by(table.c.observed_at.desc(), table.c.id.desc()).limit(1))
+
+    def read(conn) -> list[str]:
+        rows = list(conn.execute(previous).scalars().all()) if with_previous else []
+        return rows + list(conn.execute(query).scalars().all())
+
+    rows = consensus._run_snapshot(read)
     return [Observation.from_dict(json.loads(payload)) for payload in rows]
+
+
+def judging_window(consensus: Consensus, shard_id: str, settings: StallSettings, now: float) -> list[Observation]:
+    """What ``rules.evaluate`` judges ``shard_id`` on at ``now``: the window and the look before it."""
+    return observation_window(consensus, shard_id, now - settings.window_seconds, now, with_previous=True)
 
 
 def observation_count(consensus: Consensus, shard_id: str) -> int:
@@ -327,7 +342,7 @@ def evaluate_shard(
     obs = error = None
     if exists and observe_first:
         obs, error = _try_observe(_opener(consensus, blob, open_shard), shard_id, observer=observer, now=now)
-    window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    window = judging_window(consensus, shard_id, settings, now) if exists else []
     if obs is not None:
         # The newest of the window (it is stamped ``now``, the window's end); recorded below in
         # the transaction of the first compare-and-set: one durable write per round, not two.
@@ -406,7 +421,7 @@ def peek_shard(
         obs, error = _try_observe(_opener(consensus, blob, open_shard), shard_id, observer=observer, now=now)
         if obs is not None:
             record_observation(consensus, obs)
-    window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    window = judging_window(consensus, shard_id, settings, now) if exists else []
     state, _ = load_alert_state(consensus, shard_id)
     evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists, unobservable=error)
     return EvaluationRound(evaluation, state, None, obs, error)

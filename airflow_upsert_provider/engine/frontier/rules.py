@@ -71,6 +71,9 @@ LAGGING_MIN_SAMPLES = 4
 # saw-tooth (about 0) never makes one.
 LAGGING_MIN_TREND = 0.5
 
+# The window when none is given (longer when the stall threshold needs it).
+DEFAULT_WINDOW_SECONDS = 900.0
+
 # A higher upper or high watermark seen less than this before the newest observation is taken
 # for a race between observers, not a rewind (see evaluate).
 REWIND_RACE_SECONDS = 10.0
@@ -201,7 +204,9 @@ class Observation:
 class StallSettings:
     """The thresholds of the rules. Every number is in seconds unless its name says otherwise."""
 
-    window_seconds: float = 900.0        # observations looked at
+    # Observations looked at (None: DEFAULT_WINDOW_SECONDS, or the shortest window that leaves
+    # its margin over the stall threshold if that is longer; see minimum_window_seconds).
+    window_seconds: float | None = None
     cadence_seconds: float = 60.0        # how often batches are expected (the micro-batch schedule)
     stall_multiplier: float = 3.0        # stalled after max(k * cadence, min_stall) without the upper moving while the source grew
     min_stall_seconds: float = 300.0
@@ -223,7 +228,6 @@ class StallSettings:
                 raise _field_error("StallSettings", name, "must be " + ("zero or more" if zero_ok else "positive"),
                                    value)
 
-        number("window_seconds")
         number("cadence_seconds")
         number("stall_multiplier")
         number("min_stall_seconds", zero_ok=True)
@@ -236,18 +240,30 @@ class StallSettings:
                 or self.consecutive_breaches < 1:
             raise _field_error("StallSettings", "consecutive_breaches", "must be an integer of at least 1",
                                self.consecutive_breaches)
-        # A window shorter than the stall threshold could never see a stall that lag_seconds does
-        # not date: the frontier would stall silently.
-        if self.window_seconds < self.stall_seconds:
+        if self.window_seconds is None:
+            object.__setattr__(self, "window_seconds", max(DEFAULT_WINDOW_SECONDS, self.minimum_window_seconds))
+        number("window_seconds")
+        # The window must hold the last look before a stall of threshold length began, so that a
+        # monitor with no earlier evaluation dates it inside the window: a margin of the widest
+        # gap between looks the rules accept (the stale limit) over the threshold. Longer stalls
+        # are dated by the alert state or the look before the window (see evaluate).
+        if self.window_seconds < self.minimum_window_seconds:
             raise _field_error("StallSettings", "window_seconds",
                                f"must cover the stall threshold max({self.stall_multiplier:g} x "
-                               f"{self.cadence_seconds:g}s, {self.min_stall_seconds:g}s) = {self.stall_seconds:g}s",
+                               f"{self.cadence_seconds:g}s, {self.min_stall_seconds:g}s) = {self.stall_seconds:g}s "
+                               f"plus a margin of the stale limit {self.stale_limit_seconds:g}s: at least "
+                               f"{self.minimum_window_seconds:g}s (leave it unset for that)",
                                self.window_seconds)
 
     @property
     def stall_seconds(self) -> float:
         """How long the upper may stay unmoved while records are pending."""
         return max(self.stall_multiplier * self.cadence_seconds, self.min_stall_seconds)
+
+    @property
+    def minimum_window_seconds(self) -> float:
+        """The shortest valid window: the stall threshold plus the stale limit."""
+        return self.stall_seconds + self.stale_limit_seconds
 
     @property
     def stale_limit_seconds(self) -> float:
@@ -307,6 +323,12 @@ class AlertState:
     settings: dict | None = None
     evaluated_by: str | None = None
     last_sent_at: float | None = None    # when a page of this shard was last delivered
+    # The stall clock carried across evaluations, so that stall time is never capped by the
+    # window: the upper the last judging evaluation saw, and since when records were pending
+    # at it (None: nothing pending). The upper never moves back, so while it stays at
+    # stall_upper those records are still pending.
+    stall_upper: int | None = None
+    pending_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -324,6 +346,8 @@ class AlertState:
             "settings": None if self.settings is None else dict(self.settings),
             "evaluated_by": self.evaluated_by,
             "last_sent_at": self.last_sent_at,
+            "stall_upper": self.stall_upper,
+            "pending_since": self.pending_since,
         }
 
     @classmethod
@@ -348,6 +372,8 @@ class AlertState:
                 settings=None if d.get("settings") is None else dict(d["settings"]),
                 evaluated_by=d.get("evaluated_by"),
                 last_sent_at=None if sent is None else float(sent),
+                stall_upper=None if d.get("stall_upper") is None else int(d["stall_upper"]),
+                pending_since=None if d.get("pending_since") is None else float(d["pending_since"]),
             )
         except (TypeError, ValueError, AttributeError, KeyError) as e:
             raise ConfigurationError(f"{owner}: unreadable alert state: {e}", field="alert_state") from e
@@ -399,6 +425,10 @@ class Evaluation:
     # window's): advance_alert keeps them so that REWOUND stays until they are regained.
     max_upper: int | None = None
     max_high_watermark: dict = field(default_factory=dict)
+    # The stall clock this evaluation judged with (see AlertState.stall_upper); stall_upper
+    # None: the rules decided before looking at it (STOPPED, STALE, REWOUND, NOT_FOUND).
+    stall_upper: int | None = None
+    pending_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -420,6 +450,8 @@ class Evaluation:
             "thresholds": dict(self.thresholds),
             "max_upper": self.max_upper,
             "max_high_watermark": dict(self.max_high_watermark),
+            "stall_upper": self.stall_upper,
+            "pending_since": self.pending_since,
         }
 
     @classmethod
@@ -445,6 +477,8 @@ class Evaluation:
                 thresholds=dict(d.get("thresholds") or {}),
                 max_upper=d.get("max_upper"),
                 max_high_watermark=dict(d.get("max_high_watermark") or {}),
+                stall_upper=d.get("stall_upper"),
+                pending_since=d.get("pending_since"),
             )
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"Evaluation: unreadable evaluation: {e}", field="evaluation") from e
@@ -536,7 +570,9 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     """The frontier status of ``shard_id`` from the observations of the window ending at ``now``.
 
     ``window`` may hold observations older than ``now - settings.window_seconds``: they are
-    ignored. ``state`` gives the maxima seen by earlier evaluations (REWOUND). ``unobservable``:
+    not judged, but the newest of them (the look before the window) dates a stall that began
+    before the window. ``state`` gives the maxima seen by earlier evaluations (REWOUND) and
+    the stall clock they carried (a stall longer than the window). ``unobservable``:
     why the evaluator could not observe the shard itself; it is the first reason given (the
     rules judge what others recorded, and with nothing recorded the shard is STALE)."""
     for o in window:
@@ -545,6 +581,9 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
                                      field="window")
     start = now - settings.window_seconds
     samples = sorted((o for o in window if o.observed_at >= start), key=lambda o: o.observed_at)
+    before = max((o for o in window if o.observed_at < start), key=lambda o: o.observed_at, default=None)
+    # The stall clock, once the rules reach it (see AlertState.stall_upper).
+    clock: dict[str, Any] = {}
     thresholds = settings.thresholds()
     window_info: dict[str, Any] = {
         "start": start,
@@ -590,6 +629,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             thresholds={**thresholds, **(extra_thresholds or {})},
             max_upper=max_upper if max_upper >= 0 else None,
             max_high_watermark=max_hw,
+            stall_upper=clock.get("upper"),
+            pending_since=clock.get("pending_since"),
         )
 
     # NOT_FOUND: nothing to watch; the shard's absence is a configuration matter, not a stall.
@@ -607,7 +648,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         too_long = limit is not None and held is not None and held > limit
         word = status.value.lower()
         reasons = [f"the stream is {status.value} since {_iso(since) or 'an unknown time'}"
-                   f" ({format_duration(held)})" if held is not None else f"the stream is {status.value}"]
+                   f" ({format_duration(held)} as of {_iso(newest.observed_at)})" if held is not None
+                   else f"the stream is {status.value}"]
         if too_long:
             rule = f"{word} too long: {format_duration(held)} > max_stopped_seconds {limit:g}s"
             reasons.append(f"{word} longer than {format_duration(limit)}: someone has to resume it or finish the recovery")
@@ -623,8 +665,11 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     limit = settings.stale_limit_seconds
     if newest is None or len(samples) < 2 or now - newest.observed_at > limit:
         if newest is None:
+            # A stable fact, not the window's start (it moves with every evaluation).
             rule = f"stale: no observation in the last {format_duration(settings.window_seconds)}"
-            reasons = [f"no observation of shard {shard_id!r} since {_iso(start)}: nothing observes it"]
+            reasons = [f"no observation of shard {shard_id!r} in the last {format_duration(settings.window_seconds)}"
+                       + (f" (newest before that at {_iso(before.observed_at)}, by {before.observer})"
+                          if before is not None else "") + ": nothing observes it"]
             age = None
         elif now - newest.observed_at > limit:
             age = now - newest.observed_at
@@ -636,6 +681,12 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             rule = "stale: 1 observation in the window, at least 2 needed"
             reasons = [f"only one observation in the last {format_duration(settings.window_seconds)} "
                        f"(at {_iso(newest.observed_at)}, by {newest.observer}): a trend needs two"]
+        if state.firing and state.firing_status not in (None, FrontierStatus.STALE.value):
+            # The incident's page is open: nothing newer says it is over or still going (a
+            # monitor between runs). Say what was paged, not only that no one looks.
+            reasons.insert(0, f"the {state.firing_status} page opened at {_iso(state.incident_started_at)} is still "
+                              f"open (last judged {state.last_status} at {_iso(state.last_evaluated_at)}); no newer "
+                              f"observation confirms or clears it")
         return result(FrontierStatus.STALE, rule, reasons, breach=True, severity=CRITICAL,
                       last_advance_at=newest.last_commit_at if newest else None,
                       extra_thresholds={"newest_age_seconds": age})
@@ -691,6 +742,7 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     # between the last look that saw nothing pending and the first that did: a file moved or
     # copied with its old mtime (mv, cp -p, rsync -a, tar) says nothing of when it arrived.
     pending_since: float | None = None
+    first_seen: int | None = None
     first_pending = next((suffix_start + i for i, o in enumerate(at_upper) if o.lag > 0), None)
     if first_pending is not None:
         first_seen = first_pending
@@ -698,9 +750,11 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             first_seen -= 1
         seen = samples[first_seen]
         pending_since = seen.observed_at
-        if first_seen > 0 and seen.lag_seconds is not None:
+        # The look before it: in the window, or the look before the window.
+        previous = samples[first_seen - 1] if first_seen > 0 else before
+        if previous is not None and previous.lag == 0 and seen.lag_seconds is not None:
             dated = seen.observed_at - seen.lag_seconds
-            if samples[first_seen - 1].observed_at < dated:
+            if previous.observed_at < dated:
                 pending_since = dated
     hw_grew = any(
         o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
@@ -710,6 +764,20 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         pending_since = next(o.observed_at for prev, o in zip(at_upper, at_upper[1:])
                              if any(o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
                                     for p in o.high_watermark))
+    # Records pending since the window's first sample may have been pending long before: the
+    # window alone would cap stall time at its length. An earlier evaluation that saw them
+    # pending at this upper dates them (the upper never moves back, so they are still there);
+    # without one, the look before the window, when it saw records pending at this upper, dates
+    # them from its own lag (not later than that look).
+    carried = False
+    if first_seen == 0 and suffix_start == 0:
+        if state.stall_upper == newest.upper and state.pending_since is not None:
+            carried = state.pending_since < pending_since
+            pending_since = min(pending_since, state.pending_since)
+        elif before is not None and before.upper == newest.upper and before.lag > 0:
+            carried = True
+            pending_since = min(pending_since, before.observed_at - (before.lag_seconds or 0.0))
+    clock.update(upper=newest.upper, pending_since=pending_since)
 
     # Stuck time starts at the latest of: when records became pending, the last advance, and
     # when the stream last became READY (a resume): time spent STOPPED or RECOVERING is a
@@ -729,8 +797,10 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         if stuck >= stall_seconds:
             in_stall = [o for o in at_upper if o.observed_at >= stall_start]
             writers, outcomes, failures = _writer_summary(in_stall)
-            reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} "
-                       f"(since {_iso(stall_start)}) with {_lag_text(newest)} pending"
+            reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} as of "
+                       f"{_iso(newest.observed_at)} (since {_iso(stall_start)}"
+                       + (", dated before the window" if carried and stall_start < start else "")
+                       + f") with {_lag_text(newest)} pending"
                        + (f", the oldest waiting {format_duration_to_the_second(newest.lag_seconds)}"
                           if newest.lag_seconds is not None else "")]
             if failures:
@@ -795,7 +865,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     if stall_start is not None:
         waited = format_duration_to_the_second(newest.observed_at - stall_start)
         rule = f"ok: pending for {waited} < {_stall_formula(settings)} = {stall_seconds:g}s"
-        reasons.append(f"{newest.lag_unit} pending for {waited}; stalled only after {format_duration(stall_seconds)}")
+        reasons.append(f"stall clock: {newest.lag_unit} pending at this upper for {waited} as of "
+                       f"{_iso(newest.observed_at)}; stalled only after {format_duration(stall_seconds)}")
     return result(FrontierStatus.OK, rule, reasons, last_advance_at=last_advance_at)
 
 
@@ -823,6 +894,9 @@ def advance_alert(state: AlertState, evaluation: Evaluation,
             max_hw[p] = hw
     common = dict(max_upper=max_upper, max_high_watermark=max_hw, last_status=evaluation.status.value,
                   last_evaluated_at=evaluation.evaluated_at, settings=settings.to_dict())
+    if evaluation.stall_upper is not None:
+        # An evaluation that did not reach the stall clock (STALE: nothing seen) leaves it as it was.
+        common.update(stall_upper=evaluation.stall_upper, pending_since=evaluation.pending_since)
 
     if evaluation.breach:
         streak = state.consecutive_breaches + 1
