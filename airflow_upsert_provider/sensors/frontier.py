@@ -21,7 +21,9 @@ into the shard's outbox in consensus in the same compare-and-set as the decision
 delivers it and takes it out. A page that could not be delivered stays in the outbox, released
 for the next round, and the task fails with a retryable error; a worker that died between the
 decision and the delivery leaves it leased, and the first round after the lease
-(``frontier.OUTBOX_LEASE_SECONDS``) sends it.
+(``rules.OUTBOX_LEASE_SECONDS``, longer than one bounded delivery) sends it. Pages of one dedup
+key go strictly in order, one a round; each channel that got a page is recorded and never
+sent it again.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
+from airflow_upsert_provider.engine.frontier.rules import (
+    BlindState,
+    advance_blind,
+    blind_page_event,
+    max_delivery_seconds,
+)
 from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.links import ShardPageLink
@@ -272,14 +279,24 @@ class FrontierStallSensor(BaseSensorOperator):
         delivered: list[str] = []
         for i, entry in enumerate(entries):
             event = entry["event"]
+            if time.time() + max_delivery_seconds() > float(entry.get("leased_until") or 0.0):
+                # Its lease could run out mid-delivery and another round take it: leave it to that round.
+                self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
+                self.log.warning("shard %s: the %s is left to the next round (its lease ends before a delivery "
+                                 "could)", self.shard, event["action"])
+                return
             try:
-                deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+                deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack,
+                                       skip=entry.get("delivered") or ())
             except (PageDeliveryError, AirflowException) as exc:
-                released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
+                reached = {entry["id"]: [d.channel for d in getattr(exc, "delivered", ())]}
+                released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True, reached=reached)
                 raise AirflowException(
                     f"{decision.message or event['summary']}; the {event['action']} was NOT delivered ({exc}); "
                     + ("it stays in the outbox, re-armed: the next round sends it again" if released
                        else "it stays in the outbox: a round sends it again once its lease runs out")
+                    + (f" (not again to {', '.join(reached[entry['id']])}, which got it)" if reached[entry["id"]]
+                       else "")
                 ) from None
             delivered.append(entry["id"])
             for delivery in deliveries:
@@ -305,7 +322,8 @@ class FrontierStallSensor(BaseSensorOperator):
             raise AirflowException(f"{event['summary']}; the {event['action']} was NOT delivered ({exc})") from None
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
 
-    def _settle(self, delivered: list[str], released: list[str], sent: bool = False) -> bool:
+    def _settle(self, delivered: list[str], released: list[str], sent: bool = False,
+                reached: Mapping[str, list[str]] | None = None) -> bool:
         """Record in the outbox what was delivered (``sent``: to a channel, not only logged) and
         what goes back; never raises: a page whose delivery could not be recorded is sent again
         later (at least once)."""
@@ -314,7 +332,7 @@ class FrontierStallSensor(BaseSensorOperator):
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
             return settle_outbox(hook.get_consensus(), self.shard, delivered=delivered, released=released,
-                                 sent_at=time.time() if sent and delivered else None)
+                                 sent_at=time.time() if sent and delivered else None, reached=reached)
         except Exception as exc:  # noqa: BLE001 - the delivery happened (or not) whatever the store says
             self.log.warning("shard %s: the outbox could not be updated (%s: %s); its pages are sent again once "
                              "their lease runs out", self.shard, type(exc).__name__, exc)

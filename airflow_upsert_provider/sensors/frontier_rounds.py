@@ -159,10 +159,8 @@ def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str =
     as_dict = round_.to_dict()
     pages = tuple(round_.pages)
     if round_.action in ("trigger", "resolve"):
-        # The round's own page is the newest of the outbox it took (a round made without an
-        # outbox composes it here).
-        page = pages[-1]["event"] if pages else page_composer(
-            settings, namespace=namespace, links=links, run_ids=run_ids)(evaluation, round_.state, round_.action)
+        # The round's own page, as it went into the outbox (it is sent after any older one of its key).
+        page = round_.page
         if round_.action == "trigger":
             return Decision(PAGE, as_dict, page, describe_breach(evaluation.to_dict()), pages)
         return Decision(RESOLVE, as_dict, page, page["summary"], pages)

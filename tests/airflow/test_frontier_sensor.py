@@ -56,6 +56,7 @@ class PagerServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self._script: list[int] = []
+        self.retry_after = "0"  # the Retry-After header of a 429
         self._lock = threading.Lock()
         server = self
 
@@ -79,7 +80,7 @@ class PagerServer:
                     reply, content_type = (b"ok" if status == 200 else b"invalid_payload"), "text/plain"
                 self.send_response(status)
                 if status == 429:
-                    self.send_header("Retry-After", "0")
+                    self.send_header("Retry-After", server.retry_after)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
@@ -442,6 +443,100 @@ def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_
         assert len(pager.requests) == 1
     finally:
         consensus.dispose()
+
+
+def test_a_resolve_decided_while_a_dead_workers_trigger_is_leased_reaches_pagerduty_after_it(
+        sqlite_url, blob, tmp_path, pager, monkeypatch):
+    """Issue 34 item 2: a round decides the trigger and dies before sending; the shard catches
+    up and a live round decides the resolve. PagerDuty gets the trigger (once its lease ran
+    out) and then the resolve, never the resolve first (an incident nothing would resolve)."""
+    from airflow_upsert_provider.engine.frontier.rules import OUTBOX_LEASE_SECONDS
+    from airflow_upsert_provider.notifications import frontier as notifications
+
+    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        now = time.time()
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
+
+        def sensor(at: float) -> FrontierStallSensor:
+            task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=0,
+                                       pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
+                                       namespace="test", **dict(QUICK, consecutive_breaches=1))
+            task.clock = lambda: at
+            return task
+
+        def killed(*args, **kwargs):
+            raise WorkerKilled()
+
+        with monkeypatch.context() as kill:
+            kill.setattr(notifications, "send_page", killed)
+            with pytest.raises(WorkerKilled):
+                sensor(now).execute(sensor_context("scheduled__1"))
+        while commit_next(shard) < 4:  # the writer catches up: nothing pending
+            pass
+        sensor(now + 1).execute(sensor_context("scheduled__2"))  # decides the resolve: it waits
+        assert pager.requests == []
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert [(e["event"]["action"], e["taken"]) for e in state.outbox] == [("trigger", True), ("resolve", False)]
+
+        sensor(now + OUTBOX_LEASE_SECONDS + 1).execute(sensor_context("scheduled__3"))
+        sensor(now + OUTBOX_LEASE_SECONDS + 2).execute(sensor_context("scheduled__4"))
+        assert [e["event_action"] for e in pager.events()] == ["trigger", "resolve"]
+        assert {e["dedup_key"] for e in pager.events()} == {dedup_key("orders", "test")}
+        slack = [m["text"].split("*")[1] for m in pager.slack_messages()]
+        assert slack[0].startswith("STALLED: orders") and slack[1].startswith("RESOLVED: orders")
+        assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+    finally:
+        consensus.dispose()
+
+
+def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(sqlite_url, blob, tmp_path, pager,
+                                                                              monkeypatch):
+    """Delivery is recorded per channel: Slack refusing (500 on every attempt) releases the page
+    for Slack alone; the next round does not page PagerDuty twice."""
+    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    consensus = open_consensus(sqlite_url)
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w",
+                                                                        now=time.time() - 30))
+        task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
+                                   pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
+                                   **dict(QUICK, consecutive_breaches=1))
+        pager.script([202] + [500] * 6)  # PagerDuty takes it; Slack fails every attempt
+        with pytest.raises(AirflowException) as undelivered:
+            task.execute(sensor_context("scheduled__1"))
+        assert "not again to pagerduty, which got it" in str(undelivered.value)
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert [e["delivered"] for e in state.outbox] == [["pagerduty"]]
+        with pytest.raises(AirflowFailException, match="frontier STALLED"):
+            task.execute(sensor_context("scheduled__1"))
+        assert [e["event_action"] for e in pager.events()] == ["trigger"]  # PagerDuty paged once
+        assert len(pager.slack_messages()) == 1 and observations.load_alert_state(consensus, "orders")[0].outbox == ()
+    finally:
+        consensus.dispose()
+
+
+def test_pagerduty_retry_after_is_honoured_up_to_the_cap(pager):
+    """Issue 34 (seed N4): a 429's Retry-After sets the wait, capped at the policy's longest wait."""
+    sender = PagerDutySender(integration_key=INTEGRATION_KEY, base_url=pager.url)
+    policy = RetryPolicy(max_attempts=3, base_seconds=0.01, max_wait_seconds=40.0)
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    pager.retry_after = "30"
+    pager.script([429])
+    asyncio.run(sender.send(sample_event(), policy, sleep))
+    pager.retry_after = "3600"
+    pager.script([429])
+    asyncio.run(sender.send(sample_event(), policy, sleep))
+    assert waits == [30.0, 40.0] and pager.statuses() == [429, 202, 429, 202]
 
 
 def test_bad_settings_and_an_unknown_shard_fail_without_retry_naming_them(sqlite_url, blob, monkeypatch):

@@ -51,7 +51,7 @@ def test_settings_a_newer_version_recorded_are_read_without_its_new_fields_and_u
 
 
 def test_a_delivery_to_a_channel_records_when_a_page_was_last_sent():
-    state = enqueue_page(AlertState("orders"), {"action": "trigger"}, "p1")
+    state, _ = enqueue_page(AlertState("orders"), {"action": "trigger"}, "p1")
     assert settle_pages(state, delivered=["p1"]).last_sent_at is None  # only logged: not sent
     assert settle_pages(state, released=["p1"], sent_at=50.0).last_sent_at is None  # not delivered
     sent = settle_pages(state, delivered=["p1"], sent_at=50.0)

@@ -467,3 +467,17 @@ def test_a_stall_longer_than_the_window_is_dated_by_the_look_before_it(consensus
         assert evaluation.status is FrontierStatus.STALLED, evaluation.rule
         assert evaluation.stuck_seconds == pytest.approx(3 * 3600)
     assert (judged.state.stall_upper, judged.state.pending_since) == (0, now - 3 * 3600)
+
+
+def test_a_round_without_a_sender_still_queues_the_page_it_marks_firing(consensus, blob, tmp_path):
+    """evaluate_shards (no composer of its own) marks a page firing: the same round puts it into
+    the outbox, so a sensor's later round delivers it (one path decides and enqueues)."""
+    make_shard(consensus, blob, tmp_path, spec=SPEC)
+    now = 100_000.0
+    record_stall(consensus, "orders", now)
+    [round_] = observations.evaluate_shards(consensus, blob, ["orders"], STALL, "sensor:all", now=now)
+    assert round_.action == "trigger" and round_.state.firing
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert [(e["event"]["action"], e["event"]["dedup_key"]) for e in state.outbox] == \
+        [("trigger", "airflow-upsert//orders")]
+    assert round_.page == state.outbox[0]["event"] and round_.pages[0]["id"] == state.outbox[0]["id"]

@@ -656,10 +656,11 @@ def test_the_outbox_leases_a_page_until_it_is_delivered_or_released() -> None:
     )
 
     event = page_event(run(STUCK_GROWING), fresh(), "trigger", SETTINGS)
-    state = enqueue_page(fresh(), event, "p1")
+    state, _ = enqueue_page(fresh(), event, "p1")
     # Due at once; taken with a lease; not due again while it runs.
     state, taken = take_pages(state, NOW)
-    assert [(p["id"], p["leased_until"], p["event"]) for p in taken] == [("p1", NOW + OUTBOX_LEASE_SECONDS, event)]
+    assert [(p["id"], p["leased_until"], p["event"], p["taken"]) for p in taken] == \
+        [("p1", NOW + OUTBOX_LEASE_SECONDS, event, True)]
     assert take_pages(state, NOW + OUTBOX_LEASE_SECONDS - 1) == (state, ())
     # The taker died: after the lease the next round takes it.
     later, again = take_pages(state, NOW + OUTBOX_LEASE_SECONDS)
@@ -670,11 +671,12 @@ def test_the_outbox_leases_a_page_until_it_is_delivered_or_released() -> None:
     assert settle_pages(later, delivered=["p1"]).outbox == ()
     # It survives the store: the alert state round-trips through JSON with its outbox.
     assert AlertState.from_dict(json.loads(json.dumps(later.to_dict()))) == later
-    # Bounded: the oldest pages go first.
+    # Bounded: the oldest pages go first, counted and returned for the log.
     many = fresh()
     for i in range(MAX_OUTBOX + 3):
-        many = enqueue_page(many, event, f"p{i}")
+        many, dropped = enqueue_page(many, {**event, "dedup_key": f"k{i}"}, f"p{i}")
     assert [p["id"] for p in many.outbox] == [f"p{i}" for i in range(3, MAX_OUTBOX + 3)]
+    assert [p["id"] for p in dropped] == ["p2"] and many.outbox_dropped == 3
 
 
 def test_a_blind_monitor_pages_once_after_the_limit_under_its_own_key_and_resolves() -> None:

@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -30,6 +30,7 @@ from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.frontier.rules import (
+    MAX_OUTBOX,
     AlertState,
     Evaluation,
     Observation,
@@ -37,6 +38,7 @@ from airflow_upsert_provider.engine.frontier.rules import (
     advance_alert,
     enqueue_page,
     evaluate,
+    page_event,
     settle_pages,
     take_pages,
 )
@@ -280,8 +282,10 @@ class EvaluationRound:
     # Why this round could not observe the shard (it then judged the recorded observations).
     observe_error: str | None = None
     # Outbox pages this round took to deliver, oldest first (its own page last, if it made one);
-    # each is {"id", "leased_until", "event"}. Confirm each with settle_outbox.
+    # each is {"id", "leased_until", "event", "delivered", "taken"}. Confirm each with settle_outbox.
     pages: tuple[dict, ...] = ()
+    # The page event of this round's action, as it was put into the outbox (None: no action).
+    page: dict | None = None
 
     @property
     def shard_id(self) -> str:
@@ -333,10 +337,16 @@ def evaluate_shard(
     A shard that cannot be observed is judged on the observations recorded so far (writers
     record theirs), with the reason among the evaluation's; with none it is STALE and pages.
 
-    ``compose_page`` (a sender's: evaluation, new state, action -> page event) puts the page
-    of a trigger or resolve into the alert state's outbox, saved with the decision, and makes
-    the round take every due page of the outbox (``pages``): a page decided by a worker that
-    died before sending it is sent by the next round, once its lease ran out."""
+    Every trigger or resolve goes into the alert state's outbox, saved with the decision (a
+    page marked firing is always a page queued): ``compose_page`` (a sender's: evaluation, new
+    state, action -> page event) says what it carries, by default ``rules.page_event``. The
+    round takes the due pages of the outbox (``pages``, see ``rules.take_pages``): a page
+    decided by a worker that died before sending it is sent by a later round, once its lease
+    ran out. Pages dropped from a full outbox are logged (and counted in the state)."""
+    if compose_page is None:
+        def compose_page(evaluation: Evaluation, state: AlertState, action: str) -> dict:
+            return page_event(evaluation, state, action, settings)
+
     now = time.time() if now is None else float(now)
     exists = _shard_exists(consensus, shard_id)
     obs = error = None
@@ -360,11 +370,11 @@ def evaluate_shard(
         new_state = replace(new_state, evaluated_by=observer)
         if not exists and version == 0:
             return EvaluationRound(evaluation, new_state, action, obs, error)
-        pages: tuple[dict, ...] = ()
-        if compose_page is not None:
-            if action is not None:
-                new_state = enqueue_page(new_state, compose_page(evaluation, new_state, action), uuid.uuid4().hex)
-            new_state, pages = take_pages(new_state, now)
+        page = dropped = None
+        if action is not None:
+            page = compose_page(evaluation, new_state, action)
+            new_state, dropped = enqueue_page(new_state, page, uuid.uuid4().hex, now)
+        new_state, pages = take_pages(new_state, now)
         if between_load_and_save is not None:
             between_load_and_save(shard_id, state, version)
 
@@ -376,7 +386,11 @@ def evaluate_shard(
         saved = consensus._run(record_and_save)
         unrecorded = None
         if saved:
-            return EvaluationRound(evaluation, new_state, action, obs, error, pages)
+            for entry in dropped or ():
+                log.warning("shard %s: outbox full (%d pages): dropped the undelivered %s %r (%d dropped so far)",
+                            shard_id, MAX_OUTBOX, entry["event"].get("action"), entry["event"].get("summary"),
+                            new_state.outbox_dropped)
+            return EvaluationRound(evaluation, new_state, action, obs, error, pages, page)
         state, version = load_alert_state(consensus, shard_id)
     log.warning("shard %s: alert state lost %s compare-and-sets in a row; no page action from this round",
                 shard_id, MAX_CAS_ATTEMPTS)
@@ -385,15 +399,17 @@ def evaluate_shard(
 
 
 def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[str] = (),
-                  released: Sequence[str] = (), sent_at: float | None = None) -> bool:
+                  released: Sequence[str] = (), sent_at: float | None = None,
+                  reached: Mapping[str, Sequence[str]] | None = None) -> bool:
     """After a delivery: drop the ``delivered`` pages from the shard's outbox and make the
-    ``released`` ones (not delivered) due again, by compare-and-set against concurrent rounds;
+    ``released`` ones (not delivered) due again, remembering the channels each ``reached``
+    (page id -> channels: never sent there again), by compare-and-set against concurrent rounds;
     ``sent_at`` (they reached a channel then) is kept as the shard's last page sent.
     False when it lost MAX_CAS_ATTEMPTS races in a row (a delivered page is then sent again
     once its lease runs out: a page is delivered at least once)."""
     for _ in range(MAX_CAS_ATTEMPTS):
         state, version = load_alert_state(consensus, shard_id)
-        settled = settle_pages(state, delivered, released, sent_at)
+        settled = settle_pages(state, delivered, released, sent_at, reached=reached)
         if settled == state or save_alert_state(consensus, settled, version):
             return True
     return False

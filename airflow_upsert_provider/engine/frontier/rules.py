@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
+from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
 from airflow_upsert_provider.engine.common.time_text import (
     format_duration,
     format_duration_to_the_second,
@@ -317,6 +318,7 @@ class AlertState:
     # "event"} (see enqueue_page / take_pages). Saved with the decision that made them, so a
     # worker that dies before sending leaves them for the next round.
     outbox: tuple[dict, ...] = ()
+    outbox_dropped: int = 0              # pages dropped from a full outbox, never delivered
     # The settings (StallSettings.to_dict) of the evaluation that saved this state and who made
     # it (its observer): the shard page judges with them, so that it and the monitor agree.
     # None in rows written before they were kept.
@@ -343,6 +345,7 @@ class AlertState:
             "last_evaluated_at": self.last_evaluated_at,
             "pages_sent": self.pages_sent,
             "outbox": [dict(entry) for entry in self.outbox],
+            "outbox_dropped": self.outbox_dropped,
             "settings": None if self.settings is None else dict(self.settings),
             "evaluated_by": self.evaluated_by,
             "last_sent_at": self.last_sent_at,
@@ -369,6 +372,7 @@ class AlertState:
                 last_evaluated_at=None if evaluated is None else float(evaluated),
                 pages_sent=int(d.get("pages_sent", 0)),
                 outbox=tuple(_outbox_entry(entry) for entry in d.get("outbox") or ()),
+                outbox_dropped=int(d.get("outbox_dropped", 0)),
                 settings=None if d.get("settings") is None else dict(d["settings"]),
                 evaluated_by=d.get("evaluated_by"),
                 last_sent_at=None if sent is None else float(sent),
@@ -398,7 +402,10 @@ def judging_settings(state: AlertState) -> tuple[StallSettings, str | None]:
 
 def _outbox_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": str(entry["id"]), "leased_until": float(entry.get("leased_until") or 0.0),
-            "event": dict(entry["event"])}
+            "event": dict(entry["event"]), "delivered": [str(c) for c in entry.get("delivered") or ()],
+            "taken": bool(entry.get("taken", entry.get("leased_until"))),
+            # Rows written before it was kept: a resolve followed an open incident.
+            "open_before": bool(entry.get("open_before", entry["event"].get("action") == "resolve"))}
 
 
 @dataclass(frozen=True)
@@ -1004,32 +1011,88 @@ def page_event(evaluation: Evaluation, state: AlertState, action: str, settings:
 # The outbox: a page is decided, saved, then sent
 
 
-# How long the round that took a page from the outbox has to deliver it before another round
-# may take it (the sender's retries of one page last about a minute at most).
-OUTBOX_LEASE_SECONDS = 120.0
-# An outbox never grows beyond this many pages (the oldest go first): a channel that refuses
-# every page must not grow the alert row without bound.
+# Every HTTP request of a page's delivery is cut after this long (the senders pass it on).
+PAGE_REQUEST_TIMEOUT_SECONDS = 10.0
+# The channels a page may go to (PagerDuty, then Slack).
+PAGE_CHANNELS = 2
+
+
+def max_delivery_seconds(policy: RetryPolicy = PAGE_DELIVERY, *, channels: int = PAGE_CHANNELS,
+                         request_timeout: float = PAGE_REQUEST_TIMEOUT_SECONDS) -> float:
+    """The longest one page's delivery can last: on every channel every attempt times out and
+    every wait between attempts is the longest allowed (a Retry-After is capped at it too)."""
+    return channels * (policy.max_attempts * request_timeout + (policy.max_attempts - 1) * policy.max_wait_seconds)
+
+
+# How long the round that took a page from the outbox owns its delivery before another round
+# may take it: longer than one bounded delivery, so that a live sender is never overtaken.
+OUTBOX_LEASE_SECONDS = max_delivery_seconds() + 60.0
+# An outbox never grows beyond this many pages (the oldest go first, counted in the state's
+# outbox_dropped and logged): a channel that refuses every page must not grow the row without bound.
 MAX_OUTBOX = 20
 
 
-def enqueue_page(state: AlertState, event: Mapping[str, Any], page_id: str) -> AlertState:
-    """``state`` with ``event`` added to its outbox, due at once."""
-    entry = {"id": page_id, "leased_until": 0.0, "event": dict(event)}
-    return replace(state, outbox=(tuple(state.outbox) + (entry,))[-MAX_OUTBOX:])
+def _key(entry: Mapping[str, Any]) -> Any:
+    return entry["event"].get("dedup_key")
+
+
+def enqueue_page(state: AlertState, event: Mapping[str, Any], page_id: str,
+                 now: float = 0.0) -> tuple[AlertState, tuple[dict, ...]]:
+    """``state`` with ``event`` added to its outbox, due at once, and the pages dropped to make
+    room (oldest first, beyond MAX_OUTBOX; counted in ``outbox_dropped``).
+
+    A newer event supersedes the older pages of its dedup key that no channel confirmed and
+    that no live round is delivering (lease run out at ``now``): receivers see only the newest.
+    A resolve is dropped too when no receiver can hold an open incident of its key (the
+    trigger it supersedes was never taken by a round, and nothing before it was open): nobody
+    was paged, nothing to resolve. Otherwise it is sent alone, never after a stale trigger.
+    Pages that reached a channel are never superseded: they go to the others first, in order.
+    Each page records whether receivers may hold an open incident before it (``open_before``)."""
+    key = event.get("dedup_key")
+    # The newest pages of this key back to the first that reached a channel or is being delivered.
+    gone: list[int] = []
+    for i in reversed(range(len(state.outbox))):
+        entry = state.outbox[i]
+        if _key(entry) != key:
+            continue
+        if entry.get("delivered") or entry.get("leased_until", 0.0) > now:
+            break
+        gone.insert(0, i)
+    superseded = [state.outbox[i] for i in gone]
+    outbox = [entry for i, entry in enumerate(state.outbox) if i not in gone]
+    if superseded:
+        # What receivers held before the first superseded page, or what a taken trigger may have opened.
+        open_before = superseded[0]["open_before"] or any(
+            entry.get("taken") and entry["event"].get("action") == "trigger" for entry in superseded)
+    else:
+        kept = [entry for entry in outbox if _key(entry) == key]
+        # After the pages still to go; with none, a resolve closes what a delivered trigger opened.
+        open_before = (kept[-1]["event"].get("action") == "trigger") if kept else event.get("action") == "resolve"
+    if open_before or event.get("action") != "resolve":
+        outbox.append({"id": page_id, "leased_until": 0.0, "event": dict(event), "delivered": [], "taken": False,
+                       "open_before": open_before})
+    dropped = tuple(outbox[:-MAX_OUTBOX]) if len(outbox) > MAX_OUTBOX else ()
+    return replace(state, outbox=tuple(outbox[len(dropped):]),
+                   outbox_dropped=state.outbox_dropped + len(dropped)), dropped
 
 
 def take_pages(state: AlertState, now: float,
                lease_seconds: float = OUTBOX_LEASE_SECONDS) -> tuple[AlertState, tuple[dict, ...]]:
-    """The pages of the outbox that are due at ``now`` (new ones, and those whose taker's lease
-    ran out: it died, or it could not deliver), leased to the caller until ``now +
-    lease_seconds``; and the state recording those leases. Whoever saves that state by
-    compare-and-set owns their delivery, in order."""
+    """The pages of the outbox that are due at ``now``, at most one per dedup key, the oldest:
+    a page is never sent before an older one of its key was delivered (a resolve never
+    overtakes its trigger). Due: new, or its taker's lease ran out (it died, or could not
+    deliver). They are leased to the caller until ``now + lease_seconds``; whoever saves the
+    returned state by compare-and-set owns their delivery."""
     taken: list[dict] = []
     outbox: list[dict] = []
+    seen: set = set()
     for entry in state.outbox:
-        if entry.get("leased_until", 0.0) <= now:
-            entry = {**entry, "leased_until": now + lease_seconds}
-            taken.append(entry)
+        key = _key(entry)
+        if key not in seen:
+            seen.add(key)
+            if entry.get("leased_until", 0.0) <= now:
+                entry = {**entry, "leased_until": now + lease_seconds, "taken": True}
+                taken.append(entry)
         outbox.append(entry)
     if not taken:
         return state, ()
@@ -1037,11 +1100,19 @@ def take_pages(state: AlertState, now: float,
 
 
 def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Sequence[str] = (),
-                 sent_at: float | None = None) -> AlertState:
+                 sent_at: float | None = None, *, reached: Mapping[str, Sequence[str]] | None = None) -> AlertState:
     """``state`` without the ``delivered`` pages, and with the ``released`` ones due again at
-    once (their delivery failed: the next round sends them). ``sent_at``: when the delivered
-    pages reached a channel (None: they were only logged, or nothing was delivered)."""
-    outbox = tuple({**entry, "leased_until": 0.0} if entry["id"] in released else entry
+    once (their delivery failed: the next round sends them), each remembering the channels it
+    ``reached`` (page id -> channels) so that no channel gets it twice. ``sent_at``: when the
+    delivered pages reached a channel (None: they were only logged, or nothing was delivered)."""
+    reached = reached or {}
+
+    def release(entry: dict) -> dict:
+        channels = list(entry.get("delivered") or [])
+        channels += [c for c in reached.get(entry["id"], ()) if c not in channels]
+        return {**entry, "leased_until": 0.0, "delivered": channels}
+
+    outbox = tuple(release(entry) if entry["id"] in released else entry
                    for entry in state.outbox if entry["id"] not in delivered)
     delivered_now = any(entry["id"] in delivered for entry in state.outbox)
     last_sent_at = sent_at if sent_at is not None and delivered_now else state.last_sent_at
