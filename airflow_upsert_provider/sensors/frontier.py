@@ -74,6 +74,10 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
 
+# Why a page reached nobody (kept in the alert state; the shard page and upsertctl show it).
+NO_CHANNEL = "no PagerDuty or Slack connection is configured"
+
+
 class FrontierStallSensor(BaseSensorOperator):
     """Watch a shard's frontier for ``watch_seconds``; page and fail when it stalls.
 
@@ -272,9 +276,9 @@ class FrontierStallSensor(BaseSensorOperator):
         entries = list(decision.pages)
         if not channels(pagerduty, slack):
             for entry in entries:
-                self.log.warning("shard %s: %s, but no PagerDuty or Slack connection is configured: %s",
-                                 self.shard, entry["event"]["action"], entry["event"]["summary"])
-            self._settle([entry["id"] for entry in entries], [])
+                self.log.warning("shard %s: %s, but %s: %s", self.shard, entry["event"]["action"], NO_CHANNEL,
+                                 entry["event"]["summary"])
+            self._settle([entry["id"] for entry in entries], [], unsent_reason=NO_CHANNEL)
             return
         delivered: list[str] = []
         for i, entry in enumerate(entries):
@@ -323,7 +327,7 @@ class FrontierStallSensor(BaseSensorOperator):
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
 
     def _settle(self, delivered: list[str], released: list[str], sent: bool = False,
-                reached: Mapping[str, list[str]] | None = None) -> bool:
+                reached: Mapping[str, list[str]] | None = None, unsent_reason: str | None = None) -> bool:
         """Record in the outbox what was delivered (``sent``: to a channel, not only logged) and
         what goes back; never raises: a page whose delivery could not be recorded is sent again
         later (at least once)."""
@@ -332,7 +336,8 @@ class FrontierStallSensor(BaseSensorOperator):
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
             return settle_outbox(hook.get_consensus(), self.shard, delivered=delivered, released=released,
-                                 sent_at=time.time() if sent and delivered else None, reached=reached)
+                                 sent_at=time.time() if sent and delivered else None, reached=reached,
+                                 unsent_reason=unsent_reason)
         except Exception as exc:  # noqa: BLE001 - the delivery happened (or not) whatever the store says
             self.log.warning("shard %s: the outbox could not be updated (%s: %s); its pages are sent again once "
                              "their lease runs out", self.shard, type(exc).__name__, exc)

@@ -375,7 +375,7 @@ def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sql
         assert pager.statuses() == [400]
         # The page stays in the outbox, due again at once.
         state, _ = observations.load_alert_state(consensus, "orders")
-        assert (state.firing, state.pages_sent) == (True, 1)
+        assert (state.firing, state.pages_sent) == (True, 0)  # decided, not delivered
         assert [(e["event"]["action"], e["leased_until"]) for e in state.outbox] == [("trigger", 0.0)]
         # The retry pages at once.
         with pytest.raises(AirflowFailException, match="frontier STALLED"):

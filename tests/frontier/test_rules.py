@@ -323,7 +323,7 @@ def test_advance_alert_sequences(sequence: str, consecutive: int, actions: list[
         # the state is persisted as JSON between evaluations
         state = AlertState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert got == actions
-    assert state.pages_sent == actions.count(T)
+    assert state.pages_sent == 0  # counted when a page reaches a channel (settle_pages), not when decided
 
 
 def test_alert_state_fields_through_an_incident() -> None:
@@ -331,7 +331,7 @@ def test_alert_state_fields_through_an_incident() -> None:
     assert action is None and state.consecutive_breaches == 1 and state.incident_started_at == NOW
     state, action = advance_alert(state, replace(STALLED_EVAL, evaluated_at=NOW + 60), SETTINGS)
     assert action == "trigger"
-    assert (state.firing, state.firing_status, state.incident_started_at, state.pages_sent) == (True, "STALLED", NOW, 1)
+    assert (state.firing, state.firing_status, state.incident_started_at, state.pages_sent) == (True, "STALLED", NOW, 0)
     assert (state.last_status, state.last_evaluated_at, state.max_upper) == ("STALLED", NOW + 60, 42)
     assert state.max_high_watermark == {"p0": 7000}
     state, action = advance_alert(state, replace(OK_EVAL, evaluated_at=NOW + 120), SETTINGS)

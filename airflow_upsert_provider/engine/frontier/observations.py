@@ -400,16 +400,17 @@ def evaluate_shard(
 
 def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[str] = (),
                   released: Sequence[str] = (), sent_at: float | None = None,
-                  reached: Mapping[str, Sequence[str]] | None = None) -> bool:
+                  reached: Mapping[str, Sequence[str]] | None = None, unsent_reason: str | None = None) -> bool:
     """After a delivery: drop the ``delivered`` pages from the shard's outbox and make the
     ``released`` ones (not delivered) due again, remembering the channels each ``reached``
     (page id -> channels: never sent there again), by compare-and-set against concurrent rounds;
-    ``sent_at`` (they reached a channel then) is kept as the shard's last page sent.
+    ``sent_at`` (they reached a channel then) is kept as the shard's last page sent; without it
+    ``unsent_reason`` says why they reached none.
     False when it lost MAX_CAS_ATTEMPTS races in a row (a delivered page is then sent again
     once its lease runs out: a page is delivered at least once)."""
     for _ in range(MAX_CAS_ATTEMPTS):
         state, version = load_alert_state(consensus, shard_id)
-        settled = settle_pages(state, delivered, released, sent_at, reached=reached)
+        settled = settle_pages(state, delivered, released, sent_at, reached=reached, unsent_reason=unsent_reason)
         if settled == state or save_alert_state(consensus, settled, version):
             return True
     return False

@@ -313,7 +313,7 @@ class AlertState:
     max_high_watermark: dict[str, int] = field(default_factory=dict)
     last_status: str | None = None
     last_evaluated_at: float | None = None
-    pages_sent: int = 0
+    pages_sent: int = 0                  # triggers that reached a channel (see settle_pages)
     # Pages decided and not yet confirmed delivered, oldest first: {"id", "leased_until",
     # "event"} (see enqueue_page / take_pages). Saved with the decision that made them, so a
     # worker that dies before sending leaves them for the next round.
@@ -325,6 +325,9 @@ class AlertState:
     settings: dict | None = None
     evaluated_by: str | None = None
     last_sent_at: float | None = None    # when a page of this shard was last delivered
+    # Why the latest pages settled reached no channel (no PagerDuty or Slack connection is
+    # configured: they were only logged); None once a page reaches one.
+    unsent_reason: str | None = None
     # The stall clock carried across evaluations, so that stall time is never capped by the
     # window: the upper the last judging evaluation saw, and since when records were pending
     # at it (None: nothing pending). The upper never moves back, so while it stays at
@@ -349,6 +352,7 @@ class AlertState:
             "settings": None if self.settings is None else dict(self.settings),
             "evaluated_by": self.evaluated_by,
             "last_sent_at": self.last_sent_at,
+            "unsent_reason": self.unsent_reason,
             "stall_upper": self.stall_upper,
             "pending_since": self.pending_since,
         }
@@ -376,6 +380,7 @@ class AlertState:
                 settings=None if d.get("settings") is None else dict(d["settings"]),
                 evaluated_by=d.get("evaluated_by"),
                 last_sent_at=None if sent is None else float(sent),
+                unsent_reason=d.get("unsent_reason"),
                 stall_upper=None if d.get("stall_upper") is None else int(d["stall_upper"]),
                 pending_since=None if d.get("pending_since") is None else float(d["pending_since"]),
             )
@@ -910,7 +915,7 @@ def advance_alert(state: AlertState, evaluation: Evaluation,
         started = state.incident_started_at if state.incident_started_at is not None else evaluation.evaluated_at
         if not state.firing and streak >= settings.consecutive_breaches:
             return replace(state, consecutive_breaches=streak, firing=True, firing_status=evaluation.status.value,
-                           incident_started_at=started, pages_sent=state.pages_sent + 1, **common), "trigger"
+                           incident_started_at=started, **common), "trigger"
         return replace(state, consecutive_breaches=streak, incident_started_at=started, **common), None
 
     new = replace(state, consecutive_breaches=0, firing=False, firing_status=None, incident_started_at=None,
@@ -1100,11 +1105,13 @@ def take_pages(state: AlertState, now: float,
 
 
 def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Sequence[str] = (),
-                 sent_at: float | None = None, *, reached: Mapping[str, Sequence[str]] | None = None) -> AlertState:
+                 sent_at: float | None = None, *, reached: Mapping[str, Sequence[str]] | None = None,
+                 unsent_reason: str | None = None) -> AlertState:
     """``state`` without the ``delivered`` pages, and with the ``released`` ones due again at
     once (their delivery failed: the next round sends them), each remembering the channels it
     ``reached`` (page id -> channels) so that no channel gets it twice. ``sent_at``: when the
-    delivered pages reached a channel (None: they were only logged, or nothing was delivered)."""
+    delivered pages reached a channel (None: they were only logged, ``unsent_reason`` says why,
+    or nothing was delivered). Only triggers that reached a channel count in ``pages_sent``."""
     reached = reached or {}
 
     def release(entry: dict) -> dict:
@@ -1114,9 +1121,14 @@ def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Seq
 
     outbox = tuple(release(entry) if entry["id"] in released else entry
                    for entry in state.outbox if entry["id"] not in delivered)
-    delivered_now = any(entry["id"] in delivered for entry in state.outbox)
-    last_sent_at = sent_at if sent_at is not None and delivered_now else state.last_sent_at
-    return replace(state, outbox=outbox, last_sent_at=last_sent_at)
+    done = [entry for entry in state.outbox if entry["id"] in delivered]
+    if not done:
+        return replace(state, outbox=outbox)
+    if sent_at is None:
+        return replace(state, outbox=outbox, unsent_reason=unsent_reason or state.unsent_reason)
+    triggers = sum(1 for entry in done if entry["event"].get("action") == "trigger")
+    return replace(state, outbox=outbox, last_sent_at=sent_at, pages_sent=state.pages_sent + triggers,
+                   unsent_reason=None)
 
 
 # ---------------------------------------------------------------------------------------------
