@@ -221,7 +221,8 @@ class FrontierStallSensor(BaseSensorOperator):
             try:
                 round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=now,
                                         kafka_conn_id=self._optional(self.kafka_conn_id),
-                                        compose_page=page_composer(settings, **page_args))
+                                        compose_page=page_composer(settings, **page_args), blind=self._blind,
+                                        namespace=self.namespace or "")
             except Exception as exc:  # noqa: BLE001 - a monitor that cannot evaluate must say so, and page
                 cause = exc.__cause__ if exc.__cause__ is not None else exc  # the engine's error, if any
                 text = getattr(cause, "message", None) or str(cause)
@@ -240,11 +241,9 @@ class FrontierStallSensor(BaseSensorOperator):
                                           else f"the monitor pages after {limit:g}s of failures")) from exc
                 time.sleep(self.poke_interval)
                 continue
-            blind = self._blind
-            self._blind, action = advance_blind(blind, now, None, limit)
-            if action is not None:
-                self._send_blind(blind_page_event(blind, action, now, namespace=self.namespace or "",
-                                                  shard_id=self.shard, limit_seconds=limit))
+            # It works again: the round put the resolve of the monitor's page, if one was sent
+            # (by this run or an earlier one), into the outbox; it is delivered with its pages.
+            self._blind = BlindState()
             break
         evaluation = round_.evaluation
         self.log.info(
@@ -324,7 +323,23 @@ class FrontierStallSensor(BaseSensorOperator):
             if event["action"] == "trigger":
                 self._blind = dataclasses.replace(self._blind, paged=False)
             raise AirflowException(f"{event['summary']}; the {event['action']} was NOT delivered ({exc})") from None
+        if event["action"] == "trigger":
+            self._record_blind()
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
+
+    def _record_blind(self) -> None:
+        """Keep the sent monitor page in the shard's alert state, so that a later run resolves
+        it; when the store is what is down this fails, and this run's next working round does."""
+        from airflow_upsert_provider.engine.frontier.observations import record_blind
+
+        hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
+        try:
+            record_blind(hook.get_consensus(), self.shard, self._blind)
+        except Exception as exc:  # noqa: BLE001 - the page is sent; its record is best effort
+            self.log.warning("shard %s: the monitor's page could not be recorded in the store (%s: %s)",
+                             self.shard, type(exc).__name__, exc)
+        finally:
+            hook.close()
 
     def _settle(self, delivered: list[str], released: list[str], sent: bool = False,
                 reached: Mapping[str, list[str]] | None = None, unsent_reason: str | None = None) -> bool:

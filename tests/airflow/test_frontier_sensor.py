@@ -313,7 +313,7 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     lines = message.splitlines()
     assert "last advance never" in lines[0] and re.fullmatch(r"  behind: 8 segments pending, the oldest for (\d+m)?\d+s",
                                                                   lines[1]), lines
-    assert lines[2].startswith("  window 1m00s from") and lines[3].startswith("  rule: stalled: source grew")
+    assert lines[2].startswith("  window 10m00s from") and lines[3].startswith("  rule: stalled: source grew")
     assert "writers running and committing nothing: writer:pinned" in message
 
     [trigger] = pager.events()
@@ -327,7 +327,7 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
         ("orders", "STALLED", 0, 8, "segments")
     assert details["stuck_seconds"] >= stall_seconds and details["lag_seconds"] >= stall_seconds
     assert details["writers_running"] is True and details["run_ids"] == ["scheduled__1"]
-    assert details["consecutive_breaches"] == 2 and details["window"]["seconds"] == 60
+    assert details["consecutive_breaches"] == 2 and details["window"]["seconds"] == 600
     slack = pager.slack_messages()[0]["text"]
     assert "STALLED: orders stuck" in slack and "\n• lag: `8 segments pending, the oldest for " in slack
     state, _ = observations.load_alert_state(consensus, "orders")
@@ -754,10 +754,13 @@ def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_whe
         assert result.is_done is False and result.xcom_value["shard"] == "orders"
 
         trigger, resolve = pager.events()
-        key = dedup_key(MONITOR_KEY, "test")
+        key = dedup_key("orders" + MONITOR_KEY, "test")  # one monitor page per namespace and shard
         assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
         assert (resolve["event_action"], resolve["dedup_key"]) == ("resolve", key)
         assert key != dedup_key("orders", "test")
+        # Its resolve went through the outbox, which is empty again; nothing open is left recorded.
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert (state.outbox, state.blind) == ((), None)
         # Paged at the attempt 30 s after the first failure (the fourth), not before.
         assert len(attempts) == 5
         details = trigger["payload"]["custom_details"]
@@ -793,14 +796,16 @@ def test_the_trigger_pages_when_it_cannot_evaluate_and_resolves_when_it_can(sqli
 
         blind = first_event(FrontierTrigger(**kwargs))
         assert blind["kind"] == "blind" and blind["blind"]["paged"] is True
-        assert (blind["page"]["action"], blind["page"]["dedup_key"]) == ("trigger", dedup_key(MONITOR_KEY, "test"))
+        key = dedup_key("orders" + MONITOR_KEY, "test")
+        assert (blind["page"]["action"], blind["page"]["dedup_key"]) == ("trigger", key)
         assert "ConsensusUnavailable: cannot reach consensus store" in blind["message"]
         json.dumps(blind)  # what the triggerer hands the worker
 
         monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", upsert_env(sqlite_url, blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"])
         back = first_event(FrontierTrigger(**dict(kwargs, blind=blind["blind"])))
-        assert (back["kind"], back["page"]["action"], back["blind"]["paged"]) == ("blind", "resolve", False)
-        assert back["page"]["dedup_key"] == dedup_key(MONITOR_KEY, "test") and back["round"]["shard"] == "orders"
+        # The round that works queues the resolve in the outbox: the worker delivers it with its pages.
+        assert back["kind"] == "watch" and back["round"]["shard"] == "orders"
+        assert [(p["event"]["action"], p["event"]["dedup_key"]) for p in back["pages"]] == [("resolve", key)]
     finally:
         consensus.dispose()
 

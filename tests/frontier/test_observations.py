@@ -481,3 +481,30 @@ def test_a_round_without_a_sender_still_queues_the_page_it_marks_firing(consensu
     assert [(e["event"]["action"], e["event"]["dedup_key"]) for e in state.outbox] == \
         [("trigger", "airflow-upsert//orders")]
     assert round_.page == state.outbox[0]["event"] and round_.pages[0]["id"] == state.outbox[0]["id"]
+
+
+def test_a_monitor_page_sent_by_an_ended_run_is_resolved_by_the_next_round_of_its_shard_only(
+        consensus, blob, tmp_path):
+    """Issue 34 item 3: the monitor's own page has one key per namespace and shard and is kept
+    in the alert state: a later run's first working round resolves it (through the outbox), and
+    resolves no other shard's."""
+    from airflow_upsert_provider.engine.frontier.rules import BlindState, blind_dedup_key
+
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="orders")
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="events")
+    paged = BlindState(since=100.0, paged=True, error="ConsensusUnavailable: cannot reach consensus store")
+    for shard_id in ("orders", "events"):
+        assert observations.record_blind(consensus, shard_id, paged)
+    round_ = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:r2", now=1000.0,
+                                         namespace="prod")
+    monitor_pages = [p["event"] for p in round_.pages if p["event"]["dedup_key"].endswith("#monitor")]
+    assert [(e["action"], e["dedup_key"]) for e in monitor_pages] == [("resolve", blind_dedup_key("prod", "orders"))]
+    assert monitor_pages[0]["summary"] == "RESOLVED: the frontier monitor evaluates shard orders again"
+    assert observations.load_alert_state(consensus, "orders")[0].blind is None
+    assert observations.load_alert_state(consensus, "events")[0].blind == {**paged.__dict__}
+    assert blind_dedup_key("prod", "orders") != blind_dedup_key("prod", "events") != blind_dedup_key("prod")
+    # Delivered, a later round has nothing more to resolve.
+    observations.settle_outbox(consensus, "orders", delivered=[p["id"] for p in round_.pages], sent_at=1001.0)
+    again = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:r2", now=1060.0,
+                                        namespace="prod")
+    assert not [p for p in again.pages if p["event"]["dedup_key"].endswith("#monitor")]

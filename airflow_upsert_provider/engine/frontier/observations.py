@@ -35,7 +35,9 @@ from airflow_upsert_provider.engine.frontier.rules import (
     Evaluation,
     Observation,
     StallSettings,
+    BlindState,
     advance_alert,
+    blind_page_event,
     enqueue_page,
     evaluate,
     page_event,
@@ -322,6 +324,8 @@ def evaluate_shard(
     observe_first: bool = True,
     open_shard: ShardOpener | None = None,
     compose_page: Callable[[Evaluation, AlertState, str], dict] | None = None,
+    blind: BlindState | None = None,
+    namespace: str = "",
 ) -> EvaluationRound:
     """One round: observe the shard (if it exists and ``observe_first``), read the window,
     evaluate, advance the alert state, then record the observation and save the state by
@@ -342,7 +346,11 @@ def evaluate_shard(
     state, action -> page event) says what it carries, by default ``rules.page_event``. The
     round takes the due pages of the outbox (``pages``, see ``rules.take_pages``): a page
     decided by a worker that died before sending it is sent by a later round, once its lease
-    ran out. Pages dropped from a full outbox are logged (and counted in the state)."""
+    ran out. Pages dropped from a full outbox are logged (and counted in the state).
+
+    A round is an evaluation that works: it resolves the monitor's own page for this shard
+    ("monitor blind", under ``namespace``) when the caller's failures before it (``blind``) or
+    the alert state (a run that paged and then ended) say it is open, through the outbox too."""
     if compose_page is None:
         def compose_page(evaluation: Evaluation, state: AlertState, action: str) -> dict:
             return page_event(evaluation, state, action, settings)
@@ -374,6 +382,11 @@ def evaluate_shard(
         if action is not None:
             page = compose_page(evaluation, new_state, action)
             new_state, dropped = enqueue_page(new_state, page, uuid.uuid4().hex, now)
+        blind_open = BlindState(**new_state.blind) if new_state.blind else blind
+        if blind_open is not None and blind_open.paged:
+            resolve = blind_page_event(blind_open, "resolve", now, namespace=namespace, shard_id=shard_id)
+            new_state, more = enqueue_page(replace(new_state, blind=None), resolve, uuid.uuid4().hex, now)
+            dropped = (dropped or ()) + more
         new_state, pages = take_pages(new_state, now)
         if between_load_and_save is not None:
             between_load_and_save(shard_id, state, version)
@@ -396,6 +409,19 @@ def evaluate_shard(
                 shard_id, MAX_CAS_ATTEMPTS)
     assert evaluation is not None
     return EvaluationRound(evaluation, state, None, obs, error)
+
+
+def record_blind(consensus: Consensus, shard_id: str, blind: BlindState) -> bool:
+    """Keep in the shard's alert state that the monitor's own page for it was sent (``blind``),
+    so that whichever round evaluates it next resolves it. False when another writer kept
+    winning the compare-and-set."""
+    from dataclasses import asdict
+
+    for _ in range(MAX_CAS_ATTEMPTS):
+        state, version = load_alert_state(consensus, shard_id)
+        if save_alert_state(consensus, replace(state, blind=asdict(blind)), version):
+            return True
+    return False
 
 
 def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[str] = (),

@@ -334,6 +334,8 @@ class AlertState:
     # stall_upper those records are still pending.
     stall_upper: int | None = None
     pending_since: float | None = None
+    # The monitor's own page for this shard (BlindState as a dict) while it is open.
+    blind: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -355,6 +357,7 @@ class AlertState:
             "unsent_reason": self.unsent_reason,
             "stall_upper": self.stall_upper,
             "pending_since": self.pending_since,
+            "blind": None if self.blind is None else dict(self.blind),
         }
 
     @classmethod
@@ -383,6 +386,7 @@ class AlertState:
                 unsent_reason=d.get("unsent_reason"),
                 stall_upper=None if d.get("stall_upper") is None else int(d["stall_upper"]),
                 pending_since=None if d.get("pending_since") is None else float(d["pending_since"]),
+                blind=None if d.get("blind") is None else dict(d["blind"]),
             )
         except (TypeError, ValueError, AttributeError, KeyError) as e:
             raise ConfigurationError(f"{owner}: unreadable alert state: {e}", field="alert_state") from e
@@ -1140,10 +1144,19 @@ def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Seq
 MONITOR_KEY = "#monitor"
 
 
+def blind_dedup_key(namespace: str = "", shard_id: str | None = None) -> str:
+    """The key of a monitor's own page: one per namespace and shard (a sensor watches one shard,
+    and one recovering sensor must not resolve another's page); without a shard, the monitor's
+    page for all of its shards (the store cannot even be listed)."""
+    return dedup_key(f"{shard_id}{MONITOR_KEY}" if shard_id else MONITOR_KEY, namespace)
+
+
 @dataclass(frozen=True)
 class BlindState:
     """How long a monitor has been unable to evaluate, and whether it paged for it. Kept by
-    the evaluator itself (the store may be what is down)."""
+    the evaluator in its process (the store may be what is down), and, once its page was sent,
+    in the shard's alert state (``AlertState.blind``) when the store takes it: a later run that
+    evaluates again resolves it."""
 
     since: float | None = None   # the first failed evaluation of the current run of failures
     paged: bool = False
@@ -1180,7 +1193,7 @@ def blind_page_event(state: BlindState, action: str, now: float, *, namespace: s
         summary = summary[:MAX_SUMMARY_CHARS - 1] + "…"
     return {
         "action": action,
-        "dedup_key": dedup_key(MONITOR_KEY, namespace),
+        "dedup_key": blind_dedup_key(namespace, shard_id),
         "summary": summary,
         "severity": CRITICAL if action == "trigger" else "info",
         "source": PAGE_SOURCE,
