@@ -183,6 +183,11 @@ STALL = StallSettings(window_seconds=900.0, cadence_seconds=60.0, min_stall_seco
                       consecutive_breaches=1)
 
 
+def triggers(state: AlertState) -> int:
+    """The triggers a shard's outbox holds: pages decided (pages_sent counts delivered ones)."""
+    return sum(1 for entry in state.outbox if entry["event"]["action"] == "trigger")
+
+
 def record_stall(consensus, shard_id: str, until: float) -> None:
     """Ten minutes of a writer running and committing nothing while the source grows."""
     for i in range(11):
@@ -211,10 +216,10 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
     assert rounds["second"].evaluation.status is FrontierStatus.STALLED
     assert rounds["second"].evaluation.writers_running is True
     assert [rounds["second"].action, rounds["first"].action] == ["trigger", None]
-    # The loser reports what is stored: the winner's state, one page sent.
+    # The loser reports what is stored: the winner's state, one page queued.
     state, version = observations.load_alert_state(consensus, "orders")
     assert version == 1
-    assert state.firing and state.pages_sent == 1 and state.consecutive_breaches == 1
+    assert state.firing and triggers(state) == 1 and state.consecutive_breaches == 1
     assert rounds["first"].state == state
     assert rounds["first"].evaluation.status is FrontierStatus.STALLED
     # Both observed the real shard and both observations are recorded, the loser's too (it
@@ -248,7 +253,7 @@ def evaluate_after_barrier(url: str, blob_root: str, now: float, barrier, out) -
     observations.between_load_and_save = both_loaded
     result = observations.evaluate_shard(consensus, open_blob(blob_root), "orders", STALL,
                                          observer=f"sensor:{os.getpid()}", now=now, observe_first=False)
-    out.put((result.action, result.evaluation.status.value, result.state.pages_sent, waited))
+    out.put((result.action, result.evaluation.status.value, triggers(result.state), waited))
     consensus.dispose()
 
 
@@ -279,7 +284,7 @@ def test_two_evaluators_in_separate_processes_page_once(consensus_url, blob, tmp
         assert sorted(r[3] for r in results) == [[0], [0]]
         assert sorted((r[0] or "", r[1], r[2]) for r in results) == [("", "STALLED", 1), ("trigger", "STALLED", 1)]
         state, version = observations.load_alert_state(consensus, "orders")
-        assert (state.firing, state.pages_sent, version) == (True, 1, 1)
+        assert (state.firing, triggers(state), version) == (True, 1, 1)
     finally:
         consensus.dispose()
 
@@ -305,7 +310,7 @@ def test_a_loser_at_a_later_moment_decides_again(consensus, blob, tmp_path, monk
                                                   now=now + 30.0, observe_first=False)
     assert [rounds["earlier"].action, rounds["later"].action] == [None, "trigger"]
     state, version = observations.load_alert_state(consensus, "orders")
-    assert (state.consecutive_breaches, state.pages_sent, version) == (2, 1, 2)
+    assert (state.consecutive_breaches, triggers(state), version) == (2, 1, 2)
 
 
 def test_a_round_observes_records_and_resolves(consensus, blob, tmp_path):
