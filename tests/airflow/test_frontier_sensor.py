@@ -386,111 +386,109 @@ def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sql
         consensus.dispose()
 
 
+@pytest.fixture
+def stalled_orders(sqlite_url, blob, tmp_path, pager, monkeypatch):
+    """Shard ``orders`` with records pending since a writer's look 30 s ago, and the upsert,
+    PagerDuty and Slack connections set: (consensus, shard, now)."""
+    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    consensus = open_consensus(sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    now = time.time()
+    observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
+    yield SimpleNamespace(consensus=consensus, shard=shard, now=now)
+    consensus.dispose()
+
+
 class WorkerKilled(BaseException):
     """The worker dies (SIGKILL, OOM) between the round's decision and the page's delivery."""
 
 
-def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(sqlite_url, blob, tmp_path,
-                                                                                      pager, monkeypatch):
-    from airflow_upsert_provider.engine.frontier import rules as frontier
+def clocked_sensor(at: float, **kwargs: Any) -> FrontierStallSensor:
+    """A sensor of shard ``orders`` paging PagerDuty (namespace test), its rounds at ``at``."""
+    task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01,
+                               pagerduty_events_conn_id="pagerduty_test", namespace="test",
+                               **dict(QUICK, consecutive_breaches=1), **kwargs)
+    task.clock = lambda: at
+    return task
+
+
+def die_before_sending(monkeypatch, task: FrontierStallSensor, run_id: str) -> None:
+    """Run ``task`` with its worker killed between the round's decision and the delivery."""
     from airflow_upsert_provider.notifications import frontier as notifications
 
-    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
-        monkeypatch.setenv(name, value)
-    consensus = open_consensus(sqlite_url)
-    try:
-        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
-        now = time.time()
-        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise WorkerKilled()
 
-        def sensor(run_id: str, at: float) -> FrontierStallSensor:
-            task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
-                                       pagerduty_events_conn_id="pagerduty_test", namespace="test",
-                                       **dict(QUICK, consecutive_breaches=1, window_seconds=600))
-            task.clock = lambda: at
-            return task
+    with monkeypatch.context() as kill:
+        kill.setattr(notifications, "send_page", killed)
+        with pytest.raises(WorkerKilled):
+            task.execute(sensor_context(run_id))
 
-        def killed(*args, **kwargs):
-            raise WorkerKilled()
 
-        with monkeypatch.context() as kill:
-            kill.setattr(notifications, "send_page", killed)
-            with pytest.raises(WorkerKilled):
-                sensor("scheduled__1", now).execute(sensor_context("scheduled__1"))
-        assert pager.requests == []
-        state, _ = observations.load_alert_state(consensus, "orders")
-        assert state.firing is True
+def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(stalled_orders, pager,
+                                                                                      monkeypatch):
+    from airflow_upsert_provider.engine.frontier import rules as frontier
 
-        # A round while the dead worker's lease runs: the page is not sent twice at once.
-        with pytest.raises(AirflowFailException, match="same incident"):
-            sensor("scheduled__1", now + 1).execute(sensor_context("scheduled__1"))
-        assert pager.requests == []
+    consensus, shard, now = stalled_orders.consensus, stalled_orders.shard, stalled_orders.now
 
-        # The first round after the lease sends it: the incident pages after all, once.
-        lease = getattr(frontier, "OUTBOX_LEASE_SECONDS", 120.0)
-        with pytest.raises(AirflowFailException) as failed:
-            sensor("scheduled__2", now + lease + 1).execute(sensor_context("scheduled__2"))
-        assert "its page, decided earlier and left undelivered, is sent now" in str(failed.value)
-        [page] = pager.events()
-        assert (page["event_action"], page["dedup_key"]) == ("trigger", dedup_key("orders", "test"))
-        assert page["payload"]["summary"].startswith("STALLED: orders stuck")
-        assert page["payload"]["custom_details"]["run_ids"] == ["scheduled__1"]  # the round that decided it
-        assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+    def sensor(run_id: str, at: float) -> FrontierStallSensor:
+        return clocked_sensor(at, watch_seconds=60)
 
-        # Delivered: later rounds of the same incident page nobody.
-        with pytest.raises(AirflowFailException, match="same incident"):
-            sensor("scheduled__3", now + lease + 2).execute(sensor_context("scheduled__3"))
-        assert len(pager.requests) == 1
-    finally:
-        consensus.dispose()
+    die_before_sending(monkeypatch, sensor("scheduled__1", now), "scheduled__1")
+    assert pager.requests == []
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert state.firing is True
+
+    # A round while the dead worker's lease runs: the page is not sent twice at once.
+    with pytest.raises(AirflowFailException, match="same incident"):
+        sensor("scheduled__1", now + 1).execute(sensor_context("scheduled__1"))
+    assert pager.requests == []
+
+    # The first round after the lease sends it: the incident pages after all, once.
+    lease = getattr(frontier, "OUTBOX_LEASE_SECONDS", 120.0)
+    with pytest.raises(AirflowFailException) as failed:
+        sensor("scheduled__2", now + lease + 1).execute(sensor_context("scheduled__2"))
+    assert "its page, decided earlier and left undelivered, is sent now" in str(failed.value)
+    [page] = pager.events()
+    assert (page["event_action"], page["dedup_key"]) == ("trigger", dedup_key("orders", "test"))
+    assert page["payload"]["summary"].startswith("STALLED: orders stuck")
+    assert page["payload"]["custom_details"]["run_ids"] == ["scheduled__1"]  # the round that decided it
+    assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+
+    # Delivered: later rounds of the same incident page nobody.
+    with pytest.raises(AirflowFailException, match="same incident"):
+        sensor("scheduled__3", now + lease + 2).execute(sensor_context("scheduled__3"))
+    assert len(pager.requests) == 1
 
 
 def test_a_resolve_decided_while_a_dead_workers_trigger_is_leased_reaches_pagerduty_after_it(
-        sqlite_url, blob, tmp_path, pager, monkeypatch):
+        stalled_orders, pager, monkeypatch):
     """Issue 34 item 2: a round decides the trigger and dies before sending; the shard catches
     up and a live round decides the resolve. PagerDuty gets the trigger (once its lease ran
     out) and then the resolve, never the resolve first (an incident nothing would resolve)."""
     from airflow_upsert_provider.engine.frontier.rules import OUTBOX_LEASE_SECONDS
-    from airflow_upsert_provider.notifications import frontier as notifications
 
-    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
-        monkeypatch.setenv(name, value)
-    consensus = open_consensus(sqlite_url)
-    try:
-        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
-        now = time.time()
-        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
+    consensus, shard, now = stalled_orders.consensus, stalled_orders.shard, stalled_orders.now
 
-        def sensor(at: float) -> FrontierStallSensor:
-            task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=0,
-                                       pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
-                                       namespace="test", **dict(QUICK, consecutive_breaches=1))
-            task.clock = lambda: at
-            return task
+    def sensor(at: float) -> FrontierStallSensor:
+        return clocked_sensor(at, watch_seconds=0, slack_webhook_conn_id="slack_test")
 
-        def killed(*args, **kwargs):
-            raise WorkerKilled()
+    die_before_sending(monkeypatch, sensor(now), "scheduled__1")
+    while commit_next(shard) < 4:  # the writer catches up: nothing pending
+        pass
+    sensor(now + 1).execute(sensor_context("scheduled__2"))  # decides the resolve: it waits
+    assert pager.requests == []
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert [(e["event"]["action"], e["taken"]) for e in state.outbox] == [("trigger", True), ("resolve", False)]
 
-        with monkeypatch.context() as kill:
-            kill.setattr(notifications, "send_page", killed)
-            with pytest.raises(WorkerKilled):
-                sensor(now).execute(sensor_context("scheduled__1"))
-        while commit_next(shard) < 4:  # the writer catches up: nothing pending
-            pass
-        sensor(now + 1).execute(sensor_context("scheduled__2"))  # decides the resolve: it waits
-        assert pager.requests == []
-        state, _ = observations.load_alert_state(consensus, "orders")
-        assert [(e["event"]["action"], e["taken"]) for e in state.outbox] == [("trigger", True), ("resolve", False)]
-
-        sensor(now + OUTBOX_LEASE_SECONDS + 1).execute(sensor_context("scheduled__3"))
-        sensor(now + OUTBOX_LEASE_SECONDS + 2).execute(sensor_context("scheduled__4"))
-        assert [e["event_action"] for e in pager.events()] == ["trigger", "resolve"]
-        assert {e["dedup_key"] for e in pager.events()} == {dedup_key("orders", "test")}
-        slack = [m["text"].split("*")[1] for m in pager.slack_messages()]
-        assert slack[0].startswith("STALLED: orders") and slack[1].startswith("RESOLVED: orders")
-        assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
-    finally:
-        consensus.dispose()
+    sensor(now + OUTBOX_LEASE_SECONDS + 1).execute(sensor_context("scheduled__3"))
+    sensor(now + OUTBOX_LEASE_SECONDS + 2).execute(sensor_context("scheduled__4"))
+    assert [e["event_action"] for e in pager.events()] == ["trigger", "resolve"]
+    assert {e["dedup_key"] for e in pager.events()} == {dedup_key("orders", "test")}
+    slack = [m["text"].split("*")[1] for m in pager.slack_messages()]
+    assert slack[0].startswith("STALLED: orders") and slack[1].startswith("RESOLVED: orders")
+    assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
 
 
 def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(sqlite_url, blob, tmp_path, pager,
