@@ -86,7 +86,8 @@ class FrontierStallSensor(BaseSensorOperator):
     :param kafka_conn_id: the `kafka` connection whose extra is the client config of a Kafka
         shard's topic (templated; default: the upsert connection's ``kafka_conn_id``). Without
         one a Kafka shard cannot be observed: the round says so and judges what writers record.
-    :param window_seconds: observations the rules look at (templated; default 900).
+    :param window_seconds: observations the rules look at (templated; default 900, or the stall
+        threshold plus the stale limit when that is longer; a shorter window is refused).
     :param cadence_seconds: how often batches are expected, the micro-batch schedule (default 60).
     :param stall_multiplier: stalled after ``max(stall_multiplier * cadence, min_stall)`` without
         the upper moving while the source grew (default 3).
@@ -99,8 +100,9 @@ class FrontierStallSensor(BaseSensorOperator):
     :param consecutive_breaches: breaching rounds in a row before a page (default 2).
     :param blind_page_seconds: when every evaluation fails this long (the consensus store is
         down, the connection is broken), the monitor pages that under its own dedup key
-        (``frontier.MONITOR_KEY``) and keeps trying; the first evaluation that works again
-        resolves it (templated; default: the stale limit, ``max(2 * cadence, 120)``).
+        for the shard (``rules.blind_dedup_key``) and keeps trying; the first evaluation that
+        works again, in this run or a later one, resolves it (templated; default: the stale
+        limit, ``max(2 * cadence, 120)``).
     :param watch_seconds: how long one run watches before it succeeds healthy (default 900; 0: one
         evaluation).
     :param pagerduty_events_conn_id: `pagerduty_events` connection (integration key); none: no page.
