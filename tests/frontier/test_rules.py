@@ -690,7 +690,8 @@ def test_a_blind_monitor_pages_once_after_the_limit_under_its_own_key_and_resolv
     assert actions == [None, None, None, None, "trigger", None]
     assert (state.since, state.paged, state.error) == (NOW, True, down)
     page = blind_page_event(state, "trigger", NOW + 400, namespace="prod", shard_id="orders", limit_seconds=300)
-    assert page["dedup_key"] == dedup_key(MONITOR_KEY, "prod") != dedup_key("orders", "prod")
+    assert page["dedup_key"] == dedup_key("orders" + MONITOR_KEY, "prod") != dedup_key("orders", "prod")
+    assert blind_page_event(state, "trigger", NOW + 600, namespace="prod")["dedup_key"] == dedup_key(MONITOR_KEY, "prod")
     assert page["summary"] == f"MONITOR BLIND: cannot evaluate shard orders for 6m: {down}"
     assert (page["severity"], page["custom_details"]["failing_seconds"]) == ("critical", 400)
     back, action = advance_blind(state, NOW + 500, None, 300)
