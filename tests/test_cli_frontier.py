@@ -66,7 +66,10 @@ def test_status_shape_and_that_it_pages_nobody(store, capsys):
     code, out, err = cli(capsys, "frontier", "status", "a", "--window", "600", "--cadence", "10",
                          "--min-stall", "60")
     assert (code, err) == (0, "")
-    assert set(out) == {"shard", "status", "action", "evaluation", "state", "observation", "observe_error"}
+    assert set(out) == {"shard", "status", "action", "evaluation", "state", "observation", "observe_error",
+                        "judged_with", "note", "page"}
+    assert (out["judged_with"], out["note"], out["page"]) == ("command line", None, "pages after 2 breaching "
+                                                                                   "evaluations in a row")
     assert out["shard"] == "a" and out["action"] is None
     ev = out["evaluation"]
     # One observation is no trend: STALE, with the rule and the numbers it compared.
@@ -96,7 +99,9 @@ def test_status_of_a_stall_by_hand(store, capsys):
     code, out, err = run(capsys, "frontier", "status", "b", "--no-observe")
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == "shard b: STALLED (critical, pages)"
+    # No monitor evaluated it: the rules' defaults, and the page would go at the second breach.
+    assert lines[0] == "shard b: STALLED (critical, pages after 2 breaching evaluations in a row)"
+    assert "judged with: no monitor has evaluated this shard yet: judged with the default thresholds" in lines
     assert lines[1].startswith("rule: stalled: source grew, upper unmoved for ")
     assert any("writers running and committing nothing: writer:w1" in line for line in lines)
     assert any(line.startswith("upper: 0, last advance never, stuck ") for line in lines)
@@ -132,3 +137,31 @@ def test_bad_settings_name_the_field_exit_2(store, capsys, argv, field):
     assert out["error"] == "ConfigurationError" and out["field"] == field
     assert field in out["message"]
     assert observations.observation_count(store, "a") == 0
+
+
+def test_status_judges_with_the_monitors_settings_unless_told_otherwise(store, capsys):
+    """Issue 34 item 4: records pending for 9 minutes under a monitor with a 5-minute cadence
+    (stalled after 15m) are OK for the monitor, the page and upsertctl alike."""
+    from airflow_upsert_provider.engine.frontier.rules import AlertState, StallSettings
+
+    monitor = StallSettings(cadence_seconds=300, min_stall_seconds=900, window_seconds=3600)
+    now = time.time()
+    assert observations.save_alert_state(store, AlertState(
+        "b", settings=monitor.to_dict(), evaluated_by="sensor:monitor/r1/watch", last_evaluated_at=now - 60,
+        last_status="OK", unsent_reason="no PagerDuty or Slack connection is configured"), 0)
+    for i in range(11):
+        observations.record_observation(store, Observation(
+            shard_id="b", observed_at=now - 600 + 60 * i, upper=0, last_commit_at=None,
+            high_watermark={"p0": 21 + i}, bound={}, stream_status="READY", stream_changed_at=0.0,
+            lag=0 if i == 0 else 21 + i, lag_unit="segments", lag_seconds=None, observer="writer:w1",
+            writer_outcome="nothing_to_do"))
+    code, out, err = run(capsys, "frontier", "status", "b", "--no-observe")
+    lines = out.splitlines()
+    assert (code, lines[0]) == (0, "shard b: OK"), out
+    assert any("stalled only after 15m" in line for line in lines)
+    assert "judged with: the monitor's settings (last evaluation by sensor:monitor/r1/watch)" in lines
+    assert "pages sent: none (no PagerDuty or Slack connection is configured)" in lines
+    # Thresholds given here replace the monitor's.
+    code, out, _ = cli(capsys, "frontier", "status", "b", "--no-observe", "--cadence", "60")
+    assert (out["status"], out["judged_with"], out["page"]) == \
+        ("STALLED", "command line", "pages after 2 breaching evaluations in a row")

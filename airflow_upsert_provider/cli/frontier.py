@@ -101,14 +101,20 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             print(f"deleted {describe(deleted)}")
             return {}
         return {"deleted": deleted}
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+    from airflow_upsert_provider.engine.frontier.rules import StallSettings, judging_settings
 
     given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
              if getattr(args, field) is not None}
-    settings = StallSettings(**given)
+    # One verdict with the monitor and the shard page: the settings its monitor last evaluated
+    # with, unless thresholds are given here (they replace the monitor's, unset ones default).
+    if given:
+        settings, judged_with, note = StallSettings(**given), "command line", None
+    else:
+        settings, note = judging_settings(observations.load_alert_state(ctx.consensus, args.shard)[0])
+        judged_with = "defaults" if note else "monitor"
     result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=actor_of(args),
                                      observe_first=not args.no_observe, open_shard=ctx.shard)
-    out = result.to_dict()
+    out = {**result.to_dict(), "judged_with": judged_with, "note": note, "page": _page_outlook(result, settings)}
     if result.evaluation.status.value == "NOT_FOUND":
         # The same shape as for a known shard (status NOT_FOUND), and exit 2: nothing to watch.
         print(f"upsertctl: unknown shard {args.shard!r} in the consensus store", file=sys.stderr)
@@ -119,13 +125,24 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _page_outlook(result: Any, settings: Any) -> str:
+    """What the monitor would do with this verdict: page now, page after more breaching
+    evaluations, keep the page it has open, or not page."""
+    evaluation, state = result.evaluation, result.state
+    if not evaluation.breach:
+        return "does not page"
+    if state.firing:
+        return f"page open since {iso(state.incident_started_at)}"
+    more = settings.consecutive_breaches - state.consecutive_breaches
+    return "pages" if more <= 1 else f"pages after {more} breaching evaluations in a row"
+
+
 def _print_frontier_status(out: dict[str, Any]) -> None:
     from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
     from airflow_upsert_provider.engine.sources.lag import format_pending
 
     ev, state = out["evaluation"], out["state"]
-    pages = "pages" if ev["breach"] else "does not page"
-    print(f"shard {out['shard']}: {ev['status']}" + (f" ({ev['severity']}, {pages})" if ev["severity"] else ""))
+    print(f"shard {out['shard']}: {ev['status']}" + (f" ({ev['severity']}, {out['page']})" if ev["severity"] else ""))
     print(f"rule: {ev['rule']}")
     for reason in ev["reasons"]:
         print(f"  - {reason}")
@@ -138,5 +155,11 @@ def _print_frontier_status(out: dict[str, Any]) -> None:
     if window:
         print(f"window: {window.get('samples')} observation(s) from {iso(window.get('start'))} to "
               f"{iso(window.get('end'))} ({format_duration_to_the_second(window.get('seconds'))} looked at)")
+    print("judged with: " + {"monitor": f"the monitor's settings (last evaluation by {state.get('evaluated_by')})",
+                             "command line": "the thresholds given here"}.get(out["judged_with"], out["note"] or ""))
     if state.get("firing"):
         print(f"alert: firing ({state.get('firing_status')}) since {iso(state.get('incident_started_at'))}")
+    if state.get("pages_sent") or state.get("unsent_reason"):
+        print(f"pages sent: {state.get('pages_sent') or 'none'}"
+              + (f", last {iso(state.get('last_sent_at'))}" if state.get("last_sent_at") else "")
+              + (f" ({state['unsent_reason']})" if state.get("unsent_reason") else ""))

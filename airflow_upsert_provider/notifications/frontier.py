@@ -10,7 +10,11 @@ Delivery policy, the same for both channels:
 
 - 429 (rate limited), 5xx and connection failures are retried with exponential backoff
   (a 429's ``Retry-After`` is honoured up to the backoff cap); the providers' own retries are
-  switched off so that one policy decides.
+  switched off so that one policy decides. Every request is cut after
+  ``rules.PAGE_REQUEST_TIMEOUT_SECONDS``, so one delivery lasts at most
+  ``rules.max_delivery_seconds()``, less than the outbox lease.
+- Each channel is tried whatever another did; a failure names the channels that got the page
+  (``PageDeliveryError.delivered``), so that a later round sends it only to the others.
 - Any other 4xx (400: the event is malformed, 403/404: a wrong key or webhook) is not retried:
   sending it again cannot succeed.
 - The integration key and the webhook URL are secrets: they are masked in task logs and never
@@ -31,6 +35,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
 from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+from airflow_upsert_provider.engine.frontier.rules import PAGE_REQUEST_TIMEOUT_SECONDS
 from airflow_upsert_provider.engine.sources.lag import format_pending
 
 log = logging.getLogger(__name__)
@@ -46,12 +51,15 @@ class PageDeliveryError(AirflowException):
     """A page could not be delivered. ``retryable``: the last failure was a 429, a 5xx or a
     connection failure (the attempts ran out); otherwise the receiver refused the event."""
 
-    def __init__(self, channel: str, message: str, *, status: int | None, attempts: int, retryable: bool) -> None:
+    def __init__(self, channel: str, message: str, *, status: int | None, attempts: int, retryable: bool,
+                 delivered: Sequence[Delivery] = ()) -> None:
         super().__init__(f"{channel}: {message} (after {attempts} attempt{'s' if attempts != 1 else ''})")
         self.channel = channel
         self.status = status
         self.attempts = attempts
         self.retryable = retryable
+        # The channels the page did reach in the same delivery (a later one sends it only to the others).
+        self.delivered = list(delivered)
 
 
 class _Retryable(Exception):
@@ -186,38 +194,45 @@ class PagerDutySender:
     async def send(self, event: Mapping[str, Any], policy: RetryPolicy = DEFAULT_RETRY,
                    sleep: Callable[[float], Any] = asyncio.sleep) -> Delivery:
         import aiohttp
-        from airflow.providers.pagerduty.hooks.pagerduty_events import PagerdutyEventsAsyncHook
+        from airflow.providers.pagerduty.hooks.pagerduty_events import prepare_event_data
+
+        # The provider's event body; the request is ours: the hook's exception carries neither a
+        # 429's Retry-After nor a time limit.
+        body = {"event_action": event["action"], "routing_key": self.integration_key,
+                "dedup_key": event["dedup_key"],
+                **prepare_event_data(summary=event["summary"], severity=event["severity"],
+                                     source=event.get("source") or "airflow-upsert-provider",
+                                     custom_details=event.get("custom_details"), group=event.get("group") or None,
+                                     component=event.get("component") or None, action=event["action"],
+                                     dedup_key=event["dedup_key"], links=list(event.get("links") or []) or None)}
+        timeout = aiohttp.ClientTimeout(total=PAGE_REQUEST_TIMEOUT_SECONDS)
 
         async def attempt() -> str:
-            hook = PagerdutyEventsAsyncHook(integration_key=self.integration_key)
-            hook.base_url = self.base_url
-            # One request per attempt: the retry policy above decides, not the hook's own
-            # (which would retry 5xx on a fixed delay and never a 429).
-            hook.retry_limit = 1
             try:
-                return await hook.send_event(
-                    summary=event["summary"],
-                    severity=event["severity"],
-                    source=event.get("source") or "airflow-upsert-provider",
-                    action=event["action"],
-                    dedup_key=event["dedup_key"],
-                    custom_details=event.get("custom_details"),
-                    group=event.get("group") or None,
-                    component=event.get("component") or None,
-                    links=list(event.get("links") or []) or None,
-                )
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    async with session.post(f"{self.base_url}/v2/enqueue", json=body) as response:
+                        status = response.status
+                        if status < 300:
+                            reply = await response.json(content_type=None)
+                            return str((reply or {}).get("dedup_key") or event["dedup_key"])
+                        retry_after = _retry_after(response.headers.get("Retry-After"))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 raise _Retryable(f"connection failed: {type(exc).__name__}") from None
-            except AirflowException as exc:
-                status = _http_status(exc)
-                if status is None:
-                    raise
-                if is_retryable_status(status):
-                    raise _Retryable(f"HTTP {status}", status) from None
-                raise _Refused(f"HTTP {status}: the Events API refused the event", status) from None
+            if is_retryable_status(status):
+                raise _Retryable(f"HTTP {status}", status, retry_after)
+            raise _Refused(f"HTTP {status}: the Events API refused the event", status)
 
         dedup_key, attempts = await _with_retries(CHANNEL_PAGERDUTY, attempt, policy, sleep)
         return Delivery(CHANNEL_PAGERDUTY, event["action"], dedup_key or event["dedup_key"], attempts, 202)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header in seconds (the delta form); None when absent or a date."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def slack_message(event: Mapping[str, Any]) -> dict[str, Any]:
@@ -259,7 +274,8 @@ class SlackSender:
         # The webhook client logs its URL at debug level: a logger of our own at INFO keeps it out.
         quiet = logging.getLogger("airflow_upsert_provider.notifications.slack_client")
         quiet.setLevel(logging.INFO)
-        hook = SlackWebhookHook(slack_webhook_conn_id=conn_id, retry_handlers=[], logger=quiet)
+        hook = SlackWebhookHook(slack_webhook_conn_id=conn_id, retry_handlers=[], logger=quiet,
+                                timeout=int(PAGE_REQUEST_TIMEOUT_SECONDS))
         _mask(hook.get_connection(conn_id).password)
         return cls(conn_id, hook.get_conn())
 
@@ -288,19 +304,28 @@ class SlackSender:
 
 
 async def asend_page(event: Mapping[str, Any], *, pagerduty: PagerDutySender | None = None,
-                     slack: SlackSender | None = None, policy: RetryPolicy = DEFAULT_RETRY) -> list[Delivery]:
-    """Deliver one page to every configured channel. PagerDuty first: it is the page; Slack is
-    its copy for the channel. Raises :class:`PageDeliveryError` when PagerDuty could not be
-    reached or refused; a Slack failure is raised after PagerDuty was delivered."""
+                     slack: SlackSender | None = None, policy: RetryPolicy = DEFAULT_RETRY,
+                     skip: Sequence[str] = ()) -> list[Delivery]:
+    """Deliver one page to every configured channel but those in ``skip`` (they have it
+    already). PagerDuty first: it is the page; Slack is its copy for the channel. Every
+    channel is tried; when one failed, :class:`PageDeliveryError` (the first failure) is raised
+    after the others, naming in ``delivered`` those that got the page."""
     if event.get("action") not in ("trigger", "resolve"):
         raise ValueError(f"page action must be 'trigger' or 'resolve', got {event.get('action')!r}")
     if not event.get("dedup_key"):
         raise ValueError("page dedup_key is required")
     deliveries: list[Delivery] = []
-    if pagerduty is not None:
-        deliveries.append(await pagerduty.send(event, policy))
-    if slack is not None:
-        deliveries.append(await slack.send(event, policy))
+    failures: list[PageDeliveryError] = []
+    for channel, sender in ((CHANNEL_PAGERDUTY, pagerduty), (CHANNEL_SLACK, slack)):
+        if sender is None or channel in skip:
+            continue
+        try:
+            deliveries.append(await sender.send(event, policy))
+        except PageDeliveryError as exc:
+            failures.append(exc)
+    if failures:
+        failures[0].delivered = deliveries
+        raise failures[0]
     return deliveries
 
 
@@ -327,12 +352,13 @@ def _run(coroutine: Any) -> Any:
 
 
 def send_page(event: Mapping[str, Any], *, pagerduty_events_conn_id: str | None = None,
-              slack_webhook_conn_id: str | None = None, policy: RetryPolicy = DEFAULT_RETRY) -> list[Delivery]:
-    """Deliver ``event`` (from ``frontier.page_event``) through the given connections; no
-    connection given, nothing is sent (an empty list)."""
+              slack_webhook_conn_id: str | None = None, policy: RetryPolicy = DEFAULT_RETRY,
+              skip: Sequence[str] = ()) -> list[Delivery]:
+    """Deliver ``event`` (from ``frontier.page_event``) through the given connections, but not
+    to the channels in ``skip``; no connection given, nothing is sent (an empty list)."""
     pagerduty = PagerDutySender.from_connection(pagerduty_events_conn_id) if pagerduty_events_conn_id else None
     slack = SlackSender.from_connection(slack_webhook_conn_id) if slack_webhook_conn_id else None
-    return _run(asend_page(event, pagerduty=pagerduty, slack=slack, policy=policy))
+    return _run(asend_page(event, pagerduty=pagerduty, slack=slack, policy=policy, skip=skip))
 
 
 def channels(pagerduty_events_conn_id: str | None, slack_webhook_conn_id: str | None) -> Sequence[str]:

@@ -21,7 +21,9 @@ into the shard's outbox in consensus in the same compare-and-set as the decision
 delivers it and takes it out. A page that could not be delivered stays in the outbox, released
 for the next round, and the task fails with a retryable error; a worker that died between the
 decision and the delivery leaves it leased, and the first round after the lease
-(``frontier.OUTBOX_LEASE_SECONDS``) sends it.
+(``rules.OUTBOX_LEASE_SECONDS``, longer than one bounded delivery) sends it. Pages of one dedup
+key go strictly in order, one a round; each channel that got a page is recorded and never
+sent it again.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind, blind_page_event
+from airflow_upsert_provider.engine.frontier.rules import (
+    BlindState,
+    advance_blind,
+    blind_page_event,
+    max_delivery_seconds,
+)
 from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.links import ShardPageLink
@@ -67,6 +74,10 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.frontier.rules import StallSettings
 
 
+# Why a page reached nobody (kept in the alert state; the shard page and upsertctl show it).
+NO_CHANNEL = "no PagerDuty or Slack connection is configured"
+
+
 class FrontierStallSensor(BaseSensorOperator):
     """Watch a shard's frontier for ``watch_seconds``; page and fail when it stalls.
 
@@ -75,7 +86,8 @@ class FrontierStallSensor(BaseSensorOperator):
     :param kafka_conn_id: the `kafka` connection whose extra is the client config of a Kafka
         shard's topic (templated; default: the upsert connection's ``kafka_conn_id``). Without
         one a Kafka shard cannot be observed: the round says so and judges what writers record.
-    :param window_seconds: observations the rules look at (templated; default 900).
+    :param window_seconds: observations the rules look at (templated; default 900, or the stall
+        threshold plus the stale limit when that is longer; a shorter window is refused).
     :param cadence_seconds: how often batches are expected, the micro-batch schedule (default 60).
     :param stall_multiplier: stalled after ``max(stall_multiplier * cadence, min_stall)`` without
         the upper moving while the source grew (default 3).
@@ -88,8 +100,9 @@ class FrontierStallSensor(BaseSensorOperator):
     :param consecutive_breaches: breaching rounds in a row before a page (default 2).
     :param blind_page_seconds: when every evaluation fails this long (the consensus store is
         down, the connection is broken), the monitor pages that under its own dedup key
-        (``frontier.MONITOR_KEY``) and keeps trying; the first evaluation that works again
-        resolves it (templated; default: the stale limit, ``max(2 * cadence, 120)``).
+        for the shard (``rules.blind_dedup_key``) and keeps trying; the first evaluation that
+        works again, in this run or a later one, resolves it (templated; default: the stale
+        limit, ``max(2 * cadence, 120)``).
     :param watch_seconds: how long one run watches before it succeeds healthy (default 900; 0: one
         evaluation).
     :param pagerduty_events_conn_id: `pagerduty_events` connection (integration key); none: no page.
@@ -210,7 +223,8 @@ class FrontierStallSensor(BaseSensorOperator):
             try:
                 round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer(context), now=now,
                                         kafka_conn_id=self._optional(self.kafka_conn_id),
-                                        compose_page=page_composer(settings, **page_args))
+                                        compose_page=page_composer(settings, **page_args), blind=self._blind,
+                                        namespace=self.namespace or "")
             except Exception as exc:  # noqa: BLE001 - a monitor that cannot evaluate must say so, and page
                 cause = exc.__cause__ if exc.__cause__ is not None else exc  # the engine's error, if any
                 text = getattr(cause, "message", None) or str(cause)
@@ -229,11 +243,9 @@ class FrontierStallSensor(BaseSensorOperator):
                                           else f"the monitor pages after {limit:g}s of failures")) from exc
                 time.sleep(self.poke_interval)
                 continue
-            blind = self._blind
-            self._blind, action = advance_blind(blind, now, None, limit)
-            if action is not None:
-                self._send_blind(blind_page_event(blind, action, now, namespace=self.namespace or "",
-                                                  shard_id=self.shard, limit_seconds=limit))
+            # It works again: the round put the resolve of the monitor's page, if one was sent
+            # (by this run or an earlier one), into the outbox; it is delivered with its pages.
+            self._blind = BlindState()
             break
         evaluation = round_.evaluation
         self.log.info(
@@ -265,21 +277,31 @@ class FrontierStallSensor(BaseSensorOperator):
         entries = list(decision.pages)
         if not channels(pagerduty, slack):
             for entry in entries:
-                self.log.warning("shard %s: %s, but no PagerDuty or Slack connection is configured: %s",
-                                 self.shard, entry["event"]["action"], entry["event"]["summary"])
-            self._settle([entry["id"] for entry in entries], [])
+                self.log.warning("shard %s: %s, but %s: %s", self.shard, entry["event"]["action"], NO_CHANNEL,
+                                 entry["event"]["summary"])
+            self._settle([entry["id"] for entry in entries], [], unsent_reason=NO_CHANNEL)
             return
         delivered: list[str] = []
         for i, entry in enumerate(entries):
             event = entry["event"]
+            if time.time() + max_delivery_seconds() > float(entry.get("leased_until") or 0.0):
+                # Its lease could run out mid-delivery and another round take it: leave it to that round.
+                self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
+                self.log.warning("shard %s: the %s is left to the next round (its lease ends before a delivery "
+                                 "could)", self.shard, event["action"])
+                return
             try:
-                deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+                deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack,
+                                       skip=entry.get("delivered") or ())
             except (PageDeliveryError, AirflowException) as exc:
-                released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
+                reached = {entry["id"]: [d.channel for d in getattr(exc, "delivered", ())]}
+                released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True, reached=reached)
                 raise AirflowException(
                     f"{decision.message or event['summary']}; the {event['action']} was NOT delivered ({exc}); "
                     + ("it stays in the outbox, re-armed: the next round sends it again" if released
                        else "it stays in the outbox: a round sends it again once its lease runs out")
+                    + (f" (not again to {', '.join(reached[entry['id']])}, which got it)" if reached[entry["id"]]
+                       else "")
                 ) from None
             delivered.append(entry["id"])
             for delivery in deliveries:
@@ -303,9 +325,26 @@ class FrontierStallSensor(BaseSensorOperator):
             if event["action"] == "trigger":
                 self._blind = dataclasses.replace(self._blind, paged=False)
             raise AirflowException(f"{event['summary']}; the {event['action']} was NOT delivered ({exc})") from None
+        if event["action"] == "trigger":
+            self._record_blind()
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
 
-    def _settle(self, delivered: list[str], released: list[str], sent: bool = False) -> bool:
+    def _record_blind(self) -> None:
+        """Keep the sent monitor page in the shard's alert state, so that a later run resolves
+        it; when the store is what is down this fails, and this run's next working round does."""
+        from airflow_upsert_provider.engine.frontier.observations import record_blind
+
+        hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
+        try:
+            record_blind(hook.get_consensus(), self.shard, self._blind)
+        except Exception as exc:  # noqa: BLE001 - the page is sent; its record is best effort
+            self.log.warning("shard %s: the monitor's page could not be recorded in the store (%s: %s)",
+                             self.shard, type(exc).__name__, exc)
+        finally:
+            hook.close()
+
+    def _settle(self, delivered: list[str], released: list[str], sent: bool = False,
+                reached: Mapping[str, list[str]] | None = None, unsent_reason: str | None = None) -> bool:
         """Record in the outbox what was delivered (``sent``: to a channel, not only logged) and
         what goes back; never raises: a page whose delivery could not be recorded is sent again
         later (at least once)."""
@@ -314,7 +353,8 @@ class FrontierStallSensor(BaseSensorOperator):
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
             return settle_outbox(hook.get_consensus(), self.shard, delivered=delivered, released=released,
-                                 sent_at=time.time() if sent and delivered else None)
+                                 sent_at=time.time() if sent and delivered else None, reached=reached,
+                                 unsent_reason=unsent_reason)
         except Exception as exc:  # noqa: BLE001 - the delivery happened (or not) whatever the store says
             self.log.warning("shard %s: the outbox could not be updated (%s: %s); its pages are sent again once "
                              "their lease runs out", self.shard, type(exc).__name__, exc)

@@ -69,11 +69,13 @@ def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
 
 def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, observer: str,
                    now: float | None = None, kafka_conn_id: str | None = None,
-                   compose_page: Callable[..., dict] | None = None) -> EvaluationRound:
+                   compose_page: Callable[..., dict] | None = None, blind: Any = None,
+                   namespace: str = "") -> EvaluationRound:
     """One evaluation round of ``shard`` on the `upsert` connection (no Spark). A Kafka shard
     is observed with the client config of ``kafka_conn_id`` (default: the upsert connection's
     ``kafka_conn_id``); when it cannot be observed the round says why and judges what writers
-    recorded. ``compose_page``: see ``observations.evaluate_shard`` (the outbox)."""
+    recorded. ``compose_page``, ``blind`` (the failed evaluations before this round) and
+    ``namespace``: see ``observations.evaluate_shard`` (the outbox, the monitor's own page)."""
     from airflow_upsert_provider.engine.errors import UpsertError
     from airflow_upsert_provider.engine.frontier.observations import evaluate_shard
     from airflow_upsert_provider.operators.errors import to_airflow_error
@@ -82,7 +84,7 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
     try:
         return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now,
                               open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
-                              compose_page=compose_page)
+                              compose_page=compose_page, blind=blind, namespace=namespace)
     except UpsertError as exc:
         raise to_airflow_error(exc, hook) from exc
     finally:
@@ -159,10 +161,8 @@ def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str =
     as_dict = round_.to_dict()
     pages = tuple(round_.pages)
     if round_.action in ("trigger", "resolve"):
-        # The round's own page is the newest of the outbox it took (a round made without an
-        # outbox composes it here).
-        page = pages[-1]["event"] if pages else page_composer(
-            settings, namespace=namespace, links=links, run_ids=run_ids)(evaluation, round_.state, round_.action)
+        # The round's own page, as it went into the outbox (it is sent after any older one of its key).
+        page = round_.page
         if round_.action == "trigger":
             return Decision(PAGE, as_dict, page, describe_breach(evaluation.to_dict()), pages)
         return Decision(RESOLVE, as_dict, page, page["summary"], pages)

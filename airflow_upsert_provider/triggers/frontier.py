@@ -81,14 +81,15 @@ class FrontierTrigger(BaseTrigger):
             },
         )
 
-    def _evaluate(self, now: float) -> dict[str, Any]:
+    def _evaluate(self, now: float, blind: Any = None) -> dict[str, Any]:
         # Blocking: the store and the source directory. Runs in a worker thread.
         from airflow_upsert_provider.sensors.frontier_rounds import decide, evaluate_round, page_composer, settings_from_dict
 
         settings = settings_from_dict(self.settings)
         page_args = dict(namespace=self.namespace, links=self.links, run_ids=self.run_ids)
         round_ = evaluate_round(self.upsert_conn_id, self.shard, settings, self.observer, now=now,
-                                kafka_conn_id=self.kafka_conn_id, compose_page=page_composer(settings, **page_args))
+                                kafka_conn_id=self.kafka_conn_id, compose_page=page_composer(settings, **page_args),
+                                blind=blind, namespace=self.namespace)
         return decide(round_, settings, **page_args).to_dict()
 
     def _blind_event(self, blind: Any, action: str, now: float, limit: float,
@@ -117,7 +118,7 @@ class FrontierTrigger(BaseTrigger):
         while True:
             started = time.time()
             try:
-                decision = await asyncio.to_thread(self._evaluate, started)
+                decision = await asyncio.to_thread(self._evaluate, started, blind)
             except Exception as exc:  # noqa: BLE001 - retried here; paged when it lasts (the monitor is blind)
                 cause = exc.__cause__ if exc.__cause__ is not None else exc
                 text = getattr(cause, "message", None) or str(cause)
@@ -132,11 +133,8 @@ class FrontierTrigger(BaseTrigger):
                     return
                 await asyncio.sleep(self.poke_interval)
                 continue
-            previous = blind
-            blind, action = advance_blind(blind, started, None, limit)
-            if action is not None:
-                yield TriggerEvent(self._blind_event(previous, action, started, limit, decision["round"]))
-                return
+            # It works again: a monitor page that was sent is resolved through the round's outbox pages.
+            blind = BlindState()
             last = decision["round"]
             if decision["kind"] != WATCH or decision.get("pages"):
                 # Something to act on, or outbox pages to deliver: the worker sends pages.

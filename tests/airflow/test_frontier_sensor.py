@@ -56,6 +56,7 @@ class PagerServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self._script: list[int] = []
+        self.retry_after = "0"  # the Retry-After header of a 429
         self._lock = threading.Lock()
         server = self
 
@@ -79,7 +80,7 @@ class PagerServer:
                     reply, content_type = (b"ok" if status == 200 else b"invalid_payload"), "text/plain"
                 self.send_response(status)
                 if status == 429:
-                    self.send_header("Retry-After", "0")
+                    self.send_header("Retry-After", server.retry_after)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
@@ -232,7 +233,7 @@ def test_the_notifier_delivers_a_page_composed_elsewhere(pager, monkeypatch):
 SPEC = SampleSpec(records=160, keys=40, partitions=2, segments_per_partition=4, seed=7)
 POKE = 0.5
 # Stalled after max(2 x 0.5 s, 2 s) = 2 s of pending records and an unmoved upper.
-QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=60,
+QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=600,
              consecutive_breaches=2)
 
 
@@ -312,7 +313,7 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
     lines = message.splitlines()
     assert "last advance never" in lines[0] and re.fullmatch(r"  behind: 8 segments pending, the oldest for (\d+m)?\d+s",
                                                                   lines[1]), lines
-    assert lines[2].startswith("  window 1m00s from") and lines[3].startswith("  rule: stalled: source grew")
+    assert lines[2].startswith("  window 10m00s from") and lines[3].startswith("  rule: stalled: source grew")
     assert "writers running and committing nothing: writer:pinned" in message
 
     [trigger] = pager.events()
@@ -326,7 +327,7 @@ def test_a_pinned_writer_reporting_success_pages_within_two_pokes_then_resolves_
         ("orders", "STALLED", 0, 8, "segments")
     assert details["stuck_seconds"] >= stall_seconds and details["lag_seconds"] >= stall_seconds
     assert details["writers_running"] is True and details["run_ids"] == ["scheduled__1"]
-    assert details["consecutive_breaches"] == 2 and details["window"]["seconds"] == 60
+    assert details["consecutive_breaches"] == 2 and details["window"]["seconds"] == 600
     slack = pager.slack_messages()[0]["text"]
     assert "STALLED: orders stuck" in slack and "\n• lag: `8 segments pending, the oldest for " in slack
     state, _ = observations.load_alert_state(consensus, "orders")
@@ -374,7 +375,7 @@ def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sql
         assert pager.statuses() == [400]
         # The page stays in the outbox, due again at once.
         state, _ = observations.load_alert_state(consensus, "orders")
-        assert (state.firing, state.pages_sent) == (True, 1)
+        assert (state.firing, state.pages_sent) == (True, 0)  # decided, not delivered
         assert [(e["event"]["action"], e["leased_until"]) for e in state.outbox] == [("trigger", 0.0)]
         # The retry pages at once.
         with pytest.raises(AirflowFailException, match="frontier STALLED"):
@@ -385,63 +386,155 @@ def test_an_undelivered_page_rearms_the_alert_and_the_next_round_pages_again(sql
         consensus.dispose()
 
 
+@pytest.fixture
+def stalled_orders(sqlite_url, blob, tmp_path, pager, monkeypatch):
+    """Shard ``orders`` with records pending since a writer's look 30 s ago, and the upsert,
+    PagerDuty and Slack connections set: (consensus, shard, now)."""
+    for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
+        monkeypatch.setenv(name, value)
+    consensus = open_consensus(sqlite_url)
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+    now = time.time()
+    observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
+    yield SimpleNamespace(consensus=consensus, shard=shard, now=now)
+    consensus.dispose()
+
+
 class WorkerKilled(BaseException):
     """The worker dies (SIGKILL, OOM) between the round's decision and the page's delivery."""
 
 
-def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(sqlite_url, blob, tmp_path,
-                                                                                      pager, monkeypatch):
-    from airflow_upsert_provider.engine.frontier import rules as frontier
+def clocked_sensor(at: float, **kwargs: Any) -> FrontierStallSensor:
+    """A sensor of shard ``orders`` paging PagerDuty (namespace test), its rounds at ``at``."""
+    task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01,
+                               pagerduty_events_conn_id="pagerduty_test", namespace="test",
+                               **dict(QUICK, consecutive_breaches=1), **kwargs)
+    task.clock = lambda: at
+    return task
+
+
+def die_before_sending(monkeypatch, task: FrontierStallSensor, run_id: str) -> None:
+    """Run ``task`` with its worker killed between the round's decision and the delivery."""
     from airflow_upsert_provider.notifications import frontier as notifications
 
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise WorkerKilled()
+
+    with monkeypatch.context() as kill:
+        kill.setattr(notifications, "send_page", killed)
+        with pytest.raises(WorkerKilled):
+            task.execute(sensor_context(run_id))
+
+
+def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(stalled_orders, pager,
+                                                                                      monkeypatch):
+    from airflow_upsert_provider.engine.frontier import rules as frontier
+
+    consensus, shard, now = stalled_orders.consensus, stalled_orders.shard, stalled_orders.now
+
+    def sensor(run_id: str, at: float) -> FrontierStallSensor:
+        return clocked_sensor(at, watch_seconds=60)
+
+    die_before_sending(monkeypatch, sensor("scheduled__1", now), "scheduled__1")
+    assert pager.requests == []
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert state.firing is True
+
+    # A round while the dead worker's lease runs: the page is not sent twice at once.
+    with pytest.raises(AirflowFailException, match="same incident"):
+        sensor("scheduled__1", now + 1).execute(sensor_context("scheduled__1"))
+    assert pager.requests == []
+
+    # The first round after the lease sends it: the incident pages after all, once.
+    lease = getattr(frontier, "OUTBOX_LEASE_SECONDS", 120.0)
+    with pytest.raises(AirflowFailException) as failed:
+        sensor("scheduled__2", now + lease + 1).execute(sensor_context("scheduled__2"))
+    assert "its page, decided earlier and left undelivered, is sent now" in str(failed.value)
+    [page] = pager.events()
+    assert (page["event_action"], page["dedup_key"]) == ("trigger", dedup_key("orders", "test"))
+    assert page["payload"]["summary"].startswith("STALLED: orders stuck")
+    assert page["payload"]["custom_details"]["run_ids"] == ["scheduled__1"]  # the round that decided it
+    assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+
+    # Delivered: later rounds of the same incident page nobody.
+    with pytest.raises(AirflowFailException, match="same incident"):
+        sensor("scheduled__3", now + lease + 2).execute(sensor_context("scheduled__3"))
+    assert len(pager.requests) == 1
+
+
+def test_a_resolve_decided_while_a_dead_workers_trigger_is_leased_reaches_pagerduty_after_it(
+        stalled_orders, pager, monkeypatch):
+    """Issue 34 item 2: a round decides the trigger and dies before sending; the shard catches
+    up and a live round decides the resolve. PagerDuty gets the trigger (once its lease ran
+    out) and then the resolve, never the resolve first (an incident nothing would resolve)."""
+    from airflow_upsert_provider.engine.frontier.rules import OUTBOX_LEASE_SECONDS
+
+    consensus, shard, now = stalled_orders.consensus, stalled_orders.shard, stalled_orders.now
+
+    def sensor(at: float) -> FrontierStallSensor:
+        return clocked_sensor(at, watch_seconds=0, slack_webhook_conn_id="slack_test")
+
+    die_before_sending(monkeypatch, sensor(now), "scheduled__1")
+    while commit_next(shard) < 4:  # the writer catches up: nothing pending
+        pass
+    sensor(now + 1).execute(sensor_context("scheduled__2"))  # decides the resolve: it waits
+    assert pager.requests == []
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert [(e["event"]["action"], e["taken"]) for e in state.outbox] == [("trigger", True), ("resolve", False)]
+
+    sensor(now + OUTBOX_LEASE_SECONDS + 1).execute(sensor_context("scheduled__3"))
+    sensor(now + OUTBOX_LEASE_SECONDS + 2).execute(sensor_context("scheduled__4"))
+    assert [e["event_action"] for e in pager.events()] == ["trigger", "resolve"]
+    assert {e["dedup_key"] for e in pager.events()} == {dedup_key("orders", "test")}
+    slack = [m["text"].split("*")[1] for m in pager.slack_messages()]
+    assert slack[0].startswith("STALLED: orders") and slack[1].startswith("RESOLVED: orders")
+    assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
+
+
+def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(sqlite_url, blob, tmp_path, pager,
+                                                                              monkeypatch):
+    """Delivery is recorded per channel: Slack refusing (500 on every attempt) releases the page
+    for Slack alone; the next round does not page PagerDuty twice."""
     for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
         monkeypatch.setenv(name, value)
     consensus = open_consensus(sqlite_url)
     try:
         shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
-        now = time.time()
-        observations.record_observation(consensus, observations.observe(shard, observer="writer:w", now=now - 30))
-
-        def sensor(run_id: str, at: float) -> FrontierStallSensor:
-            task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
-                                       pagerduty_events_conn_id="pagerduty_test", namespace="test",
-                                       **dict(QUICK, consecutive_breaches=1, window_seconds=600))
-            task.clock = lambda: at
-            return task
-
-        def killed(*args, **kwargs):
-            raise WorkerKilled()
-
-        with monkeypatch.context() as kill:
-            kill.setattr(notifications, "send_page", killed)
-            with pytest.raises(WorkerKilled):
-                sensor("scheduled__1", now).execute(sensor_context("scheduled__1"))
-        assert pager.requests == []
+        observations.record_observation(consensus, observations.observe(shard, observer="writer:w",
+                                                                        now=time.time() - 30))
+        task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
+                                   pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
+                                   **dict(QUICK, consecutive_breaches=1))
+        pager.script([202] + [500] * 6)  # PagerDuty takes it; Slack fails every attempt
+        with pytest.raises(AirflowException) as undelivered:
+            task.execute(sensor_context("scheduled__1"))
+        assert "not again to pagerduty, which got it" in str(undelivered.value)
         state, _ = observations.load_alert_state(consensus, "orders")
-        assert state.firing is True
-
-        # A round while the dead worker's lease runs: the page is not sent twice at once.
-        with pytest.raises(AirflowFailException, match="same incident"):
-            sensor("scheduled__1", now + 1).execute(sensor_context("scheduled__1"))
-        assert pager.requests == []
-
-        # The first round after the lease sends it: the incident pages after all, once.
-        lease = getattr(frontier, "OUTBOX_LEASE_SECONDS", 120.0)
-        with pytest.raises(AirflowFailException) as failed:
-            sensor("scheduled__2", now + lease + 1).execute(sensor_context("scheduled__2"))
-        assert "its page, decided earlier and left undelivered, is sent now" in str(failed.value)
-        [page] = pager.events()
-        assert (page["event_action"], page["dedup_key"]) == ("trigger", dedup_key("orders", "test"))
-        assert page["payload"]["summary"].startswith("STALLED: orders stuck")
-        assert page["payload"]["custom_details"]["run_ids"] == ["scheduled__1"]  # the round that decided it
-        assert observations.load_alert_state(consensus, "orders")[0].outbox == ()
-
-        # Delivered: later rounds of the same incident page nobody.
-        with pytest.raises(AirflowFailException, match="same incident"):
-            sensor("scheduled__3", now + lease + 2).execute(sensor_context("scheduled__3"))
-        assert len(pager.requests) == 1
+        assert [e["delivered"] for e in state.outbox] == [["pagerduty"]]
+        with pytest.raises(AirflowFailException, match="frontier STALLED"):
+            task.execute(sensor_context("scheduled__1"))
+        assert [e["event_action"] for e in pager.events()] == ["trigger"]  # PagerDuty paged once
+        assert len(pager.slack_messages()) == 1 and observations.load_alert_state(consensus, "orders")[0].outbox == ()
     finally:
         consensus.dispose()
+
+
+def test_pagerduty_retry_after_is_honoured_up_to_the_cap(pager):
+    """Issue 34 (seed N4): a 429's Retry-After sets the wait, capped at the policy's longest wait."""
+    sender = PagerDutySender(integration_key=INTEGRATION_KEY, base_url=pager.url)
+    policy = RetryPolicy(max_attempts=3, base_seconds=0.01, max_wait_seconds=40.0)
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    pager.retry_after = "30"
+    pager.script([429])
+    asyncio.run(sender.send(sample_event(), policy, sleep))
+    pager.retry_after = "3600"
+    pager.script([429])
+    asyncio.run(sender.send(sample_event(), policy, sleep))
+    assert waits == [30.0, 40.0] and pager.statuses() == [429, 202, 429, 202]
 
 
 def test_bad_settings_and_an_unknown_shard_fail_without_retry_naming_them(sqlite_url, blob, monkeypatch):
@@ -659,10 +752,13 @@ def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_whe
         assert result.is_done is False and result.xcom_value["shard"] == "orders"
 
         trigger, resolve = pager.events()
-        key = dedup_key(MONITOR_KEY, "test")
+        key = dedup_key("orders" + MONITOR_KEY, "test")  # one monitor page per namespace and shard
         assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
         assert (resolve["event_action"], resolve["dedup_key"]) == ("resolve", key)
         assert key != dedup_key("orders", "test")
+        # Its resolve went through the outbox, which is empty again; nothing open is left recorded.
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert (state.outbox, state.blind) == ((), None)
         # Paged at the attempt 30 s after the first failure (the fourth), not before.
         assert len(attempts) == 5
         details = trigger["payload"]["custom_details"]
@@ -698,14 +794,16 @@ def test_the_trigger_pages_when_it_cannot_evaluate_and_resolves_when_it_can(sqli
 
         blind = first_event(FrontierTrigger(**kwargs))
         assert blind["kind"] == "blind" and blind["blind"]["paged"] is True
-        assert (blind["page"]["action"], blind["page"]["dedup_key"]) == ("trigger", dedup_key(MONITOR_KEY, "test"))
+        key = dedup_key("orders" + MONITOR_KEY, "test")
+        assert (blind["page"]["action"], blind["page"]["dedup_key"]) == ("trigger", key)
         assert "ConsensusUnavailable: cannot reach consensus store" in blind["message"]
         json.dumps(blind)  # what the triggerer hands the worker
 
         monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", upsert_env(sqlite_url, blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"])
         back = first_event(FrontierTrigger(**dict(kwargs, blind=blind["blind"])))
-        assert (back["kind"], back["page"]["action"], back["blind"]["paged"]) == ("blind", "resolve", False)
-        assert back["page"]["dedup_key"] == dedup_key(MONITOR_KEY, "test") and back["round"]["shard"] == "orders"
+        # The round that works queues the resolve in the outbox: the worker delivers it with its pages.
+        assert back["kind"] == "watch" and back["round"]["shard"] == "orders"
+        assert [(p["event"]["action"], p["event"]["dedup_key"]) for p in back["pages"]] == [("resolve", key)]
     finally:
         consensus.dispose()
 

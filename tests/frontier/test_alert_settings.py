@@ -51,9 +51,23 @@ def test_settings_a_newer_version_recorded_are_read_without_its_new_fields_and_u
 
 
 def test_a_delivery_to_a_channel_records_when_a_page_was_last_sent():
-    state = enqueue_page(AlertState("orders"), {"action": "trigger"}, "p1")
+    state, _ = enqueue_page(AlertState("orders"), {"action": "trigger"}, "p1")
     assert settle_pages(state, delivered=["p1"]).last_sent_at is None  # only logged: not sent
     assert settle_pages(state, released=["p1"], sent_at=50.0).last_sent_at is None  # not delivered
     sent = settle_pages(state, delivered=["p1"], sent_at=50.0)
     assert (sent.last_sent_at, sent.outbox) == (50.0, ())
     assert settle_pages(sent, delivered=["p1"], sent_at=60.0).last_sent_at == 50.0  # nothing new delivered
+
+
+def test_pages_sent_counts_only_triggers_that_reached_a_channel_and_says_why_none_did():
+    state, _ = enqueue_page(AlertState("orders"), {"action": "trigger", "dedup_key": "k"}, "p1")
+    logged = settle_pages(state, delivered=["p1"], unsent_reason="no PagerDuty or Slack connection is configured")
+    assert (logged.pages_sent, logged.last_sent_at, logged.unsent_reason) == \
+        (0, None, "no PagerDuty or Slack connection is configured")
+    failed = settle_pages(state, released=["p1"], sent_at=50.0)
+    assert (failed.pages_sent, failed.last_sent_at) == (0, None)
+    sent = settle_pages(state, delivered=["p1"], sent_at=50.0)
+    assert (sent.pages_sent, sent.last_sent_at, sent.unsent_reason) == (1, 50.0, None)
+    resolve, _ = enqueue_page(sent, {"action": "resolve", "dedup_key": "k"}, "p2")
+    assert settle_pages(resolve, delivered=["p2"], sent_at=60.0).pages_sent == 1  # a resolve is not a page
+    assert AlertState.from_dict(logged.to_dict()) == logged

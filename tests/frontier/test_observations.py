@@ -183,6 +183,11 @@ STALL = StallSettings(window_seconds=900.0, cadence_seconds=60.0, min_stall_seco
                       consecutive_breaches=1)
 
 
+def triggers(state: AlertState) -> int:
+    """The triggers a shard's outbox holds: pages decided (pages_sent counts delivered ones)."""
+    return sum(1 for entry in state.outbox if entry["event"]["action"] == "trigger")
+
+
 def record_stall(consensus, shard_id: str, until: float) -> None:
     """Ten minutes of a writer running and committing nothing while the source grows."""
     for i in range(11):
@@ -211,10 +216,10 @@ def test_two_evaluators_racing_page_once(consensus, blob, tmp_path, monkeypatch)
     assert rounds["second"].evaluation.status is FrontierStatus.STALLED
     assert rounds["second"].evaluation.writers_running is True
     assert [rounds["second"].action, rounds["first"].action] == ["trigger", None]
-    # The loser reports what is stored: the winner's state, one page sent.
+    # The loser reports what is stored: the winner's state, one page queued.
     state, version = observations.load_alert_state(consensus, "orders")
     assert version == 1
-    assert state.firing and state.pages_sent == 1 and state.consecutive_breaches == 1
+    assert state.firing and triggers(state) == 1 and state.consecutive_breaches == 1
     assert rounds["first"].state == state
     assert rounds["first"].evaluation.status is FrontierStatus.STALLED
     # Both observed the real shard and both observations are recorded, the loser's too (it
@@ -248,7 +253,7 @@ def evaluate_after_barrier(url: str, blob_root: str, now: float, barrier, out) -
     observations.between_load_and_save = both_loaded
     result = observations.evaluate_shard(consensus, open_blob(blob_root), "orders", STALL,
                                          observer=f"sensor:{os.getpid()}", now=now, observe_first=False)
-    out.put((result.action, result.evaluation.status.value, result.state.pages_sent, waited))
+    out.put((result.action, result.evaluation.status.value, triggers(result.state), waited))
     consensus.dispose()
 
 
@@ -279,7 +284,7 @@ def test_two_evaluators_in_separate_processes_page_once(consensus_url, blob, tmp
         assert sorted(r[3] for r in results) == [[0], [0]]
         assert sorted((r[0] or "", r[1], r[2]) for r in results) == [("", "STALLED", 1), ("trigger", "STALLED", 1)]
         state, version = observations.load_alert_state(consensus, "orders")
-        assert (state.firing, state.pages_sent, version) == (True, 1, 1)
+        assert (state.firing, triggers(state), version) == (True, 1, 1)
     finally:
         consensus.dispose()
 
@@ -305,7 +310,7 @@ def test_a_loser_at_a_later_moment_decides_again(consensus, blob, tmp_path, monk
                                                   now=now + 30.0, observe_first=False)
     assert [rounds["earlier"].action, rounds["later"].action] == [None, "trigger"]
     state, version = observations.load_alert_state(consensus, "orders")
-    assert (state.consecutive_breaches, state.pages_sent, version) == (2, 1, 2)
+    assert (state.consecutive_breaches, triggers(state), version) == (2, 1, 2)
 
 
 def test_a_round_observes_records_and_resolves(consensus, blob, tmp_path):
@@ -404,7 +409,7 @@ def test_a_writer_step_that_fails_is_recorded_with_its_error_class_and_the_page_
         assert [(o.observer, o.writer_outcome, o.upper, o.lag) for o in recorded] == [
             (f"writer:failing-{i}", "failed:SparkUnavailable", 0, 8) for i in range(3)]
         # A look past the stall threshold after the first failure: the page says what fails.
-        settings = StallSettings(cadence_seconds=1, min_stall_seconds=1, window_seconds=60)
+        settings = StallSettings(cadence_seconds=1, min_stall_seconds=1)
         evaluation = observations.peek_shard(consensus, blob, "orders", settings, observer="test",
                                              now=recorded[0].observed_at + 5).evaluation
         assert evaluation.status is FrontierStatus.STALLED, evaluation.rule
@@ -445,3 +450,66 @@ def test_a_resumed_stream_is_not_stalled_by_the_time_it_spent_stopped(sqlite_url
         assert later.evaluation.window["samples"] == 62  # the hour stopped is in the window
     finally:
         consensus.dispose()
+
+
+def test_a_stall_longer_than_the_window_is_dated_by_the_look_before_it(consensus, blob, tmp_path):
+    """A writer stuck for three hours on a five-minute cadence: a monitor's first round, and a
+    look by hand, see only the window from the store, and the look before it dates the stall."""
+    make_shard(consensus, blob, tmp_path, spec=SPEC)
+    settings = StallSettings(cadence_seconds=300, consecutive_breaches=1)  # window 1500 s
+    now = 100_000.0
+    for i in range(37):  # every 300 s for three hours, records pending the whole time
+        at = now - 3 * 3600 + 300.0 * i
+        observations.record_observation(consensus, replace(obs("orders", at, upper=0, hw=20 + i),
+                                                           lag_seconds=at - (now - 3 * 3600)))
+    window = observations.judging_window(consensus, "orders", settings, now)
+    assert window[0].observed_at == now - settings.window_seconds - 300  # the look before the window
+    peeked = observations.peek_shard(consensus, blob, "orders", settings, observer="test", now=now,
+                                     observe_first=False).evaluation
+    judged = observations.evaluate_shard(consensus, blob, "orders", settings, observer="test", now=now,
+                                         observe_first=False)
+    for evaluation in (peeked, judged.evaluation):
+        assert evaluation.status is FrontierStatus.STALLED, evaluation.rule
+        assert evaluation.stuck_seconds == pytest.approx(3 * 3600)
+    assert (judged.state.stall_upper, judged.state.pending_since) == (0, now - 3 * 3600)
+
+
+def test_a_round_without_a_sender_still_queues_the_page_it_marks_firing(consensus, blob, tmp_path):
+    """evaluate_shards (no composer of its own) marks a page firing: the same round puts it into
+    the outbox, so a sensor's later round delivers it (one path decides and enqueues)."""
+    make_shard(consensus, blob, tmp_path, spec=SPEC)
+    now = 100_000.0
+    record_stall(consensus, "orders", now)
+    [round_] = observations.evaluate_shards(consensus, blob, ["orders"], STALL, "sensor:all", now=now)
+    assert round_.action == "trigger" and round_.state.firing
+    state, _ = observations.load_alert_state(consensus, "orders")
+    assert [(e["event"]["action"], e["event"]["dedup_key"]) for e in state.outbox] == \
+        [("trigger", "airflow-upsert//orders")]
+    assert round_.page == state.outbox[0]["event"] and round_.pages[0]["id"] == state.outbox[0]["id"]
+
+
+def test_a_monitor_page_sent_by_an_ended_run_is_resolved_by_the_next_round_of_its_shard_only(
+        consensus, blob, tmp_path):
+    """Issue 34 item 3: the monitor's own page has one key per namespace and shard and is kept
+    in the alert state: a later run's first working round resolves it (through the outbox), and
+    resolves no other shard's."""
+    from airflow_upsert_provider.engine.frontier.rules import BlindState, blind_dedup_key
+
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="orders")
+    make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="events")
+    paged = BlindState(since=100.0, paged=True, error="ConsensusUnavailable: cannot reach consensus store")
+    for shard_id in ("orders", "events"):
+        assert observations.record_blind(consensus, shard_id, paged)
+    round_ = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:r2", now=1000.0,
+                                         namespace="prod")
+    monitor_pages = [p["event"] for p in round_.pages if p["event"]["dedup_key"].endswith("#monitor")]
+    assert [(e["action"], e["dedup_key"]) for e in monitor_pages] == [("resolve", blind_dedup_key("prod", "orders"))]
+    assert monitor_pages[0]["summary"] == "RESOLVED: the frontier monitor evaluates shard orders again"
+    assert observations.load_alert_state(consensus, "orders")[0].blind is None
+    assert observations.load_alert_state(consensus, "events")[0].blind == {**paged.__dict__}
+    assert blind_dedup_key("prod", "orders") != blind_dedup_key("prod", "events") != blind_dedup_key("prod")
+    # Delivered, a later round has nothing more to resolve.
+    observations.settle_outbox(consensus, "orders", delivered=[p["id"] for p in round_.pages], sent_at=1001.0)
+    again = observations.evaluate_shard(consensus, blob, "orders", STALL, observer="sensor:r2", now=1060.0,
+                                        namespace="prod")
+    assert not [p for p in again.pages if p["event"]["dedup_key"].endswith("#monitor")]

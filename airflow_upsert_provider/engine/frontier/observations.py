@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -30,13 +30,17 @@ from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.frontier.rules import (
+    MAX_OUTBOX,
     AlertState,
     Evaluation,
     Observation,
     StallSettings,
+    BlindState,
     advance_alert,
+    blind_page_event,
     enqueue_page,
     evaluate,
+    page_event,
     settle_pages,
     take_pages,
 )
@@ -193,17 +197,32 @@ def _record(conn, obs: Observation) -> None:
 
 
 def observation_window(
-    consensus: Consensus, shard_id: str, start: float, end: float | None = None
+    consensus: Consensus, shard_id: str, start: float, end: float | None = None, *, with_previous: bool = False
 ) -> list[Observation]:
     """The observations of ``shard_id`` with ``start <= observed_at`` (and ``<= end`` when
-    given), oldest first (ties in the order they were recorded)."""
+    given), oldest first (ties in the order they were recorded). ``with_previous``: the newest
+    observation before ``start`` first, if there is one (the rules date a stall that began
+    before the window with it)."""
     table = observations_table
-    query = sa.select(table.c.payload).where(table.c.shard_id == shard_id, table.c.observed_at >= start)
+    mine = table.c.shard_id == shard_id
+    query = sa.select(table.c.payload).where(mine, table.c.observed_at >= start)
     if end is not None:
         query = query.where(table.c.observed_at <= end)
     query = query.order_by(table.c.observed_at, table.c.id)
-    rows = consensus._run_snapshot(lambda conn: conn.execute(query).scalars().all())
+    previous = (sa.select(table.c.payload).where(mine, table.c.observed_at < start)
+                .order_by(table.c.observed_at.desc(), table.c.id.desc()).limit(1))
+
+    def read(conn) -> list[str]:
+        rows = list(conn.execute(previous).scalars().all()) if with_previous else []
+        return rows + list(conn.execute(query).scalars().all())
+
+    rows = consensus._run_snapshot(read)
     return [Observation.from_dict(json.loads(payload)) for payload in rows]
+
+
+def judging_window(consensus: Consensus, shard_id: str, settings: StallSettings, now: float) -> list[Observation]:
+    """What ``rules.evaluate`` judges ``shard_id`` on at ``now``: the window and the look before it."""
+    return observation_window(consensus, shard_id, now - settings.window_seconds, now, with_previous=True)
 
 
 def observation_count(consensus: Consensus, shard_id: str) -> int:
@@ -265,8 +284,10 @@ class EvaluationRound:
     # Why this round could not observe the shard (it then judged the recorded observations).
     observe_error: str | None = None
     # Outbox pages this round took to deliver, oldest first (its own page last, if it made one);
-    # each is {"id", "leased_until", "event"}. Confirm each with settle_outbox.
+    # each is {"id", "leased_until", "event", "delivered", "taken"}. Confirm each with settle_outbox.
     pages: tuple[dict, ...] = ()
+    # The page event of this round's action, as it was put into the outbox (None: no action).
+    page: dict | None = None
 
     @property
     def shard_id(self) -> str:
@@ -303,6 +324,8 @@ def evaluate_shard(
     observe_first: bool = True,
     open_shard: ShardOpener | None = None,
     compose_page: Callable[[Evaluation, AlertState, str], dict] | None = None,
+    blind: BlindState | None = None,
+    namespace: str = "",
 ) -> EvaluationRound:
     """One round: observe the shard (if it exists and ``observe_first``), read the window,
     evaluate, advance the alert state, then record the observation and save the state by
@@ -318,16 +341,26 @@ def evaluate_shard(
     A shard that cannot be observed is judged on the observations recorded so far (writers
     record theirs), with the reason among the evaluation's; with none it is STALE and pages.
 
-    ``compose_page`` (a sender's: evaluation, new state, action -> page event) puts the page
-    of a trigger or resolve into the alert state's outbox, saved with the decision, and makes
-    the round take every due page of the outbox (``pages``): a page decided by a worker that
-    died before sending it is sent by the next round, once its lease ran out."""
+    Every trigger or resolve goes into the alert state's outbox, saved with the decision (a
+    page marked firing is always a page queued): ``compose_page`` (a sender's: evaluation, new
+    state, action -> page event) says what it carries, by default ``rules.page_event``. The
+    round takes the due pages of the outbox (``pages``, see ``rules.take_pages``): a page
+    decided by a worker that died before sending it is sent by a later round, once its lease
+    ran out. Pages dropped from a full outbox are logged (and counted in the state).
+
+    A round is an evaluation that works: it resolves the monitor's own page for this shard
+    ("monitor blind", under ``namespace``) when the caller's failures before it (``blind``) or
+    the alert state (a run that paged and then ended) say it is open, through the outbox too."""
+    if compose_page is None:
+        def compose_page(evaluation: Evaluation, state: AlertState, action: str) -> dict:
+            return page_event(evaluation, state, action, settings)
+
     now = time.time() if now is None else float(now)
     exists = _shard_exists(consensus, shard_id)
     obs = error = None
     if exists and observe_first:
         obs, error = _try_observe(_opener(consensus, blob, open_shard), shard_id, observer=observer, now=now)
-    window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    window = judging_window(consensus, shard_id, settings, now) if exists else []
     if obs is not None:
         # The newest of the window (it is stamped ``now``, the window's end); recorded below in
         # the transaction of the first compare-and-set: one durable write per round, not two.
@@ -345,11 +378,16 @@ def evaluate_shard(
         new_state = replace(new_state, evaluated_by=observer)
         if not exists and version == 0:
             return EvaluationRound(evaluation, new_state, action, obs, error)
-        pages: tuple[dict, ...] = ()
-        if compose_page is not None:
-            if action is not None:
-                new_state = enqueue_page(new_state, compose_page(evaluation, new_state, action), uuid.uuid4().hex)
-            new_state, pages = take_pages(new_state, now)
+        page = dropped = None
+        if action is not None:
+            page = compose_page(evaluation, new_state, action)
+            new_state, dropped = enqueue_page(new_state, page, uuid.uuid4().hex, now)
+        blind_open = BlindState(**new_state.blind) if new_state.blind else blind
+        if blind_open is not None and blind_open.paged:
+            resolve = blind_page_event(blind_open, "resolve", now, namespace=namespace, shard_id=shard_id)
+            new_state, more = enqueue_page(replace(new_state, blind=None), resolve, uuid.uuid4().hex, now)
+            dropped = (dropped or ()) + more
+        new_state, pages = take_pages(new_state, now)
         if between_load_and_save is not None:
             between_load_and_save(shard_id, state, version)
 
@@ -361,7 +399,11 @@ def evaluate_shard(
         saved = consensus._run(record_and_save)
         unrecorded = None
         if saved:
-            return EvaluationRound(evaluation, new_state, action, obs, error, pages)
+            for entry in dropped or ():
+                log.warning("shard %s: outbox full (%d pages): dropped the undelivered %s %r (%d dropped so far)",
+                            shard_id, MAX_OUTBOX, entry["event"].get("action"), entry["event"].get("summary"),
+                            new_state.outbox_dropped)
+            return EvaluationRound(evaluation, new_state, action, obs, error, pages, page)
         state, version = load_alert_state(consensus, shard_id)
     log.warning("shard %s: alert state lost %s compare-and-sets in a row; no page action from this round",
                 shard_id, MAX_CAS_ATTEMPTS)
@@ -369,16 +411,32 @@ def evaluate_shard(
     return EvaluationRound(evaluation, state, None, obs, error)
 
 
+def record_blind(consensus: Consensus, shard_id: str, blind: BlindState) -> bool:
+    """Keep in the shard's alert state that the monitor's own page for it was sent (``blind``),
+    so that whichever round evaluates it next resolves it. False when another writer kept
+    winning the compare-and-set."""
+    from dataclasses import asdict
+
+    for _ in range(MAX_CAS_ATTEMPTS):
+        state, version = load_alert_state(consensus, shard_id)
+        if save_alert_state(consensus, replace(state, blind=asdict(blind)), version):
+            return True
+    return False
+
+
 def settle_outbox(consensus: Consensus, shard_id: str, *, delivered: Sequence[str] = (),
-                  released: Sequence[str] = (), sent_at: float | None = None) -> bool:
+                  released: Sequence[str] = (), sent_at: float | None = None,
+                  reached: Mapping[str, Sequence[str]] | None = None, unsent_reason: str | None = None) -> bool:
     """After a delivery: drop the ``delivered`` pages from the shard's outbox and make the
-    ``released`` ones (not delivered) due again, by compare-and-set against concurrent rounds;
-    ``sent_at`` (they reached a channel then) is kept as the shard's last page sent.
+    ``released`` ones (not delivered) due again, remembering the channels each ``reached``
+    (page id -> channels: never sent there again), by compare-and-set against concurrent rounds;
+    ``sent_at`` (they reached a channel then) is kept as the shard's last page sent; without it
+    ``unsent_reason`` says why they reached none.
     False when it lost MAX_CAS_ATTEMPTS races in a row (a delivered page is then sent again
     once its lease runs out: a page is delivered at least once)."""
     for _ in range(MAX_CAS_ATTEMPTS):
         state, version = load_alert_state(consensus, shard_id)
-        settled = settle_pages(state, delivered, released, sent_at)
+        settled = settle_pages(state, delivered, released, sent_at, reached=reached, unsent_reason=unsent_reason)
         if settled == state or save_alert_state(consensus, settled, version):
             return True
     return False
@@ -406,7 +464,7 @@ def peek_shard(
         obs, error = _try_observe(_opener(consensus, blob, open_shard), shard_id, observer=observer, now=now)
         if obs is not None:
             record_observation(consensus, obs)
-    window = observation_window(consensus, shard_id, now - settings.window_seconds, now) if exists else []
+    window = judging_window(consensus, shard_id, settings, now) if exists else []
     state, _ = load_alert_state(consensus, shard_id)
     evaluation = evaluate(shard_id, window, settings, now, state, shard_exists=exists, unobservable=error)
     return EvaluationRound(evaluation, state, None, obs, error)

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
+from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
 from airflow_upsert_provider.engine.common.time_text import (
     format_duration,
     format_duration_to_the_second,
@@ -70,6 +71,9 @@ LAGGING_MIN_SAMPLES = 4
 # earlier one). A rank statistic over all pairs, so one dip cannot clear a real trend and a
 # saw-tooth (about 0) never makes one.
 LAGGING_MIN_TREND = 0.5
+
+# The window when none is given (longer when the stall threshold needs it).
+DEFAULT_WINDOW_SECONDS = 900.0
 
 # A higher upper or high watermark seen less than this before the newest observation is taken
 # for a race between observers, not a rewind (see evaluate).
@@ -201,7 +205,9 @@ class Observation:
 class StallSettings:
     """The thresholds of the rules. Every number is in seconds unless its name says otherwise."""
 
-    window_seconds: float = 900.0        # observations looked at
+    # Observations looked at (None: DEFAULT_WINDOW_SECONDS, or the shortest window that leaves
+    # its margin over the stall threshold if that is longer; see minimum_window_seconds).
+    window_seconds: float | None = None
     cadence_seconds: float = 60.0        # how often batches are expected (the micro-batch schedule)
     stall_multiplier: float = 3.0        # stalled after max(k * cadence, min_stall) without the upper moving while the source grew
     min_stall_seconds: float = 300.0
@@ -223,7 +229,6 @@ class StallSettings:
                 raise _field_error("StallSettings", name, "must be " + ("zero or more" if zero_ok else "positive"),
                                    value)
 
-        number("window_seconds")
         number("cadence_seconds")
         number("stall_multiplier")
         number("min_stall_seconds", zero_ok=True)
@@ -236,18 +241,30 @@ class StallSettings:
                 or self.consecutive_breaches < 1:
             raise _field_error("StallSettings", "consecutive_breaches", "must be an integer of at least 1",
                                self.consecutive_breaches)
-        # A window shorter than the stall threshold could never see a stall that lag_seconds does
-        # not date: the frontier would stall silently.
-        if self.window_seconds < self.stall_seconds:
+        if self.window_seconds is None:
+            object.__setattr__(self, "window_seconds", max(DEFAULT_WINDOW_SECONDS, self.minimum_window_seconds))
+        number("window_seconds")
+        # The window must hold the last look before a stall of threshold length began, so that a
+        # monitor with no earlier evaluation dates it inside the window: a margin of the widest
+        # gap between looks the rules accept (the stale limit) over the threshold. Longer stalls
+        # are dated by the alert state or the look before the window (see evaluate).
+        if self.window_seconds < self.minimum_window_seconds:
             raise _field_error("StallSettings", "window_seconds",
                                f"must cover the stall threshold max({self.stall_multiplier:g} x "
-                               f"{self.cadence_seconds:g}s, {self.min_stall_seconds:g}s) = {self.stall_seconds:g}s",
+                               f"{self.cadence_seconds:g}s, {self.min_stall_seconds:g}s) = {self.stall_seconds:g}s "
+                               f"plus a margin of the stale limit {self.stale_limit_seconds:g}s: at least "
+                               f"{self.minimum_window_seconds:g}s (leave it unset for that)",
                                self.window_seconds)
 
     @property
     def stall_seconds(self) -> float:
         """How long the upper may stay unmoved while records are pending."""
         return max(self.stall_multiplier * self.cadence_seconds, self.min_stall_seconds)
+
+    @property
+    def minimum_window_seconds(self) -> float:
+        """The shortest valid window: the stall threshold plus the stale limit."""
+        return self.stall_seconds + self.stale_limit_seconds
 
     @property
     def stale_limit_seconds(self) -> float:
@@ -296,17 +313,29 @@ class AlertState:
     max_high_watermark: dict[str, int] = field(default_factory=dict)
     last_status: str | None = None
     last_evaluated_at: float | None = None
-    pages_sent: int = 0
+    pages_sent: int = 0                  # triggers that reached a channel (see settle_pages)
     # Pages decided and not yet confirmed delivered, oldest first: {"id", "leased_until",
     # "event"} (see enqueue_page / take_pages). Saved with the decision that made them, so a
     # worker that dies before sending leaves them for the next round.
     outbox: tuple[dict, ...] = ()
+    outbox_dropped: int = 0              # pages dropped from a full outbox, never delivered
     # The settings (StallSettings.to_dict) of the evaluation that saved this state and who made
     # it (its observer): the shard page judges with them, so that it and the monitor agree.
     # None in rows written before they were kept.
     settings: dict | None = None
     evaluated_by: str | None = None
     last_sent_at: float | None = None    # when a page of this shard was last delivered
+    # Why the latest pages settled reached no channel (no PagerDuty or Slack connection is
+    # configured: they were only logged); None once a page reaches one.
+    unsent_reason: str | None = None
+    # The stall clock carried across evaluations, so that stall time is never capped by the
+    # window: the upper the last judging evaluation saw, and since when records were pending
+    # at it (None: nothing pending). The upper never moves back, so while it stays at
+    # stall_upper those records are still pending.
+    stall_upper: int | None = None
+    pending_since: float | None = None
+    # The monitor's own page for this shard (BlindState as a dict) while it is open.
+    blind: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -321,9 +350,14 @@ class AlertState:
             "last_evaluated_at": self.last_evaluated_at,
             "pages_sent": self.pages_sent,
             "outbox": [dict(entry) for entry in self.outbox],
+            "outbox_dropped": self.outbox_dropped,
             "settings": None if self.settings is None else dict(self.settings),
             "evaluated_by": self.evaluated_by,
             "last_sent_at": self.last_sent_at,
+            "unsent_reason": self.unsent_reason,
+            "stall_upper": self.stall_upper,
+            "pending_since": self.pending_since,
+            "blind": None if self.blind is None else dict(self.blind),
         }
 
     @classmethod
@@ -345,9 +379,14 @@ class AlertState:
                 last_evaluated_at=None if evaluated is None else float(evaluated),
                 pages_sent=int(d.get("pages_sent", 0)),
                 outbox=tuple(_outbox_entry(entry) for entry in d.get("outbox") or ()),
+                outbox_dropped=int(d.get("outbox_dropped", 0)),
                 settings=None if d.get("settings") is None else dict(d["settings"]),
                 evaluated_by=d.get("evaluated_by"),
                 last_sent_at=None if sent is None else float(sent),
+                unsent_reason=d.get("unsent_reason"),
+                stall_upper=None if d.get("stall_upper") is None else int(d["stall_upper"]),
+                pending_since=None if d.get("pending_since") is None else float(d["pending_since"]),
+                blind=None if d.get("blind") is None else dict(d["blind"]),
             )
         except (TypeError, ValueError, AttributeError, KeyError) as e:
             raise ConfigurationError(f"{owner}: unreadable alert state: {e}", field="alert_state") from e
@@ -372,7 +411,10 @@ def judging_settings(state: AlertState) -> tuple[StallSettings, str | None]:
 
 def _outbox_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": str(entry["id"]), "leased_until": float(entry.get("leased_until") or 0.0),
-            "event": dict(entry["event"])}
+            "event": dict(entry["event"]), "delivered": [str(c) for c in entry.get("delivered") or ()],
+            "taken": bool(entry.get("taken", entry.get("leased_until"))),
+            # Rows written before it was kept: a resolve followed an open incident.
+            "open_before": bool(entry.get("open_before", entry["event"].get("action") == "resolve"))}
 
 
 @dataclass(frozen=True)
@@ -399,6 +441,10 @@ class Evaluation:
     # window's): advance_alert keeps them so that REWOUND stays until they are regained.
     max_upper: int | None = None
     max_high_watermark: dict = field(default_factory=dict)
+    # The stall clock this evaluation judged with (see AlertState.stall_upper); stall_upper
+    # None: the rules decided before looking at it (STOPPED, STALE, REWOUND, NOT_FOUND).
+    stall_upper: int | None = None
+    pending_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -420,6 +466,8 @@ class Evaluation:
             "thresholds": dict(self.thresholds),
             "max_upper": self.max_upper,
             "max_high_watermark": dict(self.max_high_watermark),
+            "stall_upper": self.stall_upper,
+            "pending_since": self.pending_since,
         }
 
     @classmethod
@@ -445,6 +493,8 @@ class Evaluation:
                 thresholds=dict(d.get("thresholds") or {}),
                 max_upper=d.get("max_upper"),
                 max_high_watermark=dict(d.get("max_high_watermark") or {}),
+                stall_upper=d.get("stall_upper"),
+                pending_since=d.get("pending_since"),
             )
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"Evaluation: unreadable evaluation: {e}", field="evaluation") from e
@@ -536,7 +586,9 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     """The frontier status of ``shard_id`` from the observations of the window ending at ``now``.
 
     ``window`` may hold observations older than ``now - settings.window_seconds``: they are
-    ignored. ``state`` gives the maxima seen by earlier evaluations (REWOUND). ``unobservable``:
+    not judged, but the newest of them (the look before the window) dates a stall that began
+    before the window. ``state`` gives the maxima seen by earlier evaluations (REWOUND) and
+    the stall clock they carried (a stall longer than the window). ``unobservable``:
     why the evaluator could not observe the shard itself; it is the first reason given (the
     rules judge what others recorded, and with nothing recorded the shard is STALE)."""
     for o in window:
@@ -545,6 +597,9 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
                                      field="window")
     start = now - settings.window_seconds
     samples = sorted((o for o in window if o.observed_at >= start), key=lambda o: o.observed_at)
+    before = max((o for o in window if o.observed_at < start), key=lambda o: o.observed_at, default=None)
+    # The stall clock, once the rules reach it (see AlertState.stall_upper).
+    clock: dict[str, Any] = {}
     thresholds = settings.thresholds()
     window_info: dict[str, Any] = {
         "start": start,
@@ -590,6 +645,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             thresholds={**thresholds, **(extra_thresholds or {})},
             max_upper=max_upper if max_upper >= 0 else None,
             max_high_watermark=max_hw,
+            stall_upper=clock.get("upper"),
+            pending_since=clock.get("pending_since"),
         )
 
     # NOT_FOUND: nothing to watch; the shard's absence is a configuration matter, not a stall.
@@ -607,7 +664,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         too_long = limit is not None and held is not None and held > limit
         word = status.value.lower()
         reasons = [f"the stream is {status.value} since {_iso(since) or 'an unknown time'}"
-                   f" ({format_duration(held)})" if held is not None else f"the stream is {status.value}"]
+                   f" ({format_duration(held)} as of {_iso(newest.observed_at)})" if held is not None
+                   else f"the stream is {status.value}"]
         if too_long:
             rule = f"{word} too long: {format_duration(held)} > max_stopped_seconds {limit:g}s"
             reasons.append(f"{word} longer than {format_duration(limit)}: someone has to resume it or finish the recovery")
@@ -623,8 +681,11 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     limit = settings.stale_limit_seconds
     if newest is None or len(samples) < 2 or now - newest.observed_at > limit:
         if newest is None:
+            # A stable fact, not the window's start (it moves with every evaluation).
             rule = f"stale: no observation in the last {format_duration(settings.window_seconds)}"
-            reasons = [f"no observation of shard {shard_id!r} since {_iso(start)}: nothing observes it"]
+            reasons = [f"no observation of shard {shard_id!r} in the last {format_duration(settings.window_seconds)}"
+                       + (f" (newest before that at {_iso(before.observed_at)}, by {before.observer})"
+                          if before is not None else "") + ": nothing observes it"]
             age = None
         elif now - newest.observed_at > limit:
             age = now - newest.observed_at
@@ -636,6 +697,12 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             rule = "stale: 1 observation in the window, at least 2 needed"
             reasons = [f"only one observation in the last {format_duration(settings.window_seconds)} "
                        f"(at {_iso(newest.observed_at)}, by {newest.observer}): a trend needs two"]
+        if state.firing and state.firing_status not in (None, FrontierStatus.STALE.value):
+            # The incident's page is open: nothing newer says it is over or still going (a
+            # monitor between runs). Say what was paged, not only that no one looks.
+            reasons.insert(0, f"the {state.firing_status} page opened at {_iso(state.incident_started_at)} is still "
+                              f"open (last judged {state.last_status} at {_iso(state.last_evaluated_at)}); no newer "
+                              f"observation confirms or clears it")
         return result(FrontierStatus.STALE, rule, reasons, breach=True, severity=CRITICAL,
                       last_advance_at=newest.last_commit_at if newest else None,
                       extra_thresholds={"newest_age_seconds": age})
@@ -691,6 +758,7 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     # between the last look that saw nothing pending and the first that did: a file moved or
     # copied with its old mtime (mv, cp -p, rsync -a, tar) says nothing of when it arrived.
     pending_since: float | None = None
+    first_seen: int | None = None
     first_pending = next((suffix_start + i for i, o in enumerate(at_upper) if o.lag > 0), None)
     if first_pending is not None:
         first_seen = first_pending
@@ -698,9 +766,11 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             first_seen -= 1
         seen = samples[first_seen]
         pending_since = seen.observed_at
-        if first_seen > 0 and seen.lag_seconds is not None:
+        # The look before it: in the window, or the look before the window.
+        previous = samples[first_seen - 1] if first_seen > 0 else before
+        if previous is not None and previous.lag == 0 and seen.lag_seconds is not None:
             dated = seen.observed_at - seen.lag_seconds
-            if samples[first_seen - 1].observed_at < dated:
+            if previous.observed_at < dated:
                 pending_since = dated
     hw_grew = any(
         o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
@@ -710,6 +780,20 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         pending_since = next(o.observed_at for prev, o in zip(at_upper, at_upper[1:])
                              if any(o.high_watermark.get(p, 0) > prev.high_watermark.get(p, 0)
                                     for p in o.high_watermark))
+    # Records pending since the window's first sample may have been pending long before: the
+    # window alone would cap stall time at its length. An earlier evaluation that saw them
+    # pending at this upper dates them (the upper never moves back, so they are still there);
+    # without one, the look before the window, when it saw records pending at this upper, dates
+    # them from its own lag (not later than that look).
+    carried = False
+    if first_seen == 0 and suffix_start == 0:
+        if state.stall_upper == newest.upper and state.pending_since is not None:
+            carried = state.pending_since < pending_since
+            pending_since = min(pending_since, state.pending_since)
+        elif before is not None and before.upper == newest.upper and before.lag > 0:
+            carried = True
+            pending_since = min(pending_since, before.observed_at - (before.lag_seconds or 0.0))
+    clock.update(upper=newest.upper, pending_since=pending_since)
 
     # Stuck time starts at the latest of: when records became pending, the last advance, and
     # when the stream last became READY (a resume): time spent STOPPED or RECOVERING is a
@@ -729,8 +813,10 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
         if stuck >= stall_seconds:
             in_stall = [o for o in at_upper if o.observed_at >= stall_start]
             writers, outcomes, failures = _writer_summary(in_stall)
-            reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} "
-                       f"(since {_iso(stall_start)}) with {_lag_text(newest)} pending"
+            reasons = [f"upper {newest.upper} has not moved for {format_duration(stuck)} as of "
+                       f"{_iso(newest.observed_at)} (since {_iso(stall_start)}"
+                       + (", dated before the window" if carried and stall_start < start else "")
+                       + f") with {_lag_text(newest)} pending"
                        + (f", the oldest waiting {format_duration_to_the_second(newest.lag_seconds)}"
                           if newest.lag_seconds is not None else "")]
             if failures:
@@ -795,7 +881,8 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
     if stall_start is not None:
         waited = format_duration_to_the_second(newest.observed_at - stall_start)
         rule = f"ok: pending for {waited} < {_stall_formula(settings)} = {stall_seconds:g}s"
-        reasons.append(f"{newest.lag_unit} pending for {waited}; stalled only after {format_duration(stall_seconds)}")
+        reasons.append(f"stall clock: {newest.lag_unit} pending at this upper for {waited} as of "
+                       f"{_iso(newest.observed_at)}; stalled only after {format_duration(stall_seconds)}")
     return result(FrontierStatus.OK, rule, reasons, last_advance_at=last_advance_at)
 
 
@@ -823,13 +910,16 @@ def advance_alert(state: AlertState, evaluation: Evaluation,
             max_hw[p] = hw
     common = dict(max_upper=max_upper, max_high_watermark=max_hw, last_status=evaluation.status.value,
                   last_evaluated_at=evaluation.evaluated_at, settings=settings.to_dict())
+    if evaluation.stall_upper is not None:
+        # An evaluation that did not reach the stall clock (STALE: nothing seen) leaves it as it was.
+        common.update(stall_upper=evaluation.stall_upper, pending_since=evaluation.pending_since)
 
     if evaluation.breach:
         streak = state.consecutive_breaches + 1
         started = state.incident_started_at if state.incident_started_at is not None else evaluation.evaluated_at
         if not state.firing and streak >= settings.consecutive_breaches:
             return replace(state, consecutive_breaches=streak, firing=True, firing_status=evaluation.status.value,
-                           incident_started_at=started, pages_sent=state.pages_sent + 1, **common), "trigger"
+                           incident_started_at=started, **common), "trigger"
         return replace(state, consecutive_breaches=streak, incident_started_at=started, **common), None
 
     new = replace(state, consecutive_breaches=0, firing=False, firing_status=None, incident_started_at=None,
@@ -930,32 +1020,88 @@ def page_event(evaluation: Evaluation, state: AlertState, action: str, settings:
 # The outbox: a page is decided, saved, then sent
 
 
-# How long the round that took a page from the outbox has to deliver it before another round
-# may take it (the sender's retries of one page last about a minute at most).
-OUTBOX_LEASE_SECONDS = 120.0
-# An outbox never grows beyond this many pages (the oldest go first): a channel that refuses
-# every page must not grow the alert row without bound.
+# Every HTTP request of a page's delivery is cut after this long (the senders pass it on).
+PAGE_REQUEST_TIMEOUT_SECONDS = 10.0
+# The channels a page may go to (PagerDuty, then Slack).
+PAGE_CHANNELS = 2
+
+
+def max_delivery_seconds(policy: RetryPolicy = PAGE_DELIVERY, *, channels: int = PAGE_CHANNELS,
+                         request_timeout: float = PAGE_REQUEST_TIMEOUT_SECONDS) -> float:
+    """The longest one page's delivery can last: on every channel every attempt times out and
+    every wait between attempts is the longest allowed (a Retry-After is capped at it too)."""
+    return channels * (policy.max_attempts * request_timeout + (policy.max_attempts - 1) * policy.max_wait_seconds)
+
+
+# How long the round that took a page from the outbox owns its delivery before another round
+# may take it: longer than one bounded delivery, so that a live sender is never overtaken.
+OUTBOX_LEASE_SECONDS = max_delivery_seconds() + 60.0
+# An outbox never grows beyond this many pages (the oldest go first, counted in the state's
+# outbox_dropped and logged): a channel that refuses every page must not grow the row without bound.
 MAX_OUTBOX = 20
 
 
-def enqueue_page(state: AlertState, event: Mapping[str, Any], page_id: str) -> AlertState:
-    """``state`` with ``event`` added to its outbox, due at once."""
-    entry = {"id": page_id, "leased_until": 0.0, "event": dict(event)}
-    return replace(state, outbox=(tuple(state.outbox) + (entry,))[-MAX_OUTBOX:])
+def _key(entry: Mapping[str, Any]) -> Any:
+    return entry["event"].get("dedup_key")
+
+
+def enqueue_page(state: AlertState, event: Mapping[str, Any], page_id: str,
+                 now: float = 0.0) -> tuple[AlertState, tuple[dict, ...]]:
+    """``state`` with ``event`` added to its outbox, due at once, and the pages dropped to make
+    room (oldest first, beyond MAX_OUTBOX; counted in ``outbox_dropped``).
+
+    A newer event supersedes the older pages of its dedup key that no channel confirmed and
+    that no live round is delivering (lease run out at ``now``): receivers see only the newest.
+    A resolve is dropped too when no receiver can hold an open incident of its key (the
+    trigger it supersedes was never taken by a round, and nothing before it was open): nobody
+    was paged, nothing to resolve. Otherwise it is sent alone, never after a stale trigger.
+    Pages that reached a channel are never superseded: they go to the others first, in order.
+    Each page records whether receivers may hold an open incident before it (``open_before``)."""
+    key = event.get("dedup_key")
+    # The newest pages of this key back to the first that reached a channel or is being delivered.
+    gone: list[int] = []
+    for i in reversed(range(len(state.outbox))):
+        entry = state.outbox[i]
+        if _key(entry) != key:
+            continue
+        if entry.get("delivered") or entry.get("leased_until", 0.0) > now:
+            break
+        gone.insert(0, i)
+    superseded = [state.outbox[i] for i in gone]
+    outbox = [entry for i, entry in enumerate(state.outbox) if i not in gone]
+    if superseded:
+        # What receivers held before the first superseded page, or what a taken trigger may have opened.
+        open_before = superseded[0]["open_before"] or any(
+            entry.get("taken") and entry["event"].get("action") == "trigger" for entry in superseded)
+    else:
+        kept = [entry for entry in outbox if _key(entry) == key]
+        # After the pages still to go; with none, a resolve closes what a delivered trigger opened.
+        open_before = (kept[-1]["event"].get("action") == "trigger") if kept else event.get("action") == "resolve"
+    if open_before or event.get("action") != "resolve":
+        outbox.append({"id": page_id, "leased_until": 0.0, "event": dict(event), "delivered": [], "taken": False,
+                       "open_before": open_before})
+    dropped = tuple(outbox[:-MAX_OUTBOX]) if len(outbox) > MAX_OUTBOX else ()
+    return replace(state, outbox=tuple(outbox[len(dropped):]),
+                   outbox_dropped=state.outbox_dropped + len(dropped)), dropped
 
 
 def take_pages(state: AlertState, now: float,
                lease_seconds: float = OUTBOX_LEASE_SECONDS) -> tuple[AlertState, tuple[dict, ...]]:
-    """The pages of the outbox that are due at ``now`` (new ones, and those whose taker's lease
-    ran out: it died, or it could not deliver), leased to the caller until ``now +
-    lease_seconds``; and the state recording those leases. Whoever saves that state by
-    compare-and-set owns their delivery, in order."""
+    """The pages of the outbox that are due at ``now``, at most one per dedup key, the oldest:
+    a page is never sent before an older one of its key was delivered (a resolve never
+    overtakes its trigger). Due: new, or its taker's lease ran out (it died, or could not
+    deliver). They are leased to the caller until ``now + lease_seconds``; whoever saves the
+    returned state by compare-and-set owns their delivery."""
     taken: list[dict] = []
     outbox: list[dict] = []
+    seen: set = set()
     for entry in state.outbox:
-        if entry.get("leased_until", 0.0) <= now:
-            entry = {**entry, "leased_until": now + lease_seconds}
-            taken.append(entry)
+        key = _key(entry)
+        if key not in seen:
+            seen.add(key)
+            if entry.get("leased_until", 0.0) <= now:
+                entry = {**entry, "leased_until": now + lease_seconds, "taken": True}
+                taken.append(entry)
         outbox.append(entry)
     if not taken:
         return state, ()
@@ -963,15 +1109,30 @@ def take_pages(state: AlertState, now: float,
 
 
 def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Sequence[str] = (),
-                 sent_at: float | None = None) -> AlertState:
+                 sent_at: float | None = None, *, reached: Mapping[str, Sequence[str]] | None = None,
+                 unsent_reason: str | None = None) -> AlertState:
     """``state`` without the ``delivered`` pages, and with the ``released`` ones due again at
-    once (their delivery failed: the next round sends them). ``sent_at``: when the delivered
-    pages reached a channel (None: they were only logged, or nothing was delivered)."""
-    outbox = tuple({**entry, "leased_until": 0.0} if entry["id"] in released else entry
+    once (their delivery failed: the next round sends them), each remembering the channels it
+    ``reached`` (page id -> channels) so that no channel gets it twice. ``sent_at``: when the
+    delivered pages reached a channel (None: they were only logged, ``unsent_reason`` says why,
+    or nothing was delivered). Only triggers that reached a channel count in ``pages_sent``."""
+    reached = reached or {}
+
+    def release(entry: dict) -> dict:
+        channels = list(entry.get("delivered") or [])
+        channels += [c for c in reached.get(entry["id"], ()) if c not in channels]
+        return {**entry, "leased_until": 0.0, "delivered": channels}
+
+    outbox = tuple(release(entry) if entry["id"] in released else entry
                    for entry in state.outbox if entry["id"] not in delivered)
-    delivered_now = any(entry["id"] in delivered for entry in state.outbox)
-    last_sent_at = sent_at if sent_at is not None and delivered_now else state.last_sent_at
-    return replace(state, outbox=outbox, last_sent_at=last_sent_at)
+    done = [entry for entry in state.outbox if entry["id"] in delivered]
+    if not done:
+        return replace(state, outbox=outbox)
+    if sent_at is None:
+        return replace(state, outbox=outbox, unsent_reason=unsent_reason or state.unsent_reason)
+    triggers = sum(1 for entry in done if entry["event"].get("action") == "trigger")
+    return replace(state, outbox=outbox, last_sent_at=sent_at, pages_sent=state.pages_sent + triggers,
+                   unsent_reason=None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -983,10 +1144,19 @@ def settle_pages(state: AlertState, delivered: Sequence[str] = (), released: Seq
 MONITOR_KEY = "#monitor"
 
 
+def blind_dedup_key(namespace: str = "", shard_id: str | None = None) -> str:
+    """The key of a monitor's own page: one per namespace and shard (a sensor watches one shard,
+    and one recovering sensor must not resolve another's page); without a shard, the monitor's
+    page for all of its shards (the store cannot even be listed)."""
+    return dedup_key(f"{shard_id}{MONITOR_KEY}" if shard_id else MONITOR_KEY, namespace)
+
+
 @dataclass(frozen=True)
 class BlindState:
     """How long a monitor has been unable to evaluate, and whether it paged for it. Kept by
-    the evaluator itself (the store may be what is down)."""
+    the evaluator in its process (the store may be what is down), and, once its page was sent,
+    in the shard's alert state (``AlertState.blind``) when the store takes it: a later run that
+    evaluates again resolves it."""
 
     since: float | None = None   # the first failed evaluation of the current run of failures
     paged: bool = False
@@ -1023,7 +1193,7 @@ def blind_page_event(state: BlindState, action: str, now: float, *, namespace: s
         summary = summary[:MAX_SUMMARY_CHARS - 1] + "…"
     return {
         "action": action,
-        "dedup_key": dedup_key(MONITOR_KEY, namespace),
+        "dedup_key": blind_dedup_key(namespace, shard_id),
         "summary": summary,
         "severity": CRITICAL if action == "trigger" else "info",
         "source": PAGE_SOURCE,
