@@ -188,7 +188,65 @@ def get_spark(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("UPSERT_SPARK_LOG_LEVEL", "ERROR"))
+    _replace_pyspark_interrupt_handler(spark)
     return spark
+
+
+def _replace_pyspark_interrupt_handler(spark: "SparkSession") -> None:
+    """Answer Ctrl-C with a ``KeyboardInterrupt`` and no report on stderr.
+
+    A new SparkContext makes SIGINT cancel every job through Py4J from the signal handler,
+    on the main thread, which is then mostly inside a Py4J call waiting for a job: the
+    reentrant call fails and Py4J logs that failure, then the ``KeyboardInterrupt``, each
+    with its traceback (about 50 lines). Here the jobs are cancelled from a thread of their
+    own (a Py4J connection of its own), and Py4J's report of the interrupt it re-raises is
+    dropped (:class:`Py4JInterruptReports`)."""
+    import logging
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if not getattr(signal.getsignal(signal.SIGINT), "__module__", "").startswith("pyspark."):
+        return  # not PySpark's: someone else's choice, kept
+    context = spark.sparkContext
+
+    def cancel_jobs() -> None:
+        try:
+            context.cancelAllJobs()
+        except Exception:  # noqa: BLE001 - the process is going down; the JVM with it
+            pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        threading.Thread(target=cancel_jobs, name="spark-cancel-jobs", daemon=True).start()
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, interrupt)
+    # Py4J reports on the root logger (java_gateway's ``logging.exception``) and on its own
+    # loggers; a logger's filter sees only the records logged on that logger itself.
+    for name in ("", "py4j.java_gateway", "py4j.clientserver"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Py4JInterruptReports) for f in logger.filters):
+            logger.addFilter(Py4JInterruptReports())
+
+
+class Py4JInterruptReports:
+    """A logging filter that drops Py4J's reports of a ``KeyboardInterrupt`` and of what
+    failed while it unwound (closing the interrupted connection): Py4J re-raises the
+    interrupt, and the caller's handling of it is the one report a user should see."""
+
+    @staticmethod
+    def filter(record: object) -> bool:
+        exc_info = getattr(record, "exc_info", None)
+        if not exc_info or f"{os.sep}py4j{os.sep}" not in str(getattr(record, "pathname", "")):
+            return True
+        seen: set[int] = set()
+        current = exc_info[1]
+        while current is not None and id(current) not in seen:
+            if isinstance(current, KeyboardInterrupt):
+                return False
+            seen.add(id(current))
+            current = current.__cause__ or current.__context__
+        return True
 
 
 def is_connect_session(spark: "SparkSession") -> bool:
