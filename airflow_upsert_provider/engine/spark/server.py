@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -420,7 +421,7 @@ class SparkServer:
             if code is not None or not pid_alive(state.pid):
                 raise SparkUnavailable(
                     f"the Spark Connect server exited (code {code}) before it listened on {state.address}; "
-                    f"see {state.log}: {_log_tail(state.log)}",
+                    f"see {state.log}: {_startup_failure_cause_in(state.log)}",
                     address=state.address, log=state.log,
                 )
             if time.monotonic() >= deadline:
@@ -498,15 +499,50 @@ def _spark_home() -> str:
     return home
 
 
-def _log_tail(path: str, lines: int = 5) -> str:
+# What the JVM itself says when it cannot start (before any exception exists): the line that
+# names the cause, where the lines after it ("Error: Could not create the Java Virtual
+# Machine.") only say that it failed.
+_JVM_CAUSES = re.compile(r"(Unrecognized (VM )?option: |Invalid (maximum|initial|thread stack) \w+ size|"
+                         r"Could not reserve enough space|There is insufficient memory|"
+                         r"Error: Could not find or load main class)")
+# The line that opens an exception's report: `Exception in thread "main" X: why`, a
+# qualified `x.y.SomeException: why` (a log line's attached exception, a `Caused by:`), or a
+# launcher's `Error: ...` / `Exception: ...`.
+_EXCEPTION_LINE = re.compile(r'^(?:Exception in thread "[^"]*" |Caused by: )?'
+                             r"((?:[\w$]+\.)*[\w$]*(?:Exception|Error)\b:?.*)$")
+_STACK_FRAME = re.compile(r"^(at |\.\.\. \d+ more|Caused by: )")
+START_MARK = re.compile(r"^--- \S+ starting: ")
+CAUSE_MAX_CHARS = 400
+
+
+def startup_failure_cause(log_text: str) -> str:
+    """What stopped a server from starting, from its log ``log_text``: of the last start's
+    lines (after its ``--- ... starting:`` mark), the first that names a known JVM start
+    failure, else the first line that opens an exception (``Exception in thread "main"
+    org.apache.spark.SparkException: Master must ...``: the exception, without the thread),
+    else the last three lines that are not stack frames."""
+    lines = [line.strip() for line in log_text.splitlines()]
+    marks = [i for i, line in enumerate(lines) if START_MARK.match(line)]
+    lines = [line for line in lines[marks[-1] + 1 if marks else 0:] if line]
+    if not lines:
+        return "(empty log)"
+    found = next((line for line in lines if _JVM_CAUSES.search(line)), None)
+    if found is None:
+        found = next((match.group(1) for match in map(_EXCEPTION_LINE.match, lines) if match), None)
+    if found is None:
+        found = " | ".join([line for line in lines if not _STACK_FRAME.match(line)][-3:]) or "(stack frames only)"
+    return found if len(found) <= CAUSE_MAX_CHARS else found[:CAUSE_MAX_CHARS - 3] + "..."
+
+
+def _startup_failure_cause_in(path: str) -> str:
+    """:func:`startup_failure_cause` of the log file's last 64 KiB."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 4096))
-            tail = handle.read().decode("utf-8", "replace").splitlines()
+            handle.seek(max(0, handle.tell() - 65536))
+            return startup_failure_cause(handle.read().decode("utf-8", "replace"))
     except OSError:
         return "(no log)"
-    return " | ".join(line.strip() for line in tail[-lines:] if line.strip()) or "(empty log)"
 
 
 def _query_server(address: str) -> float:
