@@ -41,7 +41,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
 )
 from airflow_upsert_provider.engine.common.retry import SPARK_CONNECT_CLIENT
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
-from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
+from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable, exception_chain
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,6 +73,14 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 logger.connect.name = org.apache.spark.sql.connect.service.SparkConnectServer
 logger.connect.level = info
+# A failed config RPC (a client's spark.conf.set) is logged with Spark's message, which quotes
+# the refused value: a value may be a secret. The client that sent it gets the error.
+logger.rpcerrors.name = org.apache.spark.sql.connect.utils.ErrorUtils
+logger.rpcerrors.level = warn
+logger.rpcerrors.filter.config.type = RegexFilter
+logger.rpcerrors.filter.config.regex = Spark Connect RPC error during: config[.].*
+logger.rpcerrors.filter.config.onMatch = DENY
+logger.rpcerrors.filter.config.onMismatch = NEUTRAL
 """
 
 
@@ -199,15 +207,20 @@ def bound_client_retries(spark: "SparkSession") -> None:
 def server_gone(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception in its chain) says the Connect server is unreachable,
     stopped, or restarted under the session: running the step again may succeed."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        text = f"{type(current).__name__} {current}"
-        if any(marker in text for marker in _GONE_MARKERS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(any(marker in f"{type(current).__name__} {current}" for marker in _GONE_MARKERS)
+               for current in exception_chain(exc))
+
+
+# What the client says when the server failed inside its own handling of a request, as it
+# does for every request of a session whose settings it cannot build (a server started with
+# a value its sessions refuse).
+_SERVER_FAILED_MARKER = "Application error processing RPC"
+
+
+def server_failed_request(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in its chain) says the Connect server failed while
+    it handled the request, before it could even describe the failure."""
+    return any(_SERVER_FAILED_MARKER in str(current) for current in exception_chain(exc))
 
 
 def pid_alive(pid: int) -> bool:
@@ -329,12 +342,16 @@ class SparkServer:
         """Start the server unless one runs; return its status with ``started`` (True when
         this call started it). Safe when several processes call it at once."""
         from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
+        from airflow_upsert_provider.engine.spark.session import check_session_settings
 
         check_port(port)
         if memory is not None:
             check_driver_memory(memory, option="--memory")
         if conf and "spark.driver.memory" in conf:
             check_driver_memory(conf["spark.driver.memory"])
+        # Every session of the server is built on its settings: one a session refuses would
+        # start a server that refuses every client, and logs the value each time.
+        check_session_settings(conf or {})
         with self._locked(timeout + 30):
             state = self.read_state()
             if state is not None and is_server_process(state.pid):
