@@ -89,3 +89,41 @@ def test_ctrl_c_during_a_batch_exits_130_with_one_line_and_commits_nothing(tmp_p
     assert open_consensus(consensus_url).get_shard("s").upper == running_ts
     # The driver JVM goes with the process (it exits when its stdin closes).
     _wait_for(lambda: not any(_alive(pid) for pid in spark_processes), 60, "exit of the driver JVM")
+
+
+def _raised(*types: type[BaseException]) -> BaseException:
+    """An exception of ``types[-1]`` raised while handling one of ``types[-2]``, and so on."""
+    def raise_from(index: int) -> None:
+        if index == 0:
+            raise types[0]()
+        try:
+            raise_from(index - 1)
+        except BaseException:
+            raise types[index]()
+
+    try:
+        raise_from(len(types) - 1)
+    except BaseException as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_only_py4j_reports_of_an_interrupt_are_dropped():
+    import logging
+
+    from airflow_upsert_provider.engine.spark.session import Py4JInterruptReports
+
+    py4j_file = os.path.join("site-packages", "py4j", "clientserver.py")
+    cases = [
+        # (where the record comes from, its exception) -> kept?
+        ((py4j_file, _raised(KeyboardInterrupt)), False),
+        ((py4j_file, _raised(KeyboardInterrupt, BrokenPipeError)), False),  # closing the interrupted link
+        ((py4j_file, _raised(KeyboardInterrupt, OSError, RuntimeError)), False),
+        ((py4j_file, _raised(BrokenPipeError)), True),  # Py4J failing on its own is still reported
+        ((py4j_file, None), True),
+        ((os.path.join("airflow_upsert_provider", "x.py"), _raised(KeyboardInterrupt)), True),
+    ]
+    for (path, exc), kept in cases:
+        exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+        record = logging.LogRecord("py4j.clientserver", logging.ERROR, path, 1, "m", None, exc_info)
+        assert Py4JInterruptReports.filter(record) is kept, (path, exc)
