@@ -342,16 +342,12 @@ class SparkServer:
         """Start the server unless one runs; return its status with ``started`` (True when
         this call started it). Safe when several processes call it at once."""
         from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
-        from airflow_upsert_provider.engine.spark.session import check_session_settings
 
         check_port(port)
         if memory is not None:
             check_driver_memory(memory, option="--memory")
         if conf and "spark.driver.memory" in conf:
             check_driver_memory(conf["spark.driver.memory"])
-        # Every session of the server is built on its settings: one a session refuses would
-        # start a server that refuses every client, and logs the value each time.
-        check_session_settings(conf or {})
         with self._locked(timeout + 30):
             state = self.read_state()
             if state is not None and is_server_process(state.pid):
