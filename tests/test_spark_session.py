@@ -224,3 +224,25 @@ def test_a_users_driver_java_options_replace_the_engines():
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert "-Dupsert.probe=1" in seen["arguments"] and seen["tiered"] == "1"
     assert not any(a.startswith("-Dlog4j.configurationFile=") for a in seen["arguments"])
+
+
+def test_a_job_directory_hadoop_could_not_create_is_not_a_raw_line_on_stderr(spark, tmp_path, capfd):
+    """Hadoop's FileOutputCommitter only logs ``ERROR ... Mkdirs failed to create`` (GC deleted a
+    staging directory under a writer: note M2); the engine reports what fails next."""
+    import time
+
+    jvm = spark.sparkContext._jvm
+    log_manager = jvm.org.apache.logging.log4j.LogManager
+    # What FileOutputCommitter.setupJob logs when mkdirs returns false (a directory removed
+    # under it; as root, no permission makes mkdirs fail here), through the same logger.
+    committer_log = log_manager.getLogger("org.apache.hadoop.mapreduce.lib.output.FileOutputCommitter")
+    committer_log.error(f"Mkdirs failed to create file:{tmp_path}/s/runs/ts=000000000003/w-1/_temporary/0")
+    # Another error line after it, which the filter lets through: once it is on stderr, so is
+    # everything logged before it (one forwarding thread, in order).
+    log_manager.getLogger("upsert.test").error("marker after the committer")
+    seen, deadline = "", time.monotonic() + 60
+    while "marker after the committer" not in seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen += capfd.readouterr().err
+    assert "marker after the committer" in seen
+    assert "Mkdirs failed" not in seen, seen

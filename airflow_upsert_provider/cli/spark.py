@@ -39,10 +39,14 @@ def add_spark_server_commands(commands, common: argparse.ArgumentParser) -> None
 
 def cmd_spark_server(ctx: Context | None, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.spark.server import SparkServer
+    from airflow_upsert_provider.engine.spark.session import check_session_settings
 
     server = SparkServer(args.state_dir)
     if args.server_command == "start":
         conf = parse_key_values(args.conf, "--conf")
+        # Every session of the server is built on its settings: one a session refuses would
+        # start a server that refuses every client, and logs the value each time.
+        check_session_settings(conf)
         out = server.start(port=args.port, memory=args.memory, conf=conf, timeout=args.timeout)
     elif args.server_command == "stop":
         out = server.stop()

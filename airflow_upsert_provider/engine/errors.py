@@ -13,7 +13,7 @@ Two questions decide how a caller reacts to an error:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 
 class UpsertError(Exception):
@@ -211,3 +211,13 @@ def first_line(exc: BaseException) -> str:
     an error of ours quotes of a library's or driver's error."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return (lines[0] if lines else "")[:300]
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from or while handling (``__cause__``, else
+    ``__context__``), each once."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__

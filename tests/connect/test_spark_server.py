@@ -21,7 +21,8 @@ from airflow_upsert_provider.engine.spark.server import (
     parse_remote,
     require_reachable,
 )
-from airflow_upsert_provider.sample_data import SampleSpec
+from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
+from tests.conftest import cli_env
 from tests.connect.conftest import UPSERTCTL, free_port, spark_server_cli
 from tests.helpers import landing_env, run_cli_json
 
@@ -201,10 +202,72 @@ def test_a_bad_value_for_a_runtime_setting_is_named_through_connect(spark, conne
 
     before = spark.conf.get("spark.sql.shuffle.partitions")
     with pytest.raises(ConfigurationError) as raised:
-        get_spark(remote=connect_server["address"], conf={"spark.sql.shuffle.partitions": "abc"})
+        get_spark(remote=connect_server["address"], conf={"spark.sql.shuffle.partitions": "abc-s3cr3t-k5"})
     assert raised.value.exit_code == 2 and raised.value.details["key"] == "spark.sql.shuffle.partitions"
-    assert "spark.sql.shuffle.partitions" in raised.value.message and "'abc'" not in raised.value.message
+    assert "spark.sql.shuffle.partitions" in raised.value.message and "s3cr3t" not in raised.value.message
     assert spark.conf.get("spark.sql.shuffle.partitions") == before
+    # The server refused it and told the client; its own log does not keep the value.
+    log = open(SparkServer(connect_server["state_dir"]).log_path, encoding="utf-8").read()
+    assert "s3cr3t" not in log
+
+
+def test_start_refuses_a_setting_every_session_would_refuse_naming_the_key_only(tmp_path):
+    """A server started with it would run, then refuse every client (rc 1 each) and write the
+    value into server.log for each session (finding K5)."""
+    state_dir = str(tmp_path)
+    try:
+        done = spark_server_cli(state_dir, "start", "--port", str(free_port()), "--memory", "1g",
+                                "--conf", "spark.master=local[1]", "--conf", "spark.sql.shuffle.partitions=abc-s3cr3t")
+        out = json.loads(done.stdout)
+        assert done.returncode == 2, done.stderr
+        assert out["error"] == "ConfigurationError" and out["key"] == "spark.sql.shuffle.partitions"
+        assert "s3cr3t" not in done.stdout + done.stderr
+        assert "spark.sql.shuffle.partitions" in done.stderr
+        assert SparkServer(state_dir).status()["running"] is False  # none was started
+        log = SparkServer(state_dir).log_path
+        assert not os.path.exists(log) or "s3cr3t" not in open(log, encoding="utf-8").read()
+    finally:
+        spark_server_cli(state_dir, "stop")
+
+
+@pytest.mark.slow
+def test_a_client_of_a_server_whose_sessions_fail_gets_a_configuration_error(tmp_path):
+    """A server started with a setting its sessions refuse (by an older version, or by hand)
+    answers every session with 'Application error processing RPC': exit 2 naming the server
+    and what to do, not an unexpected error (exit 1)."""
+    # Started through SparkServer, as an older version's `spark-server start` did: without
+    # the check of its settings that the command runs first.
+    server = SparkServer(str(tmp_path / "state"))
+    landing = tmp_path / "landing"
+    generate(str(landing), SampleSpec(records=20, keys=5, partitions=1, segments_per_partition=1, seed=2))
+    env = {**cli_env(f"sqlite:///{tmp_path / 'c.db'}", str(tmp_path / "blob")), "UPSERT_SPARK_REMOTE": ""}
+    env.pop("UPSERT_SPARK_MASTER")
+    init = subprocess.run([*UPSERTCTL, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema",
+                           SAMPLE_SCHEMA_DDL], env=env, capture_output=True, text=True, timeout=300)
+    assert init.returncode == 0, init.stderr
+    try:
+        started = server.start(port=free_port(), master="local[1]", memory="1g", timeout=300,
+                               conf={"spark.sql.shuffle.partitions": "abc"})
+        done = subprocess.run([*UPSERTCTL, "--remote", started["address"], "status", "s", "--json"], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop(timeout=10)
+    assert done.returncode == 2, done.stderr
+    out = json.loads(done.stdout)
+    assert out["error"] == "ConfigurationError" and out["field"] == "spark_conf"
+    assert started["address"] in out["message"] and "spark-server stop" in out["message"]
+
+
+@pytest.mark.slow
+def test_a_start_that_fails_quotes_the_cause_not_stack_frames(tmp_path):
+    done = spark_server_cli(str(tmp_path), "start", "--port", str(free_port()), "--memory", "1g",
+                            "--conf", "spark.master=garbage")
+    assert done.returncode == 2, done.stderr
+    out = json.loads(done.stdout)
+    assert out["error"] == "SparkUnavailable"
+    assert out["message"].endswith("server.log: org.apache.spark.SparkException: Master must either be yarn or "
+                                   "start with spark, k8s, or local"), out["message"]
+    assert "SparkSubmit.scala" not in out["message"]
 
 
 # A stand-in for spark-submit: records its command line and the properties file it was given

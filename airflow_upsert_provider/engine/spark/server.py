@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,7 +41,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
 )
 from airflow_upsert_provider.engine.common.retry import SPARK_CONNECT_CLIENT
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
-from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable
+from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable, exception_chain
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,6 +73,14 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 logger.connect.name = org.apache.spark.sql.connect.service.SparkConnectServer
 logger.connect.level = info
+# A failed config RPC (a client's spark.conf.set) is logged with Spark's message, which quotes
+# the refused value: a value may be a secret. The client that sent it gets the error.
+logger.rpcerrors.name = org.apache.spark.sql.connect.utils.ErrorUtils
+logger.rpcerrors.level = warn
+logger.rpcerrors.filter.config.type = RegexFilter
+logger.rpcerrors.filter.config.regex = Spark Connect RPC error during: config[.].*
+logger.rpcerrors.filter.config.onMatch = DENY
+logger.rpcerrors.filter.config.onMismatch = NEUTRAL
 """
 
 
@@ -198,15 +207,20 @@ def bound_client_retries(spark: "SparkSession") -> None:
 def server_gone(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception in its chain) says the Connect server is unreachable,
     stopped, or restarted under the session: running the step again may succeed."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        text = f"{type(current).__name__} {current}"
-        if any(marker in text for marker in _GONE_MARKERS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(any(marker in f"{type(current).__name__} {current}" for marker in _GONE_MARKERS)
+               for current in exception_chain(exc))
+
+
+# What the client says when the server failed inside its own handling of a request, as it
+# does for every request of a session whose settings it cannot build (a server started with
+# a value its sessions refuse).
+_SERVER_FAILED_MARKER = "Application error processing RPC"
+
+
+def server_failed_request(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in its chain) says the Connect server failed while
+    it handled the request, before it could even describe the failure."""
+    return any(_SERVER_FAILED_MARKER in str(current) for current in exception_chain(exc))
 
 
 def pid_alive(pid: int) -> bool:
@@ -420,7 +434,7 @@ class SparkServer:
             if code is not None or not pid_alive(state.pid):
                 raise SparkUnavailable(
                     f"the Spark Connect server exited (code {code}) before it listened on {state.address}; "
-                    f"see {state.log}: {_log_tail(state.log)}",
+                    f"see {state.log}: {_startup_failure_cause_in(state.log)}",
                     address=state.address, log=state.log,
                 )
             if time.monotonic() >= deadline:
@@ -498,15 +512,50 @@ def _spark_home() -> str:
     return home
 
 
-def _log_tail(path: str, lines: int = 5) -> str:
+# What the JVM itself says when it cannot start (before any exception exists): the line that
+# names the cause, where the lines after it ("Error: Could not create the Java Virtual
+# Machine.") only say that it failed.
+_JVM_CAUSES = re.compile(r"(Unrecognized (VM )?option: |Invalid (maximum|initial|thread stack) \w+ size|"
+                         r"Could not reserve enough space|There is insufficient memory|"
+                         r"Error: Could not find or load main class)")
+# The line that opens an exception's report: `Exception in thread "main" X: why`, a
+# qualified `x.y.SomeException: why` (a log line's attached exception, a `Caused by:`), or a
+# launcher's `Error: ...` / `Exception: ...`.
+_EXCEPTION_LINE = re.compile(r'^(?:Exception in thread "[^"]*" |Caused by: )?'
+                             r"((?:[\w$]+\.)*[\w$]*(?:Exception|Error)\b:?.*)$")
+_STACK_FRAME = re.compile(r"^(at |\.\.\. \d+ more|Caused by: )")
+START_MARK = re.compile(r"^--- \S+ starting: ")
+CAUSE_MAX_CHARS = 400
+
+
+def startup_failure_cause(log_text: str) -> str:
+    """What stopped a server from starting, from its log ``log_text``: of the last start's
+    lines (after its ``--- ... starting:`` mark), the first that names a known JVM start
+    failure, else the first line that opens an exception (``Exception in thread "main"
+    org.apache.spark.SparkException: Master must ...``: the exception, without the thread),
+    else the last three lines that are not stack frames."""
+    lines = [line.strip() for line in log_text.splitlines()]
+    marks = [i for i, line in enumerate(lines) if START_MARK.match(line)]
+    lines = [line for line in lines[marks[-1] + 1 if marks else 0:] if line]
+    if not lines:
+        return "(empty log)"
+    found = next((line for line in lines if _JVM_CAUSES.search(line)), None)
+    if found is None:
+        found = next((match.group(1) for match in map(_EXCEPTION_LINE.match, lines) if match), None)
+    if found is None:
+        found = " | ".join([line for line in lines if not _STACK_FRAME.match(line)][-3:]) or "(stack frames only)"
+    return found if len(found) <= CAUSE_MAX_CHARS else found[:CAUSE_MAX_CHARS - 3] + "..."
+
+
+def _startup_failure_cause_in(path: str) -> str:
+    """:func:`startup_failure_cause` of the log file's last 64 KiB."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 4096))
-            tail = handle.read().decode("utf-8", "replace").splitlines()
+            handle.seek(max(0, handle.tell() - 65536))
+            return startup_failure_cause(handle.read().decode("utf-8", "replace"))
     except OSError:
         return "(no log)"
-    return " | ".join(line.strip() for line in tail[-lines:] if line.strip()) or "(empty log)"
 
 
 def _query_server(address: str) -> float:

@@ -17,7 +17,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
     parse_endpoint,
     with_session_id,
 )
-from airflow_upsert_provider.engine.errors import ConfigurationError, first_line
+from airflow_upsert_provider.engine.errors import ConfigurationError, exception_chain, first_line
 from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
 
 if TYPE_CHECKING:
@@ -77,12 +77,36 @@ def _check_sql_values(conf: Mapping[str, str]) -> None:
     the running driver JVM, before a session is built with them: a bad value (``abc`` for
     ``spark.sql.shuffle.partitions``) is a :class:`ConfigurationError` naming the key, where
     the session would fail to build its state without naming it."""
-    from py4j.protocol import Py4JJavaError
     from pyspark import SparkContext
 
     # Private: no public API reaches the driver JVM before a session is built.
-    jvm = SparkContext._jvm
-    if jvm is None or not conf:
+    if SparkContext._jvm is not None:
+        _check_sql_values_in(SparkContext._jvm, conf)
+
+
+def check_session_settings(conf: Mapping[str, str]) -> None:
+    """Check ``conf`` as every session built on it checks it (a Spark Connect server's
+    sessions all are), in a scratch driver JVM started for the check and stopped after it:
+    a bad value is a :class:`ConfigurationError` naming the key, never the value. A server
+    started with it would run and then refuse every session, and log the value each time."""
+    if not conf:
+        return
+    # The scratch JVM's own settings only: launch_gateway puts them on its command line.
+    settings = {"spark.driver.memory": "512m", "spark.driver.extraJavaOptions": driver_java_options()}
+    gateway = _start_gateway(DEFAULT_MASTER, "upsert-settings-check", settings)
+    try:
+        _check_sql_values_in(gateway.jvm, conf)
+    finally:
+        gateway.shutdown()
+        # It holds nothing: SIGTERM, not the seconds its exit on a closed stdin takes.
+        gateway.proc.terminate()
+        gateway.proc.wait()
+
+
+def _check_sql_values_in(jvm, conf: Mapping[str, str]) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    if not conf:
         return
     probe = jvm.org.apache.spark.sql.internal.SQLConf()
     for key, value in conf.items():
@@ -188,7 +212,58 @@ def get_spark(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("UPSERT_SPARK_LOG_LEVEL", "ERROR"))
+    _replace_pyspark_interrupt_handler(spark)
     return spark
+
+
+def _replace_pyspark_interrupt_handler(spark: "SparkSession") -> None:
+    """Answer Ctrl-C with a ``KeyboardInterrupt`` and no report on stderr.
+
+    A new SparkContext makes SIGINT cancel every job through Py4J from the signal handler,
+    on the main thread, which is then mostly inside a Py4J call waiting for a job: the
+    reentrant call fails and Py4J logs that failure, then the ``KeyboardInterrupt``, each
+    with its traceback (about 50 lines). Here the jobs are cancelled from a thread of their
+    own (a Py4J connection of its own), and Py4J's report of the interrupt it re-raises is
+    dropped (:class:`Py4JInterruptReports`)."""
+    import logging
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if not getattr(signal.getsignal(signal.SIGINT), "__module__", "").startswith("pyspark."):
+        return  # not PySpark's: someone else's choice, kept
+    context = spark.sparkContext
+
+    def cancel_jobs() -> None:
+        try:
+            context.cancelAllJobs()
+        except Exception:  # noqa: BLE001 - the process is going down; the JVM with it
+            pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        threading.Thread(target=cancel_jobs, name="spark-cancel-jobs", daemon=True).start()
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, interrupt)
+    # Py4J reports on the root logger (java_gateway's ``logging.exception``) and on its own
+    # loggers; a logger's filter sees only the records logged on that logger itself.
+    for name in ("", "py4j.java_gateway", "py4j.clientserver"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Py4JInterruptReports) for f in logger.filters):
+            logger.addFilter(Py4JInterruptReports())
+
+
+class Py4JInterruptReports:
+    """A logging filter that drops Py4J's reports of a ``KeyboardInterrupt`` and of what
+    failed while it unwound (closing the interrupted connection): Py4J re-raises the
+    interrupt, and the caller's handling of it is the one report a user should see."""
+
+    @staticmethod
+    def filter(record: object) -> bool:
+        exc_info = getattr(record, "exc_info", None)
+        if not exc_info or f"{os.sep}py4j{os.sep}" not in str(getattr(record, "pathname", "")):
+            return True
+        return not any(isinstance(current, KeyboardInterrupt) for current in exception_chain(exc_info[1]))
 
 
 def is_connect_session(spark: "SparkSession") -> bool:
@@ -315,6 +390,7 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None, *, pri
         display_remote,
         parse_remote,
         require_reachable,
+        server_failed_request,
         server_gone,
     )
 
@@ -368,6 +444,14 @@ def get_connect_spark(remote: str, conf: Mapping[str, str] | None = None, *, pri
             raise SparkUnavailable(
                 f"the Spark Connect server at {shown} did not answer: {first_line(exc)}",
                 address=shown,
+            ) from None
+        if server_failed_request(exc):
+            # The server cannot open a session; its log names the setting (and its value).
+            raise ConfigurationError(
+                f"the Spark Connect server at {shown} failed to open a session ('Application error "
+                "processing RPC'): a setting it was started with is likely invalid (its server.log names "
+                "it); restart it with valid settings (upsertctl spark-server stop, then start)",
+                field="spark_conf", address=shown,
             ) from None
         raise
 
@@ -466,12 +550,22 @@ def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) 
     to its end (Airflow's task runner, a shell pipe) is done when this process exits, not
     after the JVM's shutdown (stopping the SparkContext, deleting its temporary
     directories: about 0.45 s), which runs on after it."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
+    from pyspark import SparkContext
 
     # Private: no public API says whether this process has a gateway (a stopped session keeps it).
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
+    gateway = _start_gateway(master, app_name, settings)
+    # Private: no public API adopts a gateway without creating a SparkContext on it.
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _start_gateway(master: str, app_name: str, settings: Mapping[str, str]):
+    """A new driver JVM (the Py4J gateway) on ``settings``, its stdout and stderr through
+    :func:`_forward_stderr` to this process's stderr."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
     conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(app_name)
     for key, value in settings.items():
         conf.set(key, value)
@@ -480,11 +574,9 @@ def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) 
     reader = os.fdopen(read_end, "rb", buffering=0)
     threading.Thread(target=_forward_stderr, args=(reader,), name="spark-driver-stderr", daemon=True).start()
     try:
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": write_end, "stderr": write_end})
+        return launch_gateway(conf, popen_kwargs={"stdout": write_end, "stderr": write_end})
     finally:
         os.close(write_end)  # the JVM holds its own copy; EOF comes when it exits
-    # Private: no public API adopts a gateway without creating a SparkContext on it.
-    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def _forward_stderr(stream: BinaryIO) -> None:
