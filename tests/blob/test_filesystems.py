@@ -126,3 +126,35 @@ def test_aws_max_attempts_bounds_the_retries_and_a_bad_value_is_refused(s3_env, 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
     with pytest.raises(ConfigurationError, match="AWS_MAX_ATTEMPTS takes an integer from 1 to 100, not 'many'"):
         filesystem_for("s3://bucket-a/x")
+
+
+@pytest.mark.parametrize("uri,shown", [
+    ("s3://AKIAXX:wJalrX/K7MDENG/bPxRfiCYEXAMPLEKEY@lake/x", "s3://***@lake/x"),
+    ("s3://AKIAXX@lake/x", "s3://***@lake/x"),
+    ("s3://AKIAXX:wJalrXK7MDENG/x", "s3://***"),
+    ("hdfs://user:pa/ss@nn:8020/x", "hdfs://***@nn:8020/x"),
+    ("abfss://data:key/part@acct.dfs.core.windows.net/p", "abfss://***@acct.dfs.core.windows.net/p"),
+    ("s3://lake/x?access_key=AKIAXX&secret_key=wJalrX", "s3://lake/x?***"),
+])
+def test_a_credential_of_any_shape_is_refused_and_cut_from_the_uri_shown(uri, shown):
+    assert filesystems.display_uri(uri) == shown
+    with pytest.raises(ConfigurationError) as caught:
+        split_uri(uri)
+    assert caught.value.message.startswith(f"blob root {shown!r} carries credentials in the URI")
+    assert caught.value.details["field"] == "blob_root"
+
+
+@pytest.mark.parametrize("uri,expected", [
+    ("s3://lake/a:b@c/d", ("s3", "lake", "a:b@c/d")),  # ':' and '@' in a key are no credentials
+    ("hdfs://nn:8020/x", ("hdfs", "nn:8020", "x")),
+    ("abfss://data@acct.dfs.core.windows.net/p", ("abfss", "data@acct.dfs.core.windows.net", "p")),
+])
+def test_keys_ports_and_abfs_containers_are_not_taken_for_credentials(uri, expected):
+    assert split_uri(uri) == expected
+    assert filesystems.display_uri(uri) == uri
+
+
+def test_a_query_string_is_refused_without_being_repeated():
+    with pytest.raises(ConfigurationError, match=r"'s3://lake/x\?\*\*\*' has a query string") as caught:
+        split_uri("s3://lake/x?versionId=opaque-value")
+    assert "opaque-value" not in caught.value.message

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, first_line
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -61,8 +62,10 @@ _cache_pid = os.getpid()
 def split_uri(uri_or_path: str) -> tuple[str, str, str]:
     """(scheme, authority, path) of a blob location: ``("", "", "/abs/path")`` for a local
     path or ``file://`` URI, else the URI's scheme (lower case), authority and path (no
-    leading ``/``). Refuses an unknown scheme and user information in the authority (a
-    credential written into a URI would reach logs and ``ps``), naming the URI without it."""
+    leading ``/``). Refuses an unknown scheme, credentials in the URI (user information, also
+    with a ``/`` in the secret, or pyarrow's ``?access_key=...&secret_key=...``: they would
+    reach logs and ``ps``) and any query string (it would become part of every object key),
+    naming the URI without them."""
     if "://" not in uri_or_path:
         return "", "", os.path.abspath(uri_or_path)
     scheme, rest = uri_or_path.split("://", 1)
@@ -72,44 +75,79 @@ def split_uri(uri_or_path: str) -> tuple[str, str, str]:
         if rest.startswith("localhost/"):
             rest = rest[len("localhost") :]
         return "", "", os.path.abspath(rest)
+    shown = display_uri(uri_or_path)
     if scheme not in OBJECT_SCHEMES:
         raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} has the unsupported scheme {scheme!r}; "
+            f"blob root {shown!r} has the unsupported scheme {scheme!r}; "
             f"use a local path or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}",
+            field="blob_root",
+        )
+    if _has_user_info(scheme, rest) or _query_names_credentials(rest):
+        raise ConfigurationError(
+            f"blob root {shown!r} carries credentials in the URI; give them through "
+            "the environment or the connection instead (docs/storage.md)",
+            field="blob_root",
+        )
+    if "?" in rest:
+        raise ConfigurationError(
+            f"blob root {shown!r} has a query string, which would become part of every object key; "
+            "remove it (settings of the store go into the environment or the connection: docs/storage.md)",
             field="blob_root",
         )
     authority, _, path = rest.partition("/")
     if not authority:
         raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} names no bucket, container or host after {scheme}://",
+            f"blob root {shown!r} names no bucket, container or host after {scheme}://",
             field="blob_root",
         )
-    if "@" in authority and scheme not in ("abfs", "abfss"):
+    if scheme == "hdfs" and ":" in authority and not authority.rpartition(":")[2].isdigit():
         raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} carries credentials in the URI; give them through "
-            "the environment or the connection instead (docs/storage.md)",
-            field="blob_root",
-        )
-    if scheme in ("abfs", "abfss") and ":" in authority.split("@", 1)[0]:
-        raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} carries credentials in the URI; give them through "
-            "the environment instead (docs/storage.md)",
+            f"blob root {shown!r}: the namenode's port {authority.rpartition(':')[2]!r} is not a number "
+            "(hdfs://NAMENODE:PORT/PATH)",
             field="blob_root",
         )
     return scheme, authority, path.strip("/")
 
 
+# Names of pyarrow's URI query parameters (``FileSystem.from_uri``) and of the usual signed-URL
+# parameters that carry a credential.
+_CREDENTIAL_QUERY = re.compile(r"(?:^|[?&])[^=&]*(?:key|secret|token|signature|credential|password|sig)[^=&]*=",
+                               re.IGNORECASE)
+
+
+def _has_user_info(scheme: str, rest: str) -> bool:
+    """Whether the part of a URI after ``scheme://`` starts with user information. An ``@``
+    in the authority is one, except abfs's ``container@account``; so is a ``:`` in the first
+    segment before a later ``@`` (a secret holding ``/`` splits the authority early), and any
+    ``:`` in an S3 or GCS bucket name, which cannot hold one."""
+    first, slash, tail = rest.partition("/")
+    first = first.split("?", 1)[0]
+    if "@" in first:
+        user = first.rpartition("@")[0]
+        return scheme not in ("abfs", "abfss") or ":" in user
+    if ":" in first:
+        return scheme in ("s3", "gs") or "@" in tail
+    return False
+
+
+def _query_names_credentials(rest: str) -> bool:
+    query = rest.partition("?")[2]
+    return bool(query) and _CREDENTIAL_QUERY.search("?" + query) is not None
+
+
 def display_uri(uri: str) -> str:
-    """``uri`` as a message may show it: any user information before the host is cut out."""
+    """``uri`` as a message may show it: any user information before the host is cut out
+    (up to the URI's last ``@`` when the secret split the authority), and the query too."""
     if "://" not in uri:
         return uri
     scheme, rest = uri.split("://", 1)
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        user, _, host = authority.rpartition("@")
-        # abfs's container@account is a name, not a credential; anything else before '@' is cut.
-        authority = authority if scheme.lower() in ("abfs", "abfss") and ":" not in user else f"***@{host}"
-    return f"{scheme}://{authority}{slash}{path}"
+    rest, question, _query = rest.partition("?")
+    query = "?***" if question else ""
+    if not _has_user_info(scheme.lower(), rest):
+        return f"{scheme}://{rest}{query}"
+    if "@" not in rest:
+        return f"{scheme}://***{query}"
+    return f"{scheme}://***@{rest.rpartition('@')[2]}{query}"
 
 
 def s3_endpoint() -> str | None:
@@ -215,7 +253,7 @@ def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
                                 s3_identity())
     else:
         key = (scheme, authority)
-    filesystem = _cached(key, lambda: _build(scheme, authority))
+    filesystem = _cached(key, lambda: _build(scheme, authority, uri_or_path))
     if scheme in ("s3", "gs"):
         inner = f"{authority}/{path}" if path else authority
     elif scheme in ("abfs", "abfss"):
@@ -238,20 +276,78 @@ def _cached(key: tuple[str, ...], build) -> "pyarrow.fs.FileSystem":
         return filesystem
 
 
-def _build(scheme: str, authority: str) -> "pyarrow.fs.FileSystem":
+def _build(scheme: str, authority: str, uri: str) -> "pyarrow.fs.FileSystem":
+    """The filesystem of ``scheme://authority``; one that cannot be set up (a missing libjvm
+    for HDFS, an endpoint that is no URL, Azure without credentials) is the
+    :class:`ConfigurationError` of the root ``uri``, naming it and the reason."""
     import pyarrow.fs as pafs
 
-    if scheme == "s3":
-        return _s3(authority)
-    if scheme == "gs":
-        return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
-    if scheme in ("abfs", "abfss"):
-        # container@account.dfs.core.windows.net: the account is the host's first label.
-        host = authority.split("@", 1)[1] if "@" in authority else authority
-        account = host.split(".", 1)[0]
-        return pafs.AzureFileSystem(account_name=account)
-    host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
-    return pafs.HadoopFileSystem(host, int(port) if port else 8020)
+    try:
+        if scheme == "s3":
+            return _s3(authority)
+        if scheme == "gs":
+            return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
+        if scheme in ("abfs", "abfss"):
+            # container@account.dfs.core.windows.net: the account is the host's first label.
+            container, _, host = authority.rpartition("@")
+            account = (host or authority).split(".", 1)[0]
+            _probe_azure_credentials(account, container or authority, uri)
+            return pafs.AzureFileSystem(account_name=account)
+        host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
+        return pafs.HadoopFileSystem(host, int(port) if port else 8020)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # pyarrow raises OSError, ArrowException or ValueError here
+        raise ConfigurationError(
+            f"blob root {display_uri(uri)} cannot be used: its {scheme}:// filesystem cannot be set up: "
+            f"{first_line(exc) or type(exc).__name__} (docs/storage.md)",
+            field="blob_root",
+        ) from None
+
+
+# Time a probe of Azure's credential chain may take (it asks the managed identity endpoint and
+# the Azure CLI in turn).
+AZURE_PROBE_SECONDS = 120
+_AZURE_PROBE = """
+import sys
+import pyarrow.fs as pafs
+try:
+    pafs.AzureFileSystem(account_name=sys.argv[1]).get_file_info(sys.argv[2])
+except Exception:
+    pass  # an error this process can catch is reported by the real request, mapped as usual
+"""
+
+
+def _probe_azure_credentials(account: str, container: str, uri: str) -> None:
+    """Refuse an Azure root whose credential chain finds nothing. PyArrow's Azure filesystem
+    takes ``DefaultAzureCredential``, whose failure to get a token is thrown where nothing
+    catches it: it aborts the whole process (SIGABRT) at the first request. So that first
+    request is made once in a child process; if that child dies of a signal, this process
+    would have too."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        probe = subprocess.run([sys.executable, "-c", _AZURE_PROBE, account, container], capture_output=True,
+                               text=True, timeout=AZURE_PROBE_SECONDS, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigurationError(
+            f"blob root {display_uri(uri)} cannot be used: Azure's credential chain (DefaultAzureCredential) "
+            f"gave no answer within {AZURE_PROBE_SECONDS} s; configure credentials (docs/storage.md)",
+            field="blob_root",
+        ) from None
+    if probe.returncode >= 0:
+        return
+    said = [line.strip() for line in probe.stderr.splitlines() if "what():" in line]
+    reason = said[-1].split("what():", 1)[1].strip()[:200] if said else "no message"
+    raise ConfigurationError(
+        f"blob root {display_uri(uri)} cannot be used: Azure's credential chain (DefaultAzureCredential) "
+        f"found no credentials and aborted a probe process ({signal.Signals(-probe.returncode).name}: {reason}); "
+        "configure them for this process: AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET, "
+        "workload identity, a managed identity or `az login` (docs/storage.md)",
+        field="blob_root",
+    )
 
 
 def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
@@ -266,7 +362,12 @@ def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
     endpoint = s3_endpoint()
     region = s3_region()
     if endpoint:
-        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        try:
+            parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        except ValueError as exc:
+            variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+            raise ValueError(f"{variable} {display_uri(endpoint)!r} is not a URL ({exc}); "
+                             "give the store's endpoint as http[s]://HOST[:PORT]") from None
         options.update(endpoint_override=parts.netloc, scheme=parts.scheme or "https")
     elif region is None:
         # AWS itself with no region configured: ask where the bucket lives (one anonymous

@@ -200,6 +200,7 @@ class ObjectBlob:
         """Raise a clear :class:`ConfigurationError` unless the bucket exists and answers,
         the root is not an object, and, with ``writable``, an object can be written below it
         (probed with a real PUT and DELETE: permissions are the store's to say)."""
+        import pyarrow as pa
         import pyarrow.fs as pafs
 
         filesystem, inner = filesystem_for(self.root)
@@ -219,7 +220,8 @@ class ObjectBlob:
                 with filesystem.open_output_stream(probe) as out:
                     out.write(b"")
                 filesystem.delete_file(probe)
-        except OSError as exc:
+        # GCS's client raises ArrowException (not OSError) for credentials it cannot use.
+        except (OSError, pa.ArrowException) as exc:
             raise self._root_error(exc, writing=writable) from None
 
     def _bucket(self) -> str:
