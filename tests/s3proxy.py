@@ -11,7 +11,10 @@ path, plain HTTP). A test sets its faults deterministically, before the requests
 - ``cut_response(...)``: forward the request, send the server's status, headers and half its
   body, then drop the connection;
 - ``hold(method, key)``: keep the next matching request until the test calls ``release()``
-  on the returned :class:`Hold` (``arrived`` is set when it is held), then forward it.
+  on the returned :class:`Hold` (``arrived`` is set when it is held), then forward it;
+- ``store_aws_chunked(key)``: forward matching PUTs whose body is in ``aws-chunked`` framing
+  (the AWS SDK's streaming upload with a trailing checksum) as a plain body that still holds
+  the framing and the trailer, as s3rver stores them: the object differs from what was written.
 
 A rule matches a request by method (None: any) and a regular expression searched in its object
 key (``query`` likewise in its query string: ``query="list-type=2"`` matches listings). Every
@@ -31,6 +34,8 @@ from urllib.parse import unquote, urlsplit
 # Headers of one connection, not of the request or response they travel with.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
               "expect"}
+# Request headers that announce an aws-chunked body (dropped by ``store_aws_chunked``).
+AWS_CHUNKED_HEADERS = {"content-encoding", "x-amz-decoded-content-length", "x-amz-trailer", "x-amz-content-sha256"}
 ERROR_CODES = {500: "InternalError", 503: "ServiceUnavailable"}
 # A hold that nobody releases ends with the test, not never.
 HOLD_LIMIT_SECONDS = 120
@@ -60,7 +65,7 @@ class Rule:
     key: str
     query: str
     times: int
-    action: str  # "error", "cut_request", "cut_response", "hold"
+    action: str  # "error", "cut_request", "cut_response", "hold", "store_aws_chunked"
     status: int = 503
     code: str = ""
     hold: Hold | None = None
@@ -105,6 +110,9 @@ class S3FaultProxy:
         hold = Hold()
         self._add(Rule(method, key, query, 1, "hold", hold=hold))
         return hold
+
+    def store_aws_chunked(self, key: str = "", *, times: int = 1_000_000) -> None:
+        self._add(Rule("PUT", key, "", times, "store_aws_chunked"))
 
     def clear(self) -> None:
         """Drop every fault not spent yet, and release every hold."""
@@ -201,7 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
             assert rule.hold is not None
             rule.hold.arrived.set()
             rule.hold.released.wait(HOLD_LIMIT_SECONDS)
-        status, headers, data = self._forward(method, body)
+        framed = rule is not None and rule.action == "store_aws_chunked"
+        status, headers, data = self._forward(method, body, framed=framed)
         if rule is not None and rule.action == "cut_response":
             record("cut")
             self.send_response_only(status)
@@ -241,10 +250,15 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _forward(self, method: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _forward(self, method: str, body: bytes, *, framed: bool = False) -> tuple[int, list[tuple[str, str]], bytes]:
         connection = http.client.HTTPConnection(*self.owner.upstream, timeout=60)
         try:
             headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_BY_HOP}
+            if framed and "aws-chunked" in self.headers.get("Content-Encoding", ""):
+                # What tells the server the body is framed goes; the framed bytes stay.
+                headers = {name: value for name, value in headers.items()
+                           if name.lower() not in AWS_CHUNKED_HEADERS}
+                headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
             if body or "Content-Length" in self.headers:
                 headers["Content-Length"] = str(len(body))
             connection.request(method, self.path, body=body or None, headers=headers)

@@ -250,7 +250,7 @@ def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
         key: tuple[str, ...] = (scheme, authority, s3_endpoint() or "", s3_region() or "", str(s3_max_attempts()),
-                                s3_identity())
+                                s3_identity(), os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION", ""))
     else:
         key = (scheme, authority)
     filesystem = _cached(key, lambda: _build(scheme, authority, uri_or_path))

@@ -217,12 +217,34 @@ class ObjectBlob:
                                          field="blob_root")
             if writable:
                 probe = f"{inner}/.probe-{uuid.uuid4().hex}"
+                written = f"upsert blob root probe {probe}\n".encode()
                 with filesystem.open_output_stream(probe) as out:
-                    out.write(b"")
-                filesystem.delete_file(probe)
+                    out.write(written)
+                try:
+                    with filesystem.open_input_stream(probe) as stream:
+                        read = stream.read()
+                finally:
+                    filesystem.delete_file(probe)
+                if read != written:
+                    raise self._altered_error(written, read)
         # GCS's client raises ArrowException (not OSError) for credentials it cannot use.
         except (OSError, pa.ArrowException) as exc:
             raise self._root_error(exc, writing=writable) from None
+
+    def _altered_error(self, written: bytes, read: bytes) -> ConfigurationError:
+        """The root's error for a store that gave back other bytes than a probe object held:
+        every run file written there would be damaged."""
+        framed = b"x-amz-checksum-" in read or read.startswith(f"{len(written):x}\r\n".encode())
+        how = ("it kept the upload's aws-chunked framing and trailing checksum in the object" if framed
+               else f"wrote {len(written)} bytes, read back {len(read)} other bytes")
+        return ConfigurationError(
+            f"blob root {self.root} cannot be used: the store changed an object written to it ({how}; "
+            f"{self._where()}), so every file written there would be damaged; the likely cause is a store "
+            "that does not decode the AWS SDK's checksummed uploads: set AWS_REQUEST_CHECKSUM_CALCULATION="
+            "when_required for this process and every Spark executor (docs/storage.md, \"Stores that "
+            "change uploads\")",
+            field="blob_root",
+        )
 
     def _bucket(self) -> str:
         return self.authority.split("@", 1)[0] if self.scheme in ("abfs", "abfss") else self.authority
