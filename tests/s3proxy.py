@@ -70,6 +70,7 @@ class Rule:
     code: str = ""
     hold: Hold | None = None
     body: str | None = None
+    skip: int = 0  # matching requests let through before the rule takes any
 
     def matches(self, method: str, key: str, query: str, body: bytes | None) -> bool:
         if self.body is not None and (body is None or re.search(self.body, body.decode("latin-1")) is None):
@@ -91,11 +92,11 @@ class S3FaultProxy:
     # -- faults ---------------------------------------------------------------------------------
 
     def fail(self, method: str | None, key: str = "", *, times: int = 1, status: int = 503, code: str = "",
-             query: str = "", body: str | None = None) -> None:
+             query: str = "", body: str | None = None, skip: int = 0) -> None:
         """``body``: a regular expression the request's body must hold too (the keys of a
-        batched DELETE are in its body)."""
+        batched DELETE are in its body). ``skip``: let that many matching requests through first."""
         self._add(Rule(method, key, query, times, "error", status, code or ERROR_CODES.get(status, "InternalError"),
-                       body=body))
+                       body=body, skip=skip))
 
     def throttle(self, method: str | None, key: str = "", *, times: int = 1, query: str = "") -> None:
         self._add(Rule(method, key, query, times, "error", 503, "SlowDown"))
@@ -131,7 +132,11 @@ class S3FaultProxy:
         (not read yet), rules on the body are passed over."""
         with self._lock:
             for rule in self._rules:
-                if rule.matches(method, key, query, body):
+                # Once the body is read, only rules on the body are left to match.
+                if (body is None or rule.body is not None) and rule.matches(method, key, query, body):
+                    if rule.skip:
+                        rule.skip -= 1
+                        continue
                     rule.times -= 1
                     return rule
         return None

@@ -11,11 +11,14 @@ import hashlib
 import os
 import tempfile
 import uuid
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
 from airflow_upsert_provider.engine.common.atomic_file import fsync_dir
 from airflow_upsert_provider.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow.parquet
 
 
 class LocalBlob:
@@ -187,6 +190,15 @@ class LocalBlob:
         """SHA-256 of the file at ``path``, hex."""
         with open(path, "rb") as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
+
+    def parquet_metadata(self, path: str) -> "pyarrow.parquet.FileMetaData":
+        """The Parquet footer of the file at ``path``, read from an open file (a path given
+        to pyarrow as a string would be parsed as a URI). A file that is no Parquet raises
+        pyarrow's ``ArrowInvalid``."""
+        import pyarrow.parquet as pq
+
+        with open(path, "rb") as handle:
+            return pq.read_metadata(handle)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

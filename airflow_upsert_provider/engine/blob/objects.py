@@ -71,6 +71,7 @@ from airflow_upsert_provider.engine.errors import BlobUnavailable, Configuration
 
 if TYPE_CHECKING:
     import pyarrow.fs
+    import pyarrow.parquet
 
 # Bytes read at a time when an object is hashed: memory stays bounded whatever its size.
 CHECKSUM_CHUNK = 1 << 20
@@ -306,8 +307,8 @@ class ObjectBlob:
         code, reason = store_failure(exc)
         attempts = f", retried up to {s3_max_attempts()} attempts (AWS_MAX_ATTEMPTS)" if self.scheme == "s3" else ""
         return BlobUnavailable(
-            f"{_VERBS[operation]} {display_uri(path)} failed{attempts}: {reason} ({self._where()}); a transient "
-            "failure of the store: run the step again when it answers (docs/storage.md)",
+            f"{_VERBS[operation]} {display_uri(path)} failed{attempts}: {reason} ({self._where()}); "
+            f"{unavailable_advice(code, reason, operation)}",
             operation=operation,
             bucket=self._bucket(),
             key=split_uri(path)[2],
@@ -376,6 +377,18 @@ class ObjectBlob:
             while chunk := stream.read(CHECKSUM_CHUNK):
                 digest.update(chunk)
         return digest.hexdigest()
+
+    @_store_requests("read")
+    def parquet_metadata(self, path: str) -> "pyarrow.parquet.FileMetaData":
+        """The Parquet footer of the object at ``path`` (ranged GETs), read through this
+        blob's filesystem: its endpoint, retries and error mapping (a store that keeps failing
+        is :class:`BlobUnavailable`); an object that is no Parquet raises pyarrow's
+        ``ArrowInvalid``."""
+        import pyarrow.parquet as pq
+
+        filesystem, inner = filesystem_for(path)
+        with filesystem.open_input_file(inner) as handle:
+            return pq.read_metadata(handle)
 
     @_store_requests("stat")
     def exists(self, path: str) -> bool:
@@ -522,6 +535,25 @@ def _seconds(info: "pyarrow.fs.FileInfo") -> float:
 # How a message names each operation.
 _VERBS = {"write": "writing", "read": "reading", "stat": "looking up", "list": "listing", "delete": "deleting",
           "check": "checking the blob root at"}
+
+
+# An internal error of the store (HTTP 500, 501...): unlike 503 or throttling, it may be the
+# store's own bug with one kind of request, answered the same way every time.
+_INTERNAL_ERROR = re.compile(r"^INTERNAL_FAILURE\b|\(HTTP 5(?!03)\d\d\)")
+
+
+def unavailable_advice(code: str, reason: str, operation: str) -> str:
+    """What a :class:`BlobUnavailable` advises, from the store's last answer (``code`` and
+    ``reason`` of :func:`store_failure`) to ``operation``: run the step again; after an
+    internal error on every attempt, also that a store failing the same way each time may have
+    a bug with this request (s3rver answers every truncated listing with 500)."""
+    advice = "a transient failure of the store: run the step again when it answers"
+    if not _INTERNAL_ERROR.search(reason):
+        return f"{advice} (docs/storage.md)"
+    example = " (a listing that fails only when it is truncated, past 1,000 keys, is one)" if operation == "list" else ""
+    return (f"{advice}; the store answered every attempt with an internal error: if the step fails the same "
+            f"way each time, it may be the store's bug with this request{example}, not a passing failure: "
+            "report it to the store's maintainers (docs/storage.md, \"Failures\")")
 
 
 def failure_kind(exc: BaseException) -> str:
