@@ -20,6 +20,8 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 if TYPE_CHECKING:
     import pyarrow.parquet
 
+    from airflow_upsert_provider.engine.blob.filesystems import S3Credentials
+
 
 class LocalBlob:
     """Blob store on the local (or a shared, POSIX-mounted) filesystem."""
@@ -276,10 +278,11 @@ class LocalBlob:
             pass
 
 
-def open_blob(root: str) -> Blob:
+def open_blob(root: str, *, s3_credentials: S3Credentials | None = None) -> Blob:
     """The blob store at ``root``: a local path (or ``file://``) is a :class:`LocalBlob`, a
-    URI of an object store an :class:`~.objects.ObjectBlob`; an unknown scheme is refused
-    naming the value."""
+    URI of an object store an :class:`~.objects.ObjectBlob` (on S3 signed with
+    ``s3_credentials`` when given, else with this process's chain); an unknown scheme is
+    refused naming the value."""
     from airflow_upsert_provider.engine.blob.filesystems import split_uri
 
     scheme, _, local_path = split_uri(root)
@@ -287,4 +290,4 @@ def open_blob(root: str) -> Blob:
         return LocalBlob(local_path)
     from airflow_upsert_provider.engine.blob.objects import ObjectBlob
 
-    return ObjectBlob(root)
+    return ObjectBlob(root, credentials=s3_credentials)

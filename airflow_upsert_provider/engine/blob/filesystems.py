@@ -13,15 +13,16 @@ Failed requests are retried by the filesystem layer itself, within a bound
 (:data:`S3_MAX_ATTEMPTS` attempts on S3, :data:`GCS_RETRY_SECONDS` on GCS); nothing here loops
 around it.
 
-Credentials held elsewhere (an Airflow ``aws`` connection) reach this chain as plain values,
-:class:`S3Credentials`, through :func:`export_s3_credentials`: it sets the standard variables in
-this process's environment, which the driver's filesystems read and every process started
-afterwards inherits (a local Spark session's JVM and its Python workers, a ``spark-submit``
-child), so a secret never has to travel in argv, a Spark setting or a query plan.
+Credentials held elsewhere (an Airflow ``aws`` connection) are plain values,
+:class:`S3Credentials`, given to :func:`filesystem_for` explicitly: this process's environment
+is never changed (a triggerer or an api-server runs many connections' work in threads of one
+process). Child processes a task starts (a local Spark session's JVM and its Python workers, a
+``spark-submit``) get them in their own environment, :func:`child_environment`, so a secret
+never has to travel in argv, a Spark setting or a query plan.
 
 Filesystems are cached per process, keyed by the URI's scheme and authority (bucket, container,
-namenode), the endpoint, region and retry bound the environment names and a digest of the
-credentials it holds: building one resolves credentials, and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
+namenode), the endpoint, region and retry bound and a digest of the credentials (those given,
+else those the environment holds): building one resolves credentials, and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
 never reuses its parent's clients, whose connections and threads did not survive the fork.
 """
 
@@ -150,13 +151,17 @@ def display_uri(uri: str) -> str:
     return f"{scheme}://***@{rest.rpartition('@')[2]}{query}"
 
 
-def s3_endpoint() -> str | None:
-    """The S3 endpoint the environment names (the service-specific variable first, as the AWS
-    SDKs read them), or None for AWS itself."""
+def s3_endpoint(credentials: "S3Credentials | None" = None) -> str | None:
+    """The S3 endpoint ``credentials`` name, else the environment's (the service-specific
+    variable first, as the AWS SDKs read them), or None for AWS itself."""
+    if credentials is not None and credentials.endpoint_url:
+        return credentials.endpoint_url
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def s3_region() -> str | None:
+def s3_region(credentials: "S3Credentials | None" = None) -> str | None:
+    if credentials is not None and credentials.region:
+        return credentials.region
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
@@ -195,30 +200,28 @@ class S3Credentials:
         return variables
 
 
-def export_s3_credentials(credentials: S3Credentials) -> dict[str, str | None]:
-    """Make ``credentials`` this process's S3 credential chain: the driver's filesystems use
-    them from now on, and every process started afterwards inherits them through its
-    environment (never its argv). Returns the previous values, for
-    :func:`restore_environment`."""
-    variables = credentials.environment()
-    previous = {name: os.environ.get(name) for name in variables}
-    restore_environment(variables)
-    return previous
-
-
-def restore_environment(variables: Mapping[str, str | None]) -> None:
-    """Set each variable to its value, unset it where the value is None."""
-    for name, value in variables.items():
+def child_environment(credentials: S3Credentials | None,
+                      base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process (``base``, default this process's) with
+    ``credentials`` as its S3 credential chain: what a task gives the processes it starts,
+    without changing its own environment."""
+    environment = dict(os.environ if base is None else base)
+    for name, value in (credentials.environment() if credentials is not None else {}).items():
         if value is None:
-            os.environ.pop(name, None)
+            environment.pop(name, None)
         else:
-            os.environ[name] = value
+            environment[name] = value
+    return environment
 
 
-def s3_identity() -> str:
-    """A digest of the credential variables of this process: a cache key that changes with
-    them and holds none of them."""
-    text = "\0".join(os.environ.get(name, "") for name in S3_IDENTITY_VARIABLES)
+def s3_identity(credentials: S3Credentials | None = None) -> str:
+    """A digest of ``credentials``, else of the credential variables of this process: a cache
+    key that changes with them and holds none of them."""
+    if credentials is not None:
+        text = "\0".join(["given", credentials.access_key_id, credentials.secret_access_key,
+                           credentials.session_token or ""])
+    else:
+        text = "\0".join(os.environ.get(name, "") for name in S3_IDENTITY_VARIABLES)
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -236,8 +239,10 @@ def s3_max_attempts() -> int:
     return value
 
 
-def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
-    """The pyarrow filesystem that holds ``uri_or_path`` and the path inside it.
+def filesystem_for(uri_or_path: str, credentials: S3Credentials | None = None) -> tuple["pyarrow.fs.FileSystem", str]:
+    """The pyarrow filesystem that holds ``uri_or_path`` and the path inside it; on S3 signed
+    with ``credentials`` (and at their endpoint and region) when given, else with the
+    process's chain.
 
     A local path or ``file://`` URI gives ``LocalFileSystem`` and the absolute path;
     ``s3://bucket/key`` gives the S3 filesystem and ``bucket/key``; ``gs://bucket/key`` the GCS
@@ -249,11 +254,12 @@ def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
     if not scheme:
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
-        key: tuple[str, ...] = (scheme, authority, s3_endpoint() or "", s3_region() or "", str(s3_max_attempts()),
-                                s3_identity(), os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION", ""))
+        key: tuple[str, ...] = (scheme, authority, s3_endpoint(credentials) or "", s3_region(credentials) or "",
+                                str(s3_max_attempts()), s3_identity(credentials),
+                                os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION", ""))
     else:
         key = (scheme, authority)
-    filesystem = _cached(key, lambda: _build(scheme, authority, uri_or_path))
+    filesystem = _cached(key, lambda: _build(scheme, authority, uri_or_path, credentials))
     if scheme in ("s3", "gs"):
         inner = f"{authority}/{path}" if path else authority
     elif scheme in ("abfs", "abfss"):
@@ -276,7 +282,7 @@ def _cached(key: tuple[str, ...], build) -> "pyarrow.fs.FileSystem":
         return filesystem
 
 
-def _build(scheme: str, authority: str, uri: str) -> "pyarrow.fs.FileSystem":
+def _build(scheme: str, authority: str, uri: str, credentials: S3Credentials | None) -> "pyarrow.fs.FileSystem":
     """The filesystem of ``scheme://authority``; one that cannot be set up (a missing libjvm
     for HDFS, an endpoint that is no URL, Azure without credentials) is the
     :class:`ConfigurationError` of the root ``uri``, naming it and the reason."""
@@ -284,7 +290,7 @@ def _build(scheme: str, authority: str, uri: str) -> "pyarrow.fs.FileSystem":
 
     try:
         if scheme == "s3":
-            return _s3(authority)
+            return _s3(authority, credentials)
         if scheme == "gs":
             return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
         if scheme in ("abfs", "abfss"):
@@ -350,7 +356,7 @@ def _probe_azure_credentials(account: str, container: str, uri: str) -> None:
     )
 
 
-def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
+def _s3(bucket: str, credentials: S3Credentials | None) -> "pyarrow.fs.FileSystem":
     import pyarrow.fs as pafs
 
     options: dict = {
@@ -359,13 +365,17 @@ def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
         # object is one PUT (errors surface when the stream is closed, which every writer does).
         "allow_delayed_open": True,
     }
-    endpoint = s3_endpoint()
-    region = s3_region()
+    if credentials is not None:
+        options.update(access_key=credentials.access_key_id, secret_key=credentials.secret_access_key,
+                       session_token=credentials.session_token)
+    endpoint = s3_endpoint(credentials)
+    region = s3_region(credentials)
     if endpoint:
         try:
             parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
         except ValueError as exc:
-            variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+            variable = ("the connection's endpoint_url" if credentials is not None and credentials.endpoint_url
+                        else "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL")
             raise ValueError(f"{variable} {display_uri(endpoint)!r} is not a URL ({exc}); "
                              "give the store's endpoint as http[s]://HOST[:PORT]") from None
         options.update(endpoint_override=parts.netloc, scheme=parts.scheme or "https")
