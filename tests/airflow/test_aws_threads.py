@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 
 import pytest
 
@@ -21,23 +20,6 @@ from tests.airflow.test_aws_connection import aws_connection, identities, upsert
 STEP_SECONDS = 120
 
 
-def bucket_role(s3_server, bucket: str) -> tuple[str, str, str]:
-    """(key id, secret, session token) of an assumed role allowed every S3 action on ``bucket``
-    and nothing else."""
-    role = f"only-{uuid.uuid4().hex[:8]}"
-    iam = s3_server.client("iam")
-    iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}]}))
-    iam.put_role_policy(RoleName=role, PolicyName="s3", PolicyDocument=json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": "s3:*",
-                       "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}))
-    credentials = s3_server.client("sts").assume_role(RoleArn=f"arn:aws:iam::123456789012:role/{role}",
-                                                      RoleSessionName="upsert-tests")["Credentials"]
-    return credentials["AccessKeyId"], credentials["SecretAccessKey"], credentials["SessionToken"]
-
-
 @pytest.fixture
 def two_connections(s3_server, s3_root, identities, monkeypatch):  # noqa: F811
     """Connections ``lake_a`` and ``lake_b``, each with the blob root ``s3://<its bucket>/shards``
@@ -46,7 +28,7 @@ def two_connections(s3_server, s3_root, identities, monkeypatch):  # noqa: F811
     s3_server.checking_access(False)
     buckets = {"lake_a": s3_root.split("/")[2], "lake_b": s3_server.create_bucket()}
     for conn_id, bucket in buckets.items():
-        key, secret, token = bucket_role(s3_server, bucket)
+        key, secret, token = s3_server.role_credentials(bucket)
         found[conn_id] = (bucket, key, secret, token)
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "upsert", "extra": {
             "consensus_url": "sqlite:////nonexistent/c.db", "blob_root": f"s3://{bucket}/shards",
