@@ -32,7 +32,7 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -200,18 +200,32 @@ class S3Credentials:
         return variables
 
 
+def export_s3_credentials(credentials: S3Credentials) -> None:
+    """Make ``credentials`` the S3 credential chain of this process and of every process it
+    starts. Only for a process that serves one connection for its whole life (``upsertctl
+    --conn-id``); a process that may run the work of several (a triggerer, an api-server, a
+    task hook) gives them to :func:`filesystem_for` and :func:`child_environment` instead."""
+    _set_variables(os.environ, credentials.environment())
+
+
 def child_environment(credentials: S3Credentials | None,
                       base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a child process (``base``, default this process's) with
     ``credentials`` as its S3 credential chain: what a task gives the processes it starts,
     without changing its own environment."""
     environment = dict(os.environ if base is None else base)
-    for name, value in (credentials.environment() if credentials is not None else {}).items():
+    if credentials is not None:
+        _set_variables(environment, credentials.environment())
+    return environment
+
+
+def _set_variables(environment: MutableMapping[str, str], variables: Mapping[str, str | None]) -> None:
+    """Set each variable to its value in ``environment``, remove it where the value is None."""
+    for name, value in variables.items():
         if value is None:
             environment.pop(name, None)
         else:
             environment[name] = value
-    return environment
 
 
 def s3_identity(credentials: S3Credentials | None = None) -> str:
