@@ -49,7 +49,7 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": INTEGRATION_NAME,
-                "python-modules": ["airflow_upsert_provider.hooks.upsert"],
+                "python-modules": ["airflow_upsert_provider.hooks.upsert", "airflow_upsert_provider.hooks.iceberg"],
             }
         ],
         "operators": [
@@ -59,6 +59,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_upsert_provider.operators.upsert",
                     "airflow_upsert_provider.operators.maintenance",
                     "airflow_upsert_provider.operators.lifecycle",
+                    "airflow_upsert_provider.operators.db",
                 ],
             }
         ],
@@ -148,6 +149,21 @@ def get_provider_info() -> dict[str, Any]:
                         "schema": {"type": ["string", "null"], "examples": ["aws_default"]},
                     },
                 },
-            }
+            },
+            {
+                # The catalog PublishIcebergOperator(iceberg_conn_id=...) writes to: its secret
+                # stays here, never in DAG code (docs/readers.md, "Iceberg").
+                "hook-class-name": "airflow_upsert_provider.hooks.iceberg.IcebergCatalogHook",
+                "hook-name": "Iceberg catalog",
+                "connection-type": "iceberg_catalog",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["host", "port", "schema"],
+                    "relabeling": {
+                        "login": "Client id (REST catalog, OAuth2)",
+                        "password": "Secret: client secret or token (REST), or database password (SQL)",
+                        "extra": "PyIceberg catalog properties (JSON): uri required",
+                    },
+                },
+            },
         ],
     }

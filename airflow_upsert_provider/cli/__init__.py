@@ -21,6 +21,7 @@ import threading
 from typing import NoReturn, Sequence
 
 from airflow_upsert_provider.cli import db, frontier, lifecycle, maintenance, shard, spark
+from airflow_upsert_provider.cli.connection import apply_connection
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS, Context
 from airflow_upsert_provider.cli.errors import (
     interrupted,
@@ -42,6 +43,7 @@ docs: errors.md, recovery.md (stop, resume, recovery), frontier.md (stall paging
       maintenance.md, upgrading.md (db upgrade); also served by the Airflow api-server at /upsert-provider/docs/
 
 defaults: --consensus from UPSERT_CONSENSUS_URL, else sqlite:///./.upsert/consensus.db;
+          --conn-id CONN instead: both from an Airflow connection of type upsert (no password in argv);
           --blob-root from UPSERT_BLOB_ROOT (a path, or s3://BUCKET/PREFIX: storage.md), else ./.upsert/blob;
           --master from UPSERT_SPARK_MASTER, else local[*];
           --remote from UPSERT_SPARK_REMOTE, else none (Spark runs in this process)"""
@@ -99,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = getattr(args, "json", False)
     ctx = None
     try:
+        apply_connection(args)
         ctx = Context(args) if args.command not in NO_STORE_COMMANDS else None
         result = COMMANDS[args.command](ctx, args)
     except UpsertError as exc:

@@ -161,7 +161,7 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         return result.to_dict()
     if result.outcome == iceberg.PUBLISHED:
-        print(f"published snapshot {result.snapshot_id} at since {result.since} to {result.table} "
+        print(f"published snapshot {result.snapshot_id} at since {result.since} to {printable(result.table)} "
               f"({result.rows} rows, {result.files} files, {result.bytes} bytes)")
     else:
         print(f"nothing to publish ({printable(result.reason)})")

@@ -20,6 +20,10 @@ def common_options() -> argparse.ArgumentParser:
     # `upsertctl status s --consensus X` mean the same.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--consensus", default=argparse.SUPPRESS, metavar="URL", help="consensus store URL")
+    common.add_argument("--conn-id", default=argparse.SUPPRESS, metavar="CONN",
+                        help="take the consensus URL (its password included) and the blob root from this Airflow "
+                             "connection of type upsert (AIRFLOW_CONN_*, a secrets backend or Airflow's metadata "
+                             "database; Airflow must be installed): no password on the command line")
     common.add_argument("--blob-root", default=argparse.SUPPRESS, metavar="PATH|URI", type=blob_root_option,
                         help="root of runs and checkpoints: a local path, or s3://BUCKET/PREFIX (gs://, abfs[s]://, "
                              "hdfs:// through the same layer; docs/storage.md)")

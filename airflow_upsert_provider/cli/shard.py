@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import os
 import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from airflow_upsert_provider.cli.context import Context
@@ -220,8 +223,6 @@ def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     """``read --format parquet|arrow``: the table read without Spark (engine/table/arrow_reader.py),
     written to a temporary file beside ``--out`` and renamed into place once complete, so that
     a failed read leaves no partial file another engine would take for the table."""
-    import contextlib
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -230,10 +231,13 @@ def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     if not args.out:
         raise ConfigurationError(f"read --format {args.output_format} writes a file: give --out PATH", field="out")
+    if os.path.isdir(args.out):
+        # The rename into place would fail only once the whole table was read.
+        raise _out_is_a_directory(args.out)
     shard = ctx.shard(args.shard)
     reader = read_table(shard, args.as_of)  # what to read is decided, and checked, before --out is touched
     # Not fsynced: a file handed to another engine at once, not state the project trusts later.
-    with contextlib.ExitStack() as stack:
+    with _writes_to(args.out), contextlib.ExitStack() as stack:
         try:
             handle = stack.enter_context(replacing(args.out, durable=False, hidden=True))
         except OSError as exc:
@@ -247,6 +251,30 @@ def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                 for batch in reader:
                     writer.write_batch(batch)
     return {}
+
+
+def _out_is_a_directory(path: str) -> ConfigurationError:
+    return ConfigurationError(f"cannot write --out {path}: it is a directory; give a file's path", field="out")
+
+
+@contextlib.contextmanager
+def _writes_to(path: str | None) -> Iterator[None]:
+    """Failures of writing ``--out`` (``path``; None: stdout) reported naming it: a directory
+    (a ConfigurationError), a full or read-only filesystem (an error with the path, which the
+    one mapping, cli/errors.py, reports as such: the OS names no file for a write on an open
+    handle). Any other failure unchanged."""
+    from airflow_upsert_provider.engine.write.writer import BLOB_WRITE_FAILURES
+
+    try:
+        yield
+    except IsADirectoryError:
+        if path is None:
+            raise
+        raise _out_is_a_directory(path) from None  # it became one while the table was read
+    except OSError as exc:
+        if path is None or exc.errno not in BLOB_WRITE_FAILURES:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from None
 
 
 def _open_output(path: str):

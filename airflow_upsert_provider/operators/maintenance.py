@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_upsert_provider.engine.errors import UpsertError
+from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import is_unset, parse_bool, parse_int, parse_seconds
@@ -257,10 +257,14 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
     :param shard: the shard id (templated).
     :param table: the Iceberg table, ``NAMESPACE.TABLE`` (templated); created on the first
         publish with the shard's schema.
+    :param iceberg_conn_id: an `iceberg_catalog` connection naming the catalog: its extra holds
+        PyIceberg catalog properties (``uri``, ``warehouse``, ...), its password the secret (a
+        REST catalog's client secret or token, a SQL catalog's database password), which then
+        stays out of DAG code. Default: the SQL catalog in the `upsert` connection's consensus
+        store, tables under ``<blob root>/_iceberg``.
     :param catalog_uri: a REST catalog's URL (``http[s]://...``) or a SQL catalog's database
-        URL; default the SQL catalog in the connection's consensus store, tables under
-        ``<blob root>/_iceberg``. Not templated, and never logged: a database URL may hold a
-        password (prefer the default, whose password stays in the connection).
+        URL without a password (one that needs a secret belongs in ``iceberg_conn_id``); not
+        with ``iceberg_conn_id``. Not templated, and never logged.
     :param upsert_conn_id: the `upsert` connection.
     """
 
@@ -271,20 +275,31 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         *,
         shard: str,
         table: str,
+        iceberg_conn_id: str | None = None,
         catalog_uri: str | None = None,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.table = table
+        self.iceberg_conn_id = iceberg_conn_id
         self.catalog_uri = catalog_uri
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.maintenance.iceberg import parse_table_identifier, publish_to_catalog
 
         parse_table_identifier(self.table)  # before the shard is opened: a typo is the likely failure
+        if self.iceberg_conn_id and self.catalog_uri:
+            raise ConfigurationError("give the Iceberg catalog once: iceberg_conn_id or catalog_uri, not both",
+                                     field="catalog_uri")
+        properties = None
+        if self.iceberg_conn_id:
+            from airflow_upsert_provider.hooks.iceberg import IcebergCatalogHook
+
+            properties = IcebergCatalogHook(self.iceberg_conn_id).catalog_properties(
+                hook.settings.consensus_url, hook.settings.blob_root)
         result = publish_to_catalog(
             hook.open_shard(self.shard), self.table, consensus_url=hook.settings.consensus_url,
-            blob_root=hook.settings.blob_root, catalog_uri=self.catalog_uri or None,
+            blob_root=hook.settings.blob_root, catalog_uri=self.catalog_uri or None, properties=properties,
         )
         return result.to_dict()

@@ -78,6 +78,70 @@ def test_table_identifiers_are_namespace_dot_table():
         assert raised.value.details["field"] == "iceberg"
 
 
+@pytest.mark.parametrize(("name", "words"), [
+    ("ns/x.t", "the name 'ns/x' holds '/', a path separator"),
+    ("ns.a\\b", "holds '\\\\', a path separator"),
+    ("ns.t\nx", "the name 't\\nx' holds a control or unprintable character"),
+    ("ns.t\x1b[2Jx", "holds a control or unprintable character"),
+    ("ns." + "x" * 256, "is 256 bytes long: a directory name may have at most 255"),
+    ("ns." + "\u00e9" * 128, "is 256 bytes long"),
+])
+def test_a_table_name_that_is_not_a_safe_path_part_is_refused_naming_it(name, words):
+    with pytest.raises(ConfigurationError) as raised:
+        parse_table_identifier(name)
+    assert words in raised.value.message and raised.value.details["field"] == "iceberg"
+    assert "\n" not in raised.value.message and "\x1b" not in raised.value.message
+
+
+def test_every_character_of_a_name_part_is_accepted_iff_it_is_a_printable_non_separator():
+    """Property over the code points of the Basic Multilingual Plane (surrogates aside): a
+    character inside a name part is accepted exactly when it is printable and no path
+    separator (the dot separates the parts)."""
+    for code in range(0x10000):
+        ch = chr(code)
+        if 0xD800 <= code <= 0xDFFF or ch == ".":
+            continue
+        name = f"ns.a{ch}b"
+        expected = ch.isprintable() and ch not in "/\\"
+        try:
+            accepted = parse_table_identifier(name) == ("ns", f"a{ch}b")
+        except ConfigurationError:
+            accepted = False
+        assert accepted == expected, (hex(code), name)
+    # The length limit is in bytes of UTF-8, at the boundary.
+    assert parse_table_identifier("ns." + "x" * 255)[1] == "x" * 255
+    assert parse_table_identifier("ns." + "\u00e9" * 127 + "x")[1] == "\u00e9" * 127 + "x"
+
+
+def test_a_catalog_uri_of_no_known_kind_is_refused_naming_the_option_not_the_uri():
+    for uri, shown in (("garbage", "it has no scheme"), ("mysql://u:pw@h/db", "its scheme is 'mysql'"),
+                       ("ftp://u:pw@h/x", "its scheme is 'ftp'")):
+        with pytest.raises(ConfigurationError) as raised:
+            catalog_properties("sqlite:///c.db", "/b", uri)
+        assert raised.value.message == (
+            "the Iceberg catalog URI is neither a REST catalog's http[s]:// URL nor a SQL catalog's sqlite:/// or "
+            f"postgresql:// database URL ({shown})")
+        assert raised.value.details["field"] == "catalog_uri" and "pw" not in raised.value.message
+    assert catalog_properties("sqlite:///c.db", "/b", "postgres://u@h/db")["type"] == "sql"
+    assert catalog_properties("sqlite:///c.db", "/b", "postgresql+psycopg://u@h/db")["type"] == "sql"
+
+
+def test_the_decision_publishes_iff_the_table_holds_nothing_of_this_shard_at_or_past_since():
+    """Property over a grid of sinces, published sinces and publishers: a publish happens
+    exactly when the table has no snapshot (and since > 0) or its snapshot is this shard's at
+    a lower since; a snapshot of this shard at the same since is nothing to publish (what a
+    publish that lost the race to create the table finds in the table it loaded)."""
+    for since in range(6):
+        assert decide_publish("orders", since, TABLE, None, None).action == (PUBLISH if since else NOTHING)
+        for published in range(6):
+            for publisher in ("orders", "payments"):
+                action = decide_publish("orders", since, TABLE, 7, ours(published, shard=publisher)).action
+                if publisher != "orders" or published > since:
+                    assert action == REFUSE, (since, published, publisher)
+                else:
+                    assert action == (NOTHING if published == since else PUBLISH), (since, published, publisher)
+
+
 def _config(fields: list[dict], tmp_path, **overrides) -> ShardConfig:
     schema = json.dumps({"type": "struct", "fields": [{"nullable": True, "metadata": {}, **f} for f in fields]})
     return ShardConfig(source=f"dir:{tmp_path}", keys=("id",), schema=schema, **overrides)
@@ -392,16 +456,14 @@ def test_another_shards_table_is_refused(consensus, blob, tmp_path, catalog):
     assert [s.snapshot_id for s in catalog.load_table(TABLE).snapshots()] == [published.snapshot_id]
 
 
-@sqlite_only
-def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus, blob, tmp_path, catalog):
-    """Two publishes of the same since: the one whose commit comes second finds the table
-    moved, decides again and has nothing to publish; one snapshot in all."""
-    shard, history = compacted_shard(consensus, blob, tmp_path, seed=3, batches=3, since=3)
+def publish_with_a_peer_first(shard, consensus, blob, catalog, step: str):
+    """Publish ``shard`` to TABLE while a peer (a catalog of its own) publishes the same since
+    when this publish reaches ``step`` (publish_iceberg's on_step): (this result, the peer's)."""
     peer = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
     peer_results = []
 
-    def peer_publishes_first(step: str) -> None:
-        if step == "written" and not peer_results:
+    def peer_publishes_first(reached: str) -> None:
+        if reached == step and not peer_results:
             peer_results.append(publish_iceberg(shard, peer, TABLE))
 
     try:
@@ -409,15 +471,109 @@ def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus,
     finally:
         iceberg.close_catalog(peer)
     assert peer_results[0].outcome == PUBLISHED
-    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 2, peer_results[0].snapshot_id)
+    return result, peer_results[0]
+
+
+def only_the_peers_snapshot(catalog, blob, shard, history, peer_result):
+    """The table, after asserting it holds the peer's snapshot alone, as of since 3, and only
+    that snapshot's data files (the loser's went with its attempt)."""
     table = catalog.load_table(TABLE)
-    assert [s.snapshot_id for s in table.snapshots()] == [peer_results[0].snapshot_id]
+    assert [s.snapshot_id for s in table.snapshots()] == [peer_result.snapshot_id]
     assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
-    # The loser's data files went with its commit: every data file is the snapshot's.
     on_disk = files_below(blob.path("_iceberg", "analytics", "orders", "data"))
     assert on_disk == {f.file_path.removeprefix("file://") for f in iceberg.current_data_files(table)}
+    return table
+
+
+@sqlite_only
+def test_a_publish_that_loses_the_commit_race_publishes_nothing_twice(consensus, blob, tmp_path, catalog):
+    """Two publishes of the same since: the one whose commit comes second finds the table
+    moved, decides again and has nothing to publish; one snapshot in all."""
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=3, batches=3, since=3)
+    result, peer = publish_with_a_peer_first(shard, consensus, blob, catalog, "written")
+    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 2, peer.snapshot_id)
+    table = only_the_peers_snapshot(catalog, blob, shard, history, peer)
     # PyIceberg's own commit retry stays off: it would have rebased the loser's snapshot.
     assert "commit.retry.num-retries" not in table.properties
+
+
+def test_a_first_publish_that_loses_the_race_to_create_the_table_has_nothing_to_publish(
+        consensus, blob, tmp_path, catalog):
+    """Two first publishes of one since to a new table: both find no table and decide to
+    publish; the peer creates the table and publishes before this one creates it. The
+    table this one's create-if-not-exists loads holds the peer's snapshot: it decides again
+    and has nothing to publish. One snapshot, one set of data files (SQLite and PostgreSQL
+    catalogs)."""
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=12, batches=3, since=3)
+    result, peer = publish_with_a_peer_first(shard, consensus, blob, catalog, "create")
+    assert (result.outcome, result.attempts, result.snapshot_id) == (NOTHING_TO_PUBLISH, 1, peer.snapshot_id)
+    assert result.reason == f"since 3 already published: snapshot {peer.snapshot_id}"
+    only_the_peers_snapshot(catalog, blob, shard, history, peer)
+
+
+@sqlite_only
+def test_damaged_table_metadata_is_an_integrity_error_naming_the_file(consensus, blob, tmp_path, catalog):
+    from airflow_upsert_provider.engine.errors import IntegrityError
+
+    shard, history = compacted_shard(consensus, blob, tmp_path, seed=13, batches=3, since=2)
+    first = publish_iceberg(shard, catalog, TABLE)
+    compact_batches(shard, history, 3)
+    location = catalog.load_table(TABLE).metadata_location
+    path = location.removeprefix("file://")
+    intact = open(path, "rb").read()
+    for damage, words in ((intact[: len(intact) // 2], "does not parse"), (b"\xff\xfe", "does not parse"),
+                          (None, "is missing")):
+        if damage is None:
+            os.unlink(path)
+        else:
+            with open(path, "wb") as handle:
+                handle.write(damage)
+        with pytest.raises(IntegrityError) as raised:
+            publish_iceberg(shard, catalog, TABLE, catalog_name="SQL catalog x")
+        error = raised.value
+        assert error.message.startswith(f"Iceberg table {TABLE} in SQL catalog x: its metadata file {location} {words}")
+        assert "nothing was published" in error.message
+        assert (error.details["file"], error.retryable, error.exit_code) == (location, False, 4)
+    # Put back, the table publishes the new since over the first snapshot.
+    with open(path, "wb") as handle:
+        handle.write(intact)
+    result = publish_iceberg(shard, catalog, TABLE)
+    assert (result.outcome, result.since) == (PUBLISHED, 3)
+    assert [s.snapshot_id for s in catalog.load_table(TABLE).snapshots()] == [first.snapshot_id, result.snapshot_id]
+
+
+def test_a_store_failing_the_data_file_upload_is_blob_unavailable_and_commits_nothing(s3_faults, tmp_path):
+    """PyIceberg's own writer uploads the data files: a store that fails every upload is a
+    transient store failure (BlobUnavailable, retryable, exit 2) as the blob's own requests
+    report it; no snapshot, no data file left; the run after the store is back publishes."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.errors import BlobUnavailable
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    consensus, s3_blob = open_consensus(url), open_blob(s3_faults.root)
+    data_prefix = "shards/_iceberg/analytics/orders/data/"
+    try:
+        shard, history = compacted_shard(consensus, s3_blob, tmp_path, seed=14, batches=3, since=3)
+        catalog = iceberg.open_catalog(catalog_properties(url, s3_faults.root))
+        try:
+            s3_faults.proxy.fail(None, data_prefix, times=1000, status=503)
+            with pytest.raises(BlobUnavailable) as raised:
+                publish_iceberg(shard, catalog, TABLE)
+            error = raised.value
+            assert (error.retryable, error.exit_code, error.details["operation"]) == (True, 2, "write")
+            assert error.details["bucket"] == s3_faults.bucket
+            assert error.message.startswith(f"writing {s3_faults.root}/_iceberg/analytics/orders/data failed")
+            assert any(r.key.startswith(data_prefix) and r.status == 503 for r in s3_faults.proxy.requests())
+            assert catalog.load_table(TABLE).current_snapshot() is None
+            assert [k for k in s3_faults.server.keys(s3_faults.bucket, data_prefix) if not k.endswith("/")] == []
+            s3_faults.proxy.clear()
+            result = publish_iceberg(shard, catalog, TABLE)
+            assert (result.outcome, result.since) == (PUBLISHED, 3)
+            assert by_key(catalog.load_table(TABLE).scan().to_arrow()) == expected_table(shard.config, history, 3)
+        finally:
+            iceberg.close_catalog(catalog)
+    finally:
+        consensus.dispose()
 
 
 @sqlite_only
@@ -540,10 +696,39 @@ def test_upsertctl_publish_errors(cli_shard, capsys, monkeypatch):
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE)
     assert code == 2 and "SQL catalog postgresql+psycopg://iceberg:***@127.0.0.1:1/catalog could not be used" in err
     assert "Hunter2secret" not in out + err
+    # A catalog URI of no known kind names the option, not a consensus URL (nor the URI).
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--catalog-uri", "garbage")
+    assert code == 2 and "the Iceberg catalog URI is neither a REST catalog's" in err and "consensus" not in err
     # A REST catalog's client is PyIceberg's: nothing answers here, nothing is published.
     monkeypatch.delenv("UPSERT_ICEBERG_CATALOG_URI")
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--catalog-uri", "http://127.0.0.1:1/api")
     assert code == 2 and "REST catalog http://127.0.0.1:1/api could not be used" in err, err
+
+
+def test_upsertctl_publish_refuses_unsafe_table_names_and_creates_nothing(cli_shard, capsys):
+    shard, _ = cli_shard
+    for name, words in (("ns/x.t", "holds '/', a path separator"),
+                        ("ns.t\nx", "holds a control or unprintable character")):
+        code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", name)
+        assert (code, out) == (2, ""), err
+        assert words in err and err.count("\n") == 1, err
+    assert not os.path.exists(shard.blob.path("_iceberg"))
+
+
+def test_upsertctl_publish_with_damaged_metadata_exits_4_naming_the_file(cli_shard, capsys):
+    shard, _ = cli_shard
+    assert run_cli(capsys, "publish", "orders", "--iceberg", TABLE)[0] == 0
+    catalog = iceberg.open_catalog(catalog_properties(shard.consensus.url, shard.blob.root))
+    try:
+        location = catalog.load_table(TABLE).metadata_location
+    finally:
+        iceberg.close_catalog(catalog)
+    with open(location.removeprefix("file://"), "wb") as handle:
+        handle.write(b"{}")
+    code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--json")
+    payload = json.loads(out)
+    assert code == 4 and (payload["error"], payload["retryable"], payload["file"]) == ("IntegrityError", False, location)
+    assert f"its metadata file {location} does not parse" in err
 
 
 # -- the operator --------------------------------------------------------------------------
@@ -570,3 +755,38 @@ def test_the_operator_publishes_through_the_connection(consensus, blob, tmp_path
         iceberg.close_catalog(catalog)
     with pytest.raises(AirflowFailException, match="is not NAMESPACE.TABLE"):
         PublishIcebergOperator(task_id="publish", shard="orders", table="orders").execute({})
+
+
+# -- an Iceberg catalog connection -----------------------------------------------------------
+
+
+def test_a_catalog_connection_maps_its_extra_to_pyiceberg_properties_and_its_password_to_the_secret():
+    rest = {"uri": "https://catalog.example.com/api", "warehouse": "lake", "scope": "catalog", "header.X-Team": "data",
+            "rest.sigv4-enabled": False, "connect-timeout": 10}
+    # A REST catalog: the password with a login is the OAuth2 client credential, alone the token.
+    assert iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest, login="client", password="pw") == {
+        "type": "rest", "uri": "https://catalog.example.com/api", "warehouse": "lake", "scope": "catalog",
+        "header.X-Team": "data", "rest.sigv4-enabled": "false", "connect-timeout": "10", "credential": "client:pw"}
+    assert iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest, password="tok")["token"] == "tok"
+    assert "token" not in iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest)
+    # A SQL catalog: the password goes into its URL; the default warehouse, unless the extra says.
+    sql = iceberg.connection_catalog_properties("sqlite:///c.db", "/b", {"uri": "postgresql://ice@db:5432/cat"},
+                                                password="pw")
+    assert sql == {"type": "sql", "uri": "postgresql+psycopg://ice:pw@db:5432/cat", "warehouse": "file:///b/_iceberg"}
+    assert "pw" not in iceberg.describe_catalog(sql)
+    assert iceberg.connection_catalog_properties(
+        "sqlite:///c.db", "/b", {"uri": "sqlite:///i.db", "type": "SQL", "warehouse": "s3://w"})["warehouse"] == "s3://w"
+
+
+@pytest.mark.parametrize(("extra", "password", "field", "words"), [
+    ({}, None, "uri", "its extra names no catalog 'uri'"),
+    ({"uri": "garbage"}, None, "catalog_uri", "neither a REST catalog's"),
+    ({"uri": "https://c/api", "type": "sql"}, None, "type", "extra 'type' is 'sql', but its uri is a REST catalog's"),
+    ({"uri": "https://c/api", "scope": {"a": 1}}, None, "scope", "extra 'scope' is not a string, number or boolean"),
+    ({"uri": "https://c/api", "token": "also-secret"}, "pw", "token", "give the secret once, in the password field"),
+])
+def test_a_catalog_connection_that_cannot_be_used_is_refused_naming_the_key(extra, password, field, words):
+    with pytest.raises(ConfigurationError) as raised:
+        iceberg.connection_catalog_properties("sqlite:///c.db", "/b", extra, password=password, connection="conn 'x'")
+    assert words in raised.value.message and raised.value.details["field"] == field
+    assert "also-secret" not in raised.value.message and "pw" not in raised.value.message

@@ -41,6 +41,7 @@ from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     ConsensusUnavailable,
+    IntegrityError,
     OutcomeUnknown,
     UpsertError,
     first_line,
@@ -50,6 +51,7 @@ from airflow_upsert_provider.engine.store.consensus import (
     SQLITE_DEFAULT_TIMEOUT_S,
     normalize_url,
     redact_url,
+    with_password,
 )
 from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -85,6 +87,11 @@ TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"
 DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 # PyIceberg's table property for how often it retries a commit by itself (off for a publish).
 COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
+# What a level of a table's name may not hold or exceed: it is one directory of the location.
+PATH_SEPARATORS = ("/", "\\")
+MAX_NAME_PART_BYTES = 255
+# Database URLs a SQL catalog opens (the consensus store's backends).
+SQL_CATALOG_SCHEMES = ("sqlite", "postgresql", "postgres")
 # A lost commit race means another publish committed first; a few rounds settle it.
 MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
 
@@ -174,15 +181,48 @@ def decide_publish(
     return PublishDecision(PUBLISH, f"table {table} holds since {published_since}, the shard's since is {since}")
 
 
+def decide_on_table(shard_id: str, since: int, table_name: str, table: "Table | None") -> PublishDecision:
+    """:func:`decide_publish` on ``table`` as loaded (None: no such table): its current
+    snapshot's id and summary. No I/O: the loaded metadata holds both."""
+    snapshot = table.current_snapshot() if table is not None else None
+    if snapshot is None:
+        return decide_publish(shard_id, since, table_name, None, None)
+    # A snapshot without a summary is not ours either: {} is refused, never None.
+    summary = dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
+    return decide_publish(shard_id, since, table_name, snapshot.snapshot_id, summary)
+
+
 def parse_table_identifier(text: str) -> tuple[str, ...]:
     """``NAMESPACE.TABLE`` (a namespace may have several levels: ``a.b.TABLE``) as a tuple;
-    a :class:`ConfigurationError` (``field: iceberg``) for anything else."""
+    a :class:`ConfigurationError` (``field: iceberg``) for anything else. Every part becomes
+    one directory of the table's location (``<warehouse>/<namespace>/<table>``), so it must
+    be a safe path part: a ``/`` would nest one table inside another's location (where an
+    orphan-file removal of the outer table deletes the inner one's files)."""
     parts = tuple(text.split(".")) if isinstance(text, str) else ()
     if len(parts) < 2 or any(not p or p != p.strip() for p in parts):
         raise ConfigurationError(
             f"Iceberg table {text!r} is not NAMESPACE.TABLE (e.g. analytics.orders)", field="iceberg"
         )
+    for part in parts:
+        problem = unsafe_name_part(part)
+        if problem is not None:
+            raise ConfigurationError(f"Iceberg table {text!r}: the name {part!r} {problem}", field="iceberg")
     return parts
+
+
+def unsafe_name_part(part: str) -> str | None:
+    """Why ``part`` (one level of a table's name) cannot be a directory of its location, or
+    None when it can: no path separator, no control or other unprintable character, and no
+    longer than a file name may be. Pure."""
+    separators = [ch for ch in PATH_SEPARATORS if ch in part]
+    if separators:
+        return f"holds {separators[0]!r}, a path separator: use letters, digits, '_' or '-'"
+    if not part.isprintable():
+        return "holds a control or unprintable character"
+    if len(part.encode("utf-8")) > MAX_NAME_PART_BYTES:
+        return (f"is {len(part.encode('utf-8'))} bytes long: a directory name may have at most "
+                f"{MAX_NAME_PART_BYTES}")
+    return None
 
 
 def iceberg_type(spark_type: Any, column: str, counter: Iterator[int]) -> "IcebergType":
@@ -310,9 +350,20 @@ def catalog_properties(consensus_url: str, blob_root: str, catalog_uri: str | No
     - a database URL (``sqlite:///...``, ``postgresql://...``): the SQL catalog there, tables
       under ``<blob root>/_iceberg``.
 
-    The properties hold the URL's password: never log them."""
-    if catalog_uri and catalog_uri.split("://", 1)[0].lower() in ("http", "https"):
-        return {"type": "rest", "uri": catalog_uri}
+    Any other catalog URI is a :class:`ConfigurationError` (``field: catalog_uri``) that
+    does not repeat it (it may hold a password). The properties hold the URL's password:
+    never log them."""
+    if catalog_uri:
+        scheme = catalog_uri.split("://", 1)[0].lower() if "://" in catalog_uri else ""
+        if scheme in ("http", "https"):
+            return {"type": "rest", "uri": catalog_uri}
+        if scheme.split("+", 1)[0] not in SQL_CATALOG_SCHEMES:
+            shown = f"its scheme is {scheme!r}" if scheme else "it has no scheme"
+            raise ConfigurationError(
+                f"the Iceberg catalog URI is neither a REST catalog's http[s]:// URL nor a SQL catalog's "
+                f"sqlite:/// or postgresql:// database URL ({shown})",
+                field="catalog_uri",
+            )
     properties = {
         "type": "sql",
         "uri": catalog_sql_url(catalog_uri or consensus_url),
@@ -327,6 +378,54 @@ def catalog_properties(consensus_url: str, blob_root: str, catalog_uri: str | No
             properties["s3.endpoint"] = s3_endpoint()  # type: ignore[assignment]
         if s3_region():
             properties["s3.region"] = s3_region()  # type: ignore[assignment]
+    return properties
+
+
+def connection_catalog_properties(
+    consensus_url: str, blob_root: str, extra: Mapping[str, Any], *, login: str | None = None,
+    password: str | None = None, connection: str = "the Iceberg catalog connection",
+) -> dict[str, str]:
+    """PyIceberg's properties of the catalog an Iceberg catalog connection describes. Pure.
+
+    ``extra`` holds PyIceberg catalog properties as they are (``uri`` required; ``warehouse``,
+    ``scope``, ``header.*``, ``s3.*``, ...); ``type`` is optional and must agree with the URI
+    (:func:`catalog_properties` decides it). The connection's password is kept out of the
+    extra: for a REST catalog it becomes the OAuth2 client ``credential``
+    (``LOGIN:PASSWORD``) when a login is given, else the bearer ``token``; for a SQL catalog
+    it is the database URL's password. A value that is not a string, number or boolean, or
+    a secret also written into the extra, is a :class:`ConfigurationError` naming the key,
+    never the value. The result holds the password: never log it."""
+    uri = extra.get("uri")
+    if not isinstance(uri, str) or not uri:
+        raise ConfigurationError(f"{connection}: its extra names no catalog 'uri' (a REST catalog's http[s]:// URL "
+                                 "or a SQL catalog's database URL)", field="uri")
+    values: dict[str, str] = {}
+    for key, value in extra.items():
+        if isinstance(value, bool):
+            values[key] = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            values[key] = str(value)
+        else:
+            raise ConfigurationError(f"{connection}: extra {key!r} is not a string, number or boolean", field=key)
+    secret_keys = [key for key in ("credential", "token") if key in values and password]
+    if secret_keys:
+        raise ConfigurationError(f"{connection}: give the secret once, in the password field, not also as "
+                                 f"extra {secret_keys[0]!r}", field=secret_keys[0])
+    rest = uri.split("://", 1)[0].lower() in ("http", "https")
+    if password and not rest:
+        uri = with_password(uri, password)
+    properties = catalog_properties(consensus_url, blob_root, uri)
+    wanted_type = values.pop("type", properties["type"])
+    if wanted_type.lower() != properties["type"]:
+        raise ConfigurationError(f"{connection}: extra 'type' is {wanted_type!r}, but its uri is a "
+                                 f"{properties['type'].upper()} catalog's", field="type")
+    values.pop("uri")
+    properties.update(values)
+    if password and rest:
+        if login:
+            properties["credential"] = f"{login}:{password}"
+        else:
+            properties["token"] = password
     return properties
 
 
@@ -382,11 +481,15 @@ def close_catalog(catalog: "Catalog") -> None:
 
 def publish_to_catalog(
     shard: Shard, table_identifier: str, *, consensus_url: str, blob_root: str, catalog_uri: str | None = None,
+    properties: Mapping[str, str] | None = None,
 ) -> PublishResult:
-    """:func:`publish_iceberg` through the catalog :func:`catalog_properties` gives for the
-    shard's store URL, blob root and ``catalog_uri``, opened for this publish and closed after."""
+    """:func:`publish_iceberg` through the catalog of ``properties`` (an Iceberg catalog
+    connection's: :func:`connection_catalog_properties`), else the one :func:`catalog_properties`
+    gives for the shard's store URL, blob root and ``catalog_uri``; opened for this publish
+    and closed after."""
     parse_table_identifier(table_identifier)  # a usage error before the catalog is opened
-    properties = catalog_properties(consensus_url, blob_root, catalog_uri)
+    if properties is None:
+        properties = catalog_properties(consensus_url, blob_root, catalog_uri)
     catalog = open_catalog(properties)
     try:
         return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties))
@@ -411,14 +514,16 @@ def publish_iceberg(
     nothing is published.
 
     :param catalog_name: how errors name the catalog (no secret), e.g. :func:`describe_catalog`.
-    :param on_step: called with ``"written"`` once the data files and manifests are written,
-        before the catalog's commit (tests force races and crashes there).
+    :param on_step: called with ``"create"`` before a publish that found no table creates
+        it, and with ``"written"`` once the data files and manifests are written, before the
+        catalog's commit (tests force races and crashes there).
     """
     started = time.monotonic()
     identifier = parse_table_identifier(table_identifier)
     table_name = ".".join(identifier)
     expected = iceberg_schema(shard.config)
     where = catalog_name or "the Iceberg catalog"
+    step = on_step or (lambda _name: None)
     for attempt in range(1, max_attempts + 1):
         # Since and the runs a read as of it merges, from one snapshot of consensus; a
         # compaction between the two reads moves since: read again.
@@ -427,21 +532,20 @@ def publish_iceberg(
         if view.record.since != since:
             continue
         table = _load_table(catalog, identifier, where)
-        snapshot = table.current_snapshot() if table is not None else None
-        summary = None
-        if snapshot is not None:
-            # A snapshot without a summary is not ours either: {} is refused, never None.
-            summary = dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
-        decision = decide_publish(shard.shard_id, since, table_name, snapshot.snapshot_id if snapshot else None,
-                                  summary)
+        decision = decide_on_table(shard.shard_id, since, table_name, table)
+        if decision.action == PUBLISH and table is None:
+            step("create")
+            table = _create_table(catalog, identifier, expected, where)
+            # A peer may have created the table first, and published to it already: what
+            # create-if-not-exists loaded is decided on again, never committed over.
+            decision = decide_on_table(shard.shard_id, since, table_name, table)
         base = dict(shard=shard.shard_id, table=table_name, since=since, upper=view.record.upper, attempts=attempt)
         if decision.action == REFUSE:
             raise ConfigurationError(decision.reason, shard=shard.shard_id, table=table_name, field="iceberg")
         if decision.action == NOTHING:
+            snapshot = table.current_snapshot() if table is not None else None
             return PublishResult(outcome=NOTHING_TO_PUBLISH, snapshot_id=snapshot.snapshot_id if snapshot else None,
                                  seconds=time.monotonic() - started, reason=decision.reason, **base)
-        if table is None:
-            table = _create_table(catalog, identifier, expected, where)
         problem = schema_mismatch(expected, table.schema(), table_name)
         if problem is not None:
             raise ConfigurationError(f"{problem}: nothing was published", shard=shard.shard_id, table=table_name,
@@ -453,7 +557,7 @@ def publish_iceberg(
         }
         reader = read_runs_arrow(shard.config, shard.blob, view.runs, shard_id=shard.shard_id)
         committed = _commit_overwrite(table, reader, summary_properties, shard.shard_id, since, table_name, where,
-                                      on_step or (lambda _name: None))
+                                      step)
         if committed is None:
             continue  # another commit landed first: decide again on the table it left
         snapshot, added = committed
@@ -477,6 +581,7 @@ def publish_iceberg(
 
 def _load_table(catalog: "Catalog", identifier: tuple[str, ...], where: str) -> "Table | None":
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+    from pyiceberg.exceptions import ValidationError as MetadataInvalid
 
     try:
         return catalog.load_table(identifier)
@@ -484,8 +589,72 @@ def _load_table(catalog: "Catalog", identifier: tuple[str, ...], where: str) -> 
         return None
     except UpsertError:
         raise
+    except (MetadataInvalid, ValueError, FileNotFoundError) as exc:
+        # The catalog answered and named a metadata file that does not parse (or is gone):
+        # every retry would fail the same way.
+        raise _damaged_metadata(catalog, identifier, where, exc) from None
     except Exception as exc:
-        raise _unavailable_named(where, exc) from None
+        # Reading the metadata file from an object store can fail as the blob's requests do.
+        location = _metadata_location(catalog, identifier)
+        mapped = store_error(location, exc, "read") if location else None
+        raise mapped or _unavailable_named(where, exc) from None
+
+
+def _metadata_location(catalog: "Catalog", identifier: tuple[str, ...]) -> str | None:
+    """The metadata file a SQL catalog names for the table; None for another catalog (a
+    REST catalog reads its metadata itself) or when the catalog cannot say."""
+    from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    if not isinstance(catalog, SqlCatalog):
+        return None
+    try:
+        with Session(catalog.engine) as session:
+            return session.scalar(select(IcebergTables.metadata_location).where(
+                IcebergTables.catalog_name == catalog.name,
+                IcebergTables.table_namespace == ".".join(identifier[:-1]),
+                IcebergTables.table_name == identifier[-1],
+            ))
+    except Exception:  # the error in hand is reported; the file's name is a bonus
+        return None
+
+
+def _damaged_metadata(catalog: "Catalog", identifier: tuple[str, ...], where: str, exc: BaseException) -> UpsertError:
+    """The integrity error of a table whose metadata file (the one the SQL catalog names)
+    does not parse or is gone; the catalog's failure as it is when no file is named (a REST
+    catalog reads the metadata itself: its failure says nothing of a file here)."""
+    table_name = ".".join(identifier)
+    location = _metadata_location(catalog, identifier)
+    if location is None:
+        return _unavailable_named(where, exc)
+    what = "is missing" if isinstance(exc, FileNotFoundError) else "does not parse"
+    return IntegrityError(
+        f"Iceberg table {table_name} in {where}: its metadata file {location} {what} "
+        f"({type(exc).__name__}: {first_line(exc)[:200]}); "
+        "nothing was published: restore the file, or point the table at an intact metadata file (or drop it), "
+        "then publish again",
+        table=table_name,
+        file=location,
+    )
+
+
+def store_error(location: str, exc: BaseException, operation: str) -> UpsertError | None:
+    """The engine error a request PyIceberg's file IO made below ``location`` (a table's or
+    a metadata file's URI on object storage) stands for, as the blob root's own requests
+    raise it (:class:`BlobUnavailable` for a transient failure); None for a local location
+    or a failure of no kind the store explains."""
+    from airflow_upsert_provider.engine.blob.filesystems import split_uri
+    from airflow_upsert_provider.engine.blob.objects import request_error
+
+    if not isinstance(exc, OSError):
+        return None
+    try:
+        if not split_uri(location)[0]:
+            return None
+    except ConfigurationError:
+        return None
+    return request_error(location, exc, operation, location)
 
 
 def _create_table(catalog: "Catalog", identifier: tuple[str, ...], schema: "Schema", where: str) -> "Table":
@@ -583,9 +752,12 @@ def _commit_overwrite(
                     overwrite.append_data_file(data_file)
                     added.append(data_file)
             snapshot_id = overwrite.snapshot_id
-    except BaseException:
-        # A read or write failed (a damaged run file, a full disk): nothing was committed.
+    except BaseException as exc:
+        # A read or write failed (a damaged run file, a full disk, the store): nothing was committed.
         _delete_files(table, added)
+        mapped = store_error(f"{table.location().rstrip('/')}/data", exc, "write")
+        if mapped is not None:
+            raise mapped from None
         raise
     on_step("written")
     try:
