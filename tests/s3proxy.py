@@ -11,7 +11,10 @@ path, plain HTTP). A test sets its faults deterministically, before the requests
 - ``cut_response(...)``: forward the request, send the server's status, headers and half its
   body, then drop the connection;
 - ``hold(method, key)``: keep the next matching request until the test calls ``release()``
-  on the returned :class:`Hold` (``arrived`` is set when it is held), then forward it.
+  on the returned :class:`Hold` (``arrived`` is set when it is held), then forward it;
+- ``store_aws_chunked(key)``: forward matching PUTs whose body is in ``aws-chunked`` framing
+  (the AWS SDK's streaming upload with a trailing checksum) as a plain body that still holds
+  the framing and the trailer, as s3rver stores them: the object differs from what was written.
 
 A rule matches a request by method (None: any) and a regular expression searched in its object
 key (``query`` likewise in its query string: ``query="list-type=2"`` matches listings). Every
@@ -31,6 +34,8 @@ from urllib.parse import unquote, urlsplit
 # Headers of one connection, not of the request or response they travel with.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
               "expect"}
+# Request headers that announce an aws-chunked body (dropped by ``store_aws_chunked``).
+AWS_CHUNKED_HEADERS = {"content-encoding", "x-amz-decoded-content-length", "x-amz-trailer", "x-amz-content-sha256"}
 ERROR_CODES = {500: "InternalError", 503: "ServiceUnavailable"}
 # A hold that nobody releases ends with the test, not never.
 HOLD_LIMIT_SECONDS = 120
@@ -60,11 +65,12 @@ class Rule:
     key: str
     query: str
     times: int
-    action: str  # "error", "cut_request", "cut_response", "hold"
+    action: str  # "error", "cut_request", "cut_response", "hold", "store_aws_chunked"
     status: int = 503
     code: str = ""
     hold: Hold | None = None
     body: str | None = None
+    skip: int = 0  # matching requests let through before the rule takes any
 
     def matches(self, method: str, key: str, query: str, body: bytes | None) -> bool:
         if self.body is not None and (body is None or re.search(self.body, body.decode("latin-1")) is None):
@@ -86,11 +92,11 @@ class S3FaultProxy:
     # -- faults ---------------------------------------------------------------------------------
 
     def fail(self, method: str | None, key: str = "", *, times: int = 1, status: int = 503, code: str = "",
-             query: str = "", body: str | None = None) -> None:
+             query: str = "", body: str | None = None, skip: int = 0) -> None:
         """``body``: a regular expression the request's body must hold too (the keys of a
-        batched DELETE are in its body)."""
+        batched DELETE are in its body). ``skip``: let that many matching requests through first."""
         self._add(Rule(method, key, query, times, "error", status, code or ERROR_CODES.get(status, "InternalError"),
-                       body=body))
+                       body=body, skip=skip))
 
     def throttle(self, method: str | None, key: str = "", *, times: int = 1, query: str = "") -> None:
         self._add(Rule(method, key, query, times, "error", 503, "SlowDown"))
@@ -105,6 +111,9 @@ class S3FaultProxy:
         hold = Hold()
         self._add(Rule(method, key, query, 1, "hold", hold=hold))
         return hold
+
+    def store_aws_chunked(self, key: str = "", *, times: int = 1_000_000) -> None:
+        self._add(Rule("PUT", key, "", times, "store_aws_chunked"))
 
     def clear(self) -> None:
         """Drop every fault not spent yet, and release every hold."""
@@ -123,7 +132,11 @@ class S3FaultProxy:
         (not read yet), rules on the body are passed over."""
         with self._lock:
             for rule in self._rules:
-                if rule.matches(method, key, query, body):
+                # Once the body is read, only rules on the body are left to match.
+                if (body is None or rule.body is not None) and rule.matches(method, key, query, body):
+                    if rule.skip:
+                        rule.skip -= 1
+                        continue
                     rule.times -= 1
                     return rule
         return None
@@ -201,7 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
             assert rule.hold is not None
             rule.hold.arrived.set()
             rule.hold.released.wait(HOLD_LIMIT_SECONDS)
-        status, headers, data = self._forward(method, body)
+        framed = rule is not None and rule.action == "store_aws_chunked"
+        status, headers, data = self._forward(method, body, framed=framed)
         if rule is not None and rule.action == "cut_response":
             record("cut")
             self.send_response_only(status)
@@ -241,10 +255,15 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _forward(self, method: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _forward(self, method: str, body: bytes, *, framed: bool = False) -> tuple[int, list[tuple[str, str]], bytes]:
         connection = http.client.HTTPConnection(*self.owner.upstream, timeout=60)
         try:
             headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_BY_HOP}
+            if framed and "aws-chunked" in self.headers.get("Content-Encoding", ""):
+                # What tells the server the body is framed goes; the framed bytes stay.
+                headers = {name: value for name, value in headers.items()
+                           if name.lower() not in AWS_CHUNKED_HEADERS}
+                headers["x-amz-content-sha256"] = "UNSIGNED-PAYLOAD"
             if body or "Content-Length" in self.headers:
                 headers["Content-Length"] = str(len(body))
             connection.request(method, self.path, body=body or None, headers=headers)

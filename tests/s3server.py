@@ -133,17 +133,19 @@ class S3Server:
         key = iam.create_access_key(UserName=user)["AccessKey"]
         return key["AccessKeyId"], key["SecretAccessKey"]
 
-    def role_credentials(self) -> tuple[str, str, str]:
-        """(key id, secret, session token) of a freshly assumed role that may do anything on S3:
-        while :meth:`checking_access` is on, a request is allowed only when signed with all
-        three (a missing or wrong token is refused). Distinctive values, new on every call."""
+    def role_credentials(self, bucket: str | None = None) -> tuple[str, str, str]:
+        """(key id, secret, session token) of a freshly assumed role that may do anything on S3
+        (on ``bucket`` only, when given): while :meth:`checking_access` is on, a request is
+        allowed only when signed with all three (a missing or wrong token is refused).
+        Distinctive values, new on every call."""
         role = f"upsert-{uuid.uuid4().hex[:8]}"
         iam = self.client("iam")
         iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({
             "Version": "2012-10-17",
             "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}]}))
+        resource = [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"] if bucket else "*"
         iam.put_role_policy(RoleName=role, PolicyName="s3", PolicyDocument=json.dumps({
-            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": resource}]}))
         credentials = self.client("sts").assume_role(RoleArn=f"arn:aws:iam::123456789012:role/{role}",
                                                      RoleSessionName="upsert-tests")["Credentials"]
         return credentials["AccessKeyId"], credentials["SecretAccessKey"], credentials["SessionToken"]

@@ -121,9 +121,10 @@ class UpsertShardHook(BaseHook):
         self._settings: UpsertSettings | None = None
         self._consensus: Consensus | None = None
         self._blob: Blob | None = None
-        # The environment's S3 variables before the aws connection's were exported (restored
-        # by close); None while nothing was exported.
-        self._aws_previous: dict[str, str | None] | None = None
+        # The aws connection's credentials, read once per hook (None: none named, or the root
+        # is not on S3); _aws_read says whether they were read.
+        self._aws_credentials: S3Credentials | None = None
+        self._aws_read = False
 
     # -- connection --------------------------------------------------------------------------
 
@@ -235,25 +236,37 @@ class UpsertShardHook(BaseHook):
             endpoint_url=aws.conn_config.get_service_endpoint_url("s3") or None,
         )
 
-    def _export_s3_credentials(self) -> None:
-        """Give this process the aws connection's credentials (once), before the blob store is
-        opened and before a Spark session starts: the driver's filesystems read them from the
-        environment, and the processes started later (a local session's JVM and Python
-        workers, spark-submit) inherit them there, never through argv or a Spark setting."""
-        if self._aws_previous is not None:
-            return
-        credentials = self.get_s3_credentials()
-        if credentials is None:
-            return
-        from airflow_upsert_provider.engine.blob.filesystems import display_uri, export_s3_credentials
+    def connection_s3_credentials(self) -> S3Credentials | None:
+        """:meth:`get_s3_credentials`, read once per hook. They are given to the blob store's
+        filesystem explicitly and to the child processes the task starts
+        (:meth:`child_environment`), never put into this process's environment: a triggerer or
+        an api-server runs the work of many connections in threads of one process."""
+        if not self._aws_read:
+            self._aws_credentials = self.get_s3_credentials()
+            self._aws_read = True
+            credentials = self._aws_credentials
+            if credentials is not None:
+                from airflow_upsert_provider.engine.blob.filesystems import display_uri
 
-        self._aws_previous = export_s3_credentials(credentials)
-        self.log.info(
-            "blob root %s: credentials of the aws connection %r%s%s", self.settings.blob_root,
-            self.settings.aws_conn_id,
-            f", region {credentials.region}" if credentials.region else "",
-            f", endpoint {display_uri(credentials.endpoint_url)}" if credentials.endpoint_url else "",
-        )
+                self.log.info(
+                    "blob root %s: credentials of the aws connection %r%s%s", self.settings.blob_root,
+                    self.settings.aws_conn_id,
+                    f", region {credentials.region}" if credentials.region else "",
+                    f", endpoint {display_uri(credentials.endpoint_url)}" if credentials.endpoint_url else "",
+                )
+        return self._aws_credentials
+
+    def child_environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a process this task starts (a local Spark JVM, ``spark-submit``):
+        this process's, with ``extra`` and the aws connection's credentials as the standard
+        variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+        ``AWS_REGION``, ``AWS_ENDPOINT_URL_S3``); never argv, never a Spark setting.
+
+        :param extra: further variables of the child.
+        """
+        from airflow_upsert_provider.engine.blob.filesystems import child_environment
+
+        return child_environment(self.connection_s3_credentials(), {**os.environ, **(extra or {})})
 
     def test_connection(self) -> tuple[bool, str]:
         """What the connection form's Test button shows: ``(True, "N shards found ...")`` when
@@ -278,8 +291,7 @@ class UpsertShardHook(BaseHook):
                                "`upsertctl init` or the first shard created through this connection)")
             consensus = open_consensus(settings.consensus_url, create=False)
             count = len(consensus.list_shards())
-            self._export_s3_credentials()
-            open_blob(settings.blob_root).check_root()
+            open_blob(settings.blob_root, s3_credentials=self.connection_s3_credentials()).check_root()
         except UpsertError as exc:
             return False, exc.message
         except Exception as exc:  # a driver's message may quote the URL: the class only
@@ -312,8 +324,7 @@ class UpsertShardHook(BaseHook):
         if self._blob is None:
             from airflow_upsert_provider.engine.blob.files import open_blob
 
-            self._export_s3_credentials()
-            blob = open_blob(self.settings.blob_root)
+            blob = open_blob(self.settings.blob_root, s3_credentials=self.connection_s3_credentials())
             if create:
                 blob.ensure_root()
             blob.check_root()
@@ -455,9 +466,10 @@ class UpsertShardHook(BaseHook):
         if this process has one)."""
         from airflow_upsert_provider.engine.spark.session import get_spark
 
-        # Before the JVM starts: its executors and Python workers inherit the credentials.
-        self._export_s3_credentials()
-        return get_spark(self.spark_master(), app_name=app_name, conf=conf)
+        # A JVM this starts (and its executors' Python workers) gets the credentials in its own
+        # environment; a session already running in this process keeps the one it started with.
+        environment = self.child_environment() if self.connection_s3_credentials() is not None else None
+        return get_spark(self.spark_master(), app_name=app_name, conf=conf, environment=environment)
 
     def _typed_connection(self, conn_id: str, conn_type: str, field: str, hint: str) -> Any:
         """The Airflow connection ``conn_id``, which must exist and be of ``conn_type``; a
@@ -477,9 +489,3 @@ class UpsertShardHook(BaseHook):
         if self._consensus is not None:
             self._consensus.dispose()
             self._consensus = None
-        if self._aws_previous is not None:
-            from airflow_upsert_provider.engine.blob.filesystems import restore_environment
-
-            # The process outlives the task in some executors: the credentials leave with it.
-            restore_environment(self._aws_previous)
-            self._aws_previous = None

@@ -42,6 +42,23 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.table.shard import Shard
 
 SPARK_MODES = ("in_process", "submit", "connect")
+
+
+def _submit_hook_class() -> type[SparkSubmitHook]:
+    """The Spark provider's ``SparkSubmitHook``, except that the ``env`` its ``submit`` is
+    given is the whole environment of spark-submit: the provider's own would replace it with
+    this process's plus ``env_vars``, and a connection's credentials are in neither."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    class EnvironmentSubmitHook(SparkSubmitHook):
+        def _build_spark_submit_command(self, application: str) -> list[str]:
+            command = super()._build_spark_submit_command(application)
+            # Private: the provider copies env_vars here into what submit() would overwrite
+            # the given env with; the env given already holds them.
+            self._env = None
+            return command
+
+    return EnvironmentSubmitHook
 # connect mode without a connection: the server `upsertctl spark-server start` runs by default.
 DEFAULT_CONNECT_ADDRESS = "sc://127.0.0.1:15002"
 ASSET_SCHEME = "upsert"
@@ -451,7 +468,10 @@ class MicroBatchUpsertOperator(BaseOperator):
             submit_started = time.monotonic()
             failure: AirflowException | None = None
             try:
-                self._submit_hook.submit(application=os.path.abspath(spark_job.__file__))
+                # spark-submit (and the driver beside this task) get the aws connection's
+                # credentials in their own environment; this process's stays as it is.
+                self._submit_hook.submit(application=os.path.abspath(spark_job.__file__),
+                                         env=hook.child_environment(self._submit_hook._env_vars))
             except AirflowException as exc:
                 failure = exc
             submit_seconds = time.monotonic() - submit_started
@@ -516,7 +536,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
         conf.update(self.spark_conf)
-        return SparkSubmitHook(
+        return _submit_hook_class()(
             conf=conf,
             conn_id=hook.settings.spark_conn_id,
             py_files=package_zip(workdir),

@@ -1,6 +1,7 @@
 """A blob root on S3 takes its credentials from the Amazon provider's `aws` connection named by
 the upsert connection's ``aws_conn_id``: the hook turns it into plain values and gives them to
-this process's credential chain before the store is opened or Spark starts. In process (the
+the blob's filesystem, and to the processes the task starts in their environment, never to
+this process's environment. In process (the
 connections come from AIRFLOW_CONN_* variables), against the loopback S3 server with its access
 checks on: only the connection's key, secret and session token together open the bucket."""
 
@@ -20,8 +21,7 @@ from tests.pgserver import free_port
 
 @pytest.fixture(autouse=True)
 def environment_restored():
-    """A hook that is not closed leaves the credentials it exported in this process's
-    environment: no other test may see them."""
+    """Whatever a test leaves in this process's environment, no other test sees."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
@@ -75,24 +75,27 @@ def test_the_aws_connection_resolves_to_plain_values(s3_root, monkeypatch):
     assert "lake-secret-Tq3" not in repr(credentials) and "lake-token-Vb8" not in repr(credentials)
 
 
-def test_a_blob_root_on_s3_is_reached_with_the_connection_credentials_and_they_leave_with_the_hook(
+def test_a_blob_root_on_s3_is_reached_with_the_connection_credentials_never_put_into_this_process(
         s3_server, s3_root, identities, monkeypatch):
     key, secret, token = identities.role
     upsert_connection(monkeypatch, s3_root, aws_conn_id="aws_lake")
     aws_connection(monkeypatch, "aws_lake", key, secret, token, endpoint_url=s3_server.endpoint,
                    region_name="us-east-1")
+    before = dict(os.environ)
     hook = UpsertShardHook()
-    blob = hook.get_blob(create=True)  # HEAD, LIST, a probe PUT and DELETE, signed with the connection's
+    blob = hook.get_blob(create=True)  # HEAD, LIST, a probe PUT, GET and DELETE, signed with the connection's
     blob.write_file(blob.path("written-by-the-task"), b"x", sync=True)
     bucket = s3_root.split("/")[2]
     s3_server.checking_access(False)  # the test's own listing signs with the dummy credentials
     assert "shards/written-by-the-task" in s3_server.keys(bucket, "shards/")
-    # The processes this task starts from now on (a local Spark JVM, spark-submit) inherit them.
-    assert (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SESSION_TOKEN"]) == (key, token)
-    assert os.environ["AWS_ENDPOINT_URL_S3"] == s3_server.endpoint
+    # Given to the filesystem, not to this process: the processes the task starts (a local
+    # Spark JVM, spark-submit) get them in their own environment.
+    assert dict(os.environ) == before
+    child = hook.child_environment()
+    assert (child["AWS_ACCESS_KEY_ID"], child["AWS_SESSION_TOKEN"]) == (key, token)
+    assert child["AWS_ENDPOINT_URL_S3"] == s3_server.endpoint
     hook.close()
-    assert (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]) == identities.machine
-    assert "AWS_SESSION_TOKEN" not in os.environ and "AWS_ENDPOINT_URL_S3" not in os.environ
+    assert dict(os.environ) == before
 
 
 def test_without_aws_conn_id_the_machine_chain_is_used_and_refused_without_a_secret(
@@ -156,8 +159,8 @@ def test_an_unusable_aws_conn_id_is_a_configuration_error_naming_it(problem, s3_
 def test_submit_mode_hands_the_credentials_to_spark_submit_through_its_environment_never_argv(
         s3_server, s3_root, identities, tmp_path, monkeypatch):
     """On a YARN master the Spark provider turns ``env_vars`` into ``--conf`` arguments: the
-    credentials are in the task process's environment, which spark-submit inherits, and in
-    neither. A recording spark-submit keeps the argv and environment it was started with."""
+    credentials are in the environment spark-submit is started with (not the task's own), and
+    in neither. A recording spark-submit keeps the argv and environment it was started with."""
     from airflow.sdk.exceptions import AirflowException
 
     from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, _RunPlan
@@ -182,6 +185,7 @@ def test_submit_mode_hands_the_credentials_to_spark_submit_through_its_environme
     env = record["env"]
     assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]) == (key, secret, token)
     assert env["AWS_ENDPOINT_URL_S3"] == s3_server.endpoint
+    assert os.environ.get("AWS_ACCESS_KEY_ID") != key and "AWS_ENDPOINT_URL_S3" not in os.environ
     hook.close()
 
 

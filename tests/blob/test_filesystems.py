@@ -67,21 +67,31 @@ def test_other_credentials_get_another_filesystem_and_the_key_holds_none_of_them
                    for secret in ("first-secret-Hq7", "second-secret-Jm2", "a-token-Pz4"))
 
 
-def test_exported_credentials_become_the_process_chain_and_can_be_restored(s3_env, monkeypatch):
+def test_given_credentials_sign_a_filesystem_of_their_own_and_reach_children_not_this_process(s3_env, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAMACHINE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "machine-secret")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "machine-token")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    before = dict(os.environ)
     credentials = filesystems.S3Credentials("AKIACONN", "conn-secret-Wd9", endpoint_url="http://127.0.0.1:11")
+    other = filesystems.S3Credentials("AKIAOTHER", "other-secret-Qx1", region="us-west-2")
     assert "conn-secret-Wd9" not in repr(credentials)
-    previous = filesystems.export_s3_credentials(credentials)
-    assert (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]) == ("AKIACONN", "conn-secret-Wd9")
-    # The machine's token belongs to other credentials; the region was left open: the machine's.
-    assert "AWS_SESSION_TOKEN" not in os.environ and os.environ["AWS_REGION"] == "eu-west-1"
-    assert filesystems.s3_endpoint() == "http://127.0.0.1:11"
-    filesystems.restore_environment(previous)
-    assert (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SESSION_TOKEN"]) == ("AKIAMACHINE", "machine-token")
-    assert "AWS_ENDPOINT_URL_S3" not in os.environ
+    machine = filesystem_for("s3://bucket-a/x")[0]
+    given = filesystem_for("s3://bucket-a/x", credentials)[0]
+    assert given is not machine and filesystem_for("s3://bucket-a/y", credentials)[0] is given
+    assert filesystem_for("s3://bucket-a/x", other)[0] not in (machine, given)
+    # The connection's endpoint; the region left open: the machine's, as the AWS SDKs do.
+    assert (filesystems.s3_endpoint(credentials), filesystems.s3_region(credentials)) == (
+        "http://127.0.0.1:11", "eu-west-1")
+    assert filesystem_for("s3://bucket-a/x", other)[0].region == "us-west-2"
+    assert dict(os.environ) == before
+    assert not any(secret in repr(list(filesystems._cache)) for secret in ("conn-secret-Wd9", "other-secret-Qx1"))
+    child = filesystems.child_environment(credentials)
+    assert (child["AWS_ACCESS_KEY_ID"], child["AWS_SECRET_ACCESS_KEY"]) == ("AKIACONN", "conn-secret-Wd9")
+    # The machine's token belongs to other credentials: not sent with these.
+    assert "AWS_SESSION_TOKEN" not in child and child["AWS_REGION"] == "eu-west-1"
+    assert child["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:11"
+    assert filesystems.child_environment(None, {"A": "1"}) == {"A": "1"}
 
 
 def test_a_forked_process_builds_its_own_filesystems(s3_env, monkeypatch):
@@ -126,3 +136,35 @@ def test_aws_max_attempts_bounds_the_retries_and_a_bad_value_is_refused(s3_env, 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
     with pytest.raises(ConfigurationError, match="AWS_MAX_ATTEMPTS takes an integer from 1 to 100, not 'many'"):
         filesystem_for("s3://bucket-a/x")
+
+
+@pytest.mark.parametrize("uri,shown", [
+    ("s3://AKIAXX:wJalrX/K7MDENG/bPxRfiCYEXAMPLEKEY@lake/x", "s3://***@lake/x"),
+    ("s3://AKIAXX@lake/x", "s3://***@lake/x"),
+    ("s3://AKIAXX:wJalrXK7MDENG/x", "s3://***"),
+    ("hdfs://user:pa/ss@nn:8020/x", "hdfs://***@nn:8020/x"),
+    ("abfss://data:key/part@acct.dfs.core.windows.net/p", "abfss://***@acct.dfs.core.windows.net/p"),
+    ("s3://lake/x?access_key=AKIAXX&secret_key=wJalrX", "s3://lake/x?***"),
+])
+def test_a_credential_of_any_shape_is_refused_and_cut_from_the_uri_shown(uri, shown):
+    assert filesystems.display_uri(uri) == shown
+    with pytest.raises(ConfigurationError) as caught:
+        split_uri(uri)
+    assert caught.value.message.startswith(f"blob root {shown!r} carries credentials in the URI")
+    assert caught.value.details["field"] == "blob_root"
+
+
+@pytest.mark.parametrize("uri,expected", [
+    ("s3://lake/a:b@c/d", ("s3", "lake", "a:b@c/d")),  # ':' and '@' in a key are no credentials
+    ("hdfs://nn:8020/x", ("hdfs", "nn:8020", "x")),
+    ("abfss://data@acct.dfs.core.windows.net/p", ("abfss", "data@acct.dfs.core.windows.net", "p")),
+])
+def test_keys_ports_and_abfs_containers_are_not_taken_for_credentials(uri, expected):
+    assert split_uri(uri) == expected
+    assert filesystems.display_uri(uri) == uri
+
+
+def test_a_query_string_is_refused_without_being_repeated():
+    with pytest.raises(ConfigurationError, match=r"'s3://lake/x\?\*\*\*' has a query string") as caught:
+        split_uri("s3://lake/x?versionId=opaque-value")
+    assert "opaque-value" not in caught.value.message

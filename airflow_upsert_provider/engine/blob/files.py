@@ -11,11 +11,16 @@ import hashlib
 import os
 import tempfile
 import uuid
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
 from airflow_upsert_provider.engine.common.atomic_file import fsync_dir
 from airflow_upsert_provider.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pyarrow.parquet
+
+    from airflow_upsert_provider.engine.blob.filesystems import S3Credentials
 
 
 class LocalBlob:
@@ -188,6 +193,15 @@ class LocalBlob:
         with open(path, "rb") as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
 
+    def parquet_metadata(self, path: str) -> "pyarrow.parquet.FileMetaData":
+        """The Parquet footer of the file at ``path``, read from an open file (a path given
+        to pyarrow as a string would be parsed as a URI). A file that is no Parquet raises
+        pyarrow's ``ArrowInvalid``."""
+        import pyarrow.parquet as pq
+
+        with open(path, "rb") as handle:
+            return pq.read_metadata(handle)
+
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
@@ -264,10 +278,11 @@ class LocalBlob:
             pass
 
 
-def open_blob(root: str) -> Blob:
+def open_blob(root: str, *, s3_credentials: S3Credentials | None = None) -> Blob:
     """The blob store at ``root``: a local path (or ``file://``) is a :class:`LocalBlob`, a
-    URI of an object store an :class:`~.objects.ObjectBlob`; an unknown scheme is refused
-    naming the value."""
+    URI of an object store an :class:`~.objects.ObjectBlob` (on S3 signed with
+    ``s3_credentials`` when given, else with this process's chain); an unknown scheme is
+    refused naming the value."""
     from airflow_upsert_provider.engine.blob.filesystems import split_uri
 
     scheme, _, local_path = split_uri(root)
@@ -275,4 +290,4 @@ def open_blob(root: str) -> Blob:
         return LocalBlob(local_path)
     from airflow_upsert_provider.engine.blob.objects import ObjectBlob
 
-    return ObjectBlob(root)
+    return ObjectBlob(root, credentials=s3_credentials)

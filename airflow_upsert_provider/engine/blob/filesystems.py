@@ -13,15 +13,16 @@ Failed requests are retried by the filesystem layer itself, within a bound
 (:data:`S3_MAX_ATTEMPTS` attempts on S3, :data:`GCS_RETRY_SECONDS` on GCS); nothing here loops
 around it.
 
-Credentials held elsewhere (an Airflow ``aws`` connection) reach this chain as plain values,
-:class:`S3Credentials`, through :func:`export_s3_credentials`: it sets the standard variables in
-this process's environment, which the driver's filesystems read and every process started
-afterwards inherits (a local Spark session's JVM and its Python workers, a ``spark-submit``
-child), so a secret never has to travel in argv, a Spark setting or a query plan.
+Credentials held elsewhere (an Airflow ``aws`` connection) are plain values,
+:class:`S3Credentials`, given to :func:`filesystem_for` explicitly: this process's environment
+is never changed (a triggerer or an api-server runs many connections' work in threads of one
+process). Child processes a task starts (a local Spark session's JVM and its Python workers, a
+``spark-submit``) get them in their own environment, :func:`child_environment`, so a secret
+never has to travel in argv, a Spark setting or a query plan.
 
 Filesystems are cached per process, keyed by the URI's scheme and authority (bucket, container,
-namenode), the endpoint, region and retry bound the environment names and a digest of the
-credentials it holds: building one resolves credentials, and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
+namenode), the endpoint, region and retry bound and a digest of the credentials (those given,
+else those the environment holds): building one resolves credentials, and an executor serves many tasks. A forked child (Spark's Python workers fork from a daemon)
 never reuses its parent's clients, whose connections and threads did not survive the fork.
 """
 
@@ -29,14 +30,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, first_line
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -61,8 +63,10 @@ _cache_pid = os.getpid()
 def split_uri(uri_or_path: str) -> tuple[str, str, str]:
     """(scheme, authority, path) of a blob location: ``("", "", "/abs/path")`` for a local
     path or ``file://`` URI, else the URI's scheme (lower case), authority and path (no
-    leading ``/``). Refuses an unknown scheme and user information in the authority (a
-    credential written into a URI would reach logs and ``ps``), naming the URI without it."""
+    leading ``/``). Refuses an unknown scheme, credentials in the URI (user information, also
+    with a ``/`` in the secret, or pyarrow's ``?access_key=...&secret_key=...``: they would
+    reach logs and ``ps``) and any query string (it would become part of every object key),
+    naming the URI without them."""
     if "://" not in uri_or_path:
         return "", "", os.path.abspath(uri_or_path)
     scheme, rest = uri_or_path.split("://", 1)
@@ -72,53 +76,92 @@ def split_uri(uri_or_path: str) -> tuple[str, str, str]:
         if rest.startswith("localhost/"):
             rest = rest[len("localhost") :]
         return "", "", os.path.abspath(rest)
+    shown = display_uri(uri_or_path)
     if scheme not in OBJECT_SCHEMES:
         raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} has the unsupported scheme {scheme!r}; "
+            f"blob root {shown!r} has the unsupported scheme {scheme!r}; "
             f"use a local path or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}",
+            field="blob_root",
+        )
+    if _has_user_info(scheme, rest) or _query_names_credentials(rest):
+        raise ConfigurationError(
+            f"blob root {shown!r} carries credentials in the URI; give them through "
+            "the environment or the connection instead (docs/storage.md)",
+            field="blob_root",
+        )
+    if "?" in rest:
+        raise ConfigurationError(
+            f"blob root {shown!r} has a query string, which would become part of every object key; "
+            "remove it (settings of the store go into the environment or the connection: docs/storage.md)",
             field="blob_root",
         )
     authority, _, path = rest.partition("/")
     if not authority:
         raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} names no bucket, container or host after {scheme}://",
+            f"blob root {shown!r} names no bucket, container or host after {scheme}://",
             field="blob_root",
         )
-    if "@" in authority and scheme not in ("abfs", "abfss"):
+    if scheme == "hdfs" and ":" in authority and not authority.rpartition(":")[2].isdigit():
         raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} carries credentials in the URI; give them through "
-            "the environment or the connection instead (docs/storage.md)",
-            field="blob_root",
-        )
-    if scheme in ("abfs", "abfss") and ":" in authority.split("@", 1)[0]:
-        raise ConfigurationError(
-            f"blob root {display_uri(uri_or_path)!r} carries credentials in the URI; give them through "
-            "the environment instead (docs/storage.md)",
+            f"blob root {shown!r}: the namenode's port {authority.rpartition(':')[2]!r} is not a number "
+            "(hdfs://NAMENODE:PORT/PATH)",
             field="blob_root",
         )
     return scheme, authority, path.strip("/")
 
 
+# Names of pyarrow's URI query parameters (``FileSystem.from_uri``) and of the usual signed-URL
+# parameters that carry a credential.
+_CREDENTIAL_QUERY = re.compile(r"(?:^|[?&])[^=&]*(?:key|secret|token|signature|credential|password|sig)[^=&]*=",
+                               re.IGNORECASE)
+
+
+def _has_user_info(scheme: str, rest: str) -> bool:
+    """Whether the part of a URI after ``scheme://`` starts with user information. An ``@``
+    in the authority is one, except abfs's ``container@account``; so is a ``:`` in the first
+    segment before a later ``@`` (a secret holding ``/`` splits the authority early), and any
+    ``:`` in an S3 or GCS bucket name, which cannot hold one."""
+    first, slash, tail = rest.partition("/")
+    first = first.split("?", 1)[0]
+    if "@" in first:
+        user = first.rpartition("@")[0]
+        return scheme not in ("abfs", "abfss") or ":" in user
+    if ":" in first:
+        return scheme in ("s3", "gs") or "@" in tail
+    return False
+
+
+def _query_names_credentials(rest: str) -> bool:
+    query = rest.partition("?")[2]
+    return bool(query) and _CREDENTIAL_QUERY.search("?" + query) is not None
+
+
 def display_uri(uri: str) -> str:
-    """``uri`` as a message may show it: any user information before the host is cut out."""
+    """``uri`` as a message may show it: any user information before the host is cut out
+    (up to the URI's last ``@`` when the secret split the authority), and the query too."""
     if "://" not in uri:
         return uri
     scheme, rest = uri.split("://", 1)
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        user, _, host = authority.rpartition("@")
-        # abfs's container@account is a name, not a credential; anything else before '@' is cut.
-        authority = authority if scheme.lower() in ("abfs", "abfss") and ":" not in user else f"***@{host}"
-    return f"{scheme}://{authority}{slash}{path}"
+    rest, question, _query = rest.partition("?")
+    query = "?***" if question else ""
+    if not _has_user_info(scheme.lower(), rest):
+        return f"{scheme}://{rest}{query}"
+    if "@" not in rest:
+        return f"{scheme}://***{query}"
+    return f"{scheme}://***@{rest.rpartition('@')[2]}{query}"
 
 
-def s3_endpoint() -> str | None:
-    """The S3 endpoint the environment names (the service-specific variable first, as the AWS
-    SDKs read them), or None for AWS itself."""
+def s3_endpoint(credentials: "S3Credentials | None" = None) -> str | None:
+    """The S3 endpoint ``credentials`` name, else the environment's (the service-specific
+    variable first, as the AWS SDKs read them), or None for AWS itself."""
+    if credentials is not None and credentials.endpoint_url:
+        return credentials.endpoint_url
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def s3_region() -> str | None:
+def s3_region(credentials: "S3Credentials | None" = None) -> str | None:
+    if credentials is not None and credentials.region:
+        return credentials.region
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
@@ -157,30 +200,42 @@ class S3Credentials:
         return variables
 
 
-def export_s3_credentials(credentials: S3Credentials) -> dict[str, str | None]:
-    """Make ``credentials`` this process's S3 credential chain: the driver's filesystems use
-    them from now on, and every process started afterwards inherits them through its
-    environment (never its argv). Returns the previous values, for
-    :func:`restore_environment`."""
-    variables = credentials.environment()
-    previous = {name: os.environ.get(name) for name in variables}
-    restore_environment(variables)
-    return previous
+def export_s3_credentials(credentials: S3Credentials) -> None:
+    """Make ``credentials`` the S3 credential chain of this process and of every process it
+    starts. Only for a process that serves one connection for its whole life (``upsertctl
+    --conn-id``); a process that may run the work of several (a triggerer, an api-server, a
+    task hook) gives them to :func:`filesystem_for` and :func:`child_environment` instead."""
+    _set_variables(os.environ, credentials.environment())
 
 
-def restore_environment(variables: Mapping[str, str | None]) -> None:
-    """Set each variable to its value, unset it where the value is None."""
+def child_environment(credentials: S3Credentials | None,
+                      base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process (``base``, default this process's) with
+    ``credentials`` as its S3 credential chain: what a task gives the processes it starts,
+    without changing its own environment."""
+    environment = dict(os.environ if base is None else base)
+    if credentials is not None:
+        _set_variables(environment, credentials.environment())
+    return environment
+
+
+def _set_variables(environment: MutableMapping[str, str], variables: Mapping[str, str | None]) -> None:
+    """Set each variable to its value in ``environment``, remove it where the value is None."""
     for name, value in variables.items():
         if value is None:
-            os.environ.pop(name, None)
+            environment.pop(name, None)
         else:
-            os.environ[name] = value
+            environment[name] = value
 
 
-def s3_identity() -> str:
-    """A digest of the credential variables of this process: a cache key that changes with
-    them and holds none of them."""
-    text = "\0".join(os.environ.get(name, "") for name in S3_IDENTITY_VARIABLES)
+def s3_identity(credentials: S3Credentials | None = None) -> str:
+    """A digest of ``credentials``, else of the credential variables of this process: a cache
+    key that changes with them and holds none of them."""
+    if credentials is not None:
+        text = "\0".join(["given", credentials.access_key_id, credentials.secret_access_key,
+                           credentials.session_token or ""])
+    else:
+        text = "\0".join(os.environ.get(name, "") for name in S3_IDENTITY_VARIABLES)
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -198,8 +253,10 @@ def s3_max_attempts() -> int:
     return value
 
 
-def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
-    """The pyarrow filesystem that holds ``uri_or_path`` and the path inside it.
+def filesystem_for(uri_or_path: str, credentials: S3Credentials | None = None) -> tuple["pyarrow.fs.FileSystem", str]:
+    """The pyarrow filesystem that holds ``uri_or_path`` and the path inside it; on S3 signed
+    with ``credentials`` (and at their endpoint and region) when given, else with the
+    process's chain.
 
     A local path or ``file://`` URI gives ``LocalFileSystem`` and the absolute path;
     ``s3://bucket/key`` gives the S3 filesystem and ``bucket/key``; ``gs://bucket/key`` the GCS
@@ -211,11 +268,12 @@ def filesystem_for(uri_or_path: str) -> tuple["pyarrow.fs.FileSystem", str]:
     if not scheme:
         return pafs.LocalFileSystem(), path
     if scheme == "s3":
-        key: tuple[str, ...] = (scheme, authority, s3_endpoint() or "", s3_region() or "", str(s3_max_attempts()),
-                                s3_identity())
+        key: tuple[str, ...] = (scheme, authority, s3_endpoint(credentials) or "", s3_region(credentials) or "",
+                                str(s3_max_attempts()), s3_identity(credentials),
+                                os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION", ""))
     else:
         key = (scheme, authority)
-    filesystem = _cached(key, lambda: _build(scheme, authority))
+    filesystem = _cached(key, lambda: _build(scheme, authority, uri_or_path, credentials))
     if scheme in ("s3", "gs"):
         inner = f"{authority}/{path}" if path else authority
     elif scheme in ("abfs", "abfss"):
@@ -238,23 +296,81 @@ def _cached(key: tuple[str, ...], build) -> "pyarrow.fs.FileSystem":
         return filesystem
 
 
-def _build(scheme: str, authority: str) -> "pyarrow.fs.FileSystem":
+def _build(scheme: str, authority: str, uri: str, credentials: S3Credentials | None) -> "pyarrow.fs.FileSystem":
+    """The filesystem of ``scheme://authority``; one that cannot be set up (a missing libjvm
+    for HDFS, an endpoint that is no URL, Azure without credentials) is the
+    :class:`ConfigurationError` of the root ``uri``, naming it and the reason."""
     import pyarrow.fs as pafs
 
-    if scheme == "s3":
-        return _s3(authority)
-    if scheme == "gs":
-        return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
-    if scheme in ("abfs", "abfss"):
-        # container@account.dfs.core.windows.net: the account is the host's first label.
-        host = authority.split("@", 1)[1] if "@" in authority else authority
-        account = host.split(".", 1)[0]
-        return pafs.AzureFileSystem(account_name=account)
-    host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
-    return pafs.HadoopFileSystem(host, int(port) if port else 8020)
+    try:
+        if scheme == "s3":
+            return _s3(authority, credentials)
+        if scheme == "gs":
+            return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=GCS_RETRY_SECONDS))
+        if scheme in ("abfs", "abfss"):
+            # container@account.dfs.core.windows.net: the account is the host's first label.
+            container, _, host = authority.rpartition("@")
+            account = (host or authority).split(".", 1)[0]
+            _probe_azure_credentials(account, container or authority, uri)
+            return pafs.AzureFileSystem(account_name=account)
+        host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
+        return pafs.HadoopFileSystem(host, int(port) if port else 8020)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # pyarrow raises OSError, ArrowException or ValueError here
+        raise ConfigurationError(
+            f"blob root {display_uri(uri)} cannot be used: its {scheme}:// filesystem cannot be set up: "
+            f"{first_line(exc) or type(exc).__name__} (docs/storage.md)",
+            field="blob_root",
+        ) from None
 
 
-def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
+# Time a probe of Azure's credential chain may take (it asks the managed identity endpoint and
+# the Azure CLI in turn).
+AZURE_PROBE_SECONDS = 120
+_AZURE_PROBE = """
+import sys
+import pyarrow.fs as pafs
+try:
+    pafs.AzureFileSystem(account_name=sys.argv[1]).get_file_info(sys.argv[2])
+except Exception:
+    pass  # an error this process can catch is reported by the real request, mapped as usual
+"""
+
+
+def _probe_azure_credentials(account: str, container: str, uri: str) -> None:
+    """Refuse an Azure root whose credential chain finds nothing. PyArrow's Azure filesystem
+    takes ``DefaultAzureCredential``, whose failure to get a token is thrown where nothing
+    catches it: it aborts the whole process (SIGABRT) at the first request. So that first
+    request is made once in a child process; if that child dies of a signal, this process
+    would have too."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        probe = subprocess.run([sys.executable, "-c", _AZURE_PROBE, account, container], capture_output=True,
+                               text=True, timeout=AZURE_PROBE_SECONDS, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigurationError(
+            f"blob root {display_uri(uri)} cannot be used: Azure's credential chain (DefaultAzureCredential) "
+            f"gave no answer within {AZURE_PROBE_SECONDS} s; configure credentials (docs/storage.md)",
+            field="blob_root",
+        ) from None
+    if probe.returncode >= 0:
+        return
+    said = [line.strip() for line in probe.stderr.splitlines() if "what():" in line]
+    reason = said[-1].split("what():", 1)[1].strip()[:200] if said else "no message"
+    raise ConfigurationError(
+        f"blob root {display_uri(uri)} cannot be used: Azure's credential chain (DefaultAzureCredential) "
+        f"found no credentials and aborted a probe process ({signal.Signals(-probe.returncode).name}: {reason}); "
+        "configure them for this process: AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET, "
+        "workload identity, a managed identity or `az login` (docs/storage.md)",
+        field="blob_root",
+    )
+
+
+def _s3(bucket: str, credentials: S3Credentials | None) -> "pyarrow.fs.FileSystem":
     import pyarrow.fs as pafs
 
     options: dict = {
@@ -263,10 +379,19 @@ def _s3(bucket: str) -> "pyarrow.fs.FileSystem":
         # object is one PUT (errors surface when the stream is closed, which every writer does).
         "allow_delayed_open": True,
     }
-    endpoint = s3_endpoint()
-    region = s3_region()
+    if credentials is not None:
+        options.update(access_key=credentials.access_key_id, secret_key=credentials.secret_access_key,
+                       session_token=credentials.session_token)
+    endpoint = s3_endpoint(credentials)
+    region = s3_region(credentials)
     if endpoint:
-        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        try:
+            parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        except ValueError as exc:
+            variable = ("the connection's endpoint_url" if credentials is not None and credentials.endpoint_url
+                        else "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL")
+            raise ValueError(f"{variable} {display_uri(endpoint)!r} is not a URL ({exc}); "
+                             "give the store's endpoint as http[s]://HOST[:PORT]") from None
         options.update(endpoint_override=parts.netloc, scheme=parts.scheme or "https")
     elif region is None:
         # AWS itself with no region configured: ask where the bucket lives (one anonymous

@@ -5,7 +5,10 @@ listing yields. :class:`~.files.LocalBlob` (local or POSIX-mounted disk) and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow.parquet
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class Blob(Protocol):
     def read_bytes(self, path: str) -> bytes: ...
 
     def checksum(self, path: str) -> str: ...
+
+    def parquet_metadata(self, path: str) -> "pyarrow.parquet.FileMetaData": ...
 
     def exists(self, path: str) -> bool: ...
 

@@ -59,6 +59,7 @@ import uuid
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from airflow_upsert_provider.engine.blob.filesystems import (
+    S3Credentials,
     display_uri,
     filesystem_for,
     s3_endpoint,
@@ -71,6 +72,7 @@ from airflow_upsert_provider.engine.errors import BlobUnavailable, Configuration
 
 if TYPE_CHECKING:
     import pyarrow.fs
+    import pyarrow.parquet
 
 # Bytes read at a time when an object is hashed: memory stays bounded whatever its size.
 CHECKSUM_CHUNK = 1 << 20
@@ -139,11 +141,14 @@ def _store_requests(operation: str) -> Callable[[_Method], _Method]:
 class ObjectBlob:
     """Blob store on object storage, rooted at a bucket (container, namenode) and prefix."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, credentials: S3Credentials | None = None) -> None:
+        """``credentials``: what every request to an S3 root is signed with (an Airflow ``aws``
+        connection's), instead of this process's credential chain."""
         scheme, authority, prefix = split_uri(root)
         if not scheme:
             raise ConfigurationError(f"blob root {root!r} is a local path: use LocalBlob", field="blob_root")
         self.scheme, self.authority, self.prefix = scheme, authority, prefix
+        self.credentials = credentials if scheme == "s3" else None
         self.root = f"{scheme}://{authority}/{prefix}" if prefix else f"{scheme}://{authority}"
 
     def __repr__(self) -> str:
@@ -188,7 +193,7 @@ class ObjectBlob:
         """Nothing to create (a prefix exists once an object lies below it; buckets are never
         created here): check that the bucket is there and reachable."""
         if self.scheme == "hdfs":
-            filesystem, inner = filesystem_for(self.root)
+            filesystem, inner = filesystem_for(self.root, self.credentials)
             try:
                 filesystem.create_dir(inner, recursive=True)
             except OSError as exc:
@@ -200,9 +205,10 @@ class ObjectBlob:
         """Raise a clear :class:`ConfigurationError` unless the bucket exists and answers,
         the root is not an object, and, with ``writable``, an object can be written below it
         (probed with a real PUT and DELETE: permissions are the store's to say)."""
+        import pyarrow as pa
         import pyarrow.fs as pafs
 
-        filesystem, inner = filesystem_for(self.root)
+        filesystem, inner = filesystem_for(self.root, self.credentials)
         bucket = inner.split("/", 1)[0] if self.scheme != "hdfs" else inner
         try:
             if filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
@@ -216,11 +222,40 @@ class ObjectBlob:
                                          field="blob_root")
             if writable:
                 probe = f"{inner}/.probe-{uuid.uuid4().hex}"
+                written = f"upsert blob root probe {probe}\n".encode()
                 with filesystem.open_output_stream(probe) as out:
-                    out.write(b"")
-                filesystem.delete_file(probe)
-        except OSError as exc:
+                    out.write(written)
+                try:
+                    with filesystem.open_input_stream(probe) as stream:
+                        read = stream.read()
+                finally:
+                    filesystem.delete_file(probe)
+                if read != written:
+                    raise self._altered_error(written, read)
+        # GCS's client raises ArrowException (not OSError) for credentials it cannot use.
+        except (OSError, pa.ArrowException) as exc:
             raise self._root_error(exc, writing=writable) from None
+
+    def _altered_error(self, written: bytes, read: bytes) -> ConfigurationError:
+        """The root's error for a store that gave back other bytes than a probe object held:
+        every run file written there would be damaged."""
+        framed = b"x-amz-checksum-" in read or read.startswith(f"{len(written):x}\r\n".encode())
+        how = ("it kept the upload's aws-chunked framing and trailing checksum in the object" if framed
+               else f"wrote {len(written)} bytes, read back {len(read)} other bytes")
+        return ConfigurationError(
+            f"blob root {self.root} cannot be used: the store changed an object written to it ({how}; "
+            f"{self._where()}), so every file written there would be damaged; the likely cause is a store "
+            "that does not decode the AWS SDK's checksummed uploads: set AWS_REQUEST_CHECKSUM_CALCULATION="
+            "when_required for this process and every Spark executor (docs/storage.md, \"Stores that "
+            "change uploads\")",
+            field="blob_root",
+        )
+
+    def _secrets(self) -> tuple[str, ...]:
+        """The secrets this blob signs with, which no message may repeat."""
+        if self.credentials is None:
+            return ()
+        return tuple(v for v in (self.credentials.secret_access_key, self.credentials.session_token) if v)
 
     def _bucket(self) -> str:
         return self.authority.split("@", 1)[0] if self.scheme in ("abfs", "abfss") else self.authority
@@ -230,10 +265,10 @@ class ObjectBlob:
 
     def _endpoint(self) -> str:
         if self.scheme == "s3":
-            endpoint = s3_endpoint()
+            endpoint = s3_endpoint(self.credentials)
             if endpoint:
                 return display_uri(endpoint)
-            region = s3_region()
+            region = s3_region(self.credentials)
             return f"AWS S3{' in ' + region if region else ''}"
         if self.scheme in ("abfs", "abfss"):
             return self.authority.split("@", 1)[-1]
@@ -245,7 +280,7 @@ class ObjectBlob:
         return f"{self._container_word()} {self._bucket()!r}, prefix {self.prefix!r}, endpoint {self._endpoint()}"
 
     def _root_error(self, exc: OSError, *, writing: bool = False) -> UpsertError:
-        code, reason = store_failure(exc)
+        code, reason = store_failure(exc, self._secrets())
         if failure_kind(exc) == "transient":
             # The endpoint answered (or the connection broke midway): the store may answer next time.
             return self._unavailable(exc, "check", self.root)
@@ -279,11 +314,11 @@ class ObjectBlob:
         return None
 
     def _unavailable(self, exc: OSError, operation: str, path: str) -> BlobUnavailable:
-        code, reason = store_failure(exc)
+        code, reason = store_failure(exc, self._secrets())
         attempts = f", retried up to {s3_max_attempts()} attempts (AWS_MAX_ATTEMPTS)" if self.scheme == "s3" else ""
         return BlobUnavailable(
-            f"{_VERBS[operation]} {display_uri(path)} failed{attempts}: {reason} ({self._where()}); a transient "
-            "failure of the store: run the step again when it answers (docs/storage.md)",
+            f"{_VERBS[operation]} {display_uri(path)} failed{attempts}: {reason} ({self._where()}); "
+            f"{unavailable_advice(code, reason, operation)}",
             operation=operation,
             bucket=self._bucket(),
             key=split_uri(path)[2],
@@ -296,7 +331,7 @@ class ObjectBlob:
     @_store_requests("write")
     def write_file(self, path: str, data: bytes, *, sync: bool) -> None:
         """One PUT: the object is durable once it returns, ``sync`` or not."""
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         with filesystem.open_output_stream(inner) as out:
             out.write(data)
 
@@ -321,7 +356,7 @@ class ObjectBlob:
 
     @_store_requests("delete")
     def unlink(self, path: str) -> None:
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         filesystem.delete_file(inner)
 
     # -- metadata objects ----------------------------------------------------------------------
@@ -339,37 +374,49 @@ class ObjectBlob:
 
     @_store_requests("read")
     def read_bytes(self, path: str) -> bytes:
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         with filesystem.open_input_stream(inner) as stream:
             return stream.read()
 
     @_store_requests("read")
     def checksum(self, path: str) -> str:
         """SHA-256 of the object at ``path``, hex, read in chunks."""
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         digest = hashlib.sha256()
         with filesystem.open_input_stream(inner) as stream:
             while chunk := stream.read(CHECKSUM_CHUNK):
                 digest.update(chunk)
         return digest.hexdigest()
 
+    @_store_requests("read")
+    def parquet_metadata(self, path: str) -> "pyarrow.parquet.FileMetaData":
+        """The Parquet footer of the object at ``path`` (ranged GETs), read through this
+        blob's filesystem: its endpoint, retries and error mapping (a store that keeps failing
+        is :class:`BlobUnavailable`); an object that is no Parquet raises pyarrow's
+        ``ArrowInvalid``."""
+        import pyarrow.parquet as pq
+
+        filesystem, inner = filesystem_for(path, self.credentials)
+        with filesystem.open_input_file(inner) as handle:
+            return pq.read_metadata(handle)
+
     @_store_requests("stat")
     def exists(self, path: str) -> bool:
         import pyarrow.fs as pafs
 
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         return filesystem.get_file_info(inner).type != pafs.FileType.NotFound
 
     @_store_requests("stat")
     def is_dir(self, path: str) -> bool:
         import pyarrow.fs as pafs
 
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         return filesystem.get_file_info(inner).type == pafs.FileType.Directory
 
     @_store_requests("list")
     def listdir(self, path: str) -> list[str]:
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         return [info.base_name for info in _children(filesystem, inner)]
 
     @_store_requests("list")
@@ -377,7 +424,7 @@ class ObjectBlob:
         """Every object below ``path`` (recursively), with its size and last-modified time,
         in name order at every level (the order :class:`~.files.LocalBlob` yields). One
         delimiter listing per prefix; no request per object."""
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         for entry, _ in _walk(filesystem, path.rstrip("/"), inner):
             if entry is not None:
                 yield entry
@@ -388,7 +435,7 @@ class ObjectBlob:
         the last-modified time of the newest object below it as its mtime: a prefix's own
         age does not exist on an object store. Deepest first within each prefix (a prefix
         comes after everything below it, whose ages make its own)."""
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         for _, directory in _walk(filesystem, path.rstrip("/"), inner):
             if directory is not None:
                 yield directory
@@ -399,7 +446,7 @@ class ObjectBlob:
         object below it; None if there is neither (any more)."""
         import pyarrow.fs as pafs
 
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         info = filesystem.get_file_info(inner)
         if info.type == pafs.FileType.File:
             return _seconds(info)
@@ -415,7 +462,7 @@ class ObjectBlob:
     def size(self, path: str) -> int:
         import pyarrow.fs as pafs
 
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         info = filesystem.get_file_info(inner)
         if info.type != pafs.FileType.File:
             raise FileNotFoundError(errno.ENOENT, "no such object", path)
@@ -425,7 +472,7 @@ class ObjectBlob:
     def delete_tree(self, path: str) -> None:
         """Delete every object below ``path`` (and the object ``path`` itself, if any): a
         sibling sharing its first characters (``runs/10`` beside ``runs/1``) is not below it."""
-        filesystem, inner = filesystem_for(path)
+        filesystem, inner = filesystem_for(path, self.credentials)
         try:
             filesystem.delete_dir(inner)
         except FileNotFoundError:
@@ -500,6 +547,25 @@ _VERBS = {"write": "writing", "read": "reading", "stat": "looking up", "list": "
           "check": "checking the blob root at"}
 
 
+# An internal error of the store (HTTP 500, 501...): unlike 503 or throttling, it may be the
+# store's own bug with one kind of request, answered the same way every time.
+_INTERNAL_ERROR = re.compile(r"^INTERNAL_FAILURE\b|\(HTTP 5(?!03)\d\d\)")
+
+
+def unavailable_advice(code: str, reason: str, operation: str) -> str:
+    """What a :class:`BlobUnavailable` advises, from the store's last answer (``code`` and
+    ``reason`` of :func:`store_failure`) to ``operation``: run the step again; after an
+    internal error on every attempt, also that a store failing the same way each time may have
+    a bug with this request (s3rver answers every truncated listing with 500)."""
+    advice = "a transient failure of the store: run the step again when it answers"
+    if not _INTERNAL_ERROR.search(reason):
+        return f"{advice} (docs/storage.md)"
+    example = " (a listing that fails only when it is truncated, past 1,000 keys, is one)" if operation == "list" else ""
+    return (f"{advice}; the store answered every attempt with an internal error: if the step fails the same "
+            f"way each time, it may be the store's bug with this request{example}, not a passing failure: "
+            "report it to the store's maintainers (docs/storage.md, \"Failures\")")
+
+
 def failure_kind(exc: BaseException) -> str:
     """What a failed request says about the store, from pyarrow's message: ``"denied"``,
     ``"no_bucket"``, ``"unreachable"`` (no such host, nothing listens), ``"transient"`` (a
@@ -521,9 +587,9 @@ def failure_kind(exc: BaseException) -> str:
     return ""
 
 
-def store_failure(exc: BaseException) -> tuple[str, str]:
+def store_failure(exc: BaseException, secrets: Iterable[str] = ()) -> tuple[str, str]:
     """(error code, one-line reason) of a failed store request, with every secret the
-    environment holds cut out: PyArrow's S3 errors carry the code of the AWS error; a store's
+    environment holds and ``secrets`` cut out: PyArrow's S3 errors carry the code of the AWS error; a store's
     own message may quote a signed request."""
     text = first_line(exc) or type(exc).__name__
     match = _AWS_ERROR.search(text)
@@ -533,8 +599,7 @@ def store_failure(exc: BaseException) -> tuple[str, str]:
         if code == "UNKNOWN" and status == "403":
             code = "ACCESS_DENIED"  # a HEAD request's 403 has no body to name the error
         text = f"{code}{f' (HTTP {status})' if status else ''} during {operation}"
-    for name in SECRET_VARIABLES:
-        value = os.environ.get(name)
+    for value in (*(os.environ.get(name) for name in SECRET_VARIABLES), *secrets):
         if value:
             text = text.replace(value, "***")
     return code, text[:300]

@@ -152,8 +152,13 @@ def get_spark(
     remote: str | None = None,
     *,
     private: bool = False,
+    environment: Mapping[str, str] | None = None,
 ) -> "SparkSession":
     """The active SparkSession, or a new one on ``master`` (default ``local[*]``).
+
+    ``environment``: the whole environment of the driver JVM this call starts, and so of its
+    executors' Python workers on a local master (default: this process's); how credentials
+    of a connection reach them without entering this process's environment.
 
     ``remote`` (default ``UPSERT_SPARK_REMOTE``), an address ``sc://HOST:PORT``: a Spark
     Connect session on that server instead (see :func:`get_connect_spark`, and ``private``
@@ -205,7 +210,7 @@ def get_spark(
         settings["spark.driver.extraJavaOptions"] = driver_java_options()
     settings.update(conf or {})
     check_driver_memory(settings["spark.driver.memory"])
-    _launch_driver_jvm(master, app_name, settings)
+    _launch_driver_jvm(master, app_name, settings, environment)
     _check_sql_values(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
@@ -539,7 +544,8 @@ def _check_active(active: "SparkSession", master: str | None, conf: Mapping[str,
         )
 
 
-def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) -> None:
+def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str],
+                       environment: Mapping[str, str] | None = None) -> None:
     """Start the driver JVM (the Py4J gateway) as pyspark would, with its stdout and stderr
     both through :func:`_forward_stderr` to this process's stderr. Nothing to do when this
     process has a gateway already, or when ``spark-submit`` started this process next to its
@@ -555,14 +561,16 @@ def _launch_driver_jvm(master: str, app_name: str, settings: Mapping[str, str]) 
     # Private: no public API says whether this process has a gateway (a stopped session keeps it).
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
-    gateway = _start_gateway(master, app_name, settings)
+    gateway = _start_gateway(master, app_name, settings, environment)
     # Private: no public API adopts a gateway without creating a SparkContext on it.
     SparkContext._ensure_initialized(gateway=gateway)
 
 
-def _start_gateway(master: str, app_name: str, settings: Mapping[str, str]):
+def _start_gateway(master: str, app_name: str, settings: Mapping[str, str],
+                   environment: Mapping[str, str] | None = None):
     """A new driver JVM (the Py4J gateway) on ``settings``, its stdout and stderr through
-    :func:`_forward_stderr` to this process's stderr."""
+    :func:`_forward_stderr` to this process's stderr; ``environment``: its whole environment
+    (None: this process's)."""
     from pyspark import SparkConf
     from pyspark.java_gateway import launch_gateway
 
@@ -574,9 +582,27 @@ def _start_gateway(master: str, app_name: str, settings: Mapping[str, str]):
     reader = os.fdopen(read_end, "rb", buffering=0)
     threading.Thread(target=_forward_stderr, args=(reader,), name="spark-driver-stderr", daemon=True).start()
     try:
-        return launch_gateway(conf, popen_kwargs={"stdout": write_end, "stderr": write_end})
+        popen_kwargs = {"stdout": write_end, "stderr": write_end} if environment is None else _EnvironmentOf(
+            environment, stdout=write_end, stderr=write_end)
+        return launch_gateway(conf, popen_kwargs=popen_kwargs)
     finally:
         os.close(write_end)  # the JVM holds its own copy; EOF comes when it exits
+
+
+class _EnvironmentOf(dict):
+    """Keyword arguments of the driver JVM's ``Popen`` whose ``env`` is ``environment`` plus
+    what PySpark's ``launch_gateway`` adds to this process's environment for its gateway:
+    ``launch_gateway`` always sets ``env`` itself, from ``os.environ``."""
+
+    def __init__(self, environment: Mapping[str, str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._environment = dict(environment)
+
+    def __setitem__(self, key, value) -> None:
+        if key == "env":
+            added = {name: text for name, text in value.items() if os.environ.get(name) != text}
+            value = {**self._environment, **added}
+        super().__setitem__(key, value)
 
 
 def _forward_stderr(stream: BinaryIO) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.errors import IntegrityError
+from airflow_upsert_provider.engine.errors import IntegrityError, first_line
 from airflow_upsert_provider.engine.table import run_io
 
 if TYPE_CHECKING:
@@ -221,9 +221,9 @@ def file_problem(blob: Blob, listed: dict[str, Any], recorded_by: str) -> tuple[
     """One check of a listed run file, for checkpoint ``create`` and ``verify`` and a failed read:
     (SHA-256, None) for a listed file that is present, of the recorded size and checksum
     (a ``sha256`` of None: none was recorded) and readable Parquet; else (None, reason).
-    ``recorded_by`` says where the recorded values come from, for the reason."""
-    import pyarrow.parquet as pq
-
+    ``recorded_by`` says where the recorded values come from, for the reason. The footer is
+    read through the blob, as the size and checksum are: a store that keeps failing is its
+    :class:`BlobUnavailable` (retryable), never a bad file."""
     path = blob.path(listed["path"])
     try:
         size = blob.size(path)
@@ -237,7 +237,9 @@ def file_problem(blob: Blob, listed: dict[str, Any], recorded_by: str) -> tuple[
     if listed["sha256"] is not None and digest != listed["sha256"]:
         return None, f"checksum mismatch: sha256 {digest[:12]}…, {recorded_by} says {listed['sha256'][:12]}…"
     try:
-        pq.read_metadata(path)
-    except Exception as exc:  # pyarrow raises several types for a bad footer
-        return None, f"not a readable Parquet file: {exc}"
+        blob.parquet_metadata(path)
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid (a ValueError) or IOError of a bad footer
+        return None, f"not a readable Parquet file: {first_line(exc)}"
     return digest, None
