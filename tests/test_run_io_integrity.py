@@ -13,7 +13,7 @@ import pytest
 
 from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.run_io import RunFileTarget, write_bucket_files
-from tests.test_run_io import COLUMNS, rows
+from tests.test_run_io import COLUMNS, SCHEMA, rows
 
 
 def test_a_failed_task_whose_delete_fails_leaves_no_readable_partial_file(s3_faults, monkeypatch):
@@ -40,3 +40,20 @@ def test_a_failed_task_whose_delete_fails_leaves_no_readable_partial_file(s3_fau
     with pytest.raises(pa.ArrowInvalid):
         pq.ParquetFile(io.BytesIO(body))  # but no footer: no reader takes it for data
 
+
+def test_a_bit_flipped_in_a_page_that_still_decodes_fails_the_read(tmp_path):
+    root = tmp_path / "root"
+    (root / "s" / "runs" / "ts=000000000001" / "w-abc").mkdir(parents=True)
+    target = RunFileTarget(str(root), "s/runs/ts=000000000001/w-abc", COLUMNS)
+    batch = pa.RecordBatch.from_pylist(
+        [{"id": i, "v": v, "_deleted": False, "_ts": 1, "_bucket": 0}
+         for i, v in enumerate(["aaa", "mmm-unique", "zzz"])], schema=SCHEMA)
+    [written] = list(write_bucket_files([batch], target, "t1"))
+    path = root / written["path"]
+    data = bytearray(path.read_bytes())
+    assert data.count(b"mmm-unique") == 1
+    data[data.find(b"mmm-unique") + 4] ^= 1  # "mmm-tnique": same length, still valid UTF-8
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(OSError, match="CRC checksum verification failed"):
+        list(run_io.read_files(str(root), [written["path"]], SCHEMA.remove(4)))

@@ -215,7 +215,7 @@ def write_bucket_files(
                             pass
                     sink = HashingSink(filesystem.open_output_stream(full))
                     current = {"bucket": bucket, "path": relative, "full": full, "sink": sink, "rows": 0,
-                               "writer": pq.ParquetWriter(sink, data.schema)}
+                               "writer": pq.ParquetWriter(sink, data.schema, write_page_checksum=True)}
                 piece = data.slice(start, end - start)
                 pending.append(piece)
                 pending_bytes += piece.nbytes
@@ -401,7 +401,8 @@ def plan_read_partitions(
 def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
     """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
     ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
-    timestamps as INT96, which pyarrow reads as nanoseconds)."""
+    timestamps as INT96, which pyarrow reads as nanoseconds). Every page's CRC is checked (runs
+    written here carry one per page; a page without one is read unchecked)."""
     import pyarrow.fs
     import pyarrow.parquet as pq
 
@@ -412,7 +413,8 @@ def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterato
     for path in paths:
         try:
             with filesystem.open_input_file(f"{base.rstrip('/')}/{path}") as handle:
-                parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
+                # A bit flipped in a page that still decodes is caught by the page's CRC.
+                parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us", page_checksum_verification=True)
                 for batch in parquet.iter_batches(columns=schema.names, use_threads=False):
                     yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
         except OSError as exc:
