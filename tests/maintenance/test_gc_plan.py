@@ -81,6 +81,13 @@ def inputs_for(rng: random.Random, grace: float) -> GcInputs:
     )
 
 
+def sweep(grace: float):
+    """(seed, inputs, plan) for every seed of the sweep at ``grace``."""
+    for seed in SEEDS:
+        inputs = inputs_for(random.Random(seed), grace)
+        yield seed, inputs, plan_gc(inputs)
+
+
 def covered(path: str, items) -> bool:
     return any(path == i.path or path.startswith(i.path + "/") for i in items)
 
@@ -99,9 +106,7 @@ def provably_garbage(f: Listed, inputs: GcInputs) -> bool:
 
 @pytest.mark.parametrize("grace", GRACES)
 def test_the_plan_never_deletes_a_referenced_young_replaced_or_foreign_file(grace):
-    for seed in SEEDS:
-        inputs = inputs_for(random.Random(seed), grace)
-        plan = plan_gc(inputs)
+    for seed, inputs, plan in sweep(grace):
         for f in inputs.run_files:
             if not covered(f.path, plan.delete):
                 continue
@@ -121,18 +126,14 @@ def test_the_plan_never_deletes_a_referenced_young_replaced_or_foreign_file(grac
 
 @pytest.mark.parametrize("grace", GRACES)
 def test_the_plan_deletes_every_provably_unreferenced_file_older_than_grace(grace):
-    for seed in SEEDS:
-        inputs = inputs_for(random.Random(seed), grace)
-        plan = plan_gc(inputs)
+    for seed, inputs, plan in sweep(grace):
         for f in inputs.run_files:
             assert covered(f.path, plan.delete) == provably_garbage(f, inputs), (seed, grace, f)
 
 
 @pytest.mark.parametrize("grace", GRACES)
 def test_every_listed_file_is_deleted_or_kept_for_a_reason_once(grace):
-    for seed in SEEDS:
-        inputs = inputs_for(random.Random(seed), grace)
-        plan = plan_gc(inputs)
+    for seed, inputs, plan in sweep(grace):
         assert plan.files_scanned == len(inputs.run_files)
         assert sum(i.files for i in plan.delete) + sum(k.files for k in plan.kept) == len(inputs.run_files), seed
         assert {k.reason for k in plan.kept} <= {REFERENCED, IN_GRACE, REPLACED_IN_GRACE, FOREIGN}
