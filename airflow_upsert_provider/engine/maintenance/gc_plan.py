@@ -53,7 +53,7 @@ TEMPORARY_FILE = "temporary_file"
 NEWEST_TS = 2**62
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per listed file: kept small
 class Listed:
     """One entry of a listing: a file (or a directory, size 0) relative to the blob root,
     '/'-separated, and its age (a directory's mtime; on object storage a prefix's newest object)."""
