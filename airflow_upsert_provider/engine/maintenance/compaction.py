@@ -103,6 +103,11 @@ def compact(
                 attempts=attempt, seconds=time.monotonic() - started,
             )
         runs = view.runs
+        # Every input is checked against its recorded size and SHA-256 first: a bit flipped in
+        # a page that still decodes would otherwise be merged into an output with fresh,
+        # matching checksums, and the damage would become permanent. It costs one more read of
+        # the inputs, which the merge reads whole anyway.
+        shard.check_run_files(runs)
         merged = merge_runs(spark, shard.config, blob, runs)
         survivors = merged.where(F.col("_ts") < target)
         if order_column(shard.config) is None:

@@ -1,4 +1,5 @@
-"""Garbage collection of a shard's blob files.
+"""Garbage collection of a shard's blob files: the effect shell around the pure plan
+(``gc_plan.plan_gc``, which holds every rule below and is tested without a store).
 
 GC deletes a run directory (``<shard>/runs/<group>/<name>``, the unit a writer or a
 compaction writes) only if
@@ -13,6 +14,18 @@ compaction writes) only if
 - no read can still be reading it: no compaction replaced it less than the grace period ago
   (a read planned before the swap reads the runs it listed then), whichever compaction did
   (``gc_claims.recently_replaced``).
+
+Inside a run directory something references, a Parquet file no run and no manifest names (a
+failed, killed or speculative task attempt's) is deleted once older than the grace period; a
+file where a run directory belongs (``<shard>/runs/notes.txt``) is not this project's: it is
+kept and reported as foreign.
+
+GC trusts its listing only as far as the consensus store confirms it: every file of a live run
+of the shard must be in it. One that is not is either a commit that landed after the listing
+(listing its run directory again shows it) or a listing that cannot be trusted: GC deletes
+nothing and refuses, with a ``ConfigurationError`` naming the store's behaviour when the file
+is there but a second listing still leaves it out (a store whose delimiter listings leave out
+nested prefixes), an ``IntegrityError`` naming the file when it is gone.
 
 GC refuses to touch the directory of a shard restored into another consensus store that shares
 the blob root (``gc_claims.check_blob_owner``).
@@ -52,7 +65,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
 from airflow_upsert_provider.engine.maintenance.checkpoint import (
@@ -65,10 +78,23 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
     read_manifest,
     write_current_copy,
 )
+from airflow_upsert_provider.engine.maintenance.gc_plan import (
+    IN_GRACE,
+    REFERENCED,
+    REPLACED_IN_GRACE,
+    RUN,
+    TEMPORARY_FILE,
+    UNLISTED_FILE,
+    CheckpointListing,
+    GcInputs,
+    GcItem,
+    Listed,
+    plan_gc,
+)
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError
 from airflow_upsert_provider.engine.store.gc_claims import (
     check_blob_owner,
     claim_for_deletion,
@@ -86,20 +112,6 @@ MAX_LISTED = 1000
 
 
 @dataclass
-class GcItem:
-    """One thing GC deletes: a run directory, an abandoned checkpoint directory or a stray
-    temporary file."""
-
-    path: str
-    kind: str
-    files: int
-    bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind, "files": self.files, "bytes": self.bytes}
-
-
-@dataclass
 class GcReport:
     shard: str
     dry_run: bool
@@ -109,6 +121,8 @@ class GcReport:
     kept_referenced: int = 0
     kept_in_grace: int = 0
     checkpoints_read: int = 0
+    # Files not in the layout this project writes (``<shard>/runs/notes.txt``): kept, reported.
+    foreign: list[dict[str, Any]] = field(default_factory=list)
     # Directories whose deletion a concurrent writer got in the way of: {path, reason}.
     skipped: list[dict[str, str]] = field(default_factory=list)
     rejects_retention_seconds: float = DEFAULT_REJECTS_RETENTION_SECONDS
@@ -137,6 +151,7 @@ class GcReport:
             "kept_in_grace": self.kept_in_grace,
             "checkpoints_read": self.checkpoints_read,
             "skipped": self.skipped[:MAX_LISTED],
+            "foreign": self.foreign[:MAX_LISTED],
             "rejects_retention_seconds": self.rejects_retention_seconds,
             "history": self.history,
             "plan_seconds": round(self.plan_seconds, 3),
@@ -150,23 +165,6 @@ def run_dir_of(blob: Blob, path: str) -> str:
     absolute, or a URI) belongs to. A path recorded in consensus or a manifest is relative
     already: ``run_dir_of_relative``."""
     return run_dir_of_relative(blob.relative(path))
-
-
-@dataclass
-class _RunDir:
-    """What GC's plan keeps of one run directory's listing: counts and the newest age, not
-    the files (a shard's run files may number hundreds of thousands)."""
-
-    files: int = 0
-    bytes: int = 0
-    newest: float | None = None
-
-    def add(self, mtime: float, size: int = 0, *, is_file: bool = True) -> None:
-        if is_file:
-            self.files += 1
-            self.bytes += size
-        if self.newest is None or mtime > self.newest:
-            self.newest = mtime
 
 
 def collect_garbage(
@@ -206,54 +204,51 @@ def collect_garbage(
     cutoff = now - grace_seconds
 
     # 1. What exists now. Anything written after this listing is not a candidate. The walk
-    # streams (on object storage one paged listing per prefix level); the plan keeps counts
-    # and the newest age per run directory, not the listing.
+    # streams (on object storage one paged listing per prefix level). Directory ages count as
+    # much as file ages: an attempt directory with no file yet is a writer about to stage into
+    # it (on object storage a prefix is as old as its newest object).
     runs_root = blob.path(shard_id, "runs")
-    run_dirs: dict[str, _RunDir] = {}
-    for f in blob.walk_files(runs_root):
-        run_dirs.setdefault(run_dir_of(blob, f.path), _RunDir()).add(f.mtime, f.size)
-        report.files_scanned += 1
-    # Directory ages count as much as file ages: an attempt directory with no file yet is a
-    # writer about to stage into it (on object storage a prefix is as old as its newest object).
-    for d in blob.walk_dirs(runs_root):
-        if len(blob.relative(d.path).split("/")) >= 4:  # <shard>/runs/<group>/<name>, or below
-            run_dirs.setdefault(run_dir_of(blob, d.path), _RunDir()).add(d.mtime, is_file=False)
+    run_files = _listed(blob, blob.walk_files(runs_root))
+    run_dirs = _listed(blob, blob.walk_dirs(runs_root))
     ckpt_root = checkpoints_root(blob, shard_id)
-    ckpt_entries = {name: list(blob.walk_files(blob.join(ckpt_root, name))) for name in checkpoint_dirs(blob, shard_id)}
+    checkpoint_names = checkpoint_dirs(blob, shard_id)
+    ckpt_files = {name: _listed(blob, blob.walk_files(blob.join(ckpt_root, name))) for name in checkpoint_names}
     ckpt_ages = {
-        name: [BlobFile(blob.join(ckpt_root, name), 0, blob.mtime(blob.join(ckpt_root, name)) or 0.0)]
-        + list(blob.walk_dirs(blob.join(ckpt_root, name)))
-        for name in ckpt_entries
+        name: tuple([blob.mtime(blob.join(ckpt_root, name)) or 0.0]
+                    + [d.mtime for d in blob.walk_dirs(blob.join(ckpt_root, name))])
+        for name in checkpoint_names
     }
-    stray = [f for f in blob.walk_files(ckpt_root) if blob.name(f.path).startswith(".tmp-")]
+    temporary = [f for f in _listed(blob, blob.walk_files(ckpt_root)) if f.path.rsplit("/", 1)[-1].startswith(".tmp-")]
     # Quarantined records: <shard>/rejects/ts=T/<writer-attempt>, one directory per attempt.
     rejects_root = blob.path(shard_id, "rejects")
-    rejects_dirs: dict[str, _RunDir] = {}
+    rejects_files: list[Listed] = []
+    rejects_dirs: list[Listed] = []
     if rejects_retention_seconds > 0:
-        for f in blob.walk_files(rejects_root):
-            rejects_dirs.setdefault(run_dir_of(blob, f.path), _RunDir()).add(f.mtime, f.size)
-        for d in blob.walk_dirs(rejects_root):
-            if len(blob.relative(d.path).split("/")) >= 4:
-                rejects_dirs.setdefault(run_dir_of(blob, d.path), _RunDir()).add(d.mtime, is_file=False)
+        rejects_files = _listed(blob, blob.walk_files(rejects_root))
+        rejects_dirs = _listed(blob, blob.walk_dirs(rejects_root))
     step("listed")
 
     # 2. Live state of every shard, read before any manifest (see the module docstring).
-    referenced: set[str] = set()
+    referenced_files: set[str] = set()
+    referenced_dirs: set[str] = set()
+    live_files: set[str] = set()  # this shard's own, below its runs/: for the listing check
     # Runs a compaction replaced less than the grace period ago: a read planned before the
     # swap may still be reading them.
     replaced_in_grace = recently_replaced(consensus, cutoff)
     planned_upper = planned_since = 0
+    own_runs = f"{shard_id}/runs/"
     for record in consensus.list_shards():
         # The live runs only: the batches from since on, not the shard's whole history.
         view = consensus.live_view(record.shard_id)
         if record.shard_id == shard_id:
             planned_upper, planned_since = view.record.upper, view.record.since
+            live_files.update(f["path"] for run in view.runs for f in run["files"] if f["path"].startswith(own_runs))
         for run in view.runs:
-            referenced.add(run["path"])
-            referenced.update(run_dir_of_relative(f["path"]) for f in run["files"])
+            referenced_dirs.add(run["path"])
+            _reference(run["files"], referenced_files, referenced_dirs)
         for batch in view.batches:
             if batch.stats.get("rejects"):
-                referenced.add(run_dir_of_relative(batch.stats["rejects"]["path"]))
+                referenced_dirs.add(run_dir_of_relative(batch.stats["rejects"]["path"]))
         if view.compaction is not None and view.compaction.compacted_at >= cutoff:
             replaced_in_grace.update(view.compaction.run.get("replaces", []))
     step("state")
@@ -269,10 +264,10 @@ def collect_garbage(
         for entry in catalog.entries:
             manifest = _read_listed_manifest(consensus, blob, owner, entry)
             if manifest is not None:
-                referenced.update(run_dir_of_relative(f["path"]) for f in manifest["files"])
+                _reference(manifest["files"], referenced_files, referenced_dirs)
                 report.checkpoints_read += 1
         for name in checkpoint_dirs(blob, owner):
-            if name in listed or not _young(blob.walk_files(blob.join(checkpoints_root(blob, owner), name)), cutoff):
+            if name in listed or not any(f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name))):
                 continue
             # A checkpoint being written: its manifest, once on disk, pins its files.
             manifest_path = blob.join(checkpoints_root(blob, owner), name, MANIFEST_NAME)
@@ -283,49 +278,36 @@ def collect_garbage(
                     if blob.exists(manifest_path):
                         raise
                     continue  # its writer gave up (a compaction overtook it) and deleted it
-                referenced.update(run_dir_of_relative(f["path"]) for f in manifest["files"])
+                _reference(manifest["files"], referenced_files, referenced_dirs)
                 report.checkpoints_read += 1
     step("checkpoints")
 
-    # 4. Decide.
-    for run_dir, found in sorted(run_dirs.items()):
-        if run_dir in referenced:
-            report.kept_referenced += found.files
-        elif (found.newest is not None and found.newest >= cutoff) or run_dir in replaced_in_grace:
-            report.kept_in_grace += found.files
-        else:
-            report.items.append(GcItem(run_dir, "run", found.files, found.bytes))
-    doomed: set[str] = set()
-    for name, files in sorted(ckpt_entries.items()):
-        if name in ours_listed:
-            continue
-        if _young(files + ckpt_ages[name], cutoff):
-            report.kept_in_grace += len(files)
-            continue
-        doomed.add(name)
-        kind = "abandoned_checkpoint" if not is_committed(blob, shard_id, name) else "unlisted_checkpoint"
-        report.items.append(GcItem(blob.relative(blob.join(ckpt_root, name)), kind, len(files), sum(f.size for f in files)))
-    rejects_cutoff = now - rejects_retention_seconds
-    for rejects_dir, found in sorted(rejects_dirs.items()):
-        if rejects_dir in referenced or rejects_batch_ts(rejects_dir) >= planned_since:
-            continue  # its batch is live (or not committed yet): only batches below since
-        if found.newest is not None and (found.newest >= rejects_cutoff or found.newest >= cutoff):
-            report.kept_in_grace += found.files
-            continue
-        report.items.append(GcItem(rejects_dir, "rejects", found.files, found.bytes))
-    for f in stray:
-        # A temporary file a crash left behind an atomic write (the catalog's, a manifest's).
-        relative = blob.relative(f.path)
-        owner_dir = relative.split("/")[2]  # <shard>/checkpoints/<id or the file's name>/...
-        if f.mtime < cutoff and owner_dir not in doomed:
-            report.items.append(GcItem(relative, "temporary_file", 1, f.size))
+    # 4. Decide (gc_plan.py), then refuse a listing that does not hold what the store names.
+    plan = plan_gc(GcInputs(
+        shard_id=shard_id, run_files=run_files, run_dirs=run_dirs, referenced_files=referenced_files,
+        referenced_dirs=referenced_dirs, replaced_in_grace=replaced_in_grace, live_files=live_files,
+        cutoff=cutoff,
+        checkpoints={
+            name: CheckpointListing(tuple(files), ckpt_ages[name],
+                                    committed=name not in ours_listed and is_committed(blob, shard_id, name))
+            for name, files in ckpt_files.items()
+        },
+        catalog_listed=ours_listed, temporary_files=temporary, rejects_files=rejects_files,
+        rejects_dirs=rejects_dirs, rejects_cutoff=now - rejects_retention_seconds, since=planned_since,
+    ))
+    _check_listing(blob, shard_id, plan.missing_live)
+    report.items = plan.delete
+    report.foreign = [k.to_dict() for k in plan.foreign]
+    report.files_scanned = plan.files_scanned
+    report.kept_referenced = plan.kept_files(REFERENCED)
+    report.kept_in_grace = plan.kept_files(IN_GRACE, REPLACED_IN_GRACE)
     report.plan_seconds = time.monotonic() - started
     if dry_run:
         return report
 
     # 5. Claim the run and checkpoint directories in consensus (invariant 16), then delete. A
     # run a commit named, or a checkpoint the catalog listed, since the plan was read is kept.
-    runs = [i for i in report.items if i.kind == "run"]
+    runs = [i for i in report.items if i.kind == RUN]
     checkpoints = [i for i in report.items if i.kind.endswith("_checkpoint")]
     check_blob_owner(consensus, blob, shard_id, "collect garbage")  # a restore while GC planned
     claimed_runs, claimed_checkpoints = claim_for_deletion(
@@ -346,7 +328,7 @@ def collect_garbage(
     deleting = time.monotonic()
     for item in list(report.items):
         path = blob.path(item.path)
-        if item.kind == "temporary_file":
+        if item.kind in (TEMPORARY_FILE, UNLISTED_FILE):
             blob.delete_file(path)
             continue
         reason = _delete_claimed_tree(blob, path)
@@ -365,6 +347,47 @@ def collect_garbage(
     return report
 
 
+def _listed(blob: Blob, entries: Iterable[BlobFile]) -> list[Listed]:
+    """A listing as the plan takes it: paths relative to the blob root."""
+    return [Listed(blob.relative(e.path), e.size, e.mtime) for e in entries]
+
+
+def _reference(files: Iterable[dict[str, Any]], referenced_files: set[str], referenced_dirs: set[str]) -> None:
+    """Note the files a run or a manifest names, and their run directories."""
+    for f in files:
+        referenced_files.add(f["path"])
+        referenced_dirs.add(run_dir_of_relative(f["path"]))
+
+
+def _check_listing(blob: Blob, shard_id: str, missing: list[str]) -> None:
+    """Refuse, before deleting anything, a listing that left out live files (``missing``, in
+    path order). A file committed after the listing began shows in a second listing of its
+    run directory; one that does not show although it exists means the store's listing
+    cannot be trusted (a store whose delimiter listings leave out nested prefixes); one that
+    does not exist is a live file gone."""
+    by_dir: dict[str, list[str]] = {}
+    for path in missing:
+        by_dir.setdefault(run_dir_of_relative(path), []).append(path)
+    for run_dir, paths in by_dir.items():
+        listed_again = {blob.relative(f.path) for f in blob.walk_files(blob.path(run_dir))}
+        for path in paths:
+            if path in listed_again:
+                continue
+            if not blob.exists(blob.path(path)):
+                raise IntegrityError(
+                    f"GC of shard {shard_id!r} refused: live file {path} is missing from the blob; "
+                    "nothing was deleted. Restore the shard from a checkpoint (docs/maintenance.md)",
+                    shard=shard_id, path=path,
+                )
+            raise ConfigurationError(
+                f"GC of shard {shard_id!r} refused: listing {blob.path(shard_id, 'runs')} left out live file "
+                f"{path}, which exists ({len(missing)} live file(s) not listed). The store's listing leaves out "
+                "nested prefixes or objects, so GC cannot see what it would delete; nothing was deleted. "
+                "Use a store whose delimiter listings return every prefix (docs/maintenance.md, \"On object storage\")",
+                field="blob_root", shard=shard_id, path=path,
+            )
+
+
 def _anchored_partitions(consensus: Consensus, blob: Blob, shard_id: str) -> list[str] | None:
     """A directory shard's partitions, each with its source index row anchored at
     binding(upper - 1) (so that truncation may go up to since - 1); None for Kafka."""
@@ -380,16 +403,6 @@ def check_rejects_retention(seconds: float) -> None:
         )
 
 
-def rejects_batch_ts(rejects_dir: str) -> int:
-    """The ts of the batch a rejects directory (``<shard>/rejects/ts=T/<name>``) belongs to;
-    a name that does not parse counts as the newest batch (kept)."""
-    group = rejects_dir.split("/")[2] if rejects_dir.count("/") >= 2 else ""
-    try:
-        return int(group.removeprefix("ts=")) if group.startswith("ts=") else 2**62
-    except ValueError:
-        return 2**62
-
-
 def _read_listed_manifest(consensus: Consensus, blob: Blob, owner: str, entry) -> dict[str, Any] | None:
     """The manifest of a checkpoint the catalog listed, or None if retention removed the
     checkpoint since the catalog was read (a harmless race, not corruption)."""
@@ -399,10 +412,6 @@ def _read_listed_manifest(consensus: Consensus, blob: Blob, owner: str, entry) -
         if any(e.id == entry.id for e in Catalog.load(blob, owner, consensus).entries):
             raise
         return None
-
-
-def _young(files, cutoff: float) -> bool:
-    return any(f.mtime >= cutoff for f in files)
 
 
 def _shards_with_checkpoints(blob: Blob, shard_id: str) -> list[str]:

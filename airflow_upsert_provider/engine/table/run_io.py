@@ -28,6 +28,7 @@ Which path a root takes is decided in one place, :func:`executor_io`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -85,8 +86,11 @@ class HashingSink:
         self._sha256 = hashlib.sha256()
         self.size = 0
         self.closed = False
+        self.aborted = False
 
     def write(self, data: Any) -> int:
+        if self.aborted:
+            raise OSError(errno.ECANCELED, "the file was abandoned after a failure")
         view = memoryview(data)
         self._sha256.update(view)
         self._stream.write(view)
@@ -109,6 +113,15 @@ class HashingSink:
         if not self.closed:
             self.closed = True
             self._stream.close()
+
+    def abort(self) -> None:
+        """Give up on the file after a failure: no byte more reaches the stream (not the
+        Parquet footer a writer's close or finalizer would add), so what a store keeps of it
+        is never a readable Parquet file with part of the rows; then release the stream.
+        pyarrow exposes no abort of an upload: on an object store releasing the stream still
+        completes it, and the caller deletes the object (GC collects it if that fails too)."""
+        self.aborted = True
+        self.close()
 
     @property
     def hexdigest(self) -> str:
@@ -202,7 +215,7 @@ def write_bucket_files(
                             pass
                     sink = HashingSink(filesystem.open_output_stream(full))
                     current = {"bucket": bucket, "path": relative, "full": full, "sink": sink, "rows": 0,
-                               "writer": pq.ParquetWriter(sink, data.schema)}
+                               "writer": pq.ParquetWriter(sink, data.schema, write_page_checksum=True)}
                 piece = data.slice(start, end - start)
                 pending.append(piece)
                 pending_bytes += piece.nbytes
@@ -213,10 +226,13 @@ def write_bucket_files(
             done, current = finish(), None
             yield done
     except BaseException as exc:
-        # A failed task leaves no partial file behind where it can (a killed one may: the run
-        # directory is unique to this attempt, and GC collects it with the directory).
+        # A failed task leaves no partial file behind where it can, and never a readable one:
+        # the Parquet writer is abandoned without its footer. What a killed task, or a failed
+        # deletion, leaves in the run directory is named by no run: GC collects it after its
+        # grace period.
         if current is not None:
-            for step in (current["writer"].close, current["sink"].close, lambda: filesystem.delete_file(current["full"])):
+            current["writer"].is_open = False  # its close (or finalizer) would write the footer
+            for step in (current["sink"].abort, lambda: filesystem.delete_file(current["full"])):
                 try:
                     step()
                 except Exception:
@@ -385,7 +401,8 @@ def plan_read_partitions(
 def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
     """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
     ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
-    timestamps as INT96, which pyarrow reads as nanoseconds)."""
+    timestamps as INT96, which pyarrow reads as nanoseconds). Every page's CRC is checked (runs
+    written here carry one per page; a page without one is read unchecked)."""
     import pyarrow.fs
     import pyarrow.parquet as pq
 
@@ -396,7 +413,8 @@ def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterato
     for path in paths:
         try:
             with filesystem.open_input_file(f"{base.rstrip('/')}/{path}") as handle:
-                parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
+                # A bit flipped in a page that still decodes is caught by the page's CRC.
+                parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us", page_checksum_verification=True)
                 for batch in parquet.iter_batches(columns=schema.names, use_threads=False):
                     yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
         except OSError as exc:

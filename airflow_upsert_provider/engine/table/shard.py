@@ -326,19 +326,28 @@ class Shard:
         except (UpsertError, OSError):  # ours already, or the output's (a closed pipe, a full disk)
             raise
         except Exception as exc:
-            damaged = damaged_run_files(self.blob, runs)
-            if not damaged:
-                raise
-            first = damaged[0]
-            raise IntegrityError(
-                f"{len(damaged)} file(s) of the committed runs of shard {self.shard_id!r} are damaged; first: "
-                f"{first['file']}: {first['reason']} (restore the shard from a checkpoint: "
-                "`upsertctl checkpoint restore`)",
-                shard=self.shard_id,
-                file=first["file"],
-                records=damaged[:MAX_REPORTED],
-                count=len(damaged),
-            ) from exc
+            try:
+                self.check_run_files(runs)
+            except IntegrityError as damaged:
+                raise damaged from exc
+            raise
+
+    def check_run_files(self, runs: list[dict[str, Any]]) -> None:
+        """Raise an :class:`IntegrityError` naming the first file of ``runs`` that is missing
+        or not what was recorded when it was written (size, SHA-256, Parquet footer)."""
+        damaged = damaged_run_files(self.blob, runs)
+        if not damaged:
+            return
+        first = damaged[0]
+        raise IntegrityError(
+            f"{len(damaged)} file(s) of the committed runs of shard {self.shard_id!r} are damaged; first: "
+            f"{first['file']}: {first['reason']} (restore the shard from a checkpoint: "
+            "`upsertctl checkpoint restore`)",
+            shard=self.shard_id,
+            file=first["file"],
+            records=damaged[:MAX_REPORTED],
+            count=len(damaged),
+        )
 
     def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
         """The runs a read as of ``as_of`` (default: the upper) merges, decided on one
