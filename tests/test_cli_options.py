@@ -46,10 +46,10 @@ def test_upsertctl_refuses_an_integer_that_is_not_plain_digits_naming_the_option
                                                                                  capsys):
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", f"sqlite:///{tmp_path / 'store' / 'c.db'}")
     monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
-    code, out, err = run(capsys, "read", "s", "--as-of", text, "--json")
-    assert code == 2
-    assert err == f"upsertctl: --as-of takes an integer from 0 to 2**63-1, not {text!r}\n"
-    assert json.loads(out)["field"] == "as_of"
+    code, out, err = run(capsys, "compact", "s", "--since", text, "--json")
+    assert code == 2, err
+    assert err == f"upsertctl: --since takes an integer from 0 to 2**63-1, not {text!r}\n"
+    assert json.loads(out)["field"] == "since"
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no store, no blob root
 
 
