@@ -36,13 +36,17 @@ class Context:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from airflow_upsert_provider.engine.blob.files import open_blob
+        from airflow_upsert_provider.engine.common.connect_address import parse_remote
         from airflow_upsert_provider.engine.spark.session import resolve_remote
         from airflow_upsert_provider.engine.store.registry import open_consensus
 
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
-        # Refused whether or not this command starts Spark: the two flags contradict each other.
-        resolve_remote(getattr(args, "master", None), getattr(args, "remote", None))
+        # Refused whether or not this command starts Spark: the two flags contradict each other;
+        # a malformed address is refused before the store is opened, not when Spark starts.
+        remote = resolve_remote(getattr(args, "master", None), getattr(args, "remote", None))
+        if remote:
+            parse_remote(remote)
         url = consensus_url(args)
         self.blob = open_blob(blob_root(args))
         # Checked up front, with a message naming the root, before any Spark job writes there.

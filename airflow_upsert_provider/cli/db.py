@@ -5,6 +5,7 @@ revision: these are the commands that act on a store the others refuse."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from airflow_upsert_provider.cli.context import consensus_url
@@ -28,7 +29,10 @@ def cmd_db(ctx: None, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.store import migrations
     from airflow_upsert_provider.engine.store.registry import open_consensus
 
-    consensus = open_consensus(consensus_url(args), create=False, check_schema=False)
+    url = consensus_url(args)
+    if args.db_command == "status":
+        _check_sqlite_file_exists(url)
+    consensus = open_consensus(url, create=False, check_schema=False)
     try:
         if args.db_command == "upgrade":
             result = migrations.upgrade(consensus).to_dict()
@@ -47,6 +51,22 @@ def cmd_db(ctx: None, args: argparse.Namespace) -> dict[str, Any]:
         _print_status(status)
         return {}
     return status
+
+
+def _check_sqlite_file_exists(url: str) -> None:
+    """Refuse a status of a SQLite store whose file does not exist: opening it would create
+    the file and its directories, and a status changes nothing."""
+    from sqlalchemy.engine import make_url
+
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+    from airflow_upsert_provider.engine.store.consensus import normalize_url
+
+    parsed = make_url(normalize_url(url))
+    path = parsed.database
+    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:" and not os.path.exists(path):
+        raise ConfigurationError(f"no consensus store at {path}: the SQLite file does not exist (nothing was "
+                                 "created; the first command that opens the store, e.g. upsertctl init, "
+                                 "creates it)", field="consensus")
 
 
 def _print_status(status: dict[str, Any]) -> None:

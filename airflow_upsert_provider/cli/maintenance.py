@@ -9,6 +9,7 @@ from typing import Any
 from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.cli.options import actor_of, finite_number, integer_option
 from airflow_upsert_provider.cli.output import printable
+from airflow_upsert_provider.cli.shard import refuse_missing_run_files
 
 
 def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
@@ -63,9 +64,16 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
 
 
 def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.maintenance.compaction import compact
+    from airflow_upsert_provider.engine.maintenance.compaction import check_target, compact
 
-    return compact(ctx.spark(), ctx.shard(args.shard), since=args.since).to_dict()
+    shard = ctx.shard(args.shard)
+    # What can be refused without Spark is refused before it starts (seconds); compact checks
+    # again on the snapshot it works from.
+    view = ctx.consensus.live_view(shard.shard_id, args.since)
+    check_target(shard.shard_id, view.as_of, view.record.upper)
+    if view.as_of > view.record.since:
+        refuse_missing_run_files(shard, view.runs)
+    return compact(ctx.spark(), shard, since=args.since).to_dict()
 
 
 def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import socket
 from typing import Callable, Sequence
 
@@ -78,17 +79,24 @@ def _field(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
+# Plain decimal digits, a minus sign at most: int() would also take "1_0" as 10, " 3 " as 3 and
+# digits of other scripts, none of which a user means as a number here.
+_DECIMAL_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def integer_option(option: str, minimum: int = INT64_MIN, maximum: int = INT64_MAX) -> Callable[[str], int]:
-    """The ``type=`` of every integer option: an integer from ``minimum`` to ``maximum``,
-    never beyond 64 bits (what the store and Spark hold)."""
+    """The ``type=`` of every integer option: plain decimal digits (a minus sign at most), an
+    integer from ``minimum`` to ``maximum``, never beyond 64 bits (what the store and Spark hold)."""
     low = "-2**63" if minimum == INT64_MIN else str(minimum)
     high = "2**63-1" if maximum == INT64_MAX else str(maximum)
 
     def integer(text: str) -> int:
-        try:
-            value: int | None = int(text)
-        except ValueError:
-            value = None  # not an integer, or more digits than int() converts (far beyond 64 bits)
+        value: int | None = None
+        if _DECIMAL_INTEGER.fullmatch(text):
+            try:
+                value = int(text)
+            except ValueError:
+                pass  # more digits than int() converts (far beyond 64 bits)
         if value is None or not minimum <= value <= maximum:
             raise ConfigurationError(f"{option} takes an integer from {low} to {high}, not {_shown(text)}",
                                      field=_field(option))

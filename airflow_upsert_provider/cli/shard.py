@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import os
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.cli.options import actor_of, duration_option, integer_option
@@ -131,8 +132,20 @@ def _kafka_init_options(args: argparse.Namespace, is_kafka: bool) -> dict[str, A
     ).to_extra()
 
 
+def refuse_missing_run_files(shard, runs: list[dict[str, Any]]) -> None:
+    """Before Spark starts (seconds) to read ``runs``: a file of them that is missing is
+    reported as the read would report it (exit 4 naming it), through the same check."""
+    if all(shard.blob.exists(shard.blob.path(f["path"])) for run in runs for f in run["files"]):
+        return
+    with shard.reading(runs):
+        # shard.reading explains a failed read by checking every file of the runs.
+        raise RuntimeError("a file of the committed runs is missing")
+
+
 def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     shard = ctx.shard(args.shard)
+    if not args.no_rows:
+        refuse_missing_run_files(shard, shard.live_runs())
     out = shard.status(None if args.no_rows else ctx.spark()).to_dict()
     if shard.is_kafka:
         from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status
@@ -197,12 +210,16 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     if args.output_format in ARROW_FORMATS:
         return _read_arrow(ctx, args)
+    # `--out -` is stdout, as for other Unix tools: jsonl and csv are text.
+    out = None if args.out in (None, STDOUT) else args.out
+    _check_out_path(out)
     shard = ctx.shard(args.shard)
-    handle = _open_output(args.out) if args.out else sys.stdout
     runs = shard.live_runs(args.as_of)
-    frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
     columns = table_columns(shard.config)
-    try:
+    with _writes_to(out), contextlib.ExitStack() as stack:
+        # The file is begun before Spark starts, so that a bad path fails at once and clearly.
+        handle = sys.stdout if out is None else _text(stack, _replacing_out(stack, out))
+        frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
         # A run file damaged in place fails inside Spark: exit 4 naming it, as a missing one.
         with shard.reading(runs):
             if args.output_format == "csv":
@@ -213,35 +230,29 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             else:
                 for row in frame.toLocalIterator():
                     handle.write(json.dumps(row.asDict(), default=str, sort_keys=False) + "\n")
-    finally:
-        if args.out:
-            handle.close()
     return {}
 
 
 def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     """``read --format parquet|arrow``: the table read without Spark (engine/table/arrow_reader.py),
-    written to a temporary file beside ``--out`` and renamed into place once complete, so that
-    a failed read leaves no partial file another engine would take for the table."""
+    written to a temporary file beside ``--out`` and renamed into place once complete, as every
+    ``read --out`` is."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_upsert_provider.engine.common.atomic_file import replacing
     from airflow_upsert_provider.engine.table.arrow_reader import read_table
 
     if not args.out:
         raise ConfigurationError(f"read --format {args.output_format} writes a file: give --out PATH", field="out")
-    if os.path.isdir(args.out):
-        # The rename into place would fail only once the whole table was read.
-        raise _out_is_a_directory(args.out)
+    if args.out == STDOUT:
+        # A binary file is built to be renamed into place complete, never streamed half-made.
+        raise ConfigurationError(f"read --format {args.output_format} writes a file, not stdout: --out - is "
+                                 "refused; give a file's path (./- for a file named -)", field="out")
+    _check_out_path(args.out)
     shard = ctx.shard(args.shard)
     reader = read_table(shard, args.as_of)  # what to read is decided, and checked, before --out is touched
-    # Not fsynced: a file handed to another engine at once, not state the project trusts later.
     with _writes_to(args.out), contextlib.ExitStack() as stack:
-        try:
-            handle = stack.enter_context(replacing(args.out, durable=False, hidden=True))
-        except OSError as exc:
-            raise ConfigurationError(f"cannot write --out {args.out}: {exc.strerror}", field="out") from None
+        handle = _replacing_out(stack, args.out)
         if args.output_format == "parquet":
             with pq.ParquetWriter(handle, reader.schema) as writer:
                 for batch in reader:
@@ -251,6 +262,37 @@ def _read_arrow(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                 for batch in reader:
                     writer.write_batch(batch)
     return {}
+
+
+# What `read --out` takes for stdout.
+STDOUT = "-"
+
+
+def _check_out_path(path: str | None) -> None:
+    if path is not None and os.path.isdir(path):
+        # The rename into place would fail only once the whole table was read.
+        raise _out_is_a_directory(path)
+
+
+def _replacing_out(stack: contextlib.ExitStack, path: str) -> BinaryIO:
+    """A handle on a temporary file beside ``--out`` (``path``), renamed into place when
+    ``stack`` closes without an error and removed otherwise: a failed read leaves no partial
+    file another program would take for the table, and an earlier file stays whole."""
+    from airflow_upsert_provider.engine.common.atomic_file import replacing
+
+    try:
+        # Not fsynced: a file handed to another program at once, not state the project trusts later.
+        return stack.enter_context(replacing(path, durable=False, hidden=True))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write --out {path}: {exc.strerror}", field="out") from None
+
+
+def _text(stack: contextlib.ExitStack, handle: BinaryIO) -> io.TextIOWrapper:
+    """A UTF-8 text handle over ``handle``, flushed into it (and detached, leaving it open for
+    its own close) before ``stack`` closes it."""
+    text = io.TextIOWrapper(handle, encoding="utf-8", newline="")
+    stack.callback(text.detach)
+    return text
 
 
 def _out_is_a_directory(path: str) -> ConfigurationError:
@@ -275,11 +317,3 @@ def _writes_to(path: str | None) -> Iterator[None]:
         if path is None or exc.errno not in BLOB_WRITE_FAILURES:
             raise
         raise OSError(exc.errno, exc.strerror, path) from None
-
-
-def _open_output(path: str):
-    # Opened before Spark starts, so that a bad path fails at once and clearly.
-    try:
-        return open(path, "w", newline="", encoding="utf-8")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write --out {path}: {exc.strerror}", field="out") from None

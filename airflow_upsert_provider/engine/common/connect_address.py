@@ -36,7 +36,12 @@ def parse_remote(url: str) -> tuple[str, int]:
     if not host or not port_text.isdigit():
         raise ConfigurationError(f"a Spark Connect address looks like sc://HOST:PORT, not {url.split(';', 1)[0]!r}",
                                  field="remote")
-    return host, check_port(int(port_text))
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        # Not check_port's message: that names spark-server start's --port, not this address.
+        raise ConfigurationError(f"the port of the Spark Connect address {url.split(';', 1)[0]!r} (--remote or "
+                                 f"UPSERT_SPARK_REMOTE) must be a TCP port (1-65535), not {port}", field="remote")
+    return host, port
 
 
 def parse_endpoint(endpoint: str, *, default_port: int | None = None) -> tuple[str, str]:

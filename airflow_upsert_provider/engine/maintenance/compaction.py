@@ -69,6 +69,13 @@ def compaction_dir(shard: Shard, since: int, nonce: str) -> str:
     return shard.blob.path(shard.shard_id, "runs", f"since={since:012d}", f"compaction-{nonce}")
 
 
+def check_target(shard_id: str, target: int, upper: int) -> None:
+    """Refuse a new since beyond the shard's upper (a caller may check it before Spark starts)."""
+    if target > upper:
+        raise ConfigurationError(f"cannot compact shard {shard_id!r} to since {target}: its upper is {upper}",
+                                 shard=shard_id)
+
+
 def compact(
     spark: "SparkSession",
     shard: Shard,
@@ -92,11 +99,7 @@ def compact(
         # State, compacted run and batches from one snapshot: they agree with each other.
         view = consensus.live_view(shard.shard_id, since)
         state, target = view.record, view.as_of
-        if target > state.upper:
-            raise ConfigurationError(
-                f"cannot compact shard {shard.shard_id!r} to since {target}: its upper is {state.upper}",
-                shard=shard.shard_id,
-            )
+        check_target(shard.shard_id, target, state.upper)
         if target <= state.since:
             return CompactionResult(
                 shard.shard_id, NOTHING_TO_DO, state.since, state.since, state.upper,
