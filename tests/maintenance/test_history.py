@@ -314,3 +314,64 @@ def test_an_invalid_rejects_retention_is_refused_naming_it(spark, consensus, blo
     with pytest.raises(ConfigurationError, match="rejects retention") as caught:
         collect_garbage(consensus, blob, shard.shard_id, rejects_retention_seconds=bad)
     assert caught.value.details["field"] == "rejects_retention"
+
+
+# -- truncated history accuses no good file ---------------------------------------------------
+
+
+def _landing_files(shard) -> dict[str, bytes]:
+    files = {}
+    for partition in shard.source.partitions():
+        directory = shard.source.partition_dir(partition)
+        for name in os.listdir(directory):
+            if not name.startswith("."):
+                with open(os.path.join(directory, name), "rb") as handle:
+                    files[os.path.join(directory, name)] = handle.read()
+    return files
+
+
+def test_a_pruned_segment_put_back_after_truncation_is_settled_not_a_late_arrival(spark, consensus, blob, tmp_path):
+    """Batches, compact, gc with grace 0 (which truncates the history), source prune below
+    committed, one more batch, then one pruned segment copied back with the same name and
+    bytes: the next batches bind and commit (before: BadInputError, exit 3, "late arrival:
+    offset 0 is below the bound offset ...", until the file was removed)."""
+    from airflow_upsert_provider.engine.maintenance.retention import prune
+    from tests.oracle import oracle_table
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    everything = oracle_table(shard.source.root)  # the table once every segment is read
+    landed = _landing_files(shard)
+    compact(spark, shard)  # since 4
+    assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0).history["bindings"] == 3
+    assert prune(shard, below="committed").files == 8
+    writer = Writer(shard, "on", spark_factory=lambda: spark)
+    assert [r.outcome for r in writer.run(max_batches=1, with_lag=False).results] == ["committed"]
+
+    put_back = os.path.join(shard.source.partition_dir("p0"), "0.jsonl")
+    assert put_back in landed and not os.path.exists(put_back)
+    with open(put_back, "wb") as handle:
+        handle.write(landed[put_back])
+    results = writer.run(until_caught_up=True, with_lag=False).results
+    assert {r.outcome for r in results} == {"committed", "nothing_to_do"}
+    assert shard.state().upper == 6 and os.path.exists(put_back)
+    assert table(shard) == everything
+
+
+def test_a_partition_absent_during_gc_and_back_later_is_not_a_late_arrival(spark, consensus, blob, tmp_path):
+    """A partition's directory is moved away while GC anchors the source index and truncates
+    the history, and moved back: its segments bound by truncated bindings are settled (its
+    row was anchored too), and the shard catches up (before: BadInputError, exit 3, a late
+    arrival for each of them)."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard)  # since 4
+    directory = shard.source.partition_dir("p1")
+    os.rename(directory, str(tmp_path / "p1-away"))
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert report.history["bindings"] == 3
+    os.rename(str(tmp_path / "p1-away"), directory)
+    index = shard.source_index()
+    assert index.settled("p1", shard.binding(3)) == ({f"{o}.jsonl" for o in (0, 10, 20, 30)}, 0)
+
+    Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    assert shard.state().upper == 6
+    assert table(shard) == oracle(shard)
