@@ -375,3 +375,61 @@ def test_a_partition_absent_during_gc_and_back_later_is_not_a_late_arrival(spark
     Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
     assert shard.state().upper == 6
     assert table(shard) == oracle(shard)
+
+
+# -- a writer paused across a truncation --------------------------------------------------------
+
+
+@pytest.mark.parametrize("paused", ["after_it_took_the_binding", "before_it_minted"])
+def test_a_writer_paused_across_commits_compaction_and_gc_reports_already_persisted(
+    spark, consensus, blob, tmp_path, paused
+):
+    """A writer reads the upper (2) and is paused, after it took binding(2) or before it
+    minted it, while a peer commits batches 2..4, compaction moves since to 5 and GC with
+    grace 0 truncates bindings 0..3. Resumed, its step reports batch 2 as already persisted
+    and the writer catches up (before: ConfigurationError, exit 2, not retryable: "batch 2 of
+    shard 'orders' is not bound yet" / "cannot bind ts 2: binding 1 is missing")."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    writer = Writer(shard, "paused", spark_factory=lambda: spark)
+    real_mint = shard.mint_binding
+
+    def peer_commits_compacts_and_collects() -> None:
+        peer = Writer(Shard.open(consensus, blob, shard.shard_id), "peer", spark_factory=lambda: spark)
+        assert [r.outcome for r in peer.run(max_batches=3, with_lag=False).results] == ["committed"] * 3
+        compact(spark, shard)
+        assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0).history["bindings"] == 4
+        assert shard.binding(1) is None and shard.binding(2) is None
+
+    def paused_mint(ts, **kwargs):
+        assert ts == 2
+        if paused == "before_it_minted":
+            peer_commits_compacts_and_collects()
+            return real_mint(ts, **kwargs)
+        binding = real_mint(ts, **kwargs)
+        peer_commits_compacts_and_collects()
+        return binding
+
+    shard.mint_binding = paused_mint
+    result = writer.step()
+    assert (result.ts, result.outcome, result.upper) == (2, ALREADY_PERSISTED, 5)
+    assert writer.converged == 1 and not writer.held
+    shard.mint_binding = real_mint
+    assert {r.outcome for r in writer.run(until_caught_up=True, with_lag=False).results} == {"committed", "nothing_to_do"}
+    assert shard.state().upper == 6 and table(shard) == oracle(shard)
+
+
+def test_a_missing_binding_past_the_upper_is_retryable_and_below_it_a_configuration_error():
+    from airflow_upsert_provider.engine.errors import PlanningOutdated
+    from airflow_upsert_provider.engine.table.shard import missing_binding_error
+
+    for ts in range(1, 12):
+        for upper in range(0, 14):
+            for missing in (ts, ts - 1):
+                error = missing_binding_error("orders", ts, missing, upper)
+                if ts < upper:
+                    assert isinstance(error, PlanningOutdated) and error.retryable and error.exit_code == 2
+                    assert f"batch {ts} of shard 'orders' was persisted by a peer meanwhile (upper {upper})" in error.message
+                else:
+                    assert isinstance(error, ConfigurationError) and not error.retryable
+                    assert error.message == (f"batch {ts} of shard 'orders' is not bound yet" if missing == ts
+                                             else f"cannot bind ts {ts}: binding {ts - 1} is missing")

@@ -70,6 +70,23 @@ def classify(ts: int, upper: int) -> Disposition:
     return Disposition.HOLD
 
 
+def missing_binding_error(shard_id: str, ts: int, missing: int, upper: int) -> UpsertError:
+    """Pure: the error for binding ``missing`` (ts or ts - 1) found absent while batch ``ts``
+    was planned or staged, given the shard's upper read after that. Past the upper, a peer
+    persisted ts and GC truncated its history while this writer paused: retryable
+    :class:`PlanningOutdated` (a writer reports the batch as already persisted). Otherwise the
+    binding never existed: a configuration error (only ts == upper is ever bound)."""
+    if classify(ts, upper) is Disposition.DROP:
+        return PlanningOutdated(
+            f"batch {ts} of shard {shard_id!r} was persisted by a peer meanwhile (upper {upper}) and its "
+            f"binding {missing} truncated by GC; nothing to do for it: run again",
+            shard=shard_id, ts=ts, upper=upper,
+        )
+    if missing == ts:
+        return ConfigurationError(f"batch {ts} of shard {shard_id!r} is not bound yet", shard=shard_id, ts=ts)
+    return ConfigurationError(f"cannot bind ts {ts}: binding {missing} is missing", shard=shard_id, ts=ts)
+
+
 def path_slug(text: str) -> str:
     """A writer id made safe for one path component (ids from Airflow hold ':' and '/')."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._")
@@ -227,8 +244,9 @@ class Shard:
             return existing
         previous = self.binding(ts - 1) if ts > 0 else None
         if ts > 0 and previous is None:
-            # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0.
-            raise ConfigurationError(f"cannot bind ts {ts}: binding {ts - 1} is missing", shard=self.shard_id)
+            # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0 (GC
+            # keeps it): gone only if the upper moved on while this writer paused.
+            raise missing_binding_error(self.shard_id, ts, ts - 1, self.state().upper)
         mode = check_bad_record_mode(on_bad_record)
         if isinstance(self.source, KafkaSource):
             planned = self._plan_kafka_binding(ts, previous)
