@@ -197,11 +197,12 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     shard = ctx.shard(args.shard)
     handle = _open_output(args.out) if args.out else sys.stdout
     runs = shard.live_runs(args.as_of)
-    frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
     columns = table_columns(shard.config)
     try:
-        # A run file damaged in place fails inside Spark: exit 4 naming it, as a missing one.
+        # A run file damaged in place fails inside Spark: exit 4 naming it, as a missing one;
+        # one lost to compaction and GC since the runs were chosen: exit 2, read again.
         with shard.reading(runs):
+            frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
             if args.output_format == "csv":
                 writer = csv.writer(handle)
                 writer.writerow(columns)

@@ -28,6 +28,7 @@ from airflow_upsert_provider.engine.errors import (
     IntegrityError,
     KafkaSliceUnavailable,
     PlanningOutdated,
+    ReadOutdated,
     UpsertError,
 )
 from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
@@ -338,9 +339,17 @@ class Shard:
         damaged in place reaches the driver as a plain Py4J or Spark Connect error) is
         explained by checking every listed file (present, recorded size and SHA-256, a
         readable Parquet footer); a damaged one is an :class:`IntegrityError` naming it, as a
-        missing one is. Checked only after a failure: a read costs no extra pass."""
+        missing one is. Checked only after a failure: a read costs no extra pass. Files that
+        are no longer in the shard's state (compaction replaced their runs and GC deleted them
+        while the read ran) are the retryable :class:`ReadOutdated` instead."""
         try:
             yield
+        except IntegrityError as exc:  # a listed file missing (runs.check_present) or damaged
+            named = [r["file"] for r in exc.details.get("records") or [] if "file" in r]
+            outdated = self.outdated_read(named or [exc.details.get("file")])
+            if outdated is not None:
+                raise outdated from exc
+            raise
         except (UpsertError, OSError):  # ours already, or the output's (a closed pipe, a full disk)
             raise
         except Exception as exc:
@@ -348,6 +357,9 @@ class Shard:
             if not damaged:
                 raise
             first = damaged[0]
+            outdated = self.outdated_read([d["file"] for d in damaged])
+            if outdated is not None:
+                raise outdated from exc
             raise IntegrityError(
                 f"{len(damaged)} file(s) of the committed runs of shard {self.shard_id!r} are damaged; first: "
                 f"{first['file']}: {first['reason']} (restore the shard from a checkpoint: "
@@ -357,6 +369,22 @@ class Shard:
                 records=damaged[:MAX_REPORTED],
                 count=len(damaged),
             ) from exc
+
+    def outdated_read(self, files: list[str | None]) -> ReadOutdated | None:
+        """A read that failed on ``files`` (absolute paths) checked against what is live now:
+        :class:`ReadOutdated` when none of them is referenced by the shard's state any more
+        (compaction replaced their runs and GC deleted them while the read ran), else None
+        (a live file is missing or damaged: the integrity error stands)."""
+        live = {self.blob.path(f["path"]) for run in self.live_runs() for f in run["files"]}
+        replaced = files_replaced(files, live)
+        if not replaced:
+            return None
+        return ReadOutdated(
+            f"a read of shard {self.shard_id!r} lost {len(replaced)} file(s) it had planned to read: compaction "
+            f"replaced their runs and GC deleted them meanwhile (first: {replaced[0]}); nothing is wrong with the "
+            "shard: read again",
+            shard=self.shard_id, file=replaced[0], count=len(replaced),
+        )
 
     def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
         """The runs a read as of ``as_of`` (default: the upper) merges, decided on one
@@ -435,6 +463,14 @@ class Shard:
             oldest_pending_at=min(landed) if landed else None,
             lag_unit=self.source.lag_unit,
         )
+
+
+def files_replaced(files: list[str | None], live: set[str]) -> list[str]:
+    """Pure: ``files`` when every one of them is a path outside ``live`` (the files the
+    shard's state references now), else [] (one of them is live, or none is named)."""
+    if not files or any(f is None or f in live for f in files):
+        return []
+    return [f for f in files if f is not None]
 
 
 def damaged_run_files(blob: Blob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
