@@ -70,6 +70,14 @@ def create_legacy_store(url: str) -> None:
     engine.dispose()
 
 
+def stamp(url: str, revision: str) -> None:
+    """Record ``revision`` as the store's, as another release's ``db upgrade`` would."""
+    engine = raw_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '{revision}'")
+    engine.dispose()
+
+
 def dump(url: str) -> dict[str, list[tuple]]:
     """Every row of every table of the store, in a stable order."""
     engine = raw_engine(url)
@@ -276,10 +284,7 @@ def test_two_processes_creating_the_same_fresh_store_both_succeed(store_url, mon
 
 def test_a_store_stamped_with_a_revision_the_code_does_not_know_is_refused(store_url, tmp_path, monkeypatch, capsys):
     open_consensus(store_url).dispose()
-    engine = raw_engine(store_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'")
-    engine.dispose()
+    stamp(store_url, "9999_future")
     before = dump(store_url)
 
     with pytest.raises(SchemaVersionMismatch) as refused:
@@ -497,10 +502,7 @@ def test_a_commit_after_the_store_was_upgraded_underneath_is_refused_and_nothing
         consensus.create_shard("s", "{}")
         assert consensus.compare_and_append("s", 0, 1, batch(0)).upper == 1
         # `db upgrade` by another release (or any other change of the revision) runs underneath.
-        engine = raw_engine(store_url)
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '{revision}'")
-        engine.dispose()
+        stamp(store_url, revision)
         before = dump(store_url)
 
         with pytest.raises(SchemaVersionMismatch) as refused:
