@@ -133,6 +133,16 @@ class PlanningOutdated(UpsertError):
     retryable = True
 
 
+class ReadOutdated(UpsertError):
+    """A read lost files it had planned to read: compaction replaced those runs and GC
+    (grace 0, or a read longer than the grace period) deleted them between the read's
+    choice of runs and the reading. Nothing is wrong with the shard (exit 2); ``details``
+    name the first file. Retryable: a new read reads the runs live now."""
+
+    exit_code = 2
+    retryable = True
+
+
 class StagingLost(UpsertError):
     """A batch's staging directory was deleted while Spark wrote into it (GC with a grace
     period shorter than a batch takes), on every restage the writer tried. Nothing was

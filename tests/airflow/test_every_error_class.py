@@ -36,6 +36,7 @@ DOCUMENTED: dict[str, tuple[int, bool]] = {
     "CommitRefused": (2, True),
     "StagingLost": (2, True),
     "PlanningOutdated": (2, True),
+    "ReadOutdated": (2, True),
     "KafkaUnavailable": (2, True),
     "SparkUnavailable": (2, True),
     "BadInputError": (3, False),

@@ -314,3 +314,122 @@ def test_an_invalid_rejects_retention_is_refused_naming_it(spark, consensus, blo
     with pytest.raises(ConfigurationError, match="rejects retention") as caught:
         collect_garbage(consensus, blob, shard.shard_id, rejects_retention_seconds=bad)
     assert caught.value.details["field"] == "rejects_retention"
+
+
+# -- truncated history accuses no good file ---------------------------------------------------
+
+
+def _landing_files(shard) -> dict[str, bytes]:
+    files = {}
+    for partition in shard.source.partitions():
+        directory = shard.source.partition_dir(partition)
+        for name in os.listdir(directory):
+            if not name.startswith("."):
+                with open(os.path.join(directory, name), "rb") as handle:
+                    files[os.path.join(directory, name)] = handle.read()
+    return files
+
+
+def test_a_pruned_segment_put_back_after_truncation_is_settled_not_a_late_arrival(spark, consensus, blob, tmp_path):
+    """Batches, compact, gc with grace 0 (which truncates the history), source prune below
+    committed, one more batch, then one pruned segment copied back with the same name and
+    bytes: the next batches bind and commit (before: BadInputError, exit 3, "late arrival:
+    offset 0 is below the bound offset ...", until the file was removed)."""
+    from airflow_upsert_provider.engine.maintenance.retention import prune
+    from tests.oracle import oracle_table
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    everything = oracle_table(shard.source.root)  # the table once every segment is read
+    landed = _landing_files(shard)
+    compact(spark, shard)  # since 4
+    assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0).history["bindings"] == 3
+    assert prune(shard, below="committed").files == 8
+    writer = Writer(shard, "on", spark_factory=lambda: spark)
+    assert [r.outcome for r in writer.run(max_batches=1, with_lag=False).results] == ["committed"]
+
+    put_back = os.path.join(shard.source.partition_dir("p0"), "0.jsonl")
+    assert put_back in landed and not os.path.exists(put_back)
+    with open(put_back, "wb") as handle:
+        handle.write(landed[put_back])
+    results = writer.run(until_caught_up=True, with_lag=False).results
+    assert {r.outcome for r in results} == {"committed", "nothing_to_do"}
+    assert shard.state().upper == 6 and os.path.exists(put_back)
+    assert table(shard) == everything
+
+
+def test_a_partition_absent_during_gc_and_back_later_is_not_a_late_arrival(spark, consensus, blob, tmp_path):
+    """A partition's directory is moved away while GC anchors the source index and truncates
+    the history, and moved back: its segments bound by truncated bindings are settled (its
+    row was anchored too), and the shard catches up (before: BadInputError, exit 3, a late
+    arrival for each of them)."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=4)
+    compact(spark, shard)  # since 4
+    directory = shard.source.partition_dir("p1")
+    os.rename(directory, str(tmp_path / "p1-away"))
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert report.history["bindings"] == 3
+    os.rename(str(tmp_path / "p1-away"), directory)
+    index = shard.source_index()
+    assert index.settled("p1", shard.binding(3)) == ({f"{o}.jsonl" for o in (0, 10, 20, 30)}, 0)
+
+    Writer(shard, "on", spark_factory=lambda: spark).run(until_caught_up=True, with_lag=False)
+    assert shard.state().upper == 6
+    assert table(shard) == oracle(shard)
+
+
+# -- a writer paused across a truncation --------------------------------------------------------
+
+
+@pytest.mark.parametrize("paused", ["after_it_took_the_binding", "before_it_minted"])
+def test_a_writer_paused_across_commits_compaction_and_gc_reports_already_persisted(
+    spark, consensus, blob, tmp_path, paused
+):
+    """A writer reads the upper (2) and is paused, after it took binding(2) or before it
+    minted it, while a peer commits batches 2..4, compaction moves since to 5 and GC with
+    grace 0 truncates bindings 0..3. Resumed, its step reports batch 2 as already persisted
+    and the writer catches up (before: ConfigurationError, exit 2, not retryable: "batch 2 of
+    shard 'orders' is not bound yet" / "cannot bind ts 2: binding 1 is missing")."""
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    writer = Writer(shard, "paused", spark_factory=lambda: spark)
+    real_mint = shard.mint_binding
+
+    def peer_commits_compacts_and_collects() -> None:
+        peer = Writer(Shard.open(consensus, blob, shard.shard_id), "peer", spark_factory=lambda: spark)
+        assert [r.outcome for r in peer.run(max_batches=3, with_lag=False).results] == ["committed"] * 3
+        compact(spark, shard)
+        assert collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0).history["bindings"] == 4
+        assert shard.binding(1) is None and shard.binding(2) is None
+
+    def paused_mint(ts, **kwargs):
+        assert ts == 2
+        if paused == "before_it_minted":
+            peer_commits_compacts_and_collects()
+            return real_mint(ts, **kwargs)
+        binding = real_mint(ts, **kwargs)
+        peer_commits_compacts_and_collects()
+        return binding
+
+    shard.mint_binding = paused_mint
+    result = writer.step()
+    assert (result.ts, result.outcome, result.upper) == (2, ALREADY_PERSISTED, 5)
+    assert writer.converged == 1 and not writer.held
+    shard.mint_binding = real_mint
+    assert {r.outcome for r in writer.run(until_caught_up=True, with_lag=False).results} == {"committed", "nothing_to_do"}
+    assert shard.state().upper == 6 and table(shard) == oracle(shard)
+
+
+def test_a_missing_binding_past_the_upper_is_retryable_and_below_it_a_configuration_error():
+    from airflow_upsert_provider.engine.errors import PlanningOutdated
+    from airflow_upsert_provider.engine.table.shard import missing_binding_error
+
+    for ts in range(1, 12):
+        for upper in range(0, 14):
+            for missing in (ts, ts - 1):
+                error = missing_binding_error("orders", ts, missing, upper)
+                if ts < upper:
+                    assert isinstance(error, PlanningOutdated) and error.retryable and error.exit_code == 2
+                    assert f"batch {ts} of shard 'orders' was persisted by a peer meanwhile (upper {upper})" in error.message
+                else:
+                    assert isinstance(error, ConfigurationError) and not error.retryable
+                    assert error.message == (f"batch {ts} of shard 'orders' is not bound yet" if missing == ts
+                                             else f"cannot bind ts {ts}: binding {ts - 1} is missing")

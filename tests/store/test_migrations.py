@@ -18,6 +18,7 @@ the tables of ``STORE_SCHEMA`` as they were when schema versions came in::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -66,6 +67,14 @@ def create_legacy_store(url: str) -> None:
         for statement in body.split(";"):
             if statement.strip():
                 conn.exec_driver_sql(statement)
+    engine.dispose()
+
+
+def stamp(url: str, revision: str) -> None:
+    """Record ``revision`` as the store's, as another release's ``db upgrade`` would."""
+    engine = raw_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '{revision}'")
     engine.dispose()
 
 
@@ -142,9 +151,12 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     landing = tmp_path / "landing"
     generate(str(landing), SPEC)
 
-    # Filled by the engine as the code before schema versions ran it: no check on open.
+    # Filled by the engine as the code before schema versions ran it: no check on open, none
+    # in a commit.
     with monkeypatch.context() as old_code:
         old_code.setattr(registry, "prepare_on_open", lambda consensus, create=True: None)
+        old_code.setattr(registry, "STORE_SCHEMA", dataclasses.replace(STORE_SCHEMA, commit_hooks=tuple(
+            hook for hook in STORE_SCHEMA.commit_hooks if hook is not migrations.refuse_other_revision)))
         init(capsys, "orders", landing)
         init(capsys, "returns", landing)
         batches = committed(capsys, "orders", "--max-batches", "2") + committed(capsys, "returns", "--max-batches", "1")
@@ -272,10 +284,7 @@ def test_two_processes_creating_the_same_fresh_store_both_succeed(store_url, mon
 
 def test_a_store_stamped_with_a_revision_the_code_does_not_know_is_refused(store_url, tmp_path, monkeypatch, capsys):
     open_consensus(store_url).dispose()
-    engine = raw_engine(store_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'")
-    engine.dispose()
+    stamp(store_url, "9999_future")
     before = dump(store_url)
 
     with pytest.raises(SchemaVersionMismatch) as refused:
@@ -479,3 +488,34 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
     code, restored, err = run_cli_json(capsys, "checkpoint", "restore", "orders", first["id"], "--as", "orders-then")
     assert code == 0, err
     assert (restored["shard"], restored["upper"]) == ("orders-then", first["upper"])
+
+
+@pytest.mark.parametrize("revision", ["0004", "9999_future", "0002"])
+def test_a_commit_after_the_store_was_upgraded_underneath_is_refused_and_nothing_is_committed(store_url, revision):
+    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+
+    def batch(ts: int) -> BatchRecord:
+        return BatchRecord(ts=ts, writer_id="w", token=f"t{ts}", run={"path": f"s/runs/{ts}", "files": []}, stats={})
+
+    consensus = open_consensus(store_url)  # opened (and checked) while the store is at the head
+    try:
+        consensus.create_shard("s", "{}")
+        assert consensus.compare_and_append("s", 0, 1, batch(0)).upper == 1
+        # `db upgrade` by another release (or any other change of the revision) runs underneath.
+        stamp(store_url, revision)
+        before = dump(store_url)
+
+        with pytest.raises(SchemaVersionMismatch) as refused:
+            consensus.compare_and_append("s", 1, 2, batch(1))
+        message = refused.value.message
+        assert message.startswith("commit of batch 1 of shard 's' refused: the schema changed after this process "
+                                  "opened the store")
+        assert f"schema revision {revision}" in message and refused.value.exit_code == 2
+        assert refused.value.details["store_revision"] == revision
+        assert refused.value.details["code_revision"] == code_head()
+        with pytest.raises(SchemaVersionMismatch, match="compaction to since 1 of shard 's' refused"):
+            consensus.compare_and_set_since("s", 0, 1, {"path": "s/runs/c", "files": []})
+        assert dump(store_url) == before
+        assert (consensus.get_shard("s").upper, consensus.get_shard("s").since) == (1, 0)
+    finally:
+        consensus.dispose()

@@ -154,6 +154,18 @@ def shard_positions(shard: KafkaShardLike, upper: int, marks: Mapping[str, tuple
 # -- since when: derived from consensus ---------------------------------------------------------
 
 
+def first_ts_past(low: int, high: int, past: Callable[[int], bool]) -> int:
+    """Pure: the lowest ts in [low, high] where ``past`` holds, given that it holds at
+    ``high`` and, once true, stays true for every later ts (a binary search)."""
+    while low < high:
+        middle = (low + high) // 2
+        if past(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 def group_behind_since(shard: KafkaShardLike, group_offsets: Mapping[str, int]) -> float | None:
     """When the shard went past the group: the ``committed_at`` of the first batch whose
     binding's ``to`` is beyond the group's offset in some partition. None when the group is
@@ -161,7 +173,14 @@ def group_behind_since(shard: KafkaShardLike, group_offsets: Mapping[str, int]) 
 
     Bindings' ``to`` never decrease with ts, so "some partition beyond the group" is false up
     to one ts and true from it on: a binary search reads O(log upper) bindings, and the
-    answer does not depend on the process that saw the gap open (it survives restarts)."""
+    answer does not depend on the process that saw the gap open (it survives restarts).
+
+    The search starts at the oldest binding truncation kept (store/history.py): when the shard
+    was already past the group there, the gap opened within the truncated history and its
+    date is floored at that batch's commit (the group has been behind at least since then),
+    never taken for "not behind"."""
+    from airflow_upsert_provider.engine.store.history import oldest_binding
+
     upper = shard.state().upper
 
     def past_group(ts: int) -> bool:
@@ -172,14 +191,13 @@ def group_behind_since(shard: KafkaShardLike, group_offsets: Mapping[str, int]) 
 
     if upper == 0 or not past_group(upper - 1):
         return None
-    lo, hi = 0, upper - 1  # past_group(hi) holds; find the first ts where it does
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if past_group(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    batch = shard.consensus.get_batch(shard.shard_id, lo)
+    oldest = oldest_binding(shard.consensus, shard.shard_id)
+    first = first_ts_past(0 if oldest is None else min(oldest.ts, upper - 1), upper - 1, past_group)
+    batch = shard.consensus.get_batch(shard.shard_id, first)
+    if batch is None:
+        # A truncation since the oldest binding was read took its row: the first row kept
+        # (a later date, still a floor).
+        batch = next(iter(shard.consensus.batches(shard.shard_id, from_ts=first, below=upper)), None)
     return None if batch is None else float(batch.committed_at)
 
 

@@ -567,9 +567,49 @@ def read_manifest(blob: Blob, shard_id: str, checkpoint_id: str, expected_sha256
             raise ValueError(f"not the format-{FORMAT} manifest of {checkpoint_id}")
         for f in manifest["files"]:
             f["path"], f["bytes"], f["sha256"]  # noqa: B018 - shape check
+        escaping = [(name, path, reason) for name, path in manifest_paths(manifest)
+                    if (reason := blob_path_problem(path)) is not None]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise corrupt(manifest_path, f"truncated or corrupt: {exc}") from None
+    if escaping:
+        name, path, reason = escaping[0]
+        raise corrupt(manifest_path, f"field {name}: path {path!r} {reason}")
     return manifest
+
+
+def blob_path_problem(path: Any) -> str | None:
+    """Pure: why ``path`` is not a path below a blob root as the engine records one
+    ('/'-separated, relative, no empty, '.' or '..' part), or None. A manifest is data read
+    back from storage: a path that is absolute or climbs out would make a restore read, and
+    GC keep or delete, files outside the blob root."""
+    if not isinstance(path, str) or not path:
+        return "is not a non-empty string"
+    if path.startswith(("/", "\\")) or "\\" in path or "://" in path or (len(path) > 1 and path[1] == ":"):
+        return "is absolute: paths are relative to the blob root"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return "has an empty, '.' or '..' part: paths must stay below the blob root"
+    return None
+
+
+def manifest_paths(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Pure: (field, path) of every blob path a manifest records: its files, and the runs
+    (and rejects) of its batches and of its compaction."""
+    found: list[tuple[str, Any]] = [(f"files[{i}].path", f["path"]) for i, f in enumerate(manifest["files"])]
+
+    def run_paths(prefix: str, run: dict[str, Any] | None) -> None:
+        if not run:
+            return
+        found.append((f"{prefix}.path", run["path"]))
+        found.extend((f"{prefix}.files[{i}].path", f["path"]) for i, f in enumerate(run.get("files", [])))
+
+    for i, batch in enumerate(manifest["batches"]):
+        run_paths(f"batches[{i}].run", batch["run"])
+        rejects = (batch.get("stats") or {}).get("rejects")
+        if rejects:
+            found.append((f"batches[{i}].stats.rejects.path", rejects["path"]))
+    if manifest.get("compaction"):
+        run_paths("compaction.run", manifest["compaction"]["run"])
+    return found
 
 
 # -- create, verify, restore, retention --------------------------------------------------------

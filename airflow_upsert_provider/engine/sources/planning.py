@@ -5,14 +5,16 @@ segment some binding bound, a file set aside in quarantine, an ignored name) are
 the listing by one set difference; only the rest, the new names, are parsed. A new name
 with an offset below the partition's frontier is either a bound segment put back or a late
 arrival; which one is decided against the set of bound offsets (the binding whose range
-covers the offset), never by counting files, since retention deletes bound files.
+covers the offset), never by counting files, since retention deletes bound files. Below the
+truncation horizon (the bindings GC truncated) the answer is "truncated", never "unbound":
+such a file is settled, never a late arrival (:func:`put_back_reason`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from airflow_upsert_provider.engine.sources.directory import (
     BadFile,
@@ -92,6 +94,39 @@ def late_arrival_reason(segment: Segment, frontier: int, covering: dict[str, Any
     if bound_names:
         return f"{reason}; that offset is bound to {bound_names[0]!r}"
     return reason
+
+
+def put_back_reason(
+    segment: Segment,
+    frontier: int,
+    horizon: int,
+    oldest_ts: int,
+    last_ts: int,
+    range_at: Callable[[int], dict[str, Any] | None],
+    extension: str,
+) -> str | None:
+    """None if ``segment`` (offset below ``frontier``, the ``to`` of binding ``last_ts``) is a
+    segment some binding bound under this very name, put back, or lies below the partition's
+    truncation ``horizon``; else why it is a late arrival.
+
+    The bindings below ``oldest_ts`` are truncated (store/history.py); ``horizon`` is the
+    ``from`` of binding ``oldest_ts`` for this partition, so every offset below it was covered
+    by a truncated binding: whether under this name is no longer known, and such a file is
+    never called late (it is most likely a bound segment put back; a file that was never
+    bound cannot be told from one any more). Above the horizon, the binding covering the
+    offset is found by a binary search over [oldest_ts, last_ts] (each partition's ``to``
+    never decreases from one binding to the next); ``range_at(ts)`` is the partition's range
+    in binding ts (None: the binding does not name the partition), asked only inside it."""
+    if segment.seq < horizon:
+        return None
+    low, high = oldest_ts, last_ts
+    while low < high:
+        middle = (low + high) // 2
+        if range_to(range_at(middle)) > segment.seq:
+            high = middle
+        else:
+            low = middle + 1
+    return late_arrival_reason(segment, frontier, range_at(low), extension)
 
 
 def bound_names(rng: dict[str, Any], extension: str) -> set[str]:

@@ -37,7 +37,9 @@ from typing import Any, Callable, Iterable
 import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.store.consensus import (
+    Binding,
     Consensus,
+    _binding_from_row,
     Rollup,
     batch_rollups_table,
     batches_table,
@@ -250,6 +252,36 @@ def _merge(a: Rollup, b: Rollup) -> Rollup:
         last_committed_at=max(lasts) if lasts else None,
         rolled_up_at=b.rolled_up_at,
     )
+
+
+def oldest_binding(consensus: Consensus, shard_id: str) -> Binding | None:
+    """The oldest binding truncation kept (None: the shard has none), read in one snapshot.
+    Bindings are contiguous and truncated from the bottom, so its ``from`` per partition is
+    the summary of every truncated range: each offset below it was covered by a truncated
+    binding (:func:`truncation_horizon`). It survives a checkpoint and a restore, which carry
+    the bindings kept."""
+
+    def read(conn):
+        ts = conn.execute(
+            sa.select(sa.func.min(bindings_table.c.ts)).where(bindings_table.c.shard_id == shard_id)
+        ).scalar()
+        if ts is None:
+            return None
+        return conn.execute(
+            sa.select(bindings_table).where(bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts)
+        ).first()
+
+    row = consensus._run_snapshot(read)
+    return None if row is None else _binding_from_row(row)
+
+
+def truncation_horizon(oldest: Binding | None) -> dict[str, int]:
+    """Pure: ``{partition: offset}`` below which every offset was covered by a truncated
+    binding, from the oldest binding kept (a partition it does not name was in no binding
+    before it: a partition, once bound, is in every later binding)."""
+    if oldest is None:
+        return {}
+    return {partition: int(rng["from"]) for partition, rng in oldest.ranges.items()}
 
 
 def rollups(consensus: Consensus, shard_id: str) -> list[Rollup]:

@@ -19,7 +19,7 @@ from airflow_upsert_provider.engine.store.consensus import (
     quarantined_files_table,
     shards_table,
 )
-from airflow_upsert_provider.engine.store.migrations import prepare_on_open
+from airflow_upsert_provider.engine.store.migrations import prepare_on_open, refuse_other_revision
 from airflow_upsert_provider.engine.store.gc_claims import (
     blob_owners_table,
     gc_claims_table,
@@ -51,8 +51,9 @@ STORE_SCHEMA = StoreSchema(
         observations_table,
         alerts_table,
     ),
-    # Run in this order: the GC claim check, then the stream fence.
-    commit_hooks=(refuse_claimed, fence_commit),
+    # Run in this order: the schema revision (a store upgraded underneath this process), the
+    # GC claim check, then the stream fence.
+    commit_hooks=(refuse_other_revision, refuse_claimed, fence_commit),
     # A restored shard gets a new blob generation, and its stream starts RECOVERING in a new
     # epoch.
     restore_hooks=(take_ownership, start_recovering),

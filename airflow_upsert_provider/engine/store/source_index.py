@@ -33,7 +33,9 @@ from airflow_upsert_provider.engine.store.consensus import (
     settled_names_table,
 )
 from airflow_upsert_provider.engine.errors import PlanningOutdated
-from airflow_upsert_provider.engine.sources.planning import bound_names, range_to
+from airflow_upsert_provider.engine.sources.directory import Segment
+from airflow_upsert_provider.engine.sources.planning import bound_names, put_back_reason
+from airflow_upsert_provider.engine.store.history import oldest_binding, truncation_horizon
 
 
 def binding_digest(binding: Binding | None) -> str:
@@ -56,6 +58,8 @@ class SourceIndex:
         self.shard_id = shard_id
         self.source_root = source_root
         self.extension = extension
+        # The oldest binding kept, read once by the first look-up that needs it.
+        self._oldest: Binding | None = None
 
     # -- the accelerator row ----------------------------------------------------------------
 
@@ -162,27 +166,31 @@ class SourceIndex:
 
     # -- exact look-ups, for new names only -----------------------------------------------------
 
-    def covering_range(self, partition: str, offset: int, last: Binding) -> dict[str, Any] | None:
-        """The range of ``partition`` in the binding that covers ``offset`` (below the
-        frontier of ``last``): a binary search over ts, since each partition's ``to`` never
-        decreases from one binding to the next."""
-        low, high = 0, last.ts
-        found: dict[int, Binding | None] = {last.ts: last}
+    def late_arrival_reason(self, segment: Segment, frontier: int, last: Binding) -> str | None:
+        """Why ``segment`` of a partition, offset below ``frontier`` (binding ``last``'s
+        ``to``), is a late arrival; None for a bound segment put back, or one below the
+        truncation horizon (:func:`sources.planning.put_back_reason` decides). Reads the
+        oldest binding kept once per index, then O(log) bindings above it; raises
+        :class:`PlanningOutdated` when one of those was truncated meanwhile (never "unbound"
+        for a binding that is gone)."""
+        if self._oldest is None:
+            self._oldest = oldest_binding(self.consensus, self.shard_id)
+        oldest = self._oldest
+        if oldest is None or oldest.ts > last.ts:
+            raise self._outdated(last.ts)
+        partition = segment.partition
+        found: dict[int, Binding] = {last.ts: last, oldest.ts: oldest}
 
-        def to_at(ts: int) -> int:
+        def range_at(ts: int) -> dict[str, Any] | None:
             if ts not in found:
-                found[ts] = self.consensus.get_binding(self.shard_id, ts)
-            binding = found[ts]
-            return range_to(binding.ranges.get(partition)) if binding else 0
+                binding = self.consensus.get_binding(self.shard_id, ts)
+                if binding is None:
+                    raise self._outdated(last.ts)
+                found[ts] = binding
+            return found[ts].ranges.get(partition)
 
-        while low < high:
-            middle = (low + high) // 2
-            if to_at(middle) > offset:
-                high = middle
-            else:
-                low = middle + 1
-        binding = found.get(low) or self.consensus.get_binding(self.shard_id, low)
-        return None if binding is None else binding.ranges.get(partition)
+        horizon = truncation_horizon(oldest).get(partition, 0)
+        return put_back_reason(segment, frontier, horizon, oldest.ts, last.ts, range_at, self.extension)
 
     def quarantined_among(self, paths: list[str]) -> set[str]:
         """Which of ``paths`` are set aside in quarantine."""

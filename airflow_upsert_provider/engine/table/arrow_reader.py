@@ -74,11 +74,23 @@ def read_table(
 
     Which runs are read is decided now, on one snapshot of consensus (refused outside
     since <= as_of <= upper, as :meth:`Shard.live_runs` refuses it), and every listed file is
-    checked to exist; the files are read while the reader is consumed. Memory: the rows of
+    checked to exist; the files are read while the reader is consumed. A file that compaction
+    replaced and GC deleted in between is :class:`ReadOutdated` (retryable), not damage. Memory: the rows of
     one bucket of the live runs plus one output batch (module docstring)."""
+    import pyarrow as pa
+
     runs = shard.live_runs(as_of)
-    return read_runs_arrow(shard.config, shard.blob, runs, columns, filter, shard_id=shard.shard_id,
-                           batch_rows=batch_rows)
+    # A file lost to compaction and GC between this choice of runs and its reading is the
+    # retryable ReadOutdated, not an integrity error (Shard.reading decides).
+    with shard.reading(runs):
+        reader = read_runs_arrow(shard.config, shard.blob, runs, columns, filter, shard_id=shard.shard_id,
+                                 batch_rows=batch_rows)
+
+    def batches() -> Iterator["pyarrow.RecordBatch"]:
+        with shard.reading(runs):
+            yield from reader
+
+    return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
 def read_table_from_store(

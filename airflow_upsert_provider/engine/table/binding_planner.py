@@ -14,7 +14,7 @@ from airflow_upsert_provider.engine.store.consensus import Binding
 from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
-from airflow_upsert_provider.engine.sources.planning import late_arrival_reason, range_to, sort_out_new_names
+from airflow_upsert_provider.engine.sources.planning import range_to, sort_out_new_names
 
 
 @dataclass
@@ -72,8 +72,7 @@ def survey_source(source: DirectorySource, index: SourceIndex, previous: Binding
                 survey.newly_settled.add(segment.name)
                 continue
             assert previous is not None  # a frontier above 0 comes from a binding
-            covering = index.covering_range(partition, segment.seq, previous)
-            reason = late_arrival_reason(segment, frontier, covering, source.extension)
+            reason = index.late_arrival_reason(segment, frontier, previous)
             if reason is None:
                 survey.newly_settled.add(segment.name)  # a bound segment put back
             else:
@@ -153,11 +152,18 @@ def remember_settled(index: SourceIndex, survey: SourceSurvey, minted: Binding |
 
 
 def anchor_source_index(source: DirectorySource, index: SourceIndex, last: Binding | None) -> list[str]:
-    """Save every present partition's settled names through ``last`` (binding(upper - 1)),
+    """Save every indexed partition's settled names through ``last`` (binding(upper - 1)),
     as planning would, so that no row is anchored below it; the partitions saved. Truncation
     of the batch history (store/history.py) keeps the bindings from the lowest anchor on: a
-    row is checked against its anchor and catches up from the bindings after it."""
+    row is checked against its anchor and catches up from the bindings after it.
+
+    Indexed: every present partition, and every partition ``last`` names whose directory is
+    absent now (moved away during a GC, back later): its row keeps the names its bindings
+    settled, caught up while those bindings still exist, so that when it is back its files
+    are settled by name, not looked up below a truncated history."""
     survey = survey_source(source, index, last)
     for partition in survey.partitions:
         index.save(partition.partition, last, (partition.settled & partition.present) | partition.newly_settled)
-    return [p.partition for p in survey.partitions]
+    for partition in survey.vanished:
+        index.save(partition, last, index.settled(partition, last)[0])
+    return [p.partition for p in survey.partitions] + sorted(survey.vanished)

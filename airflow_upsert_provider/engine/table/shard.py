@@ -28,6 +28,7 @@ from airflow_upsert_provider.engine.errors import (
     IntegrityError,
     KafkaSliceUnavailable,
     PlanningOutdated,
+    ReadOutdated,
     UpsertError,
 )
 from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
@@ -68,6 +69,23 @@ def classify(ts: int, upper: int) -> Disposition:
     if ts == upper:
         return Disposition.PROCESS
     return Disposition.HOLD
+
+
+def missing_binding_error(shard_id: str, ts: int, missing: int, upper: int) -> UpsertError:
+    """Pure: the error for binding ``missing`` (ts or ts - 1) found absent while batch ``ts``
+    was planned or staged, given the shard's upper read after that. Past the upper, a peer
+    persisted ts and GC truncated its history while this writer paused: retryable
+    :class:`PlanningOutdated` (a writer reports the batch as already persisted). Otherwise the
+    binding never existed: a configuration error (only ts == upper is ever bound)."""
+    if classify(ts, upper) is Disposition.DROP:
+        return PlanningOutdated(
+            f"batch {ts} of shard {shard_id!r} was persisted by a peer meanwhile (upper {upper}) and its "
+            f"binding {missing} truncated by GC; nothing to do for it: run again",
+            shard=shard_id, ts=ts, upper=upper,
+        )
+    if missing == ts:
+        return ConfigurationError(f"batch {ts} of shard {shard_id!r} is not bound yet", shard=shard_id, ts=ts)
+    return ConfigurationError(f"cannot bind ts {ts}: binding {missing} is missing", shard=shard_id, ts=ts)
 
 
 def path_slug(text: str) -> str:
@@ -227,8 +245,9 @@ class Shard:
             return existing
         previous = self.binding(ts - 1) if ts > 0 else None
         if ts > 0 and previous is None:
-            # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0.
-            raise ConfigurationError(f"cannot bind ts {ts}: binding {ts - 1} is missing", shard=self.shard_id)
+            # Only ts == upper is ever minted, and binding(upper-1) exists for upper > 0 (GC
+            # keeps it): gone only if the upper moved on while this writer paused.
+            raise missing_binding_error(self.shard_id, ts, ts - 1, self.state().upper)
         mode = check_bad_record_mode(on_bad_record)
         if isinstance(self.source, KafkaSource):
             planned = self._plan_kafka_binding(ts, previous)
@@ -320,24 +339,36 @@ class Shard:
         damaged in place reaches the driver as a plain Py4J or Spark Connect error) is
         explained by checking every listed file (present, recorded size and SHA-256, a
         readable Parquet footer); a damaged one is an :class:`IntegrityError` naming it, as a
-        missing one is. Checked only after a failure: a read costs no extra pass."""
+        missing one is. Checked only after a failure: a read costs no extra pass. Files that
+        are no longer in the shard's state (compaction replaced their runs and GC deleted them
+        while the read ran) are the retryable :class:`ReadOutdated` instead."""
         try:
             yield
+        except IntegrityError as exc:  # a listed file missing (runs.check_present) or damaged
+            named = [r["file"] for r in exc.details.get("records") or [] if "file" in r]
+            outdated = self.outdated_read(named or [exc.details.get("file")])
+            if outdated is not None:
+                raise outdated from exc
+            raise
         except (UpsertError, OSError):  # ours already, or the output's (a closed pipe, a full disk)
             raise
         except Exception as exc:
             try:
                 self.check_run_files(runs)
-            except IntegrityError as damaged:
-                raise damaged from exc
+            except (IntegrityError, ReadOutdated) as found:
+                raise found from exc
             raise
 
     def check_run_files(self, runs: list[dict[str, Any]]) -> None:
         """Raise an :class:`IntegrityError` naming the first file of ``runs`` that is missing
-        or not what was recorded when it was written (size, SHA-256, Parquet footer)."""
+        or not what was recorded when it was written (size, SHA-256, Parquet footer), or
+        :class:`ReadOutdated` when every such file has left the shard's state meanwhile."""
         damaged = damaged_run_files(self.blob, runs)
         if not damaged:
             return
+        outdated = self.outdated_read([d["file"] for d in damaged])
+        if outdated is not None:
+            raise outdated
         first = damaged[0]
         raise IntegrityError(
             f"{len(damaged)} file(s) of the committed runs of shard {self.shard_id!r} are damaged; first: "
@@ -347,6 +378,22 @@ class Shard:
             file=first["file"],
             records=damaged[:MAX_REPORTED],
             count=len(damaged),
+        )
+
+    def outdated_read(self, files: list[str | None]) -> ReadOutdated | None:
+        """A read that failed on ``files`` (absolute paths) checked against what is live now:
+        :class:`ReadOutdated` when none of them is referenced by the shard's state any more
+        (compaction replaced their runs and GC deleted them while the read ran), else None
+        (a live file is missing or damaged: the integrity error stands)."""
+        live = {self.blob.path(f["path"]) for run in self.live_runs() for f in run["files"]}
+        replaced = files_replaced(files, live)
+        if not replaced:
+            return None
+        return ReadOutdated(
+            f"a read of shard {self.shard_id!r} lost {len(replaced)} file(s) it had planned to read: compaction "
+            f"replaced their runs and GC deleted them meanwhile (first: {replaced[0]}); nothing is wrong with the "
+            "shard: read again",
+            shard=self.shard_id, file=replaced[0], count=len(replaced),
         )
 
     def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
@@ -426,6 +473,14 @@ class Shard:
             oldest_pending_at=min(landed) if landed else None,
             lag_unit=self.source.lag_unit,
         )
+
+
+def files_replaced(files: list[str | None], live: set[str]) -> list[str]:
+    """Pure: ``files`` when every one of them is a path outside ``live`` (the files the
+    shard's state references now), else [] (one of them is live, or none is named)."""
+    if not files or any(f is None or f in live for f in files):
+        return []
+    return [f for f in files if f is not None]
 
 
 def damaged_run_files(blob: Blob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:

@@ -28,12 +28,20 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusOutcomeUnknown,
     ConsensusUnavailable,
     IntegrityError,
+    PlanningOutdated,
     SparkUnavailable,
     StagingLost,
     StreamFenced,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.shard import Disposition, Shard, ShardStatus, check_bad_record_mode, classify
+from airflow_upsert_provider.engine.table.shard import (
+    Disposition,
+    Shard,
+    ShardStatus,
+    check_bad_record_mode,
+    classify,
+    missing_binding_error,
+)
 from airflow_upsert_provider.engine.spark.session import connect_address, is_connect_session
 from airflow_upsert_provider.engine.spark.server import server_gone
 
@@ -277,7 +285,7 @@ class Writer:
         at most ``MAX_RESTAGES`` times; then :class:`StagingLost` (retryable)."""
         binding = self.shard.binding(ts)
         if binding is None:
-            raise ConfigurationError(f"batch {ts} of shard {self.shard.shard_id!r} is not bound yet")
+            raise missing_binding_error(self.shard.shard_id, ts, ts, self.shard.state().upper)
         messages = None
         for restage in range(MAX_RESTAGES + 1):
             started = time.monotonic()
@@ -518,15 +526,25 @@ class Writer:
         self.reconcile(upper)
         staged = self.held.get(upper)
         if staged is None:
-            binding = self.shard.mint_binding(
-                upper,
-                minted_by=self.writer_id,
-                on_bad_record=self.on_bad_record,
-                max_files=self.max_files_per_batch,
-            )
-            if binding is None:
-                return BatchResult(upper, NOTHING_TO_DO, upper=upper, seconds=time.monotonic() - started)
-            staged = self.stage(upper)
+            try:
+                binding = self.shard.mint_binding(
+                    upper,
+                    minted_by=self.writer_id,
+                    on_bad_record=self.on_bad_record,
+                    max_files=self.max_files_per_batch,
+                )
+                if binding is None:
+                    return BatchResult(upper, NOTHING_TO_DO, upper=upper, seconds=time.monotonic() - started)
+                staged = self.stage(upper)
+            except PlanningOutdated:
+                # Paused across a peer's commits and a truncation of the history: what this
+                # step was to do is persisted (ts < upper), which is convergence, not failure.
+                now_upper = self.shard.state().upper
+                if classify(upper, now_upper) is not Disposition.DROP:
+                    raise
+                self.reconcile(now_upper)
+                self.converged += 1
+                return BatchResult(upper, ALREADY_PERSISTED, upper=self.progress, seconds=time.monotonic() - started)
         if self.on_staged is not None:
             self.on_staged(staged)
         commit_started = time.monotonic()

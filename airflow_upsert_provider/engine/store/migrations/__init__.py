@@ -26,6 +26,9 @@ Adding a migration (for the project's developers), when a table of store/registr
    frozen, the tables move on. Keep ``downgrade()`` raising: downgrades are not supported.
 3. Make it work on a store that is still being written by the previous release's writers only
    if the docs say so; the documented way is writers stopped, ``db upgrade``, writers started.
+   A writer of an older release that kept running is refused at its next commit: the commit
+   hook :func:`refuse_other_revision` reads the revision inside every commit transaction, and
+   a migration always changes it.
 4. tests/store/test_migrations.py fails until the chain from the baseline builds exactly the
    tables of ``STORE_SCHEMA`` (``alembic.autogenerate.compare_metadata``), on SQLite and
    PostgreSQL; add a case there for the data the revision moves.
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import Consensus, metadata, redact_url
+from airflow_upsert_provider.engine.store.consensus import CommitAttempt, Consensus, metadata, redact_url
 if TYPE_CHECKING:
     # Alembic is imported where a migration runs or its scripts are read, never by an open:
     # its import cost every process that opens a store a good part of a second.
@@ -198,6 +201,27 @@ def prepare_on_open(consensus: Consensus, *, create: bool = True) -> SchemaActio
     if error is not None:
         raise error
     return action
+
+
+def refuse_other_revision(conn: sa.Connection, attempt: CommitAttempt) -> None:
+    """Commit hook, first of the store's: refuse the commit, inside its transaction, when the
+    store's schema revision is no longer the code's head. A process opened the store before a
+    ``db upgrade`` (or an upgrade by a newer provider) ran underneath it; it must not go on
+    writing rows shaped by the old schema. One read of the version table's only row, by its
+    primary key; every migration changes that row, so every migration after this check exists
+    refuses the commits of every older binary (docs/upgrading.md)."""
+    revisions = tuple(conn.execute(sa.select(_version_table.c.version_num)).scalars())
+    head = code_head()
+    action = decide_schema_action(revisions, True, head, known_revisions())
+    error = schema_mismatch(action, revisions, head, redact_url(str(conn.engine.url)))
+    if error is None:
+        return
+    what = f"batch {attempt.ts}" if attempt.kind == "append" else f"compaction to since {attempt.ts}"
+    raise type(error)(
+        f"commit of {what} of shard {attempt.shard_id!r} refused: the schema changed after this process "
+        f"opened the store: {error.message}",
+        shard=attempt.shard_id, ts=attempt.ts, **error.details,
+    )
 
 
 @dataclass(frozen=True)
