@@ -44,6 +44,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from airflow_upsert_provider.plugins.connection_test import UpsertConnectionTestPort
 from airflow_upsert_provider.links import (
     URL_PREFIX,
     VIEW_ROUTE,
@@ -523,10 +524,13 @@ app = create_ui_app()
 
 
 class UpsertProviderUiPlugin(AirflowPlugin):
-    """Mounts the shard page under ``URL_PREFIX`` and links it from the navigation (Browse)."""
+    """Mounts the shard page under ``URL_PREFIX`` and links it from the navigation (Browse);
+    makes the connection list's Test button work for upsert connections (connection_test.py)."""
 
     name = PLUGIN_NAME
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "airflow-upsert-provider shards"}]
+    fastapi_root_middlewares = [{"middleware": UpsertConnectionTestPort, "args": [], "kwargs": {},
+                                 "name": "airflow-upsert-provider connection test port"}]
     external_views = [{
         "name": "Upsert shards",
         "href": VIEW_HREF,

@@ -1,5 +1,5 @@
-"""`UpsertShardHook.test_connection`: what the connection form's Test button shows (in process,
-no Spark)."""
+"""`UpsertShardHook.test_connection`: what the connection list's Test Connection button, `airflow
+connections test` and the REST API show (in process, no Spark)."""
 
 from __future__ import annotations
 

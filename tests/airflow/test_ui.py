@@ -10,6 +10,7 @@ The browser test takes the screenshots docs/ui.md shows (into docs/img/ under `m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -301,19 +302,38 @@ def test_airflow_roles_that_may_not_read_connections_see_no_shard(shard_store, m
 @pytest.fixture(scope="module")
 def api_server(airflow_home, shard_store, fleet_store, tmp_path_factory):
     """``airflow api-server`` on a loopback port, simple auth manager with one admin user."""
+    with running_api_server(airflow_home, tmp_path_factory, {**_connection_env(shard_store), **_fleet_env(fleet_store)},
+                            before_ready=fleet_store["ready"]) as server:
+        yield server
+
+
+def installed_pythonpath(env: dict[str, str]) -> str:
+    """PYTHONPATH as deployed: only the installed distribution's entry points. A source tree
+    with an *.egg-info is a second copy of them (Airflow would report the plugin's second
+    registration as an import error) and leaves the path; a tree without one (a checkout beside
+    the installed one) stays, so that the server runs the code under test."""
+    def second_copy(path: str) -> bool:
+        return os.path.abspath(path) == os.path.abspath(REPO_ROOT) and any(
+            name.endswith(".egg-info") for name in os.listdir(REPO_ROOT))
+
+    return os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not second_copy(p))
+
+
+@contextlib.contextmanager
+def running_api_server(airflow_home, tmp_path_factory, connections: dict[str, str], before_ready=None, **settings: str):
+    """``airflow api-server`` on a loopback port with ``connections`` (AIRFLOW_CONN_*) and
+    Airflow ``settings`` (AIRFLOW__*), simple auth manager with one admin user; yields its base
+    URL, log path and home."""
     home = airflow_home.clone(str(tmp_path_factory.mktemp("ui-airflow-home")))
     passwords = os.path.join(home.path, "passwords.json")
     with open(passwords, "w", encoding="utf-8") as f:
         json.dump({"admin": PASSWORD}, f)
     port = _free_port()
-    env = dict(home.base_env, **_connection_env(shard_store), **_fleet_env(fleet_store),
+    env = dict(home.base_env, **connections, **settings,
                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=passwords,
                AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}/")
-    # As deployed: the entry points of the installed distribution only (see test_docs_plugin).
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != os.path.abspath(REPO_ROOT)
-    )
+    env["PYTHONPATH"] = installed_pythonpath(env)
     log_path = os.path.join(home.path, "api-server.log")
     log = open(log_path, "w", encoding="utf-8")
     proc = subprocess.Popen(
@@ -334,8 +354,9 @@ def api_server(airflow_home, shard_store, fleet_store, tmp_path_factory):
                     with open(log_path, encoding="utf-8") as f:
                         pytest.fail(f"api-server did not start:\n{f.read()[-5000:]}")
                 time.sleep(1)
-        fleet_store["ready"]()
-        yield {"base": base, "log": log_path}
+        if before_ready is not None:
+            before_ready()
+        yield {"base": base, "log": log_path, "home": home}
     finally:
         os.killpg(proc.pid, 15)
         try:
