@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from importlib.resources import files
 from typing import Any, Callable
@@ -65,6 +66,9 @@ MAX_CHART_POINTS = 2000
 # Shards per page of the list: a store may hold hundreds; each listed shard costs a few reads.
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
+# Seconds a connection's store has to list its shards; a store that takes longer (a host that
+# accepts and never answers waits out the driver's connect timeout, ~20 s) is shown unreachable.
+STORE_LIST_SECONDS = 5.0
 STATIC_FILES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 
 # Only the page's own script and style files run; it may be framed only by Airflow's own UI.
@@ -325,15 +329,63 @@ def _source_kind(config_json: str) -> str | None:
 ConnectionFilter = Callable[[set[str]], set[str]]
 
 
+class _Listing(threading.Thread):
+    """One connection's store opened and its shards listed, in a thread of its own. The page
+    takes the result (:meth:`take`) until a deadline; a listing not done by then is abandoned,
+    and closes its store itself when it ends."""
+
+    def __init__(self, conn_id: str) -> None:
+        super().__init__(name=f"upsert-ui-list-{conn_id}", daemon=True)
+        self.conn_id = conn_id
+        self.store: _Store | None = None
+        self.backend: str | None = None
+        self.records: list[Any] = []
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._done = False
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            self.store = _Store(self.conn_id)
+            self.backend = self.store.backend
+            self.store.open()
+            if self.store.missing:
+                self.error = "no consensus store yet (nothing was created with this connection)"
+            else:
+                self.records = sorted(self.store.consensus.list_shards(), key=lambda r: r.shard_id)
+        except Exception as exc:
+            self.error = self.store.scrub(exc) if self.store is not None else _safe_message(exc, [])
+        finally:
+            with self._lock:
+                self._done = True
+                abandoned = self._abandoned
+            if abandoned and self.store is not None:
+                self.store.close()
+
+    def take(self, deadline: float) -> bool:
+        """Whether the listing ended by ``deadline`` (a ``time.monotonic()`` value); if not,
+        it is abandoned: the caller must not use or close its store."""
+        self.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            if not self._done:
+                self._abandoned = True
+            return self._done
+
+
 def list_shards(now: float | None = None, readable: ConnectionFilter = lambda ids: ids, *, offset: int = 0,
-                limit: int = DEFAULT_PAGE_SIZE, match: str = "", focus: tuple[str, str] | None = None) -> dict[str, Any]:
+                limit: int = DEFAULT_PAGE_SIZE, match: str = "", focus: tuple[str, str] | None = None,
+                store_seconds: float | None = None) -> dict[str, Any]:
     """One page of the shards of every upsert connection in ``readable(connection ids)`` (those
     the user may read), ordered by connection and shard id, and per connection how many shards
     it has and what could not be read. Listing a store is one query; only the page's shards are
     read in full, so a store of many shards answers as fast as one of a page.
 
     ``match``: only shard ids containing it (case-insensitive). ``focus`` (connection, shard):
-    the page that holds that shard, whatever ``offset`` says (a deep link)."""
+    the page that holds that shard, whatever ``offset`` says (a deep link). ``store_seconds``:
+    how long a store may take to list its shards (default ``STORE_LIST_SECONDS``); a store that
+    takes longer is marked unreachable and the page is answered without it."""
+    store_seconds = STORE_LIST_SECONDS if store_seconds is None else store_seconds
     now = time.time() if now is None else now
     limit = max(1, min(int(limit), MAX_PAGE_SIZE))
     connections: list[dict[str, Any]] = []
@@ -342,24 +394,31 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
     needle = match.strip().lower()
     known = upsert_conn_ids()
     allowed = readable(set(known))
+    # Each store is listed in its own thread: one that does not answer within the limit holds
+    # neither the others nor the page (its thread ends, and closes its store, on its own).
+    listings = [_Listing(conn_id) for conn_id in known if conn_id in allowed]
+    for listing in listings:
+        listing.start()
+    deadline = time.monotonic() + store_seconds
     try:
-        for conn_id in (c for c in known if c in allowed):
-            entry: dict[str, Any] = {"conn_id": conn_id, "consensus": None, "shards": 0, "error": None}
+        for listing in listings:
+            entry: dict[str, Any] = {"conn_id": listing.conn_id, "consensus": None, "shards": 0, "error": None,
+                                     "unreachable": False}
             connections.append(entry)
-            store = None
-            try:
-                store = _Store(conn_id)
-                entry["consensus"] = store.backend
-                stores[conn_id] = store
-                store.open()
-                if store.missing:
-                    entry["error"] = "no consensus store yet (nothing was created with this connection)"
-                    continue
-                records = sorted(store.consensus.list_shards(), key=lambda r: r.shard_id)
-                entry["shards"] = len(records)
-                listed.extend((conn_id, r) for r in records if needle in r.shard_id.lower())
-            except Exception as exc:
-                entry["error"] = store.scrub(exc) if store is not None else _safe_message(exc, [])
+            if not listing.take(deadline):
+                entry["consensus"] = listing.backend
+                entry["unreachable"] = True
+                entry["error"] = (f"unreachable: its consensus store did not answer within {store_seconds:g} s; "
+                                  "its shards are not shown")
+                continue
+            entry["consensus"] = listing.backend
+            if listing.store is not None:
+                stores[listing.conn_id] = listing.store
+            if listing.error is not None:
+                entry["error"] = listing.error
+                continue
+            entry["shards"] = len(listing.records)
+            listed.extend((listing.conn_id, r) for r in listing.records if needle in r.shard_id.lower())
         if focus is not None:
             at = next((i for i, (c, r) in enumerate(listed) if (c, r.shard_id) == tuple(focus)), None)
             if at is not None:

@@ -155,6 +155,14 @@ function renderShards(data) {
     tr.addEventListener("click", () => select(s));
     body.appendChild(tr);
   }
+  // A store that did not answer in time: its shards are unknown, the row says so.
+  for (const c of data.connections.filter((c) => c.unreachable)) {
+    const tr = el("tr", { class: "unreachable", "data-unreachable": c.conn_id });
+    cell(tr, c.conn_id);
+    cell(tr, badge("unreachable"), "frontier").appendChild(el("span", { class: "reason" }, c.error));
+    tr.lastChild.setAttribute("colspan", "10");
+    body.appendChild(tr);
+  }
   const find = (want) => want && data.shards.find((s) => s.conn_id === want.conn_id && s.shard === want.shard);
   const deep = find(wanted);
   const again = deep || find(selected);
