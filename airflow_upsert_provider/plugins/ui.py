@@ -253,6 +253,8 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
                     "dag_runs": None if writer is None else dag_runs_path(writer["dag_id"]), "asset": None}
     row["last_batch"] = None if last is None else {
         "ts": last.ts, "rows_in": last.stats.get("rows_in"), "rows_out": last.stats.get("rows_out"),
+        # Fields its records carried that the schema does not name (ignored): {name: {records, file}}.
+        "unknown_fields": last.stats.get("unknown_fields") or {},
     }
     try:
         stream = read_stream(consensus, shard_id)

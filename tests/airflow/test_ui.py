@@ -40,6 +40,7 @@ STUCK_POINTS = 8
 # The settings the stuck shard's monitor evaluated with (none the rules' default).
 STUCK_MONITOR = {"cadence_seconds": 30.0, "stall_multiplier": 2.0, "min_stall_seconds": 120.0,
                  "window_seconds": 1800.0, "stale_after_seconds": 3600.0, "consecutive_breaches": 3}
+UNKNOWN_FIELDS = {"email": {"records": 2, "file": "/landing/p0/0.jsonl"}}
 FLEET_CONN = "upsert_fleet"
 FLEET_SHARDS = 500
 DOCS_IMG = os.path.join(REPO_ROOT, "docs", "img")
@@ -72,7 +73,10 @@ def shard_store(tmp_path_factory):
     stuck = make_shard(consensus, blob, root / "stuck", shard_id="stuck")
     for ts in range(3):
         fresh.compare_and_append(ts, ts + 1, batch(ts, token=f"f{ts}", writer_id="airflow:dag:run:fresh:try1"), epoch=0)
-    stuck.compare_and_append(0, 1, batch(0, token="s0", writer_id="airflow:dag:run:stuck:try1"), epoch=0)
+    # Its one batch carried a field the schema does not name (ignored; the page says so).
+    stuck_batch = batch(0, token="s0", writer_id="airflow:dag:run:stuck:try1")
+    stuck_batch.stats.update(rows_in=3, rows_out=3, unknown_fields=UNKNOWN_FIELDS)
+    stuck.compare_and_append(0, 1, stuck_batch, epoch=0)
     # fresh: each look finds the source caught up; stuck: the source grows, the upper stays.
     for i in range(FRESH_POINTS):
         at = now - 480 + i * 60
@@ -215,6 +219,7 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
     assert stuck["frontier"]["reasons"]
     assert stuck["stream"]["status"] == "READY" and stuck["last_checkpoint"] is None
     assert stuck["source"] == "dir"
+    assert stuck["last_batch"]["unknown_fields"] == UNKNOWN_FIELDS and fresh["last_batch"]["unknown_fields"] == {}
 
     points = client.get("/api/shards/stuck/observations").json()["points"]
     assert [p["high_watermark"] for p in points] == [40 + 25 * (i + 1) for i in range(STUCK_POINTS)]

@@ -130,7 +130,12 @@ function renderShards(data) {
     }
     cell(tr, num(s.upper), "num upper");
     cell(tr, num(s.since), "num since");
-    cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
+    const rows = cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
+    const ignored = Object.entries((s.last_batch && s.last_batch.unknown_fields) || {});
+    if (ignored.length) {
+      rows.appendChild(el("span", { class: "reason unknown-fields" },
+        `ignored, not in the schema: ${ignored.map(([name, f]) => `${name} (${num(f.records)})`).join(", ")}`));
+    }
     cell(tr, s.lag_text || "—", "num lag");
     cell(tr, s.pending_for || "—", "num pending-for");
     const commit = cell(tr, when(s.last_commit_at), "last-commit");
