@@ -95,20 +95,20 @@ PAGE = """<!DOCTYPE html>
 <button id="prev" type="button" disabled>Previous</button><span id="range" class="muted"></span>
 <button id="next" type="button" disabled>Next</button></nav>
 <div class="table-wrap"><table id="shards"><thead><tr>
-<th>Connection</th><th>Shard</th><th>Upper</th><th>Since</th><th>Last batch rows (in / out)</th>
-<th>Lag</th><th>Pending for</th><th>Last commit</th><th>Stream</th><th>Frontier</th><th>Last checkpoint</th>
-</tr></thead><tbody><tr><td colspan="11" class="muted">Loading&hellip;</td></tr></tbody></table></div>
+<th>Shard</th><th>Frontier</th><th>Lag</th><th>Pending for</th><th>Stream</th><th>Upper</th><th>Since</th>
+<th>Last batch rows (in / out)</th><th>Last commit</th><th>Last checkpoint</th>
+</tr></thead><tbody><tr><td colspan="10" class="muted">Loading&hellip;</td></tr></tbody></table></div>
 <section id="detail" hidden>
 <h2 id="chart-title"></h2>
-<div class="chart-bar"><p class="legend"><span class="key hw"></span> source high watermark
-<span class="key bound"></span> committed (offsets bound at the upper)</p>
+<div class="chart-bar"><p class="legend" id="legend"></p>
 <span id="ranges" class="ranges" role="group" aria-label="Chart range"><button type="button" data-seconds="3600">1h</button><button
  type="button" data-seconds="21600">6h</button><button type="button" data-seconds="86400">24h</button></span></div>
 <div id="chart"></div>
 <ul id="reasons"></ul>
 <h3>Lag per partition <span id="partitions-at" class="muted"></span></h3>
-<table id="partitions"><thead><tr><th>Partition</th><th>Source high watermark</th><th>Committed</th>
-<th>Lag (offsets)</th></tr></thead><tbody></tbody></table>
+<p id="partitions-note" class="muted" hidden></p>
+<table id="partitions"><thead><tr><th>Partition</th><th>Source high watermark (offset)</th><th>Committed (offset)</th>
+<th id="partitions-lag">Lag</th></tr></thead><tbody></tbody></table>
 <h3>Verdict</h3>
 <p id="judged-with" class="muted"></p>
 <dl id="monitor" class="facts"></dl>
@@ -438,8 +438,11 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
         for store in stores.values():
             store.close()
     _link_assets(shards)
+    # How many upsert connections the user's role may not read (not which): the page says why
+    # it shows no shard of them, instead of "no shard".
     return {"generated_at": now, "connections": connections, "shards": shards, "total": len(listed),
-            "offset": offset, "limit": limit, "match": match}
+            "offset": offset, "limit": limit, "match": match,
+            "unreadable": sum(1 for conn_id in known if conn_id not in allowed)}
 
 
 def asset_ids(uris: set[str]) -> dict[str, int]:
@@ -477,6 +480,7 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
     bound at the upper (summed over partitions), lag and its unit. None: no such shard, or a
     connection the user may not read (the same answer: its existence is not disclosed)."""
     from airflow_upsert_provider.engine.frontier.observations import observation_window
+    from airflow_upsert_provider.engine.sources.lag import RECORDS, format_lag
 
     now = time.time() if now is None else now
     if conn_id not in upsert_conn_ids() or conn_id not in readable({conn_id}):
@@ -492,12 +496,19 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
                    "observer": o.observer}
                   for o in window]
         newest = window[-1] if window else None
+        # Per partition, the lag in the shard's unit where offsets count it: a Kafka offset is a
+        # record. A directory's offsets are segment file numbers, whose distance is no lag; its
+        # lag (segments not bound yet) is recorded for the whole shard only.
+        per_partition = newest is not None and newest.lag_unit == RECORDS
         partitions = [] if newest is None else [
             {"partition": p, "high_watermark": hw, "bound": newest.bound.get(p, 0),
-             "lag": max(0, hw - newest.bound.get(p, 0))}
+             "lag": max(0, hw - newest.bound.get(p, 0)) if per_partition else None}
             for p, hw in sorted(newest.high_watermark.items())]
         return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points,
-                "partitions": partitions, "partitions_at": None if newest is None else newest.observed_at}
+                "partitions": partitions, "partitions_at": None if newest is None else newest.observed_at,
+                "lag_unit": None if newest is None else newest.lag_unit,
+                "lag": None if newest is None else newest.lag,
+                "lag_text": None if newest is None else format_lag(newest.lag, newest.lag_unit)}
     finally:
         store.close()
 

@@ -299,6 +299,8 @@ def test_airflow_roles_that_may_not_read_connections_see_no_shard(shard_store, m
     for role, expected in (("viewer", []), ("user", []), ("op", ["upsert_default", OTHER_CONN])):
         data = _client(SimpleAuthManagerUser(username=role, role=role)).get("/api/shards").json()
         assert [c["conn_id"] for c in data["connections"]] == expected, role
+        # How many they may not read (not which): the page says their role is why, not "no shard".
+        assert data["unreadable"] == 2 - len(expected), role
 
 
 # -- the api-server and a browser ---------------------------------------------------------------
@@ -400,8 +402,9 @@ def test_anonymous_requests_to_the_api_server_are_refused_and_the_page_goes_to_t
 
 
 def _wait_for_points(page, count: int, timeout: float = 60) -> None:
+    """The chart's points: one series for a directory shard (the segments pending)."""
     deadline = time.monotonic() + timeout
-    while len(page.query_selector_all("#chart circle.pt.hw")) != count:
+    while len(page.query_selector_all("#chart circle.pt")) != count:
         assert time.monotonic() < deadline, page.inner_html("#chart")[:2000]
         page.wait_for_timeout(200)
 
@@ -434,10 +437,25 @@ def _screenshot(target, name: str, tmp_path) -> None:
         shutil.copy(shot, os.path.join(DOCS_IMG, name))
 
 
-def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airflow(api_server, tmp_path):
+def _observe_fresh_now(store) -> None:
+    """One more writer observation of the caught-up shard, now: however long the api-server
+    took to start, its newest observation is not old enough to read STALE."""
+    from airflow_upsert_provider.engine.frontier.observations import record_observation
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+
+    consensus = open_consensus(store["url"])
+    try:
+        record_observation(consensus, _observation("fresh", time.time(), 3, 800, 800))
+    finally:
+        consensus.dispose()
+
+
+def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airflow(api_server, shard_store, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"Chromium is required (apt-get install chromium): {CHROMIUM} not found")
     from playwright.sync_api import sync_playwright
+
+    _observe_fresh_now(shard_store)
 
     base = api_server["base"]
     with sync_playwright() as p:
@@ -478,28 +496,44 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             assert stuck["frontier"].startswith("STALLED") and "page open since" in stuck["frontier"]
             assert stuck["stream"].startswith("READY")
             assert CONSENSUS_PASSWORD not in page.content()
+            # The last batch carried a field the schema does not name.
+            assert page.inner_text("#shards tbody tr[data-shard=stuck] td.rows") == \
+                "3 / 3\nignored, not in the schema: email (2)"
 
             # The first shard's chart, then the stalled one's: one point per observation and series.
             # (Polled from here: the page's CSP forbids the eval that wait_for_function would need.)
-            _wait_for_points(page, FRESH_POINTS)
+            _wait_for_points(page, FRESH_POINTS + 1)
             _screenshot(page, "ui.png", tmp_path)
+            # A click on a row below the fold brings its detail (below the whole list) into view.
+            assert page.evaluate("document.getElementById('detail').getBoundingClientRect().top") > 800
             page.click("#shards tbody tr[data-shard=stuck]")
             _wait_for_points(page, STUCK_POINTS)
-            assert len(page.query_selector_all("#chart circle.pt.bound")) == STUCK_POINTS
-            assert len(page.query_selector_all("#chart polyline")) == 2
+            detail_top = page.evaluate("document.getElementById('detail').getBoundingClientRect().top")
+            assert 0 <= detail_top < 800, detail_top
+            # A directory shard's chart is in its lag unit: the segments pending, one series.
+            assert len(page.query_selector_all("#chart circle.pt.lag")) == STUCK_POINTS
+            assert len(page.query_selector_all("#chart polyline")) == 1
             assert "stuck" in page.inner_text("#chart-title")
-            # Full width, with axis titles; the range asked for is the chart's.
+            assert page.inner_text("#legend").strip() == "segments pending"
+            # Full width, with axis titles; the range shown is the smallest that holds the
+            # shard's observations (8 minutes of them: 1h), until a range is clicked.
             chart = page.query_selector("#chart svg").bounding_box()
             assert chart["width"] >= page.query_selector("#detail").bounding_box()["width"] - 2
             assert page.text_content("#chart .x-title").startswith("time (UTC)")
-            assert page.text_content("#chart .y-title") == "offsets (sum over partitions)"
-            assert page.get_attribute("#ranges button.active", "data-seconds") == "21600"
-            page.click("#ranges button[data-seconds='3600']")
-            _wait_for_text(page, "#chart .x-title", "time (UTC)")
+            assert page.text_content("#chart .y-title") == "segments pending"
             assert page.get_attribute("#ranges button.active", "data-seconds") == "3600"
+            page.click("#ranges button[data-seconds='21600']")
+            _wait_for_text(page, "#chart .x-title", "time (UTC)")
+            assert page.get_attribute("#ranges button.active", "data-seconds") == "21600"
             _wait_for_points(page, STUCK_POINTS)
-            # Lag per partition, and the verdict: the monitor's thresholds and its open page.
-            assert page.inner_text("#partitions tbody tr[data-partition=p0] td.lag") == str(25 * STUCK_POINTS)
+            page.click("#ranges button[data-seconds='3600']")
+            _wait_for_points(page, STUCK_POINTS)
+            assert page.get_attribute("#ranges button.active", "data-seconds") == "3600"
+            # Lag per partition: a directory's offsets are file numbers, no lag; the shard's
+            # lag in segments is said once. Then the verdict: the monitor's thresholds, its page.
+            assert page.inner_text("#partitions tbody tr[data-partition=p0] td.lag") == "—"
+            assert page.inner_text("#partitions-lag") == "Lag (segments)"
+            assert f"{25 * STUCK_POINTS} segments pending in all" in page.inner_text("#partitions-note")
             assert "monitor last evaluated with" in page.inner_text("#judged-with")
             thresholds = page.inner_text("#thresholds")
             assert "Stalled after\n2m00s (120s) = max(2 x cadence, 2m00s (120s))" in thresholds, thresholds
@@ -517,6 +551,21 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             assert [shard for _, shard in _rows(page)] == [f"fleet_{n}" for n in range(320, 330)]
             assert not errors, errors
 
+            # At 800 px the verdict stays in view, right after the shard's name.
+            page.set_viewport_size({"width": 800, "height": 800})
+            page.goto(f"{base}{URL_PREFIX}/")
+            page.wait_for_selector("#shards tbody tr[data-shard=stuck] td.frontier .badge", timeout=60000)
+            verdict = page.query_selector("#shards tbody tr[data-shard=stuck] td.frontier").bounding_box()
+            assert verdict["x"] >= 0 and verdict["x"] + verdict["width"] <= 800, verdict
+            assert page.inner_text("#shards tbody tr[data-shard=stuck] td.frontier .badge") == "STALLED"
+            # A deep link to a shard that does not exist says so and selects no other shard.
+            page.goto(f"{base}{URL_PREFIX}/?conn=upsert_default&shard=nope")
+            _wait_for_text(page, "#errors", "no shard nope in connection upsert_default")
+            page.wait_for_selector("#shards tbody tr[data-shard=stuck]", timeout=60000)
+            assert page.query_selector("#shards tbody tr.selected") is None
+            assert page.is_hidden("#detail")
+            page.set_viewport_size({"width": 1280, "height": 800})
+
             # In Airflow's UI, dark: the operators' "Shard page" link opens the page framed, at its
             # shard (on the page of the list that holds it), in Airflow's theme.
             page.evaluate("localStorage.setItem('theme', 'dark')")
@@ -524,13 +573,16 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             frame = page.frame_locator("iframe").first
             frame.locator("#shards tbody tr.selected[data-shard=fleet_321]").wait_for(timeout=60000)
             assert frame.locator("#range").inner_text() == "shards 301–350 of 502"
+            # Arriving by the link brings the shard's detail into view (it lies below the list).
+            top = frame.locator("#detail").evaluate("d => d.getBoundingClientRect().top")
+            assert 0 <= top < frame.locator("body").evaluate("b => window.innerHeight"), top
             assert frame.locator("html").get_attribute("data-theme") == "dark"
             background = frame.locator("body").evaluate("b => getComputedStyle(b).backgroundColor")
             assert background == "rgb(17, 17, 19)", background
             page.goto(shard_page_url("upsert_default", "stuck", base + "/"))
             frame = page.frame_locator("iframe").first
             frame.locator("#shards tbody tr.selected[data-shard=stuck]").wait_for(timeout=60000)
-            frame.locator("#chart circle.pt.hw").first.wait_for(timeout=60000)
+            frame.locator("#chart circle.pt").first.wait_for(timeout=60000)
             page.wait_for_timeout(300)  # the chart's last repaint before the picture
             _screenshot(page, "ui-dark.png", tmp_path)
             # The page follows a change of Airflow's color mode while it is open.
