@@ -277,8 +277,11 @@ function renderVerdict(shard) {
   facts("monitor", m ? [
     ["Monitor's last evaluation", `${when(m.last_evaluated_at)}: ${m.last_status || "—"}`],
     ["Evaluated by", m.evaluated_by || "—"],
-    ["Page", m.firing ? `open since ${when(m.incident_started_at)} (${m.firing_status})` : "none open"],
-    ["Pages sent", `${num(m.pages_sent)}, last ${when(m.last_sent_at)}` + (m.pages_pending ? `, ${m.pages_pending} pending` : "")],
+    // As the alert state holds them: a page is counted when the monitor decides it, and
+    // last_sent_at is set only when a channel delivered one.
+    ["Page", m.firing ? `open, incident since ${when(m.incident_started_at)} (${m.firing_status})` : "none open"],
+    ["Pages decided", num(m.pages_sent) + (m.pages_pending ? `, ${m.pages_pending} not delivered yet` : "")],
+    ["Last delivered", m.last_sent_at ? when(m.last_sent_at) : "never"],
   ] : [["Monitor", "none has evaluated this shard"]]);
   const t = f.thresholds || {};
   facts("thresholds", [
