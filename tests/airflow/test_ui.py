@@ -652,45 +652,54 @@ def _api(page, path: str, method: str = "GET", body: dict | None = None) -> dict
         return {status: r.status, body: await r.text()}; }""", [path, method, body])
 
 
-@pytest.mark.slow
-def test_every_example_dag_triggers_from_its_form_with_its_defaults(api_server):
+@contextlib.contextmanager
+def signed_in_page(base: str, width: int = 1400, height: int = 1000):
+    """A headless Chromium page signed in to Airflow's UI at ``base`` as the admin."""
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium is required (apt-get install chromium): {CHROMIUM} not found")
     from playwright.sync_api import sync_playwright
 
-    base = api_server["base"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": width, "height": height})
             _sign_in(page, base)
-            for dag_id in EXAMPLE_DAGS:
-                page.goto(f"{base}/dags/{dag_id}")
-                page.get_by_role("button", name="Trigger").first.click(timeout=60000)
-                dialog = page.get_by_role("dialog")
-                dialog.wait_for(timeout=30000)
-                submit = dialog.get_by_role("button", name="Trigger")
-                submit.wait_for(timeout=30000)
-                assert submit.is_enabled(), (dag_id, dialog.inner_text()[:3000])
-                submit.click()
-                dialog.wait_for(state="hidden", timeout=30000)
-                runs = _api(page, f"/api/v2/dags/{dag_id}/dagRuns")
-                assert runs["status"] == 200, runs
-                assert json.loads(runs["body"])["total_entries"] >= 1, (dag_id, runs)
-
-            # A number out of range is refused with a message naming the param, not clamped
-            # into range by the form and run.
-            runs_before = json.loads(_api(page, "/api/v2/dags/upsert_backfill/dagRuns")["body"])["total_entries"]
-            page.goto(f"{base}/dags/upsert_backfill")
-            page.get_by_role("button", name="Trigger").first.click(timeout=60000)
-            dialog = page.get_by_role("dialog")
-            field = dialog.locator('[id="number-input:element_batch_size"] input')
-            field.fill("-64")
-            field.blur()
-            assert field.input_value() == "-64"
-            dialog.get_by_role("button", name="Trigger").click()
-            message = dialog.get_by_text("batch_size", exact=False).last
-            message.wait_for(timeout=30000)
-            assert "-64" in dialog.inner_text() and "minimum of 1" in dialog.inner_text(), dialog.inner_text()[-2000:]
-            runs_after = json.loads(_api(page, "/api/v2/dags/upsert_backfill/dagRuns")["body"])["total_entries"]
-            assert runs_after == runs_before
+            yield page
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_every_example_dag_triggers_from_its_form_with_its_defaults(api_server):
+    base = api_server["base"]
+    with signed_in_page(base) as page:
+        for dag_id in EXAMPLE_DAGS:
+            page.goto(f"{base}/dags/{dag_id}")
+            page.get_by_role("button", name="Trigger").first.click(timeout=60000)
+            dialog = page.get_by_role("dialog")
+            dialog.wait_for(timeout=30000)
+            submit = dialog.get_by_role("button", name="Trigger")
+            submit.wait_for(timeout=30000)
+            assert submit.is_enabled(), (dag_id, dialog.inner_text()[:3000])
+            submit.click()
+            dialog.wait_for(state="hidden", timeout=30000)
+            runs = _api(page, f"/api/v2/dags/{dag_id}/dagRuns")
+            assert runs["status"] == 200, runs
+            assert json.loads(runs["body"])["total_entries"] >= 1, (dag_id, runs)
+
+        # A number out of range is refused with a message naming the param, not clamped
+        # into range by the form and run.
+        runs_before = json.loads(_api(page, "/api/v2/dags/upsert_backfill/dagRuns")["body"])["total_entries"]
+        page.goto(f"{base}/dags/upsert_backfill")
+        page.get_by_role("button", name="Trigger").first.click(timeout=60000)
+        dialog = page.get_by_role("dialog")
+        field = dialog.locator('[id="number-input:element_batch_size"] input')
+        field.fill("-64")
+        field.blur()
+        assert field.input_value() == "-64"
+        dialog.get_by_role("button", name="Trigger").click()
+        message = dialog.get_by_text("batch_size", exact=False).last
+        message.wait_for(timeout=30000)
+        assert "-64" in dialog.inner_text() and "minimum of 1" in dialog.inner_text(), dialog.inner_text()[-2000:]
+        runs_after = json.loads(_api(page, "/api/v2/dags/upsert_backfill/dagRuns")["body"])["total_entries"]
+        assert runs_after == runs_before

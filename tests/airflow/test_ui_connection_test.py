@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.plugins.connection_test import corrected_test_body, is_connection_test
-from tests.airflow.test_ui import CHROMIUM, _api, _sign_in, running_api_server
+from tests.airflow.test_ui import _api, running_api_server, signed_in_page
 
 PORTS = [0, None, 1, 5432, -1, 0.0, "0", "", True, False, "absent"]
 CONN_TYPES = ["upsert", "spark", "postgres", "", None, "absent", "UPSERT"]
@@ -77,36 +76,26 @@ def server(airflow_home, tmp_path_factory):
 
 
 def test_the_connection_lists_test_button_tests_an_upsert_connection_saved_without_a_port(server, test_store):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"Chromium is required (apt-get install chromium): {CHROMIUM} not found")
-    from playwright.sync_api import sync_playwright
-
     base = server["base"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            _sign_in(page, base)
-            # Saved as the Add form saves it: no port.
-            created = _api(page, "/api/v2/connections", "POST", {
-                "connection_id": "upsert_listed", "conn_type": "upsert",
-                "extra": json.dumps({"consensus_url": test_store["url"], "blob_root": test_store["blob"]})})
-            assert created["status"] == 201, created
-            assert json.loads(created["body"])["port"] is None
-            page.goto(f"{base}/connections")
-            row = page.get_by_role("row").filter(has_text="upsert_listed")
-            row.wait_for(timeout=60000)
-            with page.expect_request("**/api/v2/connections/test") as sent, \
-                    page.expect_response("**/api/v2/connections/test") as answered:
-                row.get_by_role("button", name="Test Connection").click()
-            # What the list posts (the upstream bug's port 0), and what the server made of it.
-            assert json.loads(sent.value.post_data)["port"] == 0
-            response = answered.value
-            assert response.status == 200, response.text()
-            expected = f"3 shards found in {test_store['url']}; blob root {test_store['blob']} is writable"
-            assert response.json() == {"status": True, "message": expected}
-            toast = page.get_by_text("Test Connection Successful")
-            toast.wait_for(timeout=30000)
-            assert page.get_by_text(expected).count() >= 1
-        finally:
-            browser.close()
+    with signed_in_page(base, 1400, 900) as page:
+        # Saved as the Add form saves it: no port.
+        created = _api(page, "/api/v2/connections", "POST", {
+            "connection_id": "upsert_listed", "conn_type": "upsert",
+            "extra": json.dumps({"consensus_url": test_store["url"], "blob_root": test_store["blob"]})})
+        assert created["status"] == 201, created
+        assert json.loads(created["body"])["port"] is None
+        page.goto(f"{base}/connections")
+        row = page.get_by_role("row").filter(has_text="upsert_listed")
+        row.wait_for(timeout=60000)
+        with page.expect_request("**/api/v2/connections/test") as sent, \
+                page.expect_response("**/api/v2/connections/test") as answered:
+            row.get_by_role("button", name="Test Connection").click()
+        # What the list posts (the upstream bug's port 0), and what the server made of it.
+        assert json.loads(sent.value.post_data)["port"] == 0
+        response = answered.value
+        assert response.status == 200, response.text()
+        expected = f"3 shards found in {test_store['url']}; blob root {test_store['blob']} is writable"
+        assert response.json() == {"status": True, "message": expected}
+        toast = page.get_by_text("Test Connection Successful")
+        toast.wait_for(timeout=30000)
+        assert page.get_by_text(expected).count() >= 1
