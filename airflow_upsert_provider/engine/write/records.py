@@ -407,15 +407,17 @@ def jsonl_field_counts(spark: "SparkSession", config: ShardConfig, segments: lis
     """(field, records carrying it, first file as Spark names it) for each top-level field of
     the segments' JSON lines that the schema does not name: one aggregation over the lines'
     keys (a line that is not a JSON object has none)."""
+    from pyspark.sql import functions as F
+
     rows = (
         spark.read.text([s.path for s in segments])
         .selectExpr("_metadata.file_path AS _file", "explode(json_object_keys(value)) AS _field")
         .where(f"NOT _field IN ({', '.join(sql_string(name) for name in config.column_names())})")
         .groupBy("_field")
-        .agg({"*": "count", "_file": "min"})
+        .agg(F.count(F.lit(1)).alias("_records"), F.min("_file").alias("_first"))
         .collect()
     )
-    return [(r["_field"], int(r["count(1)"]), r["min(_file)"]) for r in rows]
+    return [(r["_field"], int(r["_records"]), r["_first"]) for r in rows]
 
 
 def parquet_field_counts(segments: list[Segment]) -> list[tuple[str, int, str]]:
