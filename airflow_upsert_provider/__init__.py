@@ -125,13 +125,16 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "default_buckets": {
                         "label": "Buckets of new shards",
-                        "description": "Hash buckets a new shard's runs are split into.",
-                        "schema": {"type": ["integer", "null"], "default": 8, "minimum": 1, "maximum": 4096},
+                        "description": "Hash buckets a new shard's runs are split into: 1 to 4096.",
+                        # No minimum/maximum here: Airflow's form clamps a number into them
+                        # silently (-3 saved as 1); the hook refuses it at use, naming the field.
+                        "schema": {"type": ["integer", "null"], "default": 8},
                     },
                     "default_max_files_per_batch": {
                         "label": "Max files per batch of new shards",
-                        "description": "How many source segment files one batch of a new shard binds.",
-                        "schema": {"type": ["integer", "null"], "default": 64, "minimum": 1},
+                        "description": "How many source segment files one batch of a new shard binds: "
+                        "at least 1.",
+                        "schema": {"type": ["integer", "null"], "default": 64},
                     },
                     "kafka_conn_id": {
                         "label": "Kafka connection id",

@@ -83,8 +83,9 @@ with DAG(
     # A failed watch is a page (or a shard that does not exist), not a fault to retry.
     default_args={"retries": 0},
     params={
+        # Nullable: the form marks a non-null param required, and empty means every shard.
         "shards": Param(
-            [], type="array", items={"type": "string", "pattern": SHARD_ID_PATTERN.pattern}, title="Shards",
+            [], type=["null", "array"], items={"type": "string", "pattern": SHARD_ID_PATTERN.pattern}, title="Shards",
             description="Ids of the shards to watch; empty: every shard of the consensus store. A shard "
             "that does not exist fails its watch task, naming it.",
         ),

@@ -64,14 +64,21 @@ class UpsertSettings:
         return redact_url(self.consensus_url)
 
 
-def _optional_int(extra: Mapping[str, Any], name: str) -> int | None:
+def _optional_int(extra: Mapping[str, Any], name: str, *, minimum: int | None = None) -> int | None:
+    """An optional integer field of the connection's extra; a value below ``minimum`` is
+    refused naming the field, never clamped into range."""
     value = extra.get(name)
     if value in (None, ""):
         return None
     try:
-        return int(value)
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
+        number = int(value)
     except (TypeError, ValueError):
         raise ConfigurationError(f"connection field {name!r} must be an integer, got {value!r}", field=name) from None
+    if minimum is not None and number < minimum:
+        raise ConfigurationError(f"connection field {name!r} must be at least {minimum}, got {value!r}", field=name)
+    return number
 
 
 def _missing_sqlite_file(url: str) -> str | None:
@@ -166,8 +173,8 @@ class UpsertShardHook(BaseHook):
             consensus_url=with_password(url, conn.password),
             blob_root=blob_root,
             spark_conn_id=extra.get("spark_conn_id") or DEFAULT_SPARK_CONN_ID,
-            default_buckets=_optional_int(extra, "default_buckets"),
-            default_max_files_per_batch=_optional_int(extra, "default_max_files_per_batch"),
+            default_buckets=_optional_int(extra, "default_buckets", minimum=1),
+            default_max_files_per_batch=_optional_int(extra, "default_max_files_per_batch", minimum=1),
             kafka_conn_id=extra.get("kafka_conn_id") or None,
             aws_conn_id=extra.get("aws_conn_id") or None,
         )

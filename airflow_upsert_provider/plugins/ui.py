@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from importlib.resources import files
 from typing import Any, Callable
@@ -44,6 +45,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from airflow_upsert_provider.plugins.connection_test import UpsertConnectionTestPort
 from airflow_upsert_provider.links import (
     URL_PREFIX,
     VIEW_ROUTE,
@@ -64,6 +66,9 @@ MAX_CHART_POINTS = 2000
 # Shards per page of the list: a store may hold hundreds; each listed shard costs a few reads.
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
+# Seconds a connection's store has to list its shards; a store that takes longer (a host that
+# accepts and never answers waits out the driver's connect timeout, ~20 s) is shown unreachable.
+STORE_LIST_SECONDS = 5.0
 STATIC_FILES = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 
 # Only the page's own script and style files run; it may be framed only by Airflow's own UI.
@@ -90,20 +95,20 @@ PAGE = """<!DOCTYPE html>
 <button id="prev" type="button" disabled>Previous</button><span id="range" class="muted"></span>
 <button id="next" type="button" disabled>Next</button></nav>
 <div class="table-wrap"><table id="shards"><thead><tr>
-<th>Connection</th><th>Shard</th><th>Upper</th><th>Since</th><th>Last batch rows (in / out)</th>
-<th>Lag</th><th>Pending for</th><th>Last commit</th><th>Stream</th><th>Frontier</th><th>Last checkpoint</th>
-</tr></thead><tbody><tr><td colspan="11" class="muted">Loading&hellip;</td></tr></tbody></table></div>
+<th>Shard</th><th>Frontier</th><th>Lag</th><th>Pending for</th><th>Stream</th><th>Upper</th><th>Since</th>
+<th>Last batch rows (in / out)</th><th>Last commit</th><th>Last checkpoint</th>
+</tr></thead><tbody><tr><td colspan="10" class="muted">Loading&hellip;</td></tr></tbody></table></div>
 <section id="detail" hidden>
 <h2 id="chart-title"></h2>
-<div class="chart-bar"><p class="legend"><span class="key hw"></span> source high watermark
-<span class="key bound"></span> committed (offsets bound at the upper)</p>
+<div class="chart-bar"><p class="legend" id="legend"></p>
 <span id="ranges" class="ranges" role="group" aria-label="Chart range"><button type="button" data-seconds="3600">1h</button><button
  type="button" data-seconds="21600">6h</button><button type="button" data-seconds="86400">24h</button></span></div>
 <div id="chart"></div>
 <ul id="reasons"></ul>
 <h3>Lag per partition <span id="partitions-at" class="muted"></span></h3>
-<table id="partitions"><thead><tr><th>Partition</th><th>Source high watermark</th><th>Committed</th>
-<th>Lag (offsets)</th></tr></thead><tbody></tbody></table>
+<p id="partitions-note" class="muted" hidden></p>
+<table id="partitions"><thead><tr><th>Partition</th><th>Source high watermark (offset)</th><th>Committed (offset)</th>
+<th id="partitions-lag">Lag</th></tr></thead><tbody></tbody></table>
 <h3>Verdict</h3>
 <p id="judged-with" class="muted"></p>
 <dl id="monitor" class="facts"></dl>
@@ -248,6 +253,8 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
                     "dag_runs": None if writer is None else dag_runs_path(writer["dag_id"]), "asset": None}
     row["last_batch"] = None if last is None else {
         "ts": last.ts, "rows_in": last.stats.get("rows_in"), "rows_out": last.stats.get("rows_out"),
+        # Fields its records carried that the schema does not name (ignored): {name: {records, file}}.
+        "unknown_fields": last.stats.get("unknown_fields") or {},
     }
     try:
         stream = read_stream(consensus, shard_id)
@@ -324,15 +331,63 @@ def _source_kind(config_json: str) -> str | None:
 ConnectionFilter = Callable[[set[str]], set[str]]
 
 
+class _Listing(threading.Thread):
+    """One connection's store opened and its shards listed, in a thread of its own. The page
+    takes the result (:meth:`take`) until a deadline; a listing not done by then is abandoned,
+    and closes its store itself when it ends."""
+
+    def __init__(self, conn_id: str) -> None:
+        super().__init__(name=f"upsert-ui-list-{conn_id}", daemon=True)
+        self.conn_id = conn_id
+        self.store: _Store | None = None
+        self.backend: str | None = None
+        self.records: list[Any] = []
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._done = False
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            self.store = _Store(self.conn_id)
+            self.backend = self.store.backend
+            self.store.open()
+            if self.store.missing:
+                self.error = "no consensus store yet (nothing was created with this connection)"
+            else:
+                self.records = sorted(self.store.consensus.list_shards(), key=lambda r: r.shard_id)
+        except Exception as exc:
+            self.error = self.store.scrub(exc) if self.store is not None else _safe_message(exc, [])
+        finally:
+            with self._lock:
+                self._done = True
+                abandoned = self._abandoned
+            if abandoned and self.store is not None:
+                self.store.close()
+
+    def take(self, deadline: float) -> bool:
+        """Whether the listing ended by ``deadline`` (a ``time.monotonic()`` value); if not,
+        it is abandoned: the caller must not use or close its store."""
+        self.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            if not self._done:
+                self._abandoned = True
+            return self._done
+
+
 def list_shards(now: float | None = None, readable: ConnectionFilter = lambda ids: ids, *, offset: int = 0,
-                limit: int = DEFAULT_PAGE_SIZE, match: str = "", focus: tuple[str, str] | None = None) -> dict[str, Any]:
+                limit: int = DEFAULT_PAGE_SIZE, match: str = "", focus: tuple[str, str] | None = None,
+                store_seconds: float | None = None) -> dict[str, Any]:
     """One page of the shards of every upsert connection in ``readable(connection ids)`` (those
     the user may read), ordered by connection and shard id, and per connection how many shards
     it has and what could not be read. Listing a store is one query; only the page's shards are
     read in full, so a store of many shards answers as fast as one of a page.
 
     ``match``: only shard ids containing it (case-insensitive). ``focus`` (connection, shard):
-    the page that holds that shard, whatever ``offset`` says (a deep link)."""
+    the page that holds that shard, whatever ``offset`` says (a deep link). ``store_seconds``:
+    how long a store may take to list its shards (default ``STORE_LIST_SECONDS``); a store that
+    takes longer is marked unreachable and the page is answered without it."""
+    store_seconds = STORE_LIST_SECONDS if store_seconds is None else store_seconds
     now = time.time() if now is None else now
     limit = max(1, min(int(limit), MAX_PAGE_SIZE))
     connections: list[dict[str, Any]] = []
@@ -341,24 +396,31 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
     needle = match.strip().lower()
     known = upsert_conn_ids()
     allowed = readable(set(known))
+    # Each store is listed in its own thread: one that does not answer within the limit holds
+    # neither the others nor the page (its thread ends, and closes its store, on its own).
+    listings = [_Listing(conn_id) for conn_id in known if conn_id in allowed]
+    for listing in listings:
+        listing.start()
+    deadline = time.monotonic() + store_seconds
     try:
-        for conn_id in (c for c in known if c in allowed):
-            entry: dict[str, Any] = {"conn_id": conn_id, "consensus": None, "shards": 0, "error": None}
+        for listing in listings:
+            entry: dict[str, Any] = {"conn_id": listing.conn_id, "consensus": None, "shards": 0, "error": None,
+                                     "unreachable": False}
             connections.append(entry)
-            store = None
-            try:
-                store = _Store(conn_id)
-                entry["consensus"] = store.backend
-                stores[conn_id] = store
-                store.open()
-                if store.missing:
-                    entry["error"] = "no consensus store yet (nothing was created with this connection)"
-                    continue
-                records = sorted(store.consensus.list_shards(), key=lambda r: r.shard_id)
-                entry["shards"] = len(records)
-                listed.extend((conn_id, r) for r in records if needle in r.shard_id.lower())
-            except Exception as exc:
-                entry["error"] = store.scrub(exc) if store is not None else _safe_message(exc, [])
+            if not listing.take(deadline):
+                entry["consensus"] = listing.backend
+                entry["unreachable"] = True
+                entry["error"] = (f"unreachable: its consensus store did not answer within {store_seconds:g} s; "
+                                  "its shards are not shown")
+                continue
+            entry["consensus"] = listing.backend
+            if listing.store is not None:
+                stores[listing.conn_id] = listing.store
+            if listing.error is not None:
+                entry["error"] = listing.error
+                continue
+            entry["shards"] = len(listing.records)
+            listed.extend((listing.conn_id, r) for r in listing.records if needle in r.shard_id.lower())
         if focus is not None:
             at = next((i for i, (c, r) in enumerate(listed) if (c, r.shard_id) == tuple(focus)), None)
             if at is not None:
@@ -376,8 +438,11 @@ def list_shards(now: float | None = None, readable: ConnectionFilter = lambda id
         for store in stores.values():
             store.close()
     _link_assets(shards)
+    # How many upsert connections the user's role may not read (not which): the page says why
+    # it shows no shard of them, instead of "no shard".
     return {"generated_at": now, "connections": connections, "shards": shards, "total": len(listed),
-            "offset": offset, "limit": limit, "match": match}
+            "offset": offset, "limit": limit, "match": match,
+            "unreadable": sum(1 for conn_id in known if conn_id not in allowed)}
 
 
 def asset_ids(uris: set[str]) -> dict[str, int]:
@@ -415,6 +480,7 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
     bound at the upper (summed over partitions), lag and its unit. None: no such shard, or a
     connection the user may not read (the same answer: its existence is not disclosed)."""
     from airflow_upsert_provider.engine.frontier.observations import observation_window
+    from airflow_upsert_provider.engine.sources.lag import RECORDS, format_lag
 
     now = time.time() if now is None else now
     if conn_id not in upsert_conn_ids() or conn_id not in readable({conn_id}):
@@ -430,12 +496,19 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
                    "observer": o.observer}
                   for o in window]
         newest = window[-1] if window else None
+        # Per partition, the lag in the shard's unit where offsets count it: a Kafka offset is a
+        # record. A directory's offsets are segment file numbers, whose distance is no lag; its
+        # lag (segments not bound yet) is recorded for the whole shard only.
+        per_partition = newest is not None and newest.lag_unit == RECORDS
         partitions = [] if newest is None else [
             {"partition": p, "high_watermark": hw, "bound": newest.bound.get(p, 0),
-             "lag": max(0, hw - newest.bound.get(p, 0))}
+             "lag": max(0, hw - newest.bound.get(p, 0)) if per_partition else None}
             for p, hw in sorted(newest.high_watermark.items())]
         return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points,
-                "partitions": partitions, "partitions_at": None if newest is None else newest.observed_at}
+                "partitions": partitions, "partitions_at": None if newest is None else newest.observed_at,
+                "lag_unit": None if newest is None else newest.lag_unit,
+                "lag": None if newest is None else newest.lag,
+                "lag_text": None if newest is None else format_lag(newest.lag, newest.lag_unit)}
     finally:
         store.close()
 
@@ -523,10 +596,13 @@ app = create_ui_app()
 
 
 class UpsertProviderUiPlugin(AirflowPlugin):
-    """Mounts the shard page under ``URL_PREFIX`` and links it from the navigation (Browse)."""
+    """Mounts the shard page under ``URL_PREFIX`` and links it from the navigation (Browse);
+    makes the connection list's Test button work for upsert connections (connection_test.py)."""
 
     name = PLUGIN_NAME
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "airflow-upsert-provider shards"}]
+    fastapi_root_middlewares = [{"middleware": UpsertConnectionTestPort, "args": [], "kwargs": {},
+                                 "name": "airflow-upsert-provider connection test port"}]
     external_views = [{
         "name": "Upsert shards",
         "href": VIEW_HREF,

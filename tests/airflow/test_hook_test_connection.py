@@ -1,5 +1,5 @@
-"""`UpsertShardHook.test_connection`: what the connection form's Test button shows (in process,
-no Spark)."""
+"""`UpsertShardHook.test_connection`: what the connection list's Test Connection button, `airflow
+connections test` and the REST API show (in process, no Spark)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,43 @@ def test_no_secret_in_the_answer(store, monkeypatch):
                 password=PASSWORD)
     ok, message = UpsertShardHook().test_connection()
     assert ok is False and "cannot reach consensus store" in message and PASSWORD not in message, message
+
+
+# The connection form's numbers: Airflow's form clamps a number into a schema's minimum
+# silently, so the form declares none and the hook refuses a bad value where it is used.
+@pytest.mark.parametrize("field, value, expected", [
+    ("default_buckets", -3, "connection field 'default_buckets' must be at least 1, got -3"),
+    ("default_buckets", 0, "connection field 'default_buckets' must be at least 1, got 0"),
+    ("default_max_files_per_batch", 0, "connection field 'default_max_files_per_batch' must be at least 1, got 0"),
+    ("default_max_files_per_batch", "-1", "connection field 'default_max_files_per_batch' must be at least 1, got '-1'"),
+    ("default_buckets", 2.5, "connection field 'default_buckets' must be an integer, got 2.5"),
+    ("default_buckets", True, "connection field 'default_buckets' must be an integer, got True"),
+    ("default_buckets", "eight", "connection field 'default_buckets' must be an integer, got 'eight'"),
+])
+def test_an_out_of_range_number_is_refused_naming_the_field(store, monkeypatch, field, value, expected):
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps({
+        "conn_type": "upsert", "extra": {"consensus_url": store["url"], "blob_root": store["blob"], field: value}}))
+    with pytest.raises(ConfigurationError) as refused:
+        UpsertShardHook().settings
+    assert str(refused.value) == expected
+    assert UpsertShardHook().test_connection() == (False, expected)
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("default_buckets", 1, 1), ("default_buckets", "16", 16), ("default_buckets", 8.0, 8), ("default_buckets", None, None),
+    ("default_buckets", "", None), ("default_max_files_per_batch", 1, 1), ("default_max_files_per_batch", 500, 500),
+])
+def test_a_valid_number_or_a_blank_is_taken_as_it_is(store, monkeypatch, field, value, expected):
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps({
+        "conn_type": "upsert", "extra": {"consensus_url": store["url"], "blob_root": store["blob"], field: value}}))
+    assert getattr(UpsertShardHook().settings, field) == expected
+
+
+def test_the_form_declares_no_bound_it_would_clamp_to():
+    from airflow_upsert_provider import get_provider_info
+
+    fields = next(c for c in get_provider_info()["connection-types"] if c["connection-type"] == "upsert")["conn-fields"]
+    for name in ("default_buckets", "default_max_files_per_batch"):
+        assert "minimum" not in fields[name]["schema"] and "maximum" not in fields[name]["schema"], name

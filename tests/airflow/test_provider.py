@@ -168,3 +168,11 @@ def test_every_dag_param_has_a_title_a_full_description_and_a_schema_that_refuse
             assert sorted(map(repr, param["refused"])) == sorted(map(repr, expected)), where
             seen.add(where if where in BAD_VALUES else name)
     assert seen == set(BAD_VALUES)
+
+
+def test_a_param_whose_empty_value_means_every_shard_is_not_marked_required(airflow_view):
+    """The trigger form marks a param required unless its type admits null: the monitor's
+    shards (empty: every shard) must not read as required."""
+    shards = airflow_view["params"]["upsert_frontier_monitor"]["shards"]
+    assert "null" in shards["schema"]["type"] and shards["null_valid"], shards
+    assert shards["default"] == [] and shards["default_valid"], shards

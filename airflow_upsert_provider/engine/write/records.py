@@ -368,3 +368,65 @@ def parquet_records(spark: "SparkSession", config: ShardConfig, segments: list[S
         F.coalesce(*reasons).alias("_reason"),
     )
     return BatchRecords(records)
+
+
+# -- fields the shard's schema does not name (ignored until schema evolution exists) -----------
+
+
+@dataclass(frozen=True)
+class UnknownField:
+    """A field some records of a batch carry and the shard's schema does not name: how many
+    records carry it, and the first file (by path) that holds one."""
+
+    name: str
+    records: int
+    file: str
+
+
+def unknown_fields(known: Sequence[str], counts: Sequence[tuple[str, int, str]]) -> list[UnknownField]:
+    """Of ``counts`` (field, records carrying it, first file), the fields ``known`` (the
+    schema's column names) does not name, by name; a field's name is compared exactly, as
+    records are validated."""
+    named = set(known)
+    merged: dict[str, tuple[int, str]] = {}
+    for name, records, file in counts:
+        if name in named or records <= 0:
+            continue
+        before = merged.get(name)
+        merged[name] = (records, file) if before is None else (before[0] + records, min(before[1], file))
+    return [UnknownField(name, records, file) for name, (records, file) in sorted(merged.items())]
+
+
+def unknown_fields_text(fields: Sequence[UnknownField]) -> str:
+    """The fields as one log line says them: "'email' (12 records, first in /landing/p0/7.jsonl)"."""
+    return "; ".join(f"{f.name!r} ({f.records} record{'' if f.records == 1 else 's'}, first in {f.file})"
+                     for f in fields)
+
+
+def jsonl_field_counts(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> list[tuple[str, int, str]]:
+    """(field, records carrying it, first file as Spark names it) for each top-level field of
+    the segments' JSON lines that the schema does not name: one aggregation over the lines'
+    keys (a line that is not a JSON object has none)."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        spark.read.text([s.path for s in segments])
+        .selectExpr("_metadata.file_path AS _file", "explode(json_object_keys(value)) AS _field")
+        .where(f"NOT _field IN ({', '.join(sql_string(name) for name in config.column_names())})")
+        .groupBy("_field")
+        .agg(F.count(F.lit(1)).alias("_records"), F.min("_file").alias("_first"))
+        .collect()
+    )
+    return [(r["_field"], int(r["_records"]), r["_first"]) for r in rows]
+
+
+def parquet_field_counts(segments: list[Segment]) -> list[tuple[str, int, str]]:
+    """(column, rows, file) for each column of the segments' Parquet files, read from the
+    footers only: every row of a file carries its columns."""
+    import pyarrow.parquet as pq
+
+    counts = []
+    for segment in segments:
+        metadata = pq.read_metadata(segment.path)
+        counts.extend((name, metadata.num_rows, segment.path) for name in metadata.schema.to_arrow_schema().names)
+    return counts

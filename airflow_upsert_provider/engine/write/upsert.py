@@ -9,11 +9,12 @@ It never reads the table: a write costs O(batch), never O(table).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from airflow_upsert_provider.engine.config import ShardConfig
@@ -29,16 +30,24 @@ from airflow_upsert_provider.engine.table.runs import (
 from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records, message_position
 from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
+    UnknownField,
     jsonl_fast_path_decides,
+    jsonl_field_counts,
     jsonl_records,
     jsonl_records_fast,
+    parquet_field_counts,
     parquet_records,
+    unknown_fields,
+    unknown_fields_text,
 )
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class StagedOutput:
@@ -49,6 +58,8 @@ class StagedOutput:
     rejected: int
     # Seconds spent reading and validating the segments, and writing the runs.
     timings: dict[str, float] = field(default_factory=dict)
+    # Fields records carry that the shard's schema does not name: ignored, and said so.
+    unknown_fields: tuple[UnknownField, ...] = ()
 
 
 def stage_batch(
@@ -102,8 +113,18 @@ def stage_batch(
         batch = parquet_records(spark, config, segments)
         rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
     timings["spark_job"] = time.monotonic() - job_started - timings["describe"]
-    return _finish(shard, binding, batch, rows_in, rejected, run, timings,
-                   run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
+    output = _finish(shard, binding, batch, rows_in, rejected, run, timings,
+                     run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
+    if config.source_format == "jsonl":
+        counts = [(name, records, _local_path(file)) for name, records, file in jsonl_field_counts(spark, config, segments)]
+    else:
+        counts = parquet_field_counts(segments)
+    ignored = tuple(unknown_fields(config.column_names(), counts))
+    if ignored:
+        log.warning("shard %s batch %s: %d field(s) the shard's schema does not name were ignored: %s "
+                    "(the table keeps the schema's columns; see docs/input.md)",
+                    shard.shard_id, binding.ts, len(ignored), unknown_fields_text(ignored))
+    return replace(output, unknown_fields=ignored)
 
 
 def _stage_kafka(

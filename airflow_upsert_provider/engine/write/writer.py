@@ -139,6 +139,8 @@ class StagedBatch:
     quarantined_files: list[dict[str, str]]
     stage_seconds: float
     stage_timings: dict[str, float] = field(default_factory=dict)
+    # Fields the records carry that the shard's schema does not name: {name: {records, file}}.
+    unknown_fields: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,6 +150,8 @@ class BatchResult:
     rows_in: int = 0
     rows_out: int = 0
     rejected: int = 0
+    # Fields the records carry that the shard's schema does not name (ignored): name -> records.
+    unknown_fields: dict[str, int] = field(default_factory=dict)
     quarantined_files: int = 0
     seconds: float = 0.0
     upper: int = 0
@@ -329,6 +333,7 @@ class Writer:
             quarantined_files=binding.quarantined,
             stage_seconds=time.monotonic() - started,
             stage_timings=dict(output.timings),
+            unknown_fields={f.name: {"records": f.records, "file": f.file} for f in output.unknown_fields},
         )
         self.held[ts] = staged
         return staged
@@ -403,6 +408,7 @@ class Writer:
                 "rejected": staged.rejected,
                 "rejects": staged.rejects,
                 "quarantined_files": staged.quarantined_files,
+                **({"unknown_fields": staged.unknown_fields} if staged.unknown_fields else {}),
             },
         )
         # The store says which failures changed nothing (ConsensusUnavailable) and which may
@@ -581,6 +587,7 @@ class Writer:
             rows_in=staged.rows_in if mine else 0,
             rows_out=staged.rows_out if mine else 0,
             rejected=staged.rejected if mine else 0,
+            unknown_fields={name: f["records"] for name, f in staged.unknown_fields.items()} if mine else {},
             quarantined_files=len(staged.quarantined_files) if mine else 0,
             seconds=time.monotonic() - started,
             upper=self.progress,

@@ -8,6 +8,11 @@ let selected = null;
 let listOffset = 0;
 let listMatch = "";
 let chartSeconds = 6 * 3600;
+// Until a range is clicked, a shard's chart opens at the smallest range that holds all its
+// recorded observations (a new shard's points fill the width instead of its right edge).
+let chartChosen = false;
+// A deep link named a shard that is not listed: no other shard is selected in its place.
+let deepMissed = false;
 let chartData = null;
 // A deep link (?conn=...&shard=..., the operators' "Shard page" link) opens that shard.
 const query = new URLSearchParams(location.search);
@@ -107,8 +112,7 @@ function renderShards(data) {
   box.textContent = errors.join("\n");
   if (data.shards.length === 0) {
     const tr = el("tr");
-    cell(tr, data.match ? `No shard id contains "${data.match}".` : "No shard in any upsert connection.")
-      .setAttribute("colspan", "11");
+    cell(tr, data.match ? `No shard id contains "${data.match}".` : noShardText(data)).setAttribute("colspan", "10");
     body.appendChild(tr);
   }
   listOffset = data.offset;
@@ -119,8 +123,9 @@ function renderShards(data) {
   document.getElementById("next").disabled = data.offset + data.limit >= data.total;
   for (const s of data.shards) {
     const tr = el("tr", { "data-conn": s.conn_id, "data-shard": s.shard });
-    cell(tr, s.conn_id);
+    // The verdict comes right after the shard's name: on a narrow window it stays in view.
     const name = cell(tr, s.shard, "shard");
+    name.appendChild(el("span", { class: "reason conn" }, s.conn_id));
     const links = s.links || {};
     if (links.asset || links.dag_runs) {
       const span = el("span", { class: "links" });
@@ -128,20 +133,6 @@ function renderShards(data) {
       if (links.dag_runs) span.appendChild(airflowLink(links.dag_runs, "DAG runs", "runs-link"));
       name.appendChild(span);
     }
-    cell(tr, num(s.upper), "num upper");
-    cell(tr, num(s.since), "num since");
-    cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
-    cell(tr, s.lag_text || "—", "num lag");
-    cell(tr, s.pending_for || "—", "num pending-for");
-    const commit = cell(tr, when(s.last_commit_at), "last-commit");
-    if (s.last_writer) {
-      const writer = el("span", { class: "reason" });
-      writer.appendChild(s.links && s.links.writer ? airflowLink(s.links.writer, s.last_writer, "writer-link")
-        : document.createTextNode(s.last_writer));
-      commit.appendChild(writer);
-    }
-    const stream = cell(tr, badge(s.stream ? s.stream.status : null), "stream");
-    if (s.stream && s.stream.reason) stream.appendChild(el("span", { class: "reason" }, s.stream.reason));
     const frontier = cell(tr, badge(s.frontier ? s.frontier.status : null), "frontier");
     for (const reason of (s.frontier ? s.frontier.reasons : []).slice(0, 2)) {
       frontier.appendChild(el("span", { class: "reason" }, reason));
@@ -151,8 +142,35 @@ function renderShards(data) {
         `page open since ${when(s.monitor.incident_started_at)} (${s.monitor.firing_status})`));
     }
     for (const error of s.errors || []) frontier.appendChild(el("span", { class: "reason" }, error));
+    cell(tr, s.lag_text || "—", "num lag");
+    cell(tr, s.pending_for || "—", "num pending-for");
+    const stream = cell(tr, badge(s.stream ? s.stream.status : null), "stream");
+    if (s.stream && s.stream.reason) stream.appendChild(el("span", { class: "reason" }, s.stream.reason));
+    cell(tr, num(s.upper), "num upper");
+    cell(tr, num(s.since), "num since");
+    const rows = cell(tr, s.last_batch ? `${num(s.last_batch.rows_in)} / ${num(s.last_batch.rows_out)}` : "—", "num rows");
+    const ignored = Object.entries((s.last_batch && s.last_batch.unknown_fields) || {});
+    if (ignored.length) {
+      rows.appendChild(el("span", { class: "reason unknown-fields" },
+        `ignored, not in the schema: ${ignored.map(([name, f]) => `${name} (${num(f.records)})`).join(", ")}`));
+    }
+    const commit = cell(tr, when(s.last_commit_at), "last-commit");
+    if (s.last_writer) {
+      const writer = el("span", { class: "reason" });
+      writer.appendChild(s.links && s.links.writer ? airflowLink(s.links.writer, s.last_writer, "writer-link")
+        : document.createTextNode(s.last_writer));
+      commit.appendChild(writer);
+    }
     cell(tr, s.last_checkpoint ? `${s.last_checkpoint.id} (upper ${s.last_checkpoint.upper})` : "—", "checkpoint");
-    tr.addEventListener("click", () => select(s));
+    tr.addEventListener("click", () => select(s, true));
+    body.appendChild(tr);
+  }
+  // A store that did not answer in time: its shards are unknown, the row says so.
+  for (const c of data.connections.filter((c) => c.unreachable)) {
+    const tr = el("tr", { class: "unreachable", "data-unreachable": c.conn_id });
+    cell(tr, c.conn_id, "shard");
+    cell(tr, badge("unreachable"), "frontier").appendChild(el("span", { class: "reason" }, c.error));
+    tr.lastChild.setAttribute("colspan", "9");
     body.appendChild(tr);
   }
   const find = (want) => want && data.shards.find((s) => s.conn_id === want.conn_id && s.shard === want.shard);
@@ -160,15 +178,30 @@ function renderShards(data) {
   const again = deep || find(selected);
   if (wanted && !deep) {
     box.hidden = false;
-    box.textContent += `${box.textContent ? "\n" : ""}no shard ${wanted.shard} in connection ${wanted.conn_id}`;
+    box.textContent += `${box.textContent ? "\n" : ""}no shard ${wanted.shard} in connection ${wanted.conn_id}` +
+      (data.unreadable ? ` that your role may read (it may not read ${num(data.unreadable)} upsert connection(s))` : "");
   }
+  // A deep link to a shard that is not there selects nothing: the detail would be another shard's.
+  deepMissed = deepMissed || Boolean(wanted && !deep);
   wanted = null;
-  if (again || data.shards.length) select(again || data.shards[0]);
-  if (deep) document.querySelector("#shards tbody tr.selected").scrollIntoView({ block: "nearest" });
+  if (again) select(again, Boolean(deep));
+  else if (!deepMissed && data.shards.length) select(data.shards[0]);
+  else document.getElementById("detail").hidden = true;
   document.getElementById("refreshed").textContent = `as of ${when(data.generated_at)}`;
 }
 
-function select(shard) {
+// Why no shard is listed: none exists, or the user's role may not read the connections.
+function noShardText(data) {
+  if (data.unreadable && !data.connections.length) {
+    return `No shard you may see: your role may not read the ${num(data.unreadable)} upsert connection(s) ` +
+      "(reading a connection's shards needs read access on Connections; ask an administrator).";
+  }
+  const more = data.unreadable ? ` (your role may not read ${num(data.unreadable)} more upsert connection(s))` : "";
+  return `No shard in any upsert connection you may read${more}.`;
+}
+
+// ``reveal``: a click on the row or a deep link brings the detail (below the list) into view.
+function select(shard, reveal) {
   selected = shard;
   for (const tr of document.querySelectorAll("#shards tbody tr")) {
     tr.classList.toggle("selected", tr.dataset.conn === shard.conn_id && tr.dataset.shard === shard.shard);
@@ -180,18 +213,37 @@ function select(shard) {
   reasons.replaceChildren(...(shard.frontier ? shard.frontier.reasons : []).map((r) => el("li", {}, r)));
   renderVerdict(shard);
   loadChart(shard);
+  if (reveal) detail.scrollIntoView({ block: "start" });
+}
+
+function markRange(seconds) {
+  for (const button of document.querySelectorAll("#ranges button")) {
+    button.classList.toggle("active", Number(button.dataset.seconds) === seconds);
+  }
+}
+
+// The smallest range offered that holds every point fetched (the fetch asked for the largest
+// range wanted), or the range fetched.
+function fittingRange(data) {
+  if (!data.points.length) return data.to - data.from;
+  const age = data.to - data.points[0].t;
+  const offered = [...document.querySelectorAll("#ranges button")].map((b) => Number(b.dataset.seconds));
+  return offered.sort((a, b) => a - b).find((seconds) => seconds >= age) || data.to - data.from;
 }
 
 function loadChart(shard) {
-  for (const button of document.querySelectorAll("#ranges button")) {
-    button.classList.toggle("active", Number(button.dataset.seconds) === chartSeconds);
-  }
+  markRange(chartSeconds);
   const url = `api/shards/${encodeURIComponent(shard.shard)}/observations?conn=${encodeURIComponent(shard.conn_id)}` +
     `&seconds=${chartSeconds}`;
   fetch(url, { credentials: "same-origin" })
     .then(answer)
     .then((data) => {
       if (selected !== shard) return;
+      if (!chartChosen) {
+        const seconds = Math.min(fittingRange(data), data.to - data.from);
+        data = Object.assign({}, data, { from: data.to - seconds, points: data.points.filter((p) => p.t >= data.to - seconds) });
+        markRange(seconds);
+      }
       chartData = data;
       drawChart(data);
       renderPartitions(data);
@@ -225,8 +277,11 @@ function renderVerdict(shard) {
   facts("monitor", m ? [
     ["Monitor's last evaluation", `${when(m.last_evaluated_at)}: ${m.last_status || "—"}`],
     ["Evaluated by", m.evaluated_by || "—"],
-    ["Page", m.firing ? `open since ${when(m.incident_started_at)} (${m.firing_status})` : "none open"],
-    ["Pages sent", `${num(m.pages_sent)}, last ${when(m.last_sent_at)}` + (m.pages_pending ? `, ${m.pages_pending} pending` : "")],
+    // As the alert state holds them: a page is counted when the monitor decides it, and
+    // last_sent_at is set only when a channel delivered one.
+    ["Page", m.firing ? `open, incident since ${when(m.incident_started_at)} (${m.firing_status})` : "none open"],
+    ["Pages decided", num(m.pages_sent) + (m.pages_pending ? `, ${m.pages_pending} not delivered yet` : "")],
+    ["Last delivered", m.last_sent_at ? when(m.last_sent_at) : "never"],
   ] : [["Monitor", "none has evaluated this shard"]]);
   const t = f.thresholds || {};
   facts("thresholds", [
@@ -239,9 +294,17 @@ function renderVerdict(shard) {
   ]);
 }
 
+// Lag per partition where offsets count it (Kafka: records); a directory's offsets are segment
+// file numbers, and its lag in segments is known for the whole shard only.
 function renderPartitions(data) {
   const body = document.querySelector("#partitions tbody");
   body.replaceChildren();
+  const unit = data.lag_unit || "offsets";
+  document.getElementById("partitions-lag").textContent = `Lag (${unit})`;
+  const note = document.getElementById("partitions-note");
+  note.hidden = !data.partitions.length || unit === "records";
+  note.textContent = note.hidden ? "" : `A directory's offsets are segment file numbers: the shard's lag is ` +
+    `${data.lag_text} pending in all, counted in segments not bound yet (per partition: not recorded).`;
   document.getElementById("partitions-at").textContent = data.partitions_at ? `as observed at ${when(data.partitions_at)}` : "";
   if (!data.partitions.length) {
     const tr = el("tr");
@@ -253,7 +316,7 @@ function renderPartitions(data) {
     cell(tr, p.partition);
     cell(tr, num(p.high_watermark), "num");
     cell(tr, num(p.bound), "num");
-    cell(tr, num(p.lag), "num lag");
+    cell(tr, p.lag === null ? "—" : num(p.lag), "num lag");
     body.appendChild(tr);
   }
 }
@@ -274,12 +337,20 @@ function drawChart(data) {
   }
   const W = Math.max(360, box.clientWidth || 760), H = 300, L = 84, R = 18, T = 14, B = 52;
   const t0 = data.from, t1 = data.to;
-  const ys = points.flatMap((p) => [p.high_watermark, p.bound]);
+  // In the shard's lag unit: a Kafka offset is a record, so the source's high watermark and the
+  // committed offsets are drawn; a directory's offsets are segment file numbers, so what is
+  // drawn is its lag, the segments pending.
+  const unit = points[points.length - 1].lag_unit || "offsets";
+  const series = unit === "records"
+    ? [["high_watermark", "hw", "high watermark"], ["bound", "bound", "committed"]]
+    : [["lag", "lag", "pending"]];
+  legend(series, unit);
+  const ys = points.flatMap((p) => series.map(([key]) => p[key]));
   const y0 = Math.min(0, ...ys), y1 = Math.max(1, ...ys);
   const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   const y = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - T - B);
   const svg = el("svg:svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
-    "aria-label": "committed offsets and source high watermark over time" });
+    "aria-label": unit === "records" ? "committed offsets and source high watermark over time" : `${unit} pending over time` });
   for (let i = 0; i <= 4; i++) {
     const v = y0 + ((y1 - y0) * i) / 4;
     svg.appendChild(el("svg:line", { class: "grid", x1: L, y1: y(v), x2: W - R, y2: y(v) }));
@@ -297,8 +368,9 @@ function drawChart(data) {
   svg.appendChild(el("svg:text", { class: "axis-title x-title", x: L + (W - L - R) / 2, y: H - 8, "text-anchor": "middle" },
     `time (UTC), ${when(t0)} to ${when(t1)}`));
   svg.appendChild(el("svg:text", { class: "axis-title y-title", x: 14, y: T + (H - T - B) / 2, "text-anchor": "middle",
-    transform: `rotate(-90 14 ${T + (H - T - B) / 2})` }, "offsets (sum over partitions)"));
-  for (const [key, cls] of [["high_watermark", "hw"], ["bound", "bound"]]) {
+    transform: `rotate(-90 14 ${T + (H - T - B) / 2})` },
+    unit === "records" ? "records: offsets (sum over partitions)" : `${unit} pending`));
+  for (const [key, cls, label] of series) {
     // A step line: a value holds until the next observation.
     const coords = [];
     points.forEach((p, i) => {
@@ -308,12 +380,22 @@ function drawChart(data) {
     svg.appendChild(el("svg:polyline", { class: `line ${cls}`, points: coords.join(" ") }));
     for (const p of points) {
       const dot = el("svg:circle", { class: `pt ${cls}`, cx: x(p.t), cy: y(p[key]), r: 3 });
-      dot.appendChild(el("svg:title", {}, `${when(p.t)}: ${key === "bound" ? "committed" : "high watermark"} ` +
-        `${num(p[key])}, upper ${p.upper}, lag ${num(p.lag)} ${p.lag_unit} (${p.observer})`));
+      dot.appendChild(el("svg:title", {}, `${when(p.t)}: ${label} ${num(p[key])}, upper ${p.upper}, ` +
+        `lag ${num(p.lag)} ${p.lag_unit} (${p.observer})`));
       svg.appendChild(dot);
     }
   }
   box.appendChild(svg);
+}
+
+function legend(series, unit) {
+  const box = document.getElementById("legend");
+  box.replaceChildren();
+  const texts = { hw: "source high watermark", bound: "committed (offsets bound at the upper)", lag: `${unit} pending` };
+  for (const [, cls] of series) {
+    box.appendChild(el("span", { class: `key ${cls}` }));
+    box.appendChild(document.createTextNode(` ${texts[cls]} `));
+  }
 }
 
 function answer(r) {
@@ -348,6 +430,7 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const button of document.querySelectorAll("#ranges button")) {
     button.addEventListener("click", () => {
       chartSeconds = Number(button.dataset.seconds);
+      chartChosen = true;
       if (selected) loadChart(selected);
     });
   }

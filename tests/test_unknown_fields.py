@@ -1,0 +1,130 @@
+"""A field the shard's schema does not name is ignored (docs/input.md), and said so: counted per
+batch in its result, logged once per batch naming field and file, kept in the batch's stats for
+the shard page."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_upsert_provider.engine.blob.files import open_blob
+from airflow_upsert_provider.engine.store.registry import open_consensus
+from airflow_upsert_provider.engine.table.shard import Shard
+from airflow_upsert_provider.engine.write.records import UnknownField, unknown_fields, unknown_fields_text
+from airflow_upsert_provider.engine.write.writer import Writer
+from tests.helpers import sample_config, table
+
+SCHEMA = json.dumps({"type": "struct", "fields": [
+    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+    {"name": "v", "type": "string", "nullable": True, "metadata": {}},
+]})
+
+
+# -- the rule ------------------------------------------------------------------------------------
+
+
+def test_unknown_fields_are_those_the_schema_does_not_name_summed_with_their_first_file():
+    """Seeded sweep: every known set, every mix of counts (names known and not, zero counts,
+    one field reported by several files)."""
+    names = ["id", "v", "email", "Email", "phone", "meta", "", "a b"]
+    rng = random.Random(34)
+    for _ in range(2000):
+        known = rng.sample(names, rng.randint(0, len(names)))
+        counts = [(rng.choice(names), rng.randint(0, 5), f"/landing/p{rng.randint(0, 3)}/{rng.randint(0, 9)}.jsonl")
+                  for _ in range(rng.randint(0, 12))]
+        got = unknown_fields(known, counts)
+        expected: dict[str, tuple[int, str]] = {}
+        for name, records, file in counts:
+            if name not in known and records > 0:
+                total, first = expected.get(name, (0, file))
+                expected[name] = (total + records, min(first, file))
+        assert got == [UnknownField(n, r, f) for n, (r, f) in sorted(expected.items())], (known, counts)
+
+
+def test_the_log_text_names_each_field_its_records_and_first_file():
+    assert unknown_fields_text([UnknownField("email", 2, "/l/p0/0.jsonl"), UnknownField("phone", 1, "/l/p1/0.jsonl")]) \
+        == "'email' (2 records, first in /l/p0/0.jsonl); 'phone' (1 record, first in /l/p1/0.jsonl)"
+
+
+# -- a batch on Spark ----------------------------------------------------------------------------
+
+
+def _shard(tmp_path, **overrides):
+    consensus = open_consensus(f"sqlite:///{tmp_path / 'consensus.db'}")
+    blob = open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    config = sample_config(str(tmp_path / "landing"), schema=SCHEMA, order_by=None, delete_marker=None, **overrides)
+    return consensus, Shard.create(consensus, blob, "drift", config)
+
+
+def _land(tmp_path, partition: str, name: str, lines: list[dict]) -> str:
+    path = tmp_path / "landing" / partition / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "the shard's schema does not name" in r.getMessage()]
+
+
+def test_a_batch_counts_logs_and_records_fields_the_schema_does_not_name(spark, tmp_path, caplog):
+    first = _land(tmp_path, "p0", "0.jsonl", [{"id": 1, "v": "a", "email": "x@y"}, {"id": 2, "v": "b"}])
+    # A nested object's keys are its own, not the record's: only "meta" is a field.
+    second = _land(tmp_path, "p1", "0.jsonl", [{"id": 3, "v": "c", "email": "z@y", "phone": "1"},
+                                               {"id": 4, "v": "d", "meta": {"id": 9, "inner": 1}}])
+    consensus, shard = _shard(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = Writer(shard, "w", spark_factory=lambda: spark).step()
+        assert (result.outcome, result.rows_in, result.rows_out) == ("committed", 4, 4)
+        assert result.unknown_fields == {"email": 2, "meta": 1, "phone": 1}
+        assert result.to_dict()["unknown_fields"] == {"email": 2, "meta": 1, "phone": 1}
+        assert _warnings(caplog) == [
+            "shard drift batch 0: 3 field(s) the shard's schema does not name were ignored: "
+            f"'email' (2 records, first in {first}); 'meta' (1 record, first in {second}); "
+            f"'phone' (1 record, first in {second}) (the table keeps the schema's columns; see docs/input.md)"]
+        # Kept with the batch, where the shard page reads it.
+        assert shard.consensus.get_batch("drift", 0).stats["unknown_fields"] == {
+            "email": {"records": 2, "file": first}, "meta": {"records": 1, "file": second},
+            "phone": {"records": 1, "file": second}}
+        # Ignored, as documented: the table has the schema's columns only.
+        assert table(shard) == {(i,): {"id": i, "v": v} for i, v in ((1, "a"), (2, "b"), (3, "c"), (4, "d"))}
+    finally:
+        consensus.dispose()
+
+
+def test_a_batch_of_known_fields_says_nothing(spark, tmp_path, caplog):
+    _land(tmp_path, "p0", "0.jsonl", [{"id": 1, "v": "a"}, {"id": 2, "v": None}])
+    consensus, shard = _shard(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = Writer(shard, "w", spark_factory=lambda: spark).step()
+        assert (result.outcome, result.rows_in, result.unknown_fields) == ("committed", 2, {})
+        assert _warnings(caplog) == []
+        assert "unknown_fields" not in shard.consensus.get_batch("drift", 0).stats
+    finally:
+        consensus.dispose()
+
+
+def test_a_parquet_segment_with_a_column_the_schema_does_not_name(spark, tmp_path, caplog):
+    path = tmp_path / "landing" / "p0" / "0.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"], "region": ["eu"] * 3}),
+                   str(path))
+    consensus, shard = _shard(tmp_path, source_format="parquet")
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = Writer(shard, "w", spark_factory=lambda: spark).step()
+        assert (result.outcome, result.rows_in, result.unknown_fields) == ("committed", 3, {"region": 3})
+        assert _warnings(caplog) == [
+            "shard drift batch 0: 1 field(s) the shard's schema does not name were ignored: "
+            f"'region' (3 records, first in {path}) (the table keeps the schema's columns; see docs/input.md)"]
+    finally:
+        consensus.dispose()
