@@ -128,3 +128,48 @@ def test_a_parquet_segment_with_a_column_the_schema_does_not_name(spark, tmp_pat
             f"'region' (3 records, first in {path}) (the table keeps the schema's columns; see docs/input.md)"]
     finally:
         consensus.dispose()
+
+
+# -- the count on the driver against Spark's -----------------------------------------------------
+
+# Lines of every shape the record rules know (docs/input.md): flat and nested objects, arrays,
+# scalars, blank lines, CRLF and lone CR endings, a byte order mark, invalid UTF-8, two objects
+# on a line, NaN, unicode escapes in keys, a key the schema names with other case.
+LINE_SHAPES = [
+    b'{"id": 1, "v": "a"}',
+    b'{"id": 2, "v": "b", "email": "x@y"}',
+    b'{"id": 3, "meta": {"deep": {"x": 1}}, "tags": [1, 2]}',
+    b'[1, 2, 3]',
+    b'"just a string"',
+    b'42',
+    b'   ',
+    b'{"id": 4, "V": "case"}',
+    b'{"id": 5, "caf\\u00e9": 1}',
+    b'\xef\xbb\xbf{"id": 6, "bom": 1}',
+    b'{"id": 7, "bad": "\xff"}',
+    b'{"id": 8} {"id": 9, "two": 1}',
+    b'{"id": 10, "n": NaN}',
+    b'{"id": 11, "v": "x", "email": null}',
+    b'{"id": 12, "x": 1',
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_drivers_count_of_unknown_fields_equals_sparks(spark, tmp_path, seed):
+    """The driver counts a batch it scans anyway; Spark counts a bigger one. Both give one answer
+    for every line shape (seeded mixes of shapes and line endings over several files)."""
+    from airflow_upsert_provider.engine.sources import Segment
+    from airflow_upsert_provider.engine.write import records as R
+
+    rng = random.Random(seed)
+    segments = []
+    for index in range(3):
+        path = tmp_path / "landing" / f"p{index % 2}" / f"{index}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ending = rng.choice([b"\n", b"\r\n", b"\r"])
+        path.write_bytes(ending.join(rng.choice(LINE_SHAPES) for _ in range(rng.randint(1, 12))) + ending)
+        segments.append(Segment(index, f"p{index % 2}", str(path)))
+    config = sample_config(str(tmp_path / "landing"), schema=SCHEMA, order_by=None, delete_marker=None)
+    on_driver = sorted(R.jsonl_field_counts_on_driver(config, segments))
+    on_spark = sorted((f, n, R.local_path(first)) for f, n, first in R._jsonl_field_counts_spark(spark, config, segments))
+    assert on_driver == on_spark

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from airflow_upsert_provider.engine.write.records import (
     jsonl_field_counts,
     jsonl_records,
     jsonl_records_fast,
+    local_path,
     parquet_field_counts,
     parquet_records,
     unknown_fields,
@@ -116,7 +116,7 @@ def stage_batch(
     output = _finish(shard, binding, batch, rows_in, rejected, run, timings,
                      run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
     if config.source_format == "jsonl":
-        counts = [(name, records, _local_path(file)) for name, records, file in jsonl_field_counts(spark, config, segments)]
+        counts = jsonl_field_counts(spark, config, segments)
     else:
         counts = parquet_field_counts(segments)
     ignored = tuple(unknown_fields(config.column_names(), counts))
@@ -219,7 +219,7 @@ def _reject_entry(file: str, line: int, reason: str) -> dict[str, Any]:
     if message is not None:
         topic, partition, offset = message
         return {"topic": topic, "partition": partition, "offset": offset, "reason": reason}
-    return {"file": _local_path(file), "line": line, "reason": reason}
+    return {"file": local_path(file), "line": line, "reason": reason}
 
 
 def _where(entry: dict[str, Any]) -> str:
@@ -329,13 +329,6 @@ def batch_ts_column(ts: int) -> "Column":
 
 def _relative(shard: Shard, path: str) -> str:
     return shard.blob.relative(path)
-
-
-def _local_path(uri: str) -> str:
-    """A path Spark reports (``file:/x`` or ``file:///x``, URL-quoted) as a plain path."""
-    from urllib.parse import unquote
-
-    return unquote(re.sub(r"^file:(//)?", "", uri))
 
 
 def parse_schema(ddl: str, spark_factory: Callable[[], "SparkSession"]) -> str:
