@@ -1,4 +1,5 @@
-"""The frontier-stall rules of engine/frontier/rules.py as pure functions (invariant 15).
+"""The frontier-stall decisions of engine/frontier (rules, alerts, pages, blind) as pure functions
+(invariant 15).
 
 Windows of observations go in; the status, the rule, whether it pages and how loudly come
 out. No store, no Spark: the store shell and the sensor have their own tests."""
