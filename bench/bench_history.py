@@ -67,7 +67,7 @@ import sqlalchemy as sa  # noqa: E402
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
 from airflow_upsert_provider.engine.frontier import observations  # noqa: E402
-from airflow_upsert_provider.engine.frontier.rules import StallSettings  # noqa: E402
+from airflow_upsert_provider.engine.frontier.model import StallSettings  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.compaction import compact  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage  # noqa: E402

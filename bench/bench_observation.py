@@ -47,7 +47,7 @@ from airflow_upsert_provider.engine.frontier import observations  # noqa: E402
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus  # noqa: E402
 from airflow_upsert_provider.engine.store.registry import open_consensus
-from airflow_upsert_provider.engine.frontier.rules import StallSettings  # noqa: E402
+from airflow_upsert_provider.engine.frontier.model import StallSettings  # noqa: E402
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
 
@@ -159,7 +159,7 @@ import sqlalchemy as sa
 from airflow_upsert_provider.engine.frontier import observations
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
-from airflow_upsert_provider.engine.frontier.rules import StallSettings
+from airflow_upsert_provider.engine.frontier.model import StallSettings
 from airflow_upsert_provider.engine.table.shard import Shard
 imported = time.perf_counter()
 url, blob_root, kind = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -342,7 +342,7 @@ class Soak:
 
     def monitor_loop(self, shard) -> None:
         from airflow_upsert_provider.engine.frontier import observations
-        from airflow_upsert_provider.engine.frontier.rules import StallSettings
+        from airflow_upsert_provider.engine.frontier.model import StallSettings
 
         settings = StallSettings(cadence_seconds=self.opts.cadence_seconds,
                                  min_stall_seconds=self.opts.min_stall_seconds,

@@ -58,7 +58,7 @@ def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None)
     import logging
     import time
 
-    from airflow_upsert_provider.engine.frontier.rules import BlindState, blind_page_event
+    from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_page_event
     from airflow_upsert_provider.notifications.frontier import send_page
 
     now = time.time()

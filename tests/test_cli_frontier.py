@@ -9,7 +9,7 @@ import time
 import pytest
 
 from airflow_upsert_provider.engine.frontier import observations
-from airflow_upsert_provider.engine.frontier.rules import Observation
+from airflow_upsert_provider.engine.frontier.model import Observation
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.helpers import batch, cli_store, make_shard
 from tests.helpers import run_cli as run
@@ -142,7 +142,8 @@ def test_bad_settings_name_the_field_exit_2(store, capsys, argv, field):
 def test_status_judges_with_the_monitors_settings_unless_told_otherwise(store, capsys):
     """Issue 34 item 4: records pending for 9 minutes under a monitor with a 5-minute cadence
     (stalled after 15m) are OK for the monitor, the page and upsertctl alike."""
-    from airflow_upsert_provider.engine.frontier.rules import AlertState, StallSettings
+    from airflow_upsert_provider.engine.frontier.alerts import AlertState
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
 
     monitor = StallSettings(cadence_seconds=300, min_stall_seconds=900, window_seconds=3600)
     now = time.time()

@@ -101,7 +101,8 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             print(f"deleted {describe(deleted)}")
             return {}
         return {"deleted": deleted}
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings, judging_settings
+    from airflow_upsert_provider.engine.frontier.alerts import judging_settings
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
 
     given = {field: getattr(args, field) for _, field, _, _ in FRONTIER_SETTING_OPTIONS
              if getattr(args, field) is not None}

@@ -35,7 +35,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
 from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
-from airflow_upsert_provider.engine.frontier.rules import PAGE_REQUEST_TIMEOUT_SECONDS
+from airflow_upsert_provider.engine.frontier.alerts import PAGE_REQUEST_TIMEOUT_SECONDS
 from airflow_upsert_provider.engine.sources.lag import format_pending
 
 log = logging.getLogger(__name__)

@@ -38,12 +38,8 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.frontier.rules import (
-    BlindState,
-    advance_blind,
-    blind_page_event,
-    max_delivery_seconds,
-)
+from airflow_upsert_provider.engine.frontier.alerts import max_delivery_seconds
+from airflow_upsert_provider.engine.frontier.blind import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.links import ShardPageLink
@@ -71,7 +67,7 @@ from airflow_upsert_provider.sensors.frontier_rounds import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
 
 
 # Why a page reached nobody (kept in the alert state; the shard page and upsertctl show it).

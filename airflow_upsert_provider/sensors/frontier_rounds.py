@@ -17,7 +17,7 @@ from airflow_upsert_provider.operators.arguments import parse_bool, parse_int, p
 
 if TYPE_CHECKING:
 
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
     from airflow_upsert_provider.engine.frontier.observations import EvaluationRound
 
 # Settings fields the sensor passes to the rules; the rules' defaults apply to those left unset.
@@ -39,7 +39,7 @@ def stall_settings(values: Mapping[str, Any]) -> StallSettings:
     """``StallSettings`` from operator arguments (numbers or templated strings); unset ones keep
     the rules' defaults. A bad value fails without retry, naming the field."""
     from airflow_upsert_provider.engine.errors import ConfigurationError
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
 
     kwargs: dict[str, Any] = {}
     for name in SECONDS_SETTINGS:
@@ -62,7 +62,7 @@ def settings_to_dict(settings: StallSettings) -> dict[str, Any]:
 
 
 def settings_from_dict(values: Mapping[str, Any]) -> StallSettings:
-    from airflow_upsert_provider.engine.frontier.rules import StallSettings
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
 
     return StallSettings.from_dict(values)
 
@@ -144,7 +144,7 @@ class Decision:
 def page_composer(settings: StallSettings, *, namespace: str = "", links: Sequence[dict] = (),
                   run_ids: Sequence[str] = ()) -> Callable[..., dict]:
     """What a round puts into the outbox for a trigger or resolve (``frontier.page_event``)."""
-    from airflow_upsert_provider.engine.frontier.rules import page_event
+    from airflow_upsert_provider.engine.frontier.pages import page_event
 
     def compose(evaluation: Any, state: Any, action: str) -> dict:
         return page_event(evaluation, state, action, settings, namespace=namespace, links=links, run_ids=run_ids)
@@ -155,7 +155,7 @@ def page_composer(settings: StallSettings, *, namespace: str = "", links: Sequen
 def decide(round_: EvaluationRound, settings: StallSettings, *, namespace: str = "",
            links: Sequence[dict] = (), run_ids: Sequence[str] = ()) -> Decision:
     """The task's reading of one evaluation round (pure)."""
-    from airflow_upsert_provider.engine.frontier.rules import FrontierStatus
+    from airflow_upsert_provider.engine.frontier.model import FrontierStatus
 
     evaluation = round_.evaluation
     as_dict = round_.to_dict()

@@ -96,7 +96,7 @@ class FrontierTrigger(BaseTrigger):
                      last: Mapping[str, Any] | None) -> dict[str, Any]:
         import dataclasses
 
-        from airflow_upsert_provider.engine.frontier.rules import BlindState, blind_page_event
+        from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_page_event
         from airflow_upsert_provider.sensors.frontier_rounds import BLIND
 
         page = blind_page_event(blind, action, now, namespace=self.namespace, shard_id=self.shard,
@@ -108,7 +108,7 @@ class FrontierTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_upsert_provider.sensors.frontier_rounds import WATCH
 
-        from airflow_upsert_provider.engine.frontier.rules import BlindState, advance_blind
+        from airflow_upsert_provider.engine.frontier.blind import BlindState, advance_blind
         from airflow_upsert_provider.sensors.frontier_rounds import settings_from_dict
 
         last = self.last_round

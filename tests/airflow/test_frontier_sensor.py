@@ -28,7 +28,8 @@ from airflow.triggers.base import TriggerEvent
 from airflow_upsert_provider.engine.frontier import observations
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
-from airflow_upsert_provider.engine.frontier.rules import StallSettings, dedup_key
+from airflow_upsert_provider.engine.frontier.model import StallSettings
+from airflow_upsert_provider.engine.frontier.pages import dedup_key
 from airflow_upsert_provider.notifications.frontier import (
     FrontierPageNotifier,
     PageDeliveryError,
@@ -428,7 +429,7 @@ def die_before_sending(monkeypatch, task: FrontierStallSensor, run_id: str) -> N
 
 def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_round(stalled_orders, pager,
                                                                                       monkeypatch):
-    from airflow_upsert_provider.engine.frontier import rules as frontier
+    from airflow_upsert_provider.engine.frontier.alerts import OUTBOX_LEASE_SECONDS
 
     consensus, shard, now = stalled_orders.consensus, stalled_orders.shard, stalled_orders.now
 
@@ -446,7 +447,7 @@ def test_a_page_decided_by_a_worker_killed_before_sending_it_is_sent_by_a_later_
     assert pager.requests == []
 
     # The first round after the lease sends it: the incident pages after all, once.
-    lease = getattr(frontier, "OUTBOX_LEASE_SECONDS", 120.0)
+    lease = OUTBOX_LEASE_SECONDS
     with pytest.raises(AirflowFailException) as failed:
         sensor("scheduled__2", now + lease + 1).execute(sensor_context("scheduled__2"))
     assert "its page, decided earlier and left undelivered, is sent now" in str(failed.value)
@@ -467,7 +468,7 @@ def test_a_resolve_decided_while_a_dead_workers_trigger_is_leased_reaches_pagerd
     """Issue 34 item 2: a round decides the trigger and dies before sending; the shard catches
     up and a live round decides the resolve. PagerDuty gets the trigger (once its lease ran
     out) and then the resolve, never the resolve first (an incident nothing would resolve)."""
-    from airflow_upsert_provider.engine.frontier.rules import OUTBOX_LEASE_SECONDS
+    from airflow_upsert_provider.engine.frontier.alerts import OUTBOX_LEASE_SECONDS
 
     consensus, shard, now = stalled_orders.consensus, stalled_orders.shard, stalled_orders.now
 
@@ -721,7 +722,7 @@ def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(ai
 
 def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_when_it_can_again(
         sqlite_url, blob, tmp_path, pager, monkeypatch):
-    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY
+    from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY
 
     password = "monitor-db-pw-never-shown"
     down = json.dumps({"conn_type": "upsert", "password": password, "extra": {
@@ -777,7 +778,7 @@ def test_a_monitor_that_cannot_evaluate_pages_under_its_own_key_and_resolves_whe
 
 def test_the_trigger_pages_when_it_cannot_evaluate_and_resolves_when_it_can(sqlite_url, blob, tmp_path,
                                                                             monkeypatch):
-    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY
+    from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY
 
     down = json.dumps({"conn_type": "upsert", "extra": {
         "consensus_url": "postgresql://monitor@127.0.0.1:1/upsert", "blob_root": blob.root}})
@@ -812,7 +813,7 @@ def test_the_monitor_dag_pages_on_its_last_try_when_the_store_cannot_be_listed(p
     import importlib.util
 
     from airflow_upsert_provider.engine.errors import ConsensusUnavailable
-    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY
+    from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY
     from tests.conftest import REPO_ROOT
 
     for name, value in conn_env(pager).items():

@@ -48,7 +48,7 @@ DOCS_IMG = os.path.join(REPO_ROOT, "docs", "img")
 
 def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="committed", lag_seconds=None,
                  last_commit_at=None):
-    from airflow_upsert_provider.engine.frontier.rules import Observation
+    from airflow_upsert_provider.engine.frontier.model import Observation
 
     return Observation(
         shard_id=shard_id, observed_at=at, upper=upper, last_commit_at=at - 1 if last_commit_at is None else last_commit_at, high_watermark={"p0": hw},
@@ -63,7 +63,8 @@ def shard_store(tmp_path_factory):
     from airflow_upsert_provider.engine.blob.files import open_blob
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.frontier.observations import record_observation, save_alert_state
-    from airflow_upsert_provider.engine.frontier.rules import AlertState, StallSettings
+    from airflow_upsert_provider.engine.frontier.alerts import AlertState
+    from airflow_upsert_provider.engine.frontier.model import StallSettings
 
     root = tmp_path_factory.mktemp("ui-store")
     url = f"sqlite:///{root / 'consensus.db'}"

@@ -16,7 +16,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.frontier import observations
-from airflow_upsert_provider.engine.frontier.rules import DEFAULT_SETTINGS_NOTE, StallSettings
+from airflow_upsert_provider.engine.frontier.alerts import DEFAULT_SETTINGS_NOTE
+from airflow_upsert_provider.engine.frontier.model import StallSettings
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.plugins.ui import list_shards
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor

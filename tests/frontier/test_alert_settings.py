@@ -3,17 +3,15 @@ rows written before these fields were kept still load (pure: no store)."""
 
 from __future__ import annotations
 
-from airflow_upsert_provider.engine.frontier.rules import (
+from airflow_upsert_provider.engine.frontier.alerts import (
     DEFAULT_SETTINGS_NOTE,
     AlertState,
-    Evaluation,
-    FrontierStatus,
-    StallSettings,
     advance_alert,
     enqueue_page,
     judging_settings,
     settle_pages,
 )
+from airflow_upsert_provider.engine.frontier.model import Evaluation, FrontierStatus, StallSettings
 
 MONITOR = StallSettings(cadence_seconds=300, min_stall_seconds=900, window_seconds=3600)
 

@@ -17,7 +17,9 @@ from airflow_upsert_provider.engine.frontier.history import (
     plan_prune,
     prune_history,
 )
-from airflow_upsert_provider.engine.frontier.rules import AlertState, FrontierStatus, evaluate
+from airflow_upsert_provider.engine.frontier.alerts import AlertState
+from airflow_upsert_provider.engine.frontier.model import FrontierStatus
+from airflow_upsert_provider.engine.frontier.rules import evaluate
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.store.streams import stream_history_table
 from tests.frontier.test_observations import STALL, obs, record_stall

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.frontier import observations
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.frontier.rules import dedup_key
+from airflow_upsert_provider.engine.frontier.pages import dedup_key
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions

@@ -11,16 +11,10 @@ from typing import Any
 import pytest
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.frontier.rules import (
-    AlertState,
-    Evaluation,
-    FrontierStatus,
-    Observation,
-    StallSettings,
-    advance_alert,
-    evaluate,
-    page_event,
-)
+from airflow_upsert_provider.engine.frontier.alerts import AlertState, advance_alert
+from airflow_upsert_provider.engine.frontier.model import Evaluation, FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.pages import page_event
+from airflow_upsert_provider.engine.frontier.rules import evaluate
 from airflow_upsert_provider.engine.sources.directory import DirectorySource
 from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 from airflow_upsert_provider.engine.sources.lag import format_lag, format_pending

@@ -18,7 +18,8 @@ import pytest
 
 from airflow_upsert_provider.engine.frontier import observations
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.frontier.rules import AlertState, FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.alerts import AlertState
+from airflow_upsert_provider.engine.frontier.model import FrontierStatus, Observation, StallSettings
 from airflow_upsert_provider.engine.write.writer import COMMITTED, NOTHING_TO_DO, Writer
 from airflow_upsert_provider.sample_data import SampleSpec
 from tests.helpers import batch, make_shard
@@ -493,7 +494,7 @@ def test_a_monitor_page_sent_by_an_ended_run_is_resolved_by_the_next_round_of_it
     """Issue 34 item 3: the monitor's own page has one key per namespace and shard and is kept
     in the alert state: a later run's first working round resolves it (through the outbox), and
     resolves no other shard's."""
-    from airflow_upsert_provider.engine.frontier.rules import BlindState, blind_dedup_key
+    from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_dedup_key
 
     make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="orders")
     make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="events")

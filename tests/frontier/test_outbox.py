@@ -8,7 +8,7 @@ import itertools
 import random
 
 from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
-from airflow_upsert_provider.engine.frontier.rules import (
+from airflow_upsert_provider.engine.frontier.alerts import (
     MAX_OUTBOX,
     OUTBOX_LEASE_SECONDS,
     PAGE_CHANNELS,

@@ -1,4 +1,5 @@
-"""The frontier-stall rules of engine/frontier/rules.py as pure functions (invariant 15).
+"""The frontier-stall decisions of engine/frontier (rules, alerts, pages, blind) as pure functions
+(invariant 15).
 
 Windows of observations go in; the status, the rule, whether it pages and how loudly come
 out. No store, no Spark: the store shell and the sensor have their own tests."""
@@ -12,18 +13,11 @@ from typing import Any
 import pytest
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.frontier.rules import (
-    AlertState,
-    Evaluation,
-    FrontierStatus,
-    Observation,
-    StallSettings,
-    advance_alert,
-    dedup_key,
-    evaluate,
-    format_duration,
-    page_event,
-)
+from airflow_upsert_provider.engine.common.time_text import format_duration
+from airflow_upsert_provider.engine.frontier.alerts import AlertState, advance_alert
+from airflow_upsert_provider.engine.frontier.model import Evaluation, FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.pages import dedup_key, page_event
+from airflow_upsert_provider.engine.frontier.rules import evaluate
 from airflow_upsert_provider.engine.store.stream_rules import Status
 
 NOW = 1_800_000_000.0
@@ -647,7 +641,7 @@ def test_a_writer_failing_on_every_run_is_named_with_its_error_class() -> None:
 
 
 def test_the_outbox_leases_a_page_until_it_is_delivered_or_released() -> None:
-    from airflow_upsert_provider.engine.frontier.rules import (
+    from airflow_upsert_provider.engine.frontier.alerts import (
         MAX_OUTBOX,
         OUTBOX_LEASE_SECONDS,
         enqueue_page,
@@ -680,7 +674,7 @@ def test_the_outbox_leases_a_page_until_it_is_delivered_or_released() -> None:
 
 
 def test_a_blind_monitor_pages_once_after_the_limit_under_its_own_key_and_resolves() -> None:
-    from airflow_upsert_provider.engine.frontier.rules import MONITOR_KEY, BlindState, advance_blind, blind_page_event
+    from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY, BlindState, advance_blind, blind_page_event
 
     down = "ConsensusUnavailable: cannot reach consensus store"
     state, actions = BlindState(), []

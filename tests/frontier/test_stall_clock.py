@@ -10,14 +10,9 @@ from dataclasses import replace
 import pytest
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.frontier.rules import (
-    AlertState,
-    FrontierStatus,
-    Observation,
-    StallSettings,
-    advance_alert,
-    evaluate,
-)
+from airflow_upsert_provider.engine.frontier.alerts import AlertState, advance_alert
+from airflow_upsert_provider.engine.frontier.model import FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.rules import evaluate
 
 SHARD = "orders"
 STALL_AT = 1_800_000_000.0  # when the first record of the stall lands (the true stall start)

@@ -9,7 +9,8 @@ import json
 from dataclasses import replace
 
 from airflow_upsert_provider.engine.frontier import observations
-from airflow_upsert_provider.engine.frontier.rules import FrontierStatus, Observation, StallSettings, evaluate
+from airflow_upsert_provider.engine.frontier.model import FrontierStatus, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.rules import evaluate
 from airflow_upsert_provider.engine.table.shard import ShardStatus
 from tests.frontier.test_rules import NOW, SHARD, fresh, obs, series
 

@@ -10,8 +10,8 @@ a stall shows as a series of observations whose upper does not move while the so
 Two tables: ``upsert_frontier_observations`` (one row per observation, pruned per shard by age
 and count on every insert, by index range: no scan of the table) and ``upsert_frontier_alerts``
 (one row per shard: the evaluation state as JSON and a version). An evaluation round reads the
-window, asks the pure rules of ``engine/frontier/rules.py`` what the status is and whether to page,
-and writes the new state by compare-and-set on the version: of two evaluators racing, one
+window, asks the pure rules of ``engine/frontier/rules.py`` what the status is and those of
+``engine/frontier/alerts.py`` whether to page, and writes the new state by compare-and-set on the version: of two evaluators racing, one
 writes; the other re-reads, and returns no page action, so a stall is paged once.
 """
 
@@ -29,21 +29,18 @@ import sqlalchemy as sa
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
 from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
-from airflow_upsert_provider.engine.frontier.rules import (
+from airflow_upsert_provider.engine.frontier.alerts import (
     MAX_OUTBOX,
     AlertState,
-    Evaluation,
-    Observation,
-    StallSettings,
-    BlindState,
     advance_alert,
-    blind_page_event,
     enqueue_page,
-    evaluate,
-    page_event,
     settle_pages,
     take_pages,
 )
+from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_page_event
+from airflow_upsert_provider.engine.frontier.model import Evaluation, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.pages import page_event
+from airflow_upsert_provider.engine.frontier.rules import evaluate
 
 if TYPE_CHECKING:
     from airflow_upsert_provider.engine.blob.interface import Blob

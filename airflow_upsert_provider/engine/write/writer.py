@@ -648,7 +648,7 @@ class Writer:
     def record_failed_step(self, exc: BaseException) -> None:
         """Record an observation for a step that raised (outcome "failed:<error class>"): a
         writer failing on every run leaves a trail that says so, not the silence of no writer."""
-        from airflow_upsert_provider.engine.frontier.rules import failed_outcome
+        from airflow_upsert_provider.engine.frontier.model import failed_outcome
 
         upper = self.progress
         try:
