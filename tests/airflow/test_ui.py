@@ -39,7 +39,7 @@ FRESH_POINTS = 9
 STUCK_POINTS = 8
 # The settings the stuck shard's monitor evaluated with (none the rules' default).
 STUCK_MONITOR = {"cadence_seconds": 30.0, "stall_multiplier": 2.0, "min_stall_seconds": 120.0,
-                 "window_seconds": 1800.0, "stale_after_seconds": 3600.0, "consecutive_breaches": 3}
+                 "window_seconds": 3720.0, "stale_after_seconds": 3600.0, "consecutive_breaches": 3}
 UNKNOWN_FIELDS = {"email": {"records": 2, "file": "/landing/p0/0.jsonl"}}
 FLEET_CONN = "upsert_fleet"
 FLEET_SHARDS = 500
@@ -510,7 +510,8 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             page.click("#shards tbody tr[data-shard=stuck]")
             _wait_for_points(page, STUCK_POINTS)
             detail_top = page.evaluate("document.getElementById('detail').getBoundingClientRect().top")
-            assert 0 <= detail_top < 800, detail_top
+            # scrollIntoView may stop a fraction of a pixel past the top (fractional layout).
+            assert -1 < detail_top < 800, detail_top
             # A directory shard's chart is in its lag unit: the segments pending, one series.
             assert len(page.query_selector_all("#chart circle.pt.lag")) == STUCK_POINTS
             assert len(page.query_selector_all("#chart polyline")) == 1
@@ -578,7 +579,7 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             assert frame.locator("#range").inner_text() == "shards 301–350 of 502"
             # Arriving by the link brings the shard's detail into view (it lies below the list).
             top = frame.locator("#detail").evaluate("d => d.getBoundingClientRect().top")
-            assert 0 <= top < frame.locator("body").evaluate("b => window.innerHeight"), top
+            assert -1 < top < frame.locator("body").evaluate("b => window.innerHeight"), top
             assert frame.locator("html").get_attribute("data-theme") == "dark"
             background = frame.locator("body").evaluate("b => getComputedStyle(b).backgroundColor")
             assert background == "rgb(17, 17, 19)", background
