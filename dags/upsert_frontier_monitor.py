@@ -107,7 +107,7 @@ with DAG(
         "window_seconds": number_param(
             3600, minimum=60, title="Window (seconds)",
             description="How far back the rules look at observations; it must cover the stall threshold "
-            "(the run fails on start, naming the field, when it does not).",
+            "plus the stale limit (the run fails on start, naming the field, when it does not).",
         ),
         "consecutive_breaches": number_param(
             2, type="integer", minimum=1, maximum=100, title="Breaches before paging",

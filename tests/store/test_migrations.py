@@ -177,7 +177,7 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     # Opening it now refuses, naming the command that upgrades it, and changes nothing.
     code, error, err = run_cli_json(capsys, "status", "orders", "--no-rows")
     assert code == 2 and error["error"] == "SchemaVersionMismatch"
-    assert "created before schema versions" in err and "upsertctl db upgrade --consensus" in err
+    assert "created before schema versions" in err and "upsertctl db upgrade --conn-id" in err
     assert (error["store_revision"], error["code_revision"]) == (None, code_head())
     assert dump(store_url) == before
 
@@ -380,7 +380,7 @@ def test_a_store_at_an_older_revision_is_refused_until_db_upgrade_migrates_it(
     with pytest.raises(SchemaVersionMismatch) as refused:
         open_consensus(store_url)
     assert f"has schema revision 0001, older than this provider's {later}" in refused.value.message
-    assert "upsertctl db upgrade --consensus" in refused.value.message
+    assert "upsertctl db upgrade --conn-id" in refused.value.message
     assert dump(store_url) == before
 
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)

@@ -44,15 +44,15 @@ def test_an_older_store_says_how_to_upgrade_it():
     assert isinstance(error, SchemaVersionMismatch) and isinstance(error, ConfigurationError)
     assert error.exit_code == 2 and not error.retryable
     assert "schema revision 0001, older than this provider's 0003" in error.message
-    assert f"`upsertctl db upgrade --consensus '{WHERE}'`" in error.message
-    assert "BashOperator" in error.message and error.message.endswith("nothing was changed")
+    assert f"`upsertctl db upgrade --conn-id CONN` (an `upsert` connection of {WHERE})" in error.message
+    assert "UpgradeConsensusSchemaOperator" in error.message and error.message.endswith("nothing was changed")
     assert error.details == {"store_revision": "0001", "code_revision": "0003", "consensus": WHERE}
 
 
 def test_a_store_from_before_schema_versions_says_how_to_upgrade_it():
     error = schema_mismatch(SchemaAction.UNVERSIONED, (), HEAD, WHERE)
     assert "created before schema versions (no revision recorded)" in error.message
-    assert "upsertctl db upgrade --consensus" in error.message
+    assert "upsertctl db upgrade --conn-id" in error.message
     assert error.details["store_revision"] is None and error.details["code_revision"] == "0003"
 
 

@@ -45,8 +45,10 @@ def decide_schema_action(
 
 
 def upgrade_command(where: str) -> str:
-    """The command that upgrades the store at ``where`` (a URL with its password hidden)."""
-    return f"upsertctl db upgrade --consensus '{where}'"
+    """How to upgrade the store at ``where`` (a URL with its password hidden): the store named
+    by a connection or the environment, never by a password on a command line (``ps`` shows it)."""
+    return (f"upsertctl db upgrade --conn-id CONN` (an `upsert` connection of {where}), or "
+            "`UPSERT_CONSENSUS_URL=<url> upsertctl db upgrade")
 
 
 def schema_mismatch(
@@ -57,9 +59,9 @@ def schema_mismatch(
     store_revision = ",".join(store_revisions) or None
     details = {"store_revision": store_revision, "code_revision": code_head, "consensus": where}
     how = (
-        f"run `{upgrade_command(where)}` with this provider version installed (from Airflow: the same "
-        "command in a task, e.g. a BashOperator, with the connection's consensus URL), after stopping the "
-        "writers of the store's shards (docs/upgrading.md)"
+        f"run `{upgrade_command(where)}` with this provider version installed (from Airflow: a task of "
+        "UpgradeConsensusSchemaOperator on the connection), after stopping the writers of the store's shards "
+        "(docs/upgrading.md)"
     )
     if action is SchemaAction.UPGRADE:
         return SchemaVersionMismatch(
