@@ -303,12 +303,14 @@ def _durations(thresholds: dict[str, Any]) -> dict[str, str]:
 
 def monitor_summary(state: Any) -> dict[str, Any]:
     """What the shard's monitor last decided (its alert state): its last evaluation, by whom,
-    and the page it has open, if any (since when, how many sent, when last sent)."""
+    and the page it has open, if any (since when, how many reached a channel, when last, why
+    none did, how many a full outbox dropped)."""
     return {
         "evaluated_by": state.evaluated_by, "last_evaluated_at": state.last_evaluated_at,
         "last_status": state.last_status, "firing": state.firing, "firing_status": state.firing_status,
         "incident_started_at": state.incident_started_at, "consecutive_breaches": state.consecutive_breaches,
         "pages_sent": state.pages_sent, "last_sent_at": state.last_sent_at, "pages_pending": len(state.outbox),
+        "pages_dropped": state.outbox_dropped, "unsent_reason": state.unsent_reason,
     }
 
 

@@ -542,8 +542,8 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             assert "Stale after\n1h00m00s (3,600s)" in thresholds and "Cadence\n30s" in thresholds
             monitor = page.inner_text("#monitor")
             assert "open, incident since" in monitor and "sensor:upsert_frontier_monitor/r/watch" in monitor, monitor
-            # Decided is not delivered: the state's count of decided pages, its delivery time.
-            assert "Pages decided\n1" in monitor and "Last delivered\n20" in monitor, monitor
+            # The state's count of pages a channel took, and when the last one did.
+            assert "Pages sent\n1" in monitor and "Last delivered\n20" in monitor, monitor
             _screenshot(page.query_selector("#detail"), "ui-shard.png", tmp_path)
 
             # The next page, and a filter.

@@ -106,3 +106,20 @@ def test_the_page_shows_the_monitors_open_page_and_a_shard_no_monitor_judged_say
     assert unwatched["monitor"] is None
     assert (unwatched["frontier"]["judged_with"], unwatched["frontier"]["note"]) == ("defaults", DEFAULT_SETTINGS_NOTE)
     assert unwatched["frontier"]["thresholds"] == StallSettings().thresholds()
+
+
+def test_a_page_no_channel_took_is_not_counted_as_sent_and_the_page_says_why(store, tmp_path):
+    """A monitor without a PagerDuty or Slack connection decides the page and only logs it: the
+    shard page shows none sent and why, not a page sent."""
+    consensus, blob = store
+    stuck = make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="stuck", max_files_per_batch=2)
+    now = time.time()
+    observations.record_observation(consensus, observations.observe(
+        stuck, observer="writer:w", writer_outcome="nothing_to_do", now=now - 400))
+    with pytest.raises(AirflowFailException, match="frontier STALLED"):
+        _sensor("stuck", QUICK, now, namespace="test").execute(sensor_context("scheduled__8"))
+
+    monitor = {r["shard"]: r for r in list_shards(now=now + 30)["shards"]}["stuck"]["monitor"]
+    assert (monitor["firing"], monitor["pages_sent"], monitor["last_sent_at"]) == (True, 0, None)
+    assert "no PagerDuty or Slack connection is configured" in monitor["unsent_reason"]
+    assert monitor["pages_pending"] == 0 and monitor["pages_dropped"] == 0

@@ -277,11 +277,12 @@ function renderVerdict(shard) {
   facts("monitor", m ? [
     ["Monitor's last evaluation", `${when(m.last_evaluated_at)}: ${m.last_status || "—"}`],
     ["Evaluated by", m.evaluated_by || "—"],
-    // As the alert state holds them: a page is counted when the monitor decides it, and
-    // last_sent_at is set only when a channel delivered one.
+    // As the alert state holds them: a page counts once a channel (PagerDuty, Slack) took it;
+    // unsent_reason says why none did (no channel configured: pages were only logged).
     ["Page", m.firing ? `open, incident since ${when(m.incident_started_at)} (${m.firing_status})` : "none open"],
-    ["Pages decided", num(m.pages_sent) + (m.pages_pending ? `, ${m.pages_pending} not delivered yet` : "")],
-    ["Last delivered", m.last_sent_at ? when(m.last_sent_at) : "never"],
+    ["Pages sent", num(m.pages_sent) + (m.pages_pending ? `, ${m.pages_pending} not delivered yet` : "")
+      + (m.pages_dropped ? `, ${m.pages_dropped} dropped from a full outbox` : "")],
+    ["Last delivered", m.last_sent_at ? when(m.last_sent_at) : (m.unsent_reason ? `never: ${m.unsent_reason}` : "never")],
   ] : [["Monitor", "none has evaluated this shard"]]);
   const t = f.thresholds || {};
   facts("thresholds", [
