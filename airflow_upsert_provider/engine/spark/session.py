@@ -80,8 +80,9 @@ def _check_sql_values(conf: Mapping[str, str]) -> None:
     from pyspark import SparkContext
 
     # Private: no public API reaches the driver JVM before a session is built.
-    if SparkContext._jvm is not None:
-        _check_sql_values_in(SparkContext._jvm, conf)
+    jvm = SparkContext._jvm
+    if jvm is not None:
+        _check_sql_values_in(jvm, conf)
 
 
 def check_session_settings(conf: Mapping[str, str]) -> None:
