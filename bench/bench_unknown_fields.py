@@ -1,0 +1,98 @@
+"""What counting the fields a batch's records carry and the shard's schema does not name costs.
+
+A JSON Lines batch of ``--rows`` sample change records (one field the schema does not name on
+every line, as after an upstream column was added) is counted, warm in one process, ``--repeat``
+times each (medians):
+
+  driver count    ``jsonl_field_counts_on_driver``: what a batch of up to 64 MB pays, in the
+                  process that decides the batch's read path anyway
+  spark count     the Spark aggregation over the lines' keys: what a bigger batch pays
+  driver scan     ``simple_jsonl`` over the same bytes: the decision scan every such batch
+                  already pays (the baseline)
+  spark scan      ``spark.read.text(...).count()``: the cheapest Spark job over the same files,
+                  the floor of a second job per batch
+
+The ratios are to ``driver scan`` and ``spark scan``, measured in the same run.
+
+    .venv/bin/python bench/bench_unknown_fields.py                 # 100k records
+    .venv/bin/python bench/bench_unknown_fields.py --rows 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from airflow_upsert_provider.engine.sources import Segment  # noqa: E402
+from airflow_upsert_provider.engine.spark.session import get_spark  # noqa: E402
+from airflow_upsert_provider.engine.write import records as R  # noqa: E402
+from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
+from tests.helpers import sample_config  # noqa: E402
+
+
+def median_seconds(step, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000, help="change records in the batch")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each step (median reported)")
+    args = parser.parse_args()
+
+    landing = tempfile.mkdtemp(prefix="bench-unknown-fields-")
+    generate(landing, SampleSpec(records=args.rows, keys=max(1, args.rows // 2), partitions=2,
+                                 segments_per_partition=2, seed=34))
+    segments = []
+    for partition in sorted(os.listdir(landing)):
+        for name in sorted(os.listdir(os.path.join(landing, partition))):
+            path = os.path.join(landing, partition, name)
+            # Every record carries a field the schema does not name.
+            with open(path, "rb") as handle:
+                lines = [line[:-1] + b', "email": "x@example.com"}' for line in handle.read().splitlines() if line]
+            with open(path, "wb") as handle:
+                handle.write(b"\n".join(lines) + b"\n")
+            segments.append(Segment(int(name.split(".")[0]), partition, path))
+    size = sum(os.path.getsize(s.path) for s in segments)
+    config = sample_config(landing)
+    spark = get_spark("local[*]", app_name="bench-unknown-fields")
+    paths = [s.path for s in segments]
+
+    # One of each first: the JVM's first job and the files' first read are not what is measured.
+    on_driver = R.jsonl_field_counts_on_driver(config, segments)
+    on_spark = R._jsonl_field_counts_spark(spark, config, segments)
+    assert [(f, n) for f, n, _ in on_driver] == [(f, n) for f, n, _ in on_spark] == [("email", args.rows)], \
+        (on_driver, on_spark)
+    spark.read.text(paths).count()
+
+    figures = {
+        "driver count": median_seconds(lambda: R.jsonl_field_counts_on_driver(config, segments), args.repeat),
+        "spark count": median_seconds(lambda: R._jsonl_field_counts_spark(spark, config, segments), args.repeat),
+        "driver scan": median_seconds(lambda: [R.simple_jsonl(R._read(p)) for p in paths], args.repeat),
+        "spark scan": median_seconds(lambda: spark.read.text(paths).count(), args.repeat),
+    }
+    print(f"{args.rows:,} records, {size / 1e6:.1f} MB in {len(segments)} segments; medians of {args.repeat}, warm")
+    print(f"{'step':<14} {'seconds':>8} {'/ driver scan':>14} {'/ spark scan':>13}")
+    for step, seconds in figures.items():
+        print(f"{step:<14} {seconds:>8.3f} {seconds / figures['driver scan']:>13.1f}x "
+              f"{seconds / figures['spark scan']:>12.2f}x")
+    print(json.dumps({"rows": args.rows, "bytes": size, "seconds": figures}))
+
+
+if __name__ == "__main__":
+    main()
