@@ -15,7 +15,13 @@ from typing import Any
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS
 from airflow_upsert_provider.cli.options import blob_root
 from airflow_upsert_provider.cli.output import printable
-from airflow_upsert_provider.engine.errors import BlobWriteFailed, SparkUnavailable, UpsertError, first_line
+from airflow_upsert_provider.engine.errors import (
+    BlobWriteFailed,
+    SparkUnavailable,
+    UpsertError,
+    exception_chain,
+    first_line,
+)
 
 # Exit status of a process that wrote to a pipe whose reader closed it (128 + SIGPIPE).
 EXIT_BROKEN_PIPE = 128 + 13
@@ -92,16 +98,12 @@ def failed_write_path(exc: BaseException) -> str | None:
     from airflow_upsert_provider.engine.write.writer import BLOB_WRITE_FAILURES
 
     java_path = re.compile(r"(\S+) \((?:" + "|".join(map(re.escape, BLOB_WRITE_FAILURES.values())) + r")\)")
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, OSError) and current.errno in BLOB_WRITE_FAILURES and current.filename:
             return os.fsdecode(current.filename)
         match = java_path.search(str(current))
         if match:
             return match.group(1)
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -30,6 +30,7 @@ from airflow_upsert_provider.engine.errors import (
     KafkaSliceUnavailable,
     KafkaUnavailable,
     UpsertError,
+    exception_chain,
 )
 from airflow_upsert_provider.engine.sources.lag import RECORDS
 
@@ -366,10 +367,7 @@ def carried_error(exc: BaseException) -> UpsertError | None:
     ``exc`` carries none. Only classes of engine/errors.py are rebuilt."""
     from airflow_upsert_provider.engine import errors
 
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         try:
             text = str(current)
         except Exception:  # a Java error whose JVM is gone cannot describe itself
@@ -382,7 +380,6 @@ def carried_error(exc: BaseException) -> UpsertError | None:
                     return cls(str(carried["message"]), **dict(carried.get("details") or {}))
             except (ValueError, TypeError, KeyError):
                 continue  # a mark cut short by a truncated message: try the next one
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -33,6 +33,7 @@ from airflow_upsert_provider.engine.errors import (
     StagingLost,
     StreamFenced,
     UpsertError,
+    exception_chain,
 )
 from airflow_upsert_provider.engine.table.shard import (
     Disposition,
@@ -72,17 +73,13 @@ BLOB_WRITE_FAILURES = {
 def blob_write_failure(exc: BaseException) -> str | None:
     """The filesystem reason (e.g. "No space left on device") behind a failed staging write,
     found in the Python exception chain or in the text of a Spark (JVM) error; else None."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, OSError) and current.errno in BLOB_WRITE_FAILURES:
             return BLOB_WRITE_FAILURES[current.errno]
         text = str(current)
         for reason in BLOB_WRITE_FAILURES.values():
             if reason in text:
                 return reason
-        current = current.__cause__ or current.__context__
     return None
 
 
@@ -103,10 +100,7 @@ def staging_lost(exc: BaseException, staging_dirs: tuple[str, ...], *, claimed: 
     says that a path inside it is missing. Any other failure is reported as it is."""
     if claimed:
         return True
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         text = str(current)
         if isinstance(current, OSError) and current.filename:
             text += f" {current.filename}"
@@ -115,7 +109,6 @@ def staging_lost(exc: BaseException, staging_dirs: tuple[str, ...], *, claimed: 
             d.rstrip("/") in text for d in staging_dirs
         ):
             return True
-        current = current.__cause__ or current.__context__
     return False
 
 
