@@ -7,7 +7,8 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, Binding, redact_url
+from airflow_upsert_provider.engine.store.records import AppendOutcome, Binding
+from airflow_upsert_provider.engine.store.urls import redact_url
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
@@ -164,7 +165,7 @@ def test_upper_never_decreases_under_mixed_outcomes(store):
     ("sqlite:////tmp/c.db", "sqlite:////tmp/c.db"),
 ])
 def test_normalize_url_picks_the_psycopg_driver(url, expected):
-    from airflow_upsert_provider.engine.store.consensus import normalize_url
+    from airflow_upsert_provider.engine.store.urls import normalize_url
 
     assert normalize_url(url) == expected
 
@@ -172,7 +173,7 @@ def test_normalize_url_picks_the_psycopg_driver(url, expected):
 def test_with_password_sets_a_password_with_special_characters():
     from sqlalchemy.engine import make_url
 
-    from airflow_upsert_provider.engine.store.consensus import with_password
+    from airflow_upsert_provider.engine.store.urls import with_password
 
     url = with_password("postgres://u@h/db", "p@ss:w/rd%")
     assert make_url(url).password == "p@ss:w/rd%" and make_url(url).drivername == "postgresql+psycopg"
@@ -180,7 +181,7 @@ def test_with_password_sets_a_password_with_special_characters():
 
 
 def test_unparseable_url_is_refused_without_echoing_it():
-    from airflow_upsert_provider.engine.store.consensus import normalize_url
+    from airflow_upsert_provider.engine.store.urls import normalize_url
 
     with pytest.raises(ConfigurationError) as info:
         normalize_url("not a url with hunter2")
@@ -188,7 +189,7 @@ def test_unparseable_url_is_refused_without_echoing_it():
 
 
 def test_driver_error_text_never_shows_the_password():
-    from airflow_upsert_provider.engine.store.consensus import _short
+    from airflow_upsert_provider.engine.store.urls import _short
 
     error = sa.exc.OperationalError("SELECT 1", {}, Exception("auth failed for pw hunter2secret"))
     assert "hunter2secret" not in _short(error, "postgresql://u:hunter2secret@h/db")

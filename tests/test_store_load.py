@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, ConsensusUnavailable
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, normalize_url
+from airflow_upsert_provider.engine.store.records import AppendOutcome
+from airflow_upsert_provider.engine.store.urls import normalize_url
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.store.streams import read_stream
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -80,7 +81,7 @@ def test_invalid_postgres_timeout_is_refused_naming_the_option(value):
 
 
 def test_postgres_timeouts_keep_the_urls_own_libpq_options():
-    from airflow_upsert_provider.engine.store.consensus import postgres_session_options
+    from airflow_upsert_provider.engine.store.urls import postgres_session_options
 
     query = make_url("postgresql://h/db?statement_timeout=5s&options=-c%20search_path%3Dx").query
     assert postgres_session_options(query) == "-c lock_timeout=10000 -c statement_timeout=5000 -c search_path=x"

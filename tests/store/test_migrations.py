@@ -33,7 +33,8 @@ from alembic.runtime.migration import MigrationContext
 
 from airflow_upsert_provider.engine.errors import SchemaVersionMismatch
 from airflow_upsert_provider.engine.store import migrations, registry
-from airflow_upsert_provider.engine.store.consensus import metadata, normalize_url
+from airflow_upsert_provider.engine.store.tables import metadata
+from airflow_upsert_provider.engine.store.urls import normalize_url
 from airflow_upsert_provider.engine.store.migrations import VERSION_TABLE, code_head
 from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA, open_consensus
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
@@ -140,7 +141,7 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     # 0003): those tables exist as the old code's own would have (a catalog file of the old
     # code: test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_checkpoints).
     from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
-    from airflow_upsert_provider.engine.store.consensus import batch_rollups_table
+    from airflow_upsert_provider.engine.store.tables import batch_rollups_table
 
     engine = raw_engine(store_url)
     for table in (batch_rollups_table, catalogs_table, catalog_entries_table):
@@ -492,7 +493,7 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
 
 @pytest.mark.parametrize("revision", ["0004", "9999_future", "0002"])
 def test_a_commit_after_the_store_was_upgraded_underneath_is_refused_and_nothing_is_committed(store_url, revision):
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.records import BatchRecord
 
     def batch(ts: int) -> BatchRecord:
         return BatchRecord(ts=ts, writer_id="w", token=f"t{ts}", run={"path": f"s/runs/{ts}", "files": []}, stats={})

@@ -32,7 +32,8 @@ import sqlalchemy as sa
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.frontier.observations import OBSERVATION_RETENTION_SECONDS
 from airflow_upsert_provider.engine.frontier.alerts import AlertState
-from airflow_upsert_provider.engine.store.consensus import Consensus, shards_table
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.tables import shards_table
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.store.streams import stream_history_table, streams_table
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import Consensus, metadata
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.tables import metadata
 
 catalogs_table = sa.Table(
     "upsert_checkpoint_catalogs",

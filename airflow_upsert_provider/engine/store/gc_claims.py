@@ -47,16 +47,9 @@ import sqlalchemy as sa
 import uuid
 
 from airflow_upsert_provider.engine.blob.interface import Blob
-from airflow_upsert_provider.engine.store.consensus import (
-    CommitAttempt,
-    Consensus,
-    RestoreEvent,
-    batches_table,
-    compactions_table,
-    insert_ignore,
-    metadata,
-    shards_table,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore
+from airflow_upsert_provider.engine.store.records import CommitAttempt, RestoreEvent
+from airflow_upsert_provider.engine.store.tables import batches_table, compactions_table, metadata, shards_table
 from airflow_upsert_provider.engine.errors import IntegrityError
 
 gc_claims_table = sa.Table(

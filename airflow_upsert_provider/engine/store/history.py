@@ -36,16 +36,18 @@ from typing import Any, Callable, Iterable
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import (
-    Binding,
-    Consensus,
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import (
     _binding_from_row,
+    Binding,
+    history_from,
     Rollup,
+    rollup_from_row,
+)
+from airflow_upsert_provider.engine.store.tables import (
     batch_rollups_table,
     batches_table,
     bindings_table,
-    history_from,
-    rollup_from_row,
     settled_names_table,
     shards_table,
 )

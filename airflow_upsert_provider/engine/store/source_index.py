@@ -23,15 +23,9 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import (
-    Binding,
-    Consensus,
-    _binding_from_row,
-    bindings_table,
-    insert_ignore,
-    quarantined_files_table,
-    settled_names_table,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore
+from airflow_upsert_provider.engine.store.records import _binding_from_row, Binding
+from airflow_upsert_provider.engine.store.tables import bindings_table, quarantined_files_table, settled_names_table
 from airflow_upsert_provider.engine.errors import PlanningOutdated
 from airflow_upsert_provider.engine.sources.directory import Segment
 from airflow_upsert_provider.engine.sources.planning import bound_names, put_back_reason

@@ -27,14 +27,9 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
-from airflow_upsert_provider.engine.store.consensus import (
-    CommitAttempt,
-    Consensus,
-    RestoreEvent,
-    insert_ignore,
-    metadata,
-    shard_exists,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
+from airflow_upsert_provider.engine.store.records import CommitAttempt, RestoreEvent
+from airflow_upsert_provider.engine.store.tables import metadata
 from airflow_upsert_provider.engine.errors import (
     ShardNotFound,
     StopSuperseded,
@@ -357,7 +352,7 @@ def batch_in_hand(consensus: Consensus, shard_id: str) -> bool:
 
 def bound_at_upper(consensus: Consensus, shard_id: str) -> tuple[int, float] | None:
     """(ts, when its binding was minted) of the batch at the upper, if it is bound."""
-    from airflow_upsert_provider.engine.store.consensus import bindings_table, shards_table
+    from airflow_upsert_provider.engine.store.tables import bindings_table, shards_table
 
     def txn(conn):
         upper = conn.execute(

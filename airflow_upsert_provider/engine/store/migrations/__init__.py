@@ -15,7 +15,7 @@ handed, inside the caller's transaction.
 Adding a migration (for the project's developers), when a table of store/registry.py's
 ``STORE_SCHEMA`` changes:
 
-1. Change the table in its module (consensus.py, streams.py, ...).
+1. Change the table in its module (tables.py, streams.py, ...).
 2. Write the revision: ``python -c "from alembic import command; from
    airflow_upsert_provider.engine.store.migrations import alembic_config;
    command.revision(alembic_config(), message='what changes', rev_id='0002')"`` creates
@@ -45,7 +45,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import CommitAttempt, Consensus, metadata, redact_url
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import CommitAttempt
+from airflow_upsert_provider.engine.store.tables import metadata
+from airflow_upsert_provider.engine.store.urls import redact_url
 if TYPE_CHECKING:
     # Alembic is imported where a migration runs or its scripts are read, never by an open:
     # its import cost every process that opens a store a good part of a second.
