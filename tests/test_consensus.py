@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.store.records import AppendOutcome, Binding
+from airflow_upsert_provider.engine.store.tables import shards_table
 from airflow_upsert_provider.engine.store.urls import redact_url
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import (
@@ -85,6 +86,26 @@ def test_concurrent_appends_of_one_ts_commit_exactly_once(consensus_url):
     assert sorted(o.value for o in outcomes) == ["committed"] + ["upper_moved"] * 7
     assert setup.get_shard("s").upper == 1
     assert len(setup.batches("s")) == 1
+
+
+def test_a_transaction_returns_what_its_function_returns_and_rolls_back_what_it_raises(store):
+    def upper(conn):
+        return conn.execute(sa.select(shards_table.c.upper).where(shards_table.c.shard_id == "s")).scalar_one()
+
+    def move_then_refuse(conn):
+        conn.execute(sa.update(shards_table).where(shards_table.c.shard_id == "s").values(upper=7))
+        assert upper(conn) == 7
+        raise ShardExists("refused after writing", shard="s")
+
+    # The function's own error comes out unchanged, and nothing it wrote stays.
+    with pytest.raises(ShardExists, match="refused after writing"):
+        store.run_in_transaction(move_then_refuse)
+    assert store.read_in_snapshot(upper) == 0
+    assert store.run_in_transaction(lambda conn: conn.execute(
+        sa.update(shards_table).where(shards_table.c.shard_id == "s").values(upper=3)
+    ).rowcount) == 1
+    assert (store.read_in_snapshot(upper), store.get_shard("s").upper) == (3, 3)
+    assert not store.in_transaction()
 
 
 def test_binding_is_minted_once_and_first_wins(store):

@@ -153,14 +153,14 @@ def guard_blob(blob, consensus, *, allow=lambda stack: False) -> list[tuple[str,
 def test_the_guard_sees_a_transaction_of_its_store_on_its_thread_only(sqlite_url, blob):
     store = open_consensus(sqlite_url)
     inside = guard_blob(blob, store)
-    store._run(lambda conn: blob.exists(blob.path("x")))
+    store.run_in_transaction(lambda conn: blob.exists(blob.path("x")))
     blob.exists(blob.path("y"))
-    store._run_snapshot(lambda conn: blob.exists(blob.path("read")))
+    store.read_in_snapshot(lambda conn: blob.exists(blob.path("read")))
     import threading
 
     # A thread without a transaction, while this one has one open.
     other = threading.Thread(target=lambda: blob.exists(blob.path("z")))
-    store._run(lambda conn: (other.start(), other.join()))
+    store.run_in_transaction(lambda conn: (other.start(), other.join()))
     store.dispose()
     assert inside == [("exists", blob.path("x")), ("exists", blob.path("read"))]
 
@@ -172,7 +172,7 @@ def test_gc_claims_only_checkpoint_directories_the_stores_catalog_does_not_list(
     consensus.create_shard("orders", "{}")
     listed = {"id": "listed", "upper": 1, "since": 0, "created_at": 1.0, "files": 1, "bytes": 1, "manifest_sha256": "0" * 64}
     # Listed by a catalog change that committed before the claim (read under the catalog lock).
-    consensus._run(lambda conn: write_catalog_in(conn, "orders", None, [listed], 1))
+    consensus.run_in_transaction(lambda conn: write_catalog_in(conn, "orders", None, [listed], 1))
     runs, checkpoints = claim_for_deletion(
         consensus, "orders", [], 0, checkpoint_candidates=["orders/checkpoints/listed", "orders/checkpoints/old"],
     )

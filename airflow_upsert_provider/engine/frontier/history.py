@@ -129,12 +129,12 @@ def prune_history(
     # read again by every chunk.
     cursor = _Cursor()
     for _ in range(max_chunks):
-        rows = consensus._run_snapshot(lambda conn: _read_rows(conn, retention, now, chunk, cursor))
+        rows = consensus.read_in_snapshot(lambda conn: _read_rows(conn, retention, now, chunk, cursor))
         if not (rows.observations or rows.stream_history or rows.orphan_alerts):
             break
         plan = plan_prune(rows, retention, now)
         if any(plan.counts().values()):
-            consensus._run(lambda conn: _delete(conn, plan))
+            consensus.run_in_transaction(lambda conn: _delete(conn, plan))
         for name, count in plan.counts().items():
             deleted[name] += count
         cursor = _Cursor(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -75,6 +75,10 @@ def _run_commit_hooks(conn, attempt: CommitAttempt, hooks: list[CommitHook]) -> 
             )
 
 
+# What the function given to a transaction returns.
+T = TypeVar("T")
+
+
 # SQLSTATEs of a PostgreSQL session timeout (lock_not_available, query_canceled): the option
 # that bounds it.
 _SESSION_TIMEOUTS = {"55P03": "lock_timeout", "57014": "statement_timeout"}
@@ -104,13 +108,29 @@ class Consensus:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _run(self, fn):
-        """Run ``fn(conn)`` in one transaction; map store failures to honest errors.
+    def run_in_transaction(self, fn: Callable[[sa.Connection], T]) -> T:
+        """Run ``fn(conn)`` in one transaction that may write, commit it, and return what
+        ``fn`` returned. The way every module of the store's layers reads and writes its rows
+        together (``fn`` runs its statements on ``conn``; it never commits, nor does blob I/O).
 
-        A failure before the commit (connecting, or any statement: the store rolls an
-        unfinished transaction back) changed nothing: :class:`ConsensusUnavailable` (exit 2,
-        retryable). A failure of the commit of a transaction that wrote may or may not have
-        landed: :class:`ConsensusOutcomeUnknown` (exit 5, retryable).
+        Isolation: on SQLite the transaction begins ``BEGIN IMMEDIATE``: it takes the one write
+        lock up front (waiting up to the URL's ``timeout`` for it) and is serializable. On
+        PostgreSQL it is READ COMMITTED (each statement sees what committed before it; a
+        conditional UPDATE locks its row until the commit), so a compare-and-set is written as
+        one conditional UPDATE checked by its rowcount.
+
+        Retries: none. Whether running ``fn`` again is right is the caller's decision (e.g.
+        ``common.retry.CAS_CONTENTION`` around a compare-and-set); both store errors below
+        are ``retryable``.
+
+        Errors: an error ``fn`` raises rolls the transaction back and propagates unchanged.
+        A store failure before the commit (connecting, an exhausted pool, any statement: the
+        store rolls an unfinished transaction back) changed nothing: :class:`ConsensusUnavailable`
+        (exit 2), or the determinate error of :meth:`store_error` (a file that is no database,
+        a damaged or unopenable store, an unusable URL). A failure of the commit of a
+        transaction that wrote may or may not have landed: :class:`ConsensusOutcomeUnknown`
+        (exit 5). Messages carry the URL with its password masked, never the driver's error
+        chained.
         """
         committing = wrote = False
         try:
@@ -173,12 +193,20 @@ class Consensus:
             text += f" (the consensus URL option {timeout} bounds this wait; see docs/errors.md)"
         return ConsensusUnavailable(f"{unavailable.format(where=where)}: {text}", consensus=where)
 
-    def _run_snapshot(self, fn):
+    def read_in_snapshot(self, fn: Callable[[sa.Connection], T]) -> T:
         """Run the reads of ``fn(conn)`` in one transaction that sees one snapshot of the
-        store. PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a
+        store, and return what ``fn`` returned. ``fn`` only reads.
+
+        Isolation: PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a
         compaction swap between two SELECTs could mix its row with older batches: REPEATABLE
         READ there. SQLite transactions are serializable already; a read one begins deferred,
-        so that in WAL mode it reads beside a writer instead of queueing for the write lock."""
+        so that in WAL mode it reads beside a writer instead of queueing for the write lock.
+
+        Retries: none (a read is always safe to repeat; the caller decides).
+
+        Errors: an error ``fn`` raises propagates unchanged. A store failure, whenever it
+        comes, changed nothing: :class:`ConsensusUnavailable` (exit 2, retryable) or the
+        determinate error of :meth:`store_error`."""
         try:
             with self.read_connection() as conn:
                 if self.dialect == "postgresql":
@@ -228,12 +256,12 @@ class Consensus:
                 created_at=now,
             )
 
-        if not self._run(txn):
+        if not self.run_in_transaction(txn):
             raise ShardExists(f"shard {shard_id!r} already exists", shard=shard_id)
         return self.get_shard(shard_id)
 
     def get_shard(self, shard_id: str) -> ShardRecord:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
             ).first()
@@ -246,7 +274,7 @@ class Consensus:
         return ShardRecord(**row._mapping)
 
     def list_shards(self) -> list[ShardRecord]:
-        rows = self._run_snapshot(
+        rows = self.read_in_snapshot(
             lambda conn: conn.execute(sa.select(shards_table).order_by(shards_table.c.shard_id)).all()
         )
         return [ShardRecord(**r._mapping) for r in rows]
@@ -254,7 +282,7 @@ class Consensus:
     # -- bindings -------------------------------------------------------------------------
 
     def get_binding(self, shard_id: str, ts: int) -> Binding | None:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(bindings_table).where(
                     bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts
@@ -264,7 +292,7 @@ class Consensus:
         return None if row is None else _binding_from_row(row)
 
     def bindings(self, shard_id: str) -> Iterator[Binding]:
-        rows = self._run_snapshot(
+        rows = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(bindings_table)
                 .where(bindings_table.c.shard_id == shard_id)
@@ -325,10 +353,10 @@ class Consensus:
             ).one()
             return _binding_from_row(row)
 
-        return self._run(txn)
+        return self.run_in_transaction(txn)
 
     def quarantined_files(self, shard_id: str) -> dict[str, str]:
-        rows = self._run_snapshot(
+        rows = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(quarantined_files_table.c.file, quarantined_files_table.c.reason).where(
                     quarantined_files_table.c.shard_id == shard_id
@@ -377,7 +405,7 @@ class Consensus:
                 consensus=redact_url(self.url), shard=shard_id, ts=batch.ts,
             ) from exc
         except sa.exc.DBAPIError as exc:
-            # Not chained (as in _run): a driver's error may echo the URL's password; the
+            # Not chained (as in run_in_transaction): a driver's error may echo the URL's password; the
             # message carries its first line, masked.
             # A commit of a transaction whose UPDATE matched nothing changed nothing either.
             if committing and updated == 1:
@@ -438,7 +466,7 @@ class Consensus:
                 ).first()
             return state.upper, state.since, winner
 
-        upper, since, winner = self._run_snapshot(txn)
+        upper, since, winner = self.read_in_snapshot(txn)
         if upper <= expected_upper:
             # upper == expected_upper only after an attempt that did not land: the caller
             # may append again.
@@ -456,7 +484,7 @@ class Consensus:
         return AppendResult(outcome, upper, winner.writer_id, winner.token)
 
     def get_batch(self, shard_id: str, ts: int) -> BatchRecord | None:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(batches_table).where(
                     batches_table.c.shard_id == shard_id, batches_table.c.ts == ts
@@ -471,13 +499,13 @@ class Consensus:
         )
         if below is not None:
             query = query.where(batches_table.c.ts < below)
-        rows = self._run_snapshot(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
+        rows = self.read_in_snapshot(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
         return [_batch_from_row(r) for r in rows]
 
     # -- compaction, snapshots and restore ---------------------------------------------------
 
     def get_compaction(self, shard_id: str) -> CompactionRecord | None:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
             ).first()
@@ -521,7 +549,7 @@ class Consensus:
             )
             return True
 
-        return self._run(txn)
+        return self.run_in_transaction(txn)
 
     def live_view(self, shard_id: str, as_of: int | None = None) -> LiveView:
         """State, compacted run and the batches a read as of ``as_of`` (default: the upper)
@@ -548,7 +576,7 @@ class Consensus:
             ).all()
             return LiveView(record, compaction, [_batch_from_row(b) for b in batches], read_as_of)
 
-        return self._run_snapshot(txn)
+        return self.read_in_snapshot(txn)
 
     def snapshot(self, shard_id: str) -> ShardSnapshot:
         """State, compacted run, batches, bindings and quarantined files of one shard, read
@@ -605,7 +633,7 @@ class Consensus:
                 ],
             )
 
-        return self._run_snapshot(txn)
+        return self.read_in_snapshot(txn)
 
 
 def insert_ignore(conn, table: sa.Table, **values: Any) -> bool:
@@ -662,5 +690,5 @@ def _tracks_writes(engine: Engine) -> bool:
     return event.contains(engine, "after_cursor_execute", _note_write)
 
 
-# Execution option of a connection whose transaction only reads (``_run_snapshot``).
+# Execution option of a connection whose transaction only reads (``read_in_snapshot``).
 _READ_ONLY = "upsert_read_only"

@@ -103,4 +103,4 @@ def restore_shard(
             sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
         ).one()._mapping)
 
-    return consensus._run(txn)
+    return consensus.run_in_transaction(txn)

@@ -173,7 +173,7 @@ def _not_found(shard_id: str) -> ShardNotFound:
 
 def read_stream(consensus: Consensus, shard_id: str) -> StreamState:
     """The authoritative stream state of ``shard_id``."""
-    state = consensus._run_snapshot(lambda conn: _read(conn, shard_id))
+    state = consensus.read_in_snapshot(lambda conn: _read(conn, shard_id))
     if state is None:
         raise _not_found(shard_id)
     return state
@@ -191,7 +191,7 @@ def stream_history(consensus: Consensus, shard_id: str, limit: int | None = None
             query = query.limit(limit)
         return [dict(r._mapping) for r in conn.execute(query)][::-1]
 
-    rows = consensus._run_snapshot(txn)
+    rows = consensus.read_in_snapshot(txn)
     for row in rows:
         row.pop("id", None)
         row["shard"] = row.pop("shard_id")
@@ -226,7 +226,7 @@ def _compare_and_set(consensus: Consensus, decision: Decision) -> bool:
         _record_history(conn, decision.action, current, new)
         return True
 
-    return consensus._run(txn)
+    return consensus.run_in_transaction(txn)
 
 
 def transition(consensus: Consensus, shard_id: str, decide: Callable[[StreamState], Decision]) -> TransitionResult:
@@ -258,7 +258,7 @@ def stop(consensus: Consensus, shard_id: str, actor: str, reason: str = "") -> T
 def finalize_stop(consensus: Consensus, read: StreamState, actor: str) -> TransitionResult:
     """STOPPING -> STOPPED iff the row is still STOPPING at ``read.version`` (the version this
     finalizer read). A stale finalizer changes nothing: it never decides again."""
-    current = consensus._run_snapshot(lambda conn: _read(conn, read.shard_id))
+    current = consensus.read_in_snapshot(lambda conn: _read(conn, read.shard_id))
     decision = decide_finalize(current, read, actor, time.time())
     if decision.refusal is not None:
         raise TransitionRefused(decision.refusal, **read.to_dict())
@@ -367,7 +367,7 @@ def bound_at_upper(consensus: Consensus, shard_id: str) -> tuple[int, float] | N
         ).scalar_one_or_none()
         return None if minted_at is None else (int(upper), float(minted_at))
 
-    return consensus._run_snapshot(txn)
+    return consensus.read_in_snapshot(txn)
 
 
 def staging_written_at(blob: Any, shard_id: str) -> Callable[[int], float | None]:
