@@ -303,6 +303,32 @@ def test_a_store_stamped_with_a_revision_the_code_does_not_know_is_refused(store
     assert dump(store_url) == before
 
 
+def test_a_store_stamped_twice_with_revisions_the_code_knows_is_refused_as_stamped_by_hand(
+    store_url, tmp_path, monkeypatch, capsys
+):
+    open_consensus(store_url).dispose()
+    engine = raw_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0002')"))
+    engine.dispose()
+    before = dump(store_url)
+
+    with pytest.raises(SchemaVersionMismatch) as refused:
+        open_consensus(store_url)
+    message = refused.value.message
+    assert f"several schema revisions stamped (0002,{code_head()})" in message
+    assert "stamped by hand or by a tool" in message and "newer" not in message
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    # db upgrade does not run Alembic over two heads: it refuses, and changes nothing.
+    code, error, err = run_cli_json(capsys, "db", "upgrade")
+    assert code == 2 and error["error"] == "SchemaVersionMismatch" and "stamped by hand" in err
+    code, status, _ = run_cli_json(capsys, "db", "status")
+    assert code == 0 and status["state"] == "ambiguous" and status["upgrade_needed"] is False
+    assert dump(store_url) == before
+
+
 def test_db_status_counts_the_rows_and_bytes_of_each_table(store_url, tmp_path, monkeypatch, capsys):
     consensus = open_consensus(store_url)
     try:

@@ -59,6 +59,7 @@ from airflow_upsert_provider.engine.store.schema_version import (
     SchemaAction,
     decide_schema_action,
     schema_mismatch,
+    stamped_revisions,
 )
 
 # Our own version table (see the module's docstring).
@@ -243,13 +244,14 @@ class UpgradeResult:
 def upgrade(consensus: Consensus) -> UpgradeResult:
     """Migrate the store to the code's head, in one transaction under the schema lock (two
     upgrades at once: the second finds the first's result). Idempotent: a store at the head
-    is left alone. A store newer than the code is refused (:class:`SchemaVersionMismatch`)."""
+    is left alone. A store newer than the code, or stamped with several revisions, is refused
+    (:class:`SchemaVersionMismatch`)."""
     head, known = code_head(), known_revisions()
     try:
         with _schema_lock(consensus) as conn:
             state = _state_by_inspection(conn, consensus)
             action = decide_schema_action(state.revisions, state.has_tables, head, known)
-            if action is SchemaAction.NEWER:
+            if action in (SchemaAction.NEWER, SchemaAction.AMBIGUOUS):
                 raise schema_mismatch(action, state.revisions, head, redact_url(consensus.url))
             if action is not SchemaAction.CURRENT:
                 from alembic import command
@@ -259,7 +261,7 @@ def upgrade(consensus: Consensus) -> UpgradeResult:
                 command.upgrade(alembic_config(conn), "head")
     except sa.exc.DBAPIError as exc:
         raise consensus.store_error(exc, "consensus store {where} failed during the upgrade; nothing was changed") from None
-    before = ",".join(state.revisions) or None
+    before = stamped_revisions(state.revisions)
     return UpgradeResult(before, head, action is not SchemaAction.CURRENT)
 
 
@@ -286,7 +288,7 @@ def schema_status(consensus: Consensus) -> dict[str, Any]:
     action = decide_schema_action(state.revisions, state.has_tables, head, known)
     status: dict[str, Any] = {
         "consensus": redact_url(consensus.url),
-        "store_revision": ",".join(state.revisions) or None,
+        "store_revision": stamped_revisions(state.revisions),
         "code_revision": head,
         "state": action.value,
         "upgrade_needed": action in (SchemaAction.UPGRADE, SchemaAction.UNVERSIONED),
