@@ -12,6 +12,7 @@ opening a store in store/engines.py and restoring a shard in store/restore.py.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
@@ -174,6 +175,21 @@ class Consensus:
                 "shards from a checkpoint into a new store",
                 field="consensus",
                 consensus=where,
+            )
+        sqlite_error = (_sqlite_error_name(exc) or "") if self.dialect == "sqlite" else ""
+        if sqlite_error.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")):
+            # Not the store being away for a while: a retry meets the same file system.
+            path = self.engine.url.database
+            cannot = "open" if sqlite_error.startswith("SQLITE_CANTOPEN") else "write"
+            return ConfigurationError(
+                f"consensus store {where}: SQLite cannot {cannot} its file {path} ({text})"
+                f"{_unwritable_reason(path)}; every process that uses the store reads and writes that "
+                f"file and creates {path}-wal and {path}-shm beside it: fix the mount or the "
+                "permissions, or point --consensus / UPSERT_CONSENSUS_URL at a writable file; nothing "
+                "was changed",
+                field="consensus",
+                consensus=where,
+                file=path,
             )
         if self.dialect == "sqlite" and _sqlite_error_name(exc) == "SQLITE_CORRUPT":
             return IntegrityError(
@@ -658,6 +674,20 @@ def shard_exists(conn, shard_id: str) -> bool:
 
 def _sqlite_error_name(exc: sa.exc.DBAPIError) -> str | None:
     return getattr(exc.orig, "sqlite_errorname", None)
+
+
+def _unwritable_reason(path: str) -> str:
+    """Why the SQLite file at ``path`` cannot be written, as far as the file system says."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return f": the file system holding {directory} is mounted read-only"
+    except OSError:
+        return ""
+    for what, target in ((path, path), (f"the directory {directory}", directory)):
+        if os.path.exists(target) and not os.access(target, os.R_OK | os.W_OK):
+            return f": this process may not write {what}"
+    return ""
 
 
 class _OpenTransactions(threading.local):
