@@ -4,6 +4,8 @@ pragmas and BEGIN, PostgreSQL's pool and session timeouts)."""
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -21,6 +23,34 @@ from airflow_upsert_provider.engine.store.urls import (
     sqlite_busy_timeout_ms,
 )
 
+# The longest SQLite waits for its write lock in one go. Its busy handler sleeps inside SQLite,
+# where a Ctrl-C only lands once it gives up; the URL's whole timeout is waited in slices of
+# this, and Python raises KeyboardInterrupt between two.
+LOCK_WAIT_SLICE_MS = 100
+
+
+def _begin_immediate(conn: sa.Connection, busy_timeout_ms: int) -> None:
+    """BEGIN IMMEDIATE, waiting for the write lock up to ``busy_timeout_ms`` in slices of
+    :data:`LOCK_WAIT_SLICE_MS`. The last attempt goes through SQLAlchemy, which wraps what it
+    raises (``database is locked`` after the whole wait) as every other statement's error."""
+    raw = conn.connection.dbapi_connection
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    try:
+        raw.execute(f"PRAGMA busy_timeout={LOCK_WAIT_SLICE_MS}")
+        while (left_ms := int((deadline - time.monotonic()) * 1000)) > LOCK_WAIT_SLICE_MS:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not exc.sqlite_errorname.startswith("SQLITE_BUSY"):
+                    break
+        raw.execute(f"PRAGMA busy_timeout={max(left_ms, 0)}")
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    finally:
+        # The transaction's other statements wait as the URL says.
+        raw.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+
+
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised through every test
@@ -37,7 +67,10 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         # A transaction that may write takes the write lock at BEGIN: a deferred one that
         # reads then writes can fail with SQLITE_BUSY mid-way instead of waiting. One that
         # only reads takes none (WAL: readers never wait for the writer).
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
+        if conn.get_execution_options().get(_READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            _begin_immediate(conn, busy_timeout_ms)
 
 
 def open_store(url: str, schema: StoreSchema) -> Consensus:
