@@ -28,7 +28,10 @@ Adding a migration (for the project's developers), when a table of store/registr
    if the docs say so; the documented way is writers stopped, ``db upgrade``, writers started.
    A writer of an older release that kept running is refused at its next commit: the commit
    hook :func:`refuse_other_revision` reads the revision inside every commit transaction, and
-   a migration always changes it.
+   a migration always changes it. Releases from before that hook do not read it: the first
+   revision that alters a table they write (shards, batches, bindings, compactions) must also
+   make their statements fail, by a rename or a ``NOT NULL`` column without a default that
+   only newer code fills (docs/upgrading.md, "Releases from before the commit check").
 4. tests/store/test_migrations.py fails until the chain from the baseline builds exactly the
    tables of ``STORE_SCHEMA`` (``alembic.autogenerate.compare_metadata``), on SQLite and
    PostgreSQL; add a case there for the data the revision moves.
