@@ -677,17 +677,14 @@ def _sqlite_error_name(exc: sa.exc.DBAPIError) -> str | None:
 
 
 def _unwritable_reason(path: str) -> str:
-    """Why the SQLite file at ``path`` cannot be written, as far as the file system says."""
+    """Why the SQLite file at ``path`` cannot be written, when its file system is mounted
+    read-only; else nothing (permissions, among others, are SQLite's own words)."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
-        if os.statvfs(directory).f_flag & os.ST_RDONLY:
-            return f": the file system holding {directory} is mounted read-only"
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
     except OSError:
         return ""
-    for what, target in ((path, path), (f"the directory {directory}", directory)):
-        if os.path.exists(target) and not os.access(target, os.R_OK | os.W_OK):
-            return f": this process may not write {what}"
-    return ""
+    return f": the file system holding {directory} is mounted read-only" if read_only else ""
 
 
 class _OpenTransactions(threading.local):
