@@ -139,7 +139,7 @@ class Consensus:
                 conn.info[_WROTE] = False
                 with conn.begin():
                     result = fn(conn)
-                    # Without the write tracker (see open_store), assume it wrote.
+                    # Without the write tracker (see engines.open_store), assume it wrote.
                     wrote = conn.info[_WROTE] or not _tracks_writes(self.engine)
                     committing = True
                 return result

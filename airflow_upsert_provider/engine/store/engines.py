@@ -23,6 +23,7 @@ from airflow_upsert_provider.engine.store.urls import (
     sqlite_busy_timeout_ms,
 )
 
+
 # The longest SQLite waits for its write lock in one go. Its busy handler sleeps inside SQLite,
 # where a Ctrl-C only lands once it gives up; the URL's whole timeout is waited in slices of
 # this, and Python raises KeyboardInterrupt between two.

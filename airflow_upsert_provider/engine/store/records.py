@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
+
 @dataclass(frozen=True)
 class CommitAttempt:
     """What a commit is about to make live, as commit hooks see it."""

@@ -20,6 +20,7 @@ from airflow_upsert_provider.engine.store.tables import (
     shards_table,
 )
 
+
 def restore_shard(
     consensus: Consensus, shard_id: str, snapshot: ShardSnapshot, *, actor: str = "", reason: str = ""
 ) -> ShardRecord:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+
 metadata = sa.MetaData()
 
 shards_table = sa.Table(

@@ -9,6 +9,7 @@ from sqlalchemy.engine.url import URL, make_url
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
+
 # Drivers a bare ``postgresql://`` or ``postgres://`` (the libpq spelling) URL means.
 _DEFAULT_DRIVERS = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
 
