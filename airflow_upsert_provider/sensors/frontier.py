@@ -38,7 +38,9 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.frontier.alerts import max_delivery_seconds
+from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.frontier.alerts import check_delivery_policy, max_delivery_seconds
 from airflow_upsert_provider.engine.frontier.blind import BlindState, advance_blind, blind_page_event
 from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
@@ -103,6 +105,9 @@ class FrontierStallSensor(BaseSensorOperator):
         evaluation).
     :param pagerduty_events_conn_id: `pagerduty_events` connection (integration key); none: no page.
     :param slack_webhook_conn_id: `slackwebhook` connection; none: no Slack message.
+    :param delivery_policy: how a page is retried on a channel that answers 429, 5xx or not at all
+        (``RetryPolicy``; default ``retry.PAGE_DELIVERY``: 6 attempts, backoff from 1 s to 30 s). A
+        policy whose longest delivery exceeds the outbox lease is refused.
     :param namespace: groups the shards of one deployment in the page's dedup key and group.
     :param deferrable: wait in the triggerer between rounds instead of a worker slot.
     """
@@ -135,6 +140,7 @@ class FrontierStallSensor(BaseSensorOperator):
         pagerduty_events_conn_id: str | None = None,
         slack_webhook_conn_id: str | None = None,
         namespace: str = "",
+        delivery_policy: RetryPolicy = PAGE_DELIVERY,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -144,6 +150,10 @@ class FrontierStallSensor(BaseSensorOperator):
             if kwargs.get(silencer):
                 raise ValueError(f"FrontierStallSensor {kwargs.get('task_id')!r}: {silencer} is not allowed: "
                                  "a stalled frontier must fail its task")
+        try:
+            self.delivery_policy = check_delivery_policy(delivery_policy)
+        except ConfigurationError as exc:
+            raise ValueError(f"FrontierStallSensor {kwargs.get('task_id')!r}: {exc}") from None
         super().__init__(**kwargs)
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id
@@ -280,7 +290,7 @@ class FrontierStallSensor(BaseSensorOperator):
         delivered: list[str] = []
         for i, entry in enumerate(entries):
             event = entry["event"]
-            if time.time() + max_delivery_seconds() > float(entry.get("leased_until") or 0.0):
+            if time.time() + max_delivery_seconds(self.delivery_policy) > float(entry.get("leased_until") or 0.0):
                 # Its lease could run out mid-delivery and another round take it: leave it to that round.
                 self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
                 self.log.warning("shard %s: the %s is left to the next round (its lease ends before a delivery "
@@ -288,7 +298,7 @@ class FrontierStallSensor(BaseSensorOperator):
                 return
             try:
                 deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack,
-                                       skip=entry.get("delivered") or ())
+                                       skip=entry.get("delivered") or (), policy=self.delivery_policy)
             except (PageDeliveryError, AirflowException) as exc:
                 reached = {entry["id"]: [d.channel for d in getattr(exc, "delivered", ())]}
                 released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True, reached=reached)
@@ -316,7 +326,8 @@ class FrontierStallSensor(BaseSensorOperator):
             self.log.warning("%s, but no PagerDuty or Slack connection is configured", event["summary"])
             return
         try:
-            send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+            send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack,
+                      policy=self.delivery_policy)
         except (PageDeliveryError, AirflowException) as exc:
             if event["action"] == "trigger":
                 self._blind = dataclasses.replace(self._blind, paged=False)

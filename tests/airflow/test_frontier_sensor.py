@@ -495,7 +495,8 @@ def test_a_resolve_decided_while_a_dead_workers_trigger_is_leased_reaches_pagerd
 def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(sqlite_url, blob, tmp_path, pager,
                                                                               monkeypatch):
     """Delivery is recorded per channel: Slack refusing (500 on every attempt) releases the page
-    for Slack alone; the next round does not page PagerDuty twice."""
+    for Slack alone; the next round does not page PagerDuty twice. The sensor's delivery policy
+    (six attempts, as the default's, with short waits) decides the attempts."""
     for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
         monkeypatch.setenv(name, value)
     consensus = open_consensus(sqlite_url)
@@ -503,21 +504,39 @@ def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(s
         shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
         observations.record_observation(consensus, observations.observe(shard, observer="writer:w",
                                                                         now=time.time() - 30))
+        policy = RetryPolicy(max_attempts=6, base_seconds=0.01, max_wait_seconds=0.05)
         task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
                                    pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
-                                   **dict(QUICK, consecutive_breaches=1))
+                                   delivery_policy=policy, **dict(QUICK, consecutive_breaches=1))
         pager.script([202] + [500] * 6)  # PagerDuty takes it; Slack fails every attempt
         with pytest.raises(AirflowException) as undelivered:
             task.execute(sensor_context("scheduled__1"))
         assert "not again to pagerduty, which got it" in str(undelivered.value)
+        assert "slack: HTTP 500 (after 6 attempts)" in str(undelivered.value)
+        # PagerDuty once, then Slack six times (the policy's attempts), each the same message.
+        assert [("slack", "enqueue")[r["path"].endswith("/enqueue")] for r in pager.requests] == \
+            ["enqueue"] + ["slack"] * 6
+        assert pager.statuses() == [202] + [500] * 6
+        assert len({json.dumps(r["body"], sort_keys=True) for r in pager.requests[1:]}) == 1
+        assert pager.requests[1]["body"]["text"].startswith(":rotating_light: *STALLED: orders")
         state, _ = observations.load_alert_state(consensus, "orders")
         assert [e["delivered"] for e in state.outbox] == [["pagerduty"]]
         with pytest.raises(AirflowFailException, match="frontier STALLED"):
             task.execute(sensor_context("scheduled__1"))
         assert [e["event_action"] for e in pager.events()] == ["trigger"]  # PagerDuty paged once
         assert len(pager.slack_messages()) == 1 and observations.load_alert_state(consensus, "orders")[0].outbox == ()
+        assert pager.statuses() == [202] + [500] * 6 + [200]
     finally:
         consensus.dispose()
+
+
+def test_a_delivery_policy_longer_than_the_outbox_lease_is_refused_where_it_is_given():
+    slow = RetryPolicy(max_attempts=20, base_seconds=1.0, max_wait_seconds=300.0)
+    with pytest.raises(ValueError, match="FrontierStallSensor 'watch': delivery_policy .* outbox lease"):
+        FrontierStallSensor(task_id="watch", shard="orders", delivery_policy=slow)
+    with pytest.raises(ValueError, match="FrontierPageNotifier: delivery_policy .* outbox lease"):
+        FrontierPageNotifier(event=sample_event(), delivery_policy=slow)
+    assert FrontierStallSensor(task_id="watch", shard="orders", delivery_policy=FAST).delivery_policy is FAST
 
 
 def test_pagerduty_retry_after_is_honoured_up_to_the_cap(pager):
