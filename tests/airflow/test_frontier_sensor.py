@@ -698,6 +698,83 @@ def test_the_sensor_pages_and_fails_in_poke_reschedule_and_deferrable_mode(airfl
         consensus.dispose()
 
 
+BLIND_DAG = '''
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+
+with DAG(dag_id="frontier_blind_record", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         default_args={"retries": 0}):
+    # One evaluation a run; the first that fails pages.
+    FrontierStallSensor(task_id="watch", shard="orders", mode="poke", watch_seconds=0, poke_interval=1,
+                        blind_page_seconds=0, namespace="blind", pagerduty_events_conn_id="pagerduty_test")
+'''
+
+
+def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_the_next_run(
+        airflow_home, tmp_path, pager, pg_server, pg_url):
+    """Issue 34 item 3: a run whose store refuses every write (a PostgreSQL database set read-only)
+    pages "monitor blind" and can record it nowhere in the store; it is kept in an Airflow
+    Variable named by the page's dedup key, and the next run's first working round resolves it."""
+    import psycopg
+
+    from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "frontier_blind_record.py").write_text(BLIND_DAG)
+    blob = open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    consensus = open_consensus(pg_url)
+    database = pg_url.rsplit("/", 1)[1]
+
+    def read_only(on: bool) -> None:
+        with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = {"on" if on else "off"}')
+
+    key = dedup_key("orders" + MONITOR_KEY, "blind")
+
+    def recorded() -> list[str]:
+        # Its value is encrypted with the home's Fernet key; its name is what the on-call engineer sees.
+        return [row[0] for row in airflow_home.query("SELECT key FROM variable WHERE key LIKE ?",
+                                                     "airflow-upsert-monitor-blind:%")]
+
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        while commit_next(shard) < 4:  # caught up: nothing pending, the shard itself is healthy
+            pass
+        env = airflow_home.env(pg_url, blob.root, AIRFLOW__CORE__DAGS_FOLDER=str(dags), **conn_env(pager))
+
+        read_only(True)
+        proc = airflow_home.dags_test("frontier_blind_record", env)
+        first = airflow_home.latest_run("frontier_blind_record")
+        assert airflow_home.task_instance("frontier_blind_record", first, "watch") == ("failed", 1), \
+            failure_text(proc)
+        [trigger] = pager.events()
+        assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
+        assert "read-only transaction" in trigger["payload"]["summary"], trigger["payload"]["summary"]
+        # The store took nothing; Airflow keeps the sent page.
+        assert observations.load_alert_state(consensus, "orders")[0].blind is None
+        assert recorded() == ["airflow-upsert-monitor-blind:blind:orders"], failure_text(proc)
+
+        read_only(False)
+        proc = airflow_home.dags_test("frontier_blind_record", env)
+        second = airflow_home.latest_run("frontier_blind_record")
+        assert second != first
+        assert airflow_home.task_instance("frontier_blind_record", second, "watch") == ("success", 1), \
+            failure_text(proc)
+        assert [(e["event_action"], e["dedup_key"]) for e in pager.events()] == [("trigger", key), ("resolve", key)]
+        assert pager.events()[1]["payload"]["summary"] == "RESOLVED: the frontier monitor evaluates shard orders again"
+        assert recorded() == []
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert (state.blind, state.outbox) == (None, ())
+    finally:
+        read_only(False)
+        consensus.dispose()
+
+
 def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(airflow_home, tmp_path, pager):
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", open_blob(str(tmp_path / "blob"))
     blob.ensure_root()
