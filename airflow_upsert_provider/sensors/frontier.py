@@ -354,9 +354,10 @@ class FrontierStallSensor(BaseSensorOperator):
 
     def _record_blind(self) -> None:
         """Keep the sent monitor page where a later run finds it: in an Airflow Variable named
-        by its dedup key (Airflow's own database, which answers whenever a task runs, also when
-        the consensus store refuses every write), and in the shard's alert state when the store
-        takes the write. Whichever round evaluates the shard next resolves it."""
+        by its namespace and shard (``blind.blind_record_key``; Airflow's own database answers
+        whenever a task runs, also when the consensus store refuses every write), and in the
+        shard's alert state when the store takes the write. Whichever round evaluates the shard
+        next resolves it."""
         from airflow.sdk import Variable
 
         from airflow_upsert_provider.engine.frontier.observations import record_blind
