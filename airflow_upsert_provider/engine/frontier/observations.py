@@ -38,7 +38,7 @@ from airflow_upsert_provider.engine.frontier.alerts import (
     take_pages,
 )
 from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_page_event
-from airflow_upsert_provider.engine.frontier.model import Evaluation, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.model import Evaluation, Observation, StallSettings, partition_lag_summary
 from airflow_upsert_provider.engine.frontier.pages import page_event
 from airflow_upsert_provider.engine.frontier.rules import evaluate
 
@@ -101,6 +101,7 @@ def observe(
         observer=observer,
         writer_outcome=writer_outcome,
         upstream=_upstream(shard, observed_at) if getattr(shard, "is_kafka", False) else None,
+        partition_lag=partition_lag_summary(status.pending_by_partition),
     )
 
 
