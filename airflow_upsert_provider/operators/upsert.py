@@ -86,13 +86,19 @@ def is_earlier_try(writer_id: str, of: str) -> bool:
     return int(try_number) < int(own_try)
 
 
-def asset_event_due(upper_at_start: int, upper_after: int, newest_batch_writer: str | None, writer_id: str) -> bool:
-    """Whether a successful try emits the shard's Asset event: the upper advanced during the
-    run (a commit, an ``already_committed``, a batch a peer persisted meanwhile), or the newest
-    batch when the try started was committed by an earlier try of this task instance. That try
-    failed after its commit (an unknown outcome that had landed, a failure after the commit),
-    and a failed try registers no event: this retry, which finds the batch persisted, does."""
-    if upper_after > upper_at_start:
+OWN_COMMIT_OUTCOMES = ("committed", "already_committed")
+
+
+def asset_event_due(batch_outcomes: list[str], newest_batch_writer: str | None, writer_id: str) -> bool:
+    """Whether a successful try emits the shard's Asset event: one of its batches was its own
+    commit (``committed``, or ``already_committed``: its own append found landed after a lost
+    connection), or the newest batch when the try started was committed by an earlier try of
+    this task instance. That try failed after its commit (an unknown outcome that had landed,
+    a failure after the commit), and a failed try registers no event: this retry, which finds
+    the batch persisted, does. A batch a peer persisted meanwhile (``already_persisted``) is the
+    peer's to announce: announcing it here too would start a DAG scheduled on the shard twice
+    for one set of batches."""
+    if any(outcome in OWN_COMMIT_OUTCOMES for outcome in batch_outcomes):
         return True
     return newest_batch_writer is not None and is_earlier_try(newest_batch_writer, writer_id)
 
@@ -304,7 +310,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)
         report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
-        due = asset_event_due(upper_at_start, int(report.get("upper") or 0),
+        due = asset_event_due([str(b.get("outcome")) for b in report.get("batches") or []],
                               newest.writer_id if newest is not None else None, writer_id)
         self._set_asset_event(context, report, due=due, upper_at_start=upper_at_start)
         if report.get("stopped_because"):
@@ -339,7 +345,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         others = [o for o in self.outlets if not str(getattr(o, "uri", "")).startswith(prefix)]
         if not due:
             self.outlets = others
-            self.log.info("shard %s: the upper did not advance, no event for asset %s", self.shard, asset.uri)
+            self.log.info("shard %s: this run committed no batch, no event for asset %s", self.shard, asset.uri)
             return
         self.outlets = [*others, asset]
         events = context.get("outlet_events")
@@ -348,7 +354,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             # is registered there, so there is no extra to set.
             return
         batches = report.get("batches") or []
-        mine = ("committed", "already_committed")
+        mine = OWN_COMMIT_OUTCOMES
         events[asset].extra = {
             "upper": report.get("upper"),
             "upper_before": upper_at_start,

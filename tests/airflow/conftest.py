@@ -72,6 +72,13 @@ class AirflowHome:
         with sqlite3.connect(os.path.join(self.path, "airflow.db")) as conn:
             return list(conn.execute(sql, args))
 
+    def asset_events(self, uri: str) -> list[dict]:
+        """The extras of the events Airflow registered on the Asset ``uri``, oldest first."""
+        rows = self.query(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = ? ORDER BY e.id", uri
+        )
+        return [json.loads(extra) if isinstance(extra, str) else extra for (extra,) in rows]
+
     def latest_run(self, dag_id: str) -> str:
         rows = self.query("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", dag_id)
         assert rows, f"no run of {dag_id}"

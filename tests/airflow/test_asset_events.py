@@ -37,20 +37,24 @@ def test_is_earlier_try_compares_tries_of_one_task_instance():
 
 
 @pytest.mark.parametrize(
-    "start, after, newest, due",
+    "outcomes, newest, due",
     [
-        (3, 4, None, True),  # committed (or already_committed: the own token found landed)
-        (3, 5, TRY.format(1), True),
-        (3, 3, None, False),  # nothing to do
-        (3, 3, "upsertctl:host:42", False),  # a peer's batch, announced by the peer
-        (3, 3, TRY.format(1), True),  # a retry that finds its earlier try's batch persisted
-        (3, 3, TRY.format(2), False),  # its own try cannot have committed before it started
+        (["committed"], None, True),
+        (["already_committed"], None, True),  # its own append, found landed after a lost connection
+        (["already_persisted", "committed"], TRY.format(1), True),
+        ([], None, False),  # nothing to do
+        (["already_persisted"], None, False),  # a peer's batch, announced by the peer
+        (["already_persisted", "already_persisted"], "upsertctl:host:42", False),
+        ([], "upsertctl:host:42", False),
+        ([], TRY.format(1), True),  # a retry that finds its earlier try's batch persisted
+        (["already_persisted"], TRY.format(1), True),
+        ([], TRY.format(2), False),  # its own try cannot have committed before it started
     ],
 )
-def test_an_event_is_due_when_the_upper_advanced_or_an_earlier_try_committed_unannounced(start, after, newest, due):
+def test_an_event_is_due_when_this_run_committed_or_an_earlier_try_committed_unannounced(outcomes, newest, due):
     from airflow_upsert_provider.operators.upsert import asset_event_due
 
-    assert asset_event_due(start, after, newest, TRY.format(2)) is due
+    assert asset_event_due(outcomes, newest, TRY.format(2)) is due
 
 
 class OutletEvents(dict):

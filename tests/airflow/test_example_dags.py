@@ -47,10 +47,7 @@ CONSUMER = "upsert_fresh_data"
 
 
 def _events(home: AirflowHome) -> list[dict]:
-    rows = home.query(
-        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = ? ORDER BY e.id", URI
-    )
-    return [json.loads(extra) if isinstance(extra, str) else extra for (extra,) in rows]
+    return home.asset_events(URI)
 
 
 def _queued(home: AirflowHome) -> list[str]:
@@ -144,7 +141,7 @@ def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url:
     report = airflow_home.xcom("upsert_microbatch", airflow_home.latest_run("upsert_microbatch"), "upsert")
     assert report["committed"] == 0 and report["upper"] == 3, report
     assert len(_events(airflow_home)) == 2
-    assert f"the upper did not advance, no event for asset {URI}" in proc.stdout + proc.stderr
+    assert f"this run committed no batch, no event for asset {URI}" in proc.stdout + proc.stderr
 
 
 def test_recovery_dag_restores_a_lost_store_from_its_checkpoint_seeks_and_resumes(airflow_home, tmp_path, spark,

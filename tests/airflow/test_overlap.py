@@ -76,3 +76,8 @@ def test_scheduled_and_backfill_runs_converge(airflow_home, tmp_path):
     assert committed["scheduled"] | committed["backfill"] == set(range(upper))
     assert {b.writer_id for b in batches} <= {reports["scheduled"]["writer_id"], reports["backfill"]["writer_id"]}
     assert read_table(url, blob, "orders") == oracle_table(landing)
+    # Each deployment announced only the batches its own writer committed: a batch is one event,
+    # never a second one from the writer that converged on it (already_persisted).
+    for name, (home, _, _) in runs.items():
+        events = home.asset_events("upsert://upsert_default/orders")
+        assert [e["committed"] for e in events] == ([len(committed[name])] if committed[name] else []), (name, events)
