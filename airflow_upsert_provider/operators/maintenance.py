@@ -227,7 +227,8 @@ class RestoreCheckpointOperator(_ShardMaintenanceOperator):
         return super().execute(context)
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, restore_checkpoint
+        from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
+        from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
         from airflow_upsert_provider.engine.store.streams import read_stream
 
         blob = hook.get_blob()

@@ -8,21 +8,20 @@ import os
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     COMMIT_NAME,
     COPY_PREFIX,
     MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
-    apply_retention,
     checkpoint_dirs,
     checkpoints_root,
     copy_name,
-    create_checkpoint,
-    list_checkpoints,
-    restore_checkpoint,
-    verify_checkpoint,
 )
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound, StreamNotReady
