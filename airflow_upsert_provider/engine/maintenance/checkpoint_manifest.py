@@ -30,7 +30,16 @@ from airflow_upsert_provider.engine.store.consensus import (
 )
 
 
-def build_manifest(checkpoint_id: str, snapshot: ShardSnapshot, files: list[dict[str, Any]], created_at: float) -> dict[str, Any]:
+def build_manifest(
+    checkpoint_id: str,
+    snapshot: ShardSnapshot,
+    files: list[dict[str, Any]],
+    created_at: float,
+    verification: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest of a checkpoint of ``snapshot`` listing ``files``. ``verification`` says
+    how its files were checked: ``full``, how many were ``hashed`` and how many only
+    ``size_checked`` because the checkpoint ``trusted_from`` hashed them."""
     record = snapshot.record
     # The bindings below the upper, and up to the one a source index row is anchored at: a
     # row saved as binding(upper) was minted is checked against it after a restore (it is
@@ -55,6 +64,7 @@ def build_manifest(checkpoint_id: str, snapshot: ShardSnapshot, files: list[dict
         # What planning knows of the source, anchored at a binding the manifest holds.
         "source_index": snapshot.source_index,
         "files": files,
+        "verification": verification,
     }
 
 
