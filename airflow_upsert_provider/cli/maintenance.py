@@ -120,7 +120,7 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         verified = []
         for checkpoint_id in ids:
             manifest = verify_checkpoint(ctx.blob, shard_id, checkpoint_id, ctx.consensus, full=args.full)
-            verified.append({"id": checkpoint_id, "files": len(manifest["files"]), "full": args.full, "ok": True})
+            verified.append({"id": checkpoint_id, "files": len(manifest["files"]), "ok": True})
         return {"shard": shard_id, "verified": verified}
     latest = catalog.latest()
     checkpoint_id = args.checkpoint or (latest.id if latest else None)

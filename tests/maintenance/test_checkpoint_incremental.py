@@ -99,15 +99,18 @@ def test_a_checkpoint_hashes_only_the_files_no_earlier_checkpoint_hashed(spark, 
     assert sorted(blob.hashed) == sorted(live_paths(shard))
     assert read_manifest(blob, shard.shard_id, full.id)["verification"]["trusted_from"] is None
 
-    # verify reads no file; verify --full (and restore) reads each.
-    options = ("--consensus", shard.consensus.url, "--blob-root", blob.root)
+    # verify reads no file, only sizes; a full verify (and restore) reads each.
     blob.reset()
-    code, out, err = run_cli_json(capsys, *options, "checkpoint", "verify", shard.shard_id, second.id)
-    assert code == 0, err
-    assert out["verified"] == [{"id": second.id, "files": len(live_paths(shard)), "full": False, "ok": True}]
-    code, out, err = run_cli_json(capsys, *options, "checkpoint", "verify", shard.shard_id, second.id, "--full")
-    assert code == 0, err
-    assert out["verified"][0]["full"] is True
+    verify_checkpoint(blob, shard.shard_id, second.id, shard.consensus, full=False)
+    assert blob.hashed == [] and sorted(blob.sized) == sorted(live_paths(shard))
+    blob.reset()
+    verify_checkpoint(blob, shard.shard_id, second.id, shard.consensus)
+    assert sorted(blob.hashed) == sorted(live_paths(shard))
+    options = ("--consensus", shard.consensus.url, "--blob-root", blob.root)
+    for full in ((), ("--full",)):
+        code, out, err = run_cli_json(capsys, *options, "checkpoint", "verify", shard.shard_id, second.id, *full)
+        assert code == 0, err
+        assert out["verified"] == [{"id": second.id, "files": len(live_paths(shard)), "ok": True}]
 
 
 @sqlite_only

@@ -1,9 +1,16 @@
-"""Checkpoint retention: which checkpoints a shard keeps (``retained_ids``), and dropping the
-others from the catalog before deleting their directories (``apply_retention``)."""
+"""Checkpoint retention: which checkpoints a shard keeps (``retained_ids``, pure), and dropping
+the others from the catalog before deleting their directories (``apply_retention``).
+
+Retention never drops the newest checkpoint whose files verify (``newest_verifying_id``): a
+newer checkpoint may list a file damaged after an earlier checkpoint hashed it (an incremental
+checkpoint only checks its size), and dropping the last good one would leave nothing to
+restore from. Only a checkpoint whose every file was read just now is taken as verifying
+without reading it again."""
 
 from __future__ import annotations
 
 import time
+from typing import Callable, Collection
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.errors import ConfigurationError
@@ -47,22 +54,32 @@ def retained_ids(
     return keep
 
 
+def newest_verifying_id(
+    entries: list[CheckpointEntry], verifies: Callable[[str], bool], verified: Collection[str] = frozenset()
+) -> str | None:
+    """The id of the newest of ``entries`` whose files verify, trying newest first and stopping
+    at the first: an id in ``verified`` (every file read just now) verifies without asking,
+    any other is asked of ``verifies``. None if none does. Pure but for ``verifies``."""
+    for entry in sorted(entries, key=lambda e: (e.upper, e.created_at), reverse=True):
+        if entry.id in verified or verifies(entry.id):
+            return entry.id
+    return None
+
+
 def newest_verifying(
     blob: Blob, shard_id: str, verified: set[str] = frozenset(), consensus: Consensus | None = None
 ) -> str | None:
-    """The id of the newest checkpoint the catalog lists now that verifies, trying newest
-    first and stopping at the first (``verified``: ids known to verify, not read again);
-    None if none does."""
-    entries = Catalog.load(blob, shard_id, consensus).entries
-    for entry in sorted(entries, key=lambda e: (e.upper, e.created_at), reverse=True):
-        if entry.id in verified:
-            return entry.id
+    """``newest_verifying_id`` over the checkpoints the catalog lists now, each checked by a
+    full verify (every file read: one damaged after it was hashed must not pass)."""
+
+    def verifies(checkpoint_id: str) -> bool:
         try:
-            verify_checkpoint(blob, shard_id, entry.id, consensus)
+            verify_checkpoint(blob, shard_id, checkpoint_id, consensus, full=True)
         except (CheckpointCorrupt, ConfigurationError):  # damaged, or dropped meanwhile
-            continue
-        return entry.id
-    return None
+            return False
+        return True
+
+    return newest_verifying_id(Catalog.load(blob, shard_id, consensus).entries, verifies, verified)
 
 
 def apply_retention(
