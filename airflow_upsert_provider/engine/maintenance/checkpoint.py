@@ -1,5 +1,6 @@
-"""Creating a checkpoint: verify every file the shard state at its upper needs, write the
-manifest, its commit marker, then the catalog entry (the formats: checkpoint_catalog.py and
+"""Creating a checkpoint: check every file the shard state at its upper needs (reading whole
+only those the newest checkpoint did not read: checkpoint_plan.py), write the manifest, its
+commit marker, then the catalog entry (the formats: checkpoint_catalog.py and
 checkpoint_manifest.py)."""
 
 from __future__ import annotations
