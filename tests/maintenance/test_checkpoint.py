@@ -214,7 +214,7 @@ def test_first_checkpoint_window_is_not_mistaken_for_corruption(spark, consensus
         collect_garbage(consensus, blob, shard.shard_id)
 
     entry = create_checkpoint(shard, on_step=during)
-    assert seen == {"snapshot": [], "manifest": [], "commit": [], "catalog": [entry]}
+    assert seen == {"snapshot": [], "verified": [], "manifest": [], "commit": [], "catalog": [entry]}
     verify_checkpoint(blob, shard.shard_id, entry.id)
 
     # A first checkpoint interrupted before its catalog existed (directory and manifest, no
