@@ -40,7 +40,7 @@ from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog, checkpoint_path  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord  # noqa: E402
+from airflow_upsert_provider.engine.store.records import BatchRecord  # noqa: E402
 from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.sample_data import sample_schema_json  # noqa: E402

@@ -211,7 +211,7 @@ def test_the_original_stores_gc_and_retention_keep_off_a_shard_restored_into_ano
 
     from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
     from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.records import BatchRecord
     from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
     from airflow_upsert_provider.engine.store.gc_claims import (
         OWNER_NAME,

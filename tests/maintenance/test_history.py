@@ -16,7 +16,8 @@ from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_
 from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchRecord, batches_table, bindings_table
+from airflow_upsert_provider.engine.store.records import AppendOutcome, BatchRecord
+from airflow_upsert_provider.engine.store.tables import batches_table, bindings_table
 from airflow_upsert_provider.engine.store.history import keep_from, plan_truncation, rollups, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import ALREADY_PERSISTED, Writer

@@ -33,7 +33,8 @@ from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import build
 from airflow_upsert_provider.engine.maintenance.checkpoint_plan import count_checks, hashed_files, plan_file_checks
 from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention, check_retention
 from airflow_upsert_provider.engine.maintenance.checkpoint_verify import run_file_checks
-from airflow_upsert_provider.engine.store.consensus import Consensus, ShardSnapshot
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import ShardSnapshot
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 
 log = logging.getLogger(__name__)

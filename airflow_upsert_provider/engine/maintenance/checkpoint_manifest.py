@@ -20,7 +20,7 @@ from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     CheckpointCorrupt,
     checkpoint_path,
 )
-from airflow_upsert_provider.engine.store.consensus import (
+from airflow_upsert_provider.engine.store.records import (
     BatchRecord,
     Binding,
     CompactionRecord,

@@ -15,8 +15,10 @@ from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
 )
 from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import snapshot_from_manifest
 from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
-from airflow_upsert_provider.engine.store.consensus import Consensus, ShardRecord
+from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.gc_claims import mark_blob_owner
+from airflow_upsert_provider.engine.store.records import ShardRecord
+from airflow_upsert_provider.engine.store.restore import restore_shard
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,9 @@ def restore_checkpoint(
             checkpoint=checkpoint_id,
             file=path,
         ) from None
-    record = consensus.restore_shard(
-        target, snapshot, actor=actor, reason=f"restored from checkpoint {checkpoint_id} of shard {shard_id!r}"
+    record = restore_shard(
+        consensus, target, snapshot, actor=actor,
+        reason=f"restored from checkpoint {checkpoint_id} of shard {shard_id!r}",
     )
     # The new generation the restore recorded, on blob: another store's GC keeps off it. A
     # crash before this line is repaired by ``recover seek``, which must run before any write.

@@ -46,11 +46,11 @@ from airflow_upsert_provider.engine.errors import (
     UpsertError,
     first_line,
 )
-from airflow_upsert_provider.engine.store.consensus import (
-    POSTGRES_TIMEOUT_DEFAULTS,
-    SQLITE_DEFAULT_TIMEOUT_S,
+from airflow_upsert_provider.engine.store.urls import (
     normalize_url,
+    POSTGRES_TIMEOUT_DEFAULTS,
     redact_url,
+    SQLITE_DEFAULT_TIMEOUT_S,
     with_password,
 )
 from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow

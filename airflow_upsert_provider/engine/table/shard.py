@@ -16,13 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
-from airflow_upsert_provider.engine.store.consensus import (
-    AppendResult,
-    BatchRecord,
-    Binding,
-    Consensus,
-    ShardRecord,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import AppendResult, BatchRecord, Binding, ShardRecord
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     IntegrityError,
