@@ -412,7 +412,8 @@ def build_base(spark, shard: Shard, rows: int) -> None:
 
 
 def recovery(env: Env, spark, rows: int, kafka_batches: int, batch: int) -> dict:
-    from airflow_upsert_provider.engine.maintenance import checkpoint as ckpt
+    from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+    from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
     from airflow_upsert_provider.engine.lifecycle import recovery as rec
     from airflow_upsert_provider.engine.store import streams
     from airflow_upsert_provider.engine.write.writer import Writer
@@ -432,7 +433,7 @@ def recovery(env: Env, spark, rows: int, kafka_batches: int, batch: int) -> dict
     total = rows + kafka_batches * batch
     assert upper == 1 + kafka_batches and shard.read(spark).count() == total
     producing.chunk(250)  # 1000 records the restored shard reads after its resume
-    entry = ckpt.create_checkpoint(shard)
+    entry = create_checkpoint(shard)
     print(f"  recovery: {total:,} rows ({rows:,} written as batch 0 in {base_s:.1f}s, {kafka_batches} batches of "
           f"{batch:,} from Kafka in {kafka_s:.1f}s), checkpoint {entry.id}: {entry.files} files, "
           f"{entry.bytes / 2**20:.0f} MiB", flush=True)
@@ -445,7 +446,7 @@ def recovery(env: Env, spark, rows: int, kafka_batches: int, batch: int) -> dict
 
     engine = {}
     started = time.perf_counter()
-    ckpt.restore_checkpoint(env.consensus, env.blob, shard.shard_id, entry.id, target_shard_id="restored_engine",
+    restore_checkpoint(env.consensus, env.blob, shard.shard_id, entry.id, target_shard_id="restored_engine",
                             actor="bench")
     engine["restore"] = time.perf_counter() - started
     started = time.perf_counter()

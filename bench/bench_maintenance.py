@@ -4,8 +4,9 @@
    top (uncompacted), then compacted; each read fully materialised. Ratios against the
    single run read in the same process.
 2. Compaction throughput: rows and bytes merged per second.
-3. Checkpoint of the N-row shard, which verifies every file it lists (size, SHA-256, Parquet
-   footer), against reading the listed bytes once, the floor of that check.
+3. A full checkpoint of the N-row shard (``full=True``), which verifies every file it lists
+   (size, SHA-256, Parquet footer), against reading the listed bytes once, the floor of that
+   check (incremental checkpoints: bench_checkpoint.py).
 4. GC planning over F files (run directories committed, lost and pinned by checkpoints).
 
     .venv/bin/python bench/bench_maintenance.py            # 5M rows, 50 batches, 100k files
@@ -124,7 +125,7 @@ def bench_read_compact_checkpoint(spark, workdir: str, rows: int, batches: int, 
     # and SHA-256, a readable Parquet footer), so it never lists a file that fails verify. The
     # baseline is the floor of that check: reading every listed byte once, sequentially.
     for _ in range(2):  # keep_last=1: the second is the steady state (retention included)
-        entry, checkpoint_seconds = timed(lambda: create_checkpoint(shard, keep_last=1))
+        entry, checkpoint_seconds = timed(lambda: create_checkpoint(shard, keep_last=1, full=True))
     snapshot = consensus.snapshot("bench")
     paths = [blob.path(f["path"]) for run in snapshot.live_runs() for f in run["files"]]
 
@@ -135,7 +136,7 @@ def bench_read_compact_checkpoint(spark, workdir: str, rows: int, batches: int, 
                     pass
 
     _, reading_seconds = timed(read_every_byte)
-    _, verifying_seconds = timed(lambda: manifest_files(blob, snapshot))
+    _, verifying_seconds = timed(lambda: manifest_files(blob, snapshot, {}, full=True))
     print(f"checkpoint of {result.rows:,} rows ({entry.files} files, {entry.bytes / 1e6:.0f} MB), every file "
           f"verified: {checkpoint_seconds:.3f}s (target < 2s), of which verifying the files "
           f"{verifying_seconds:.3f}s; reading the same bytes once: {reading_seconds:.3f}s "

@@ -632,17 +632,18 @@ def leaked_and_missing_files(shard) -> tuple[list[str], list[str]]:
     current catalog version and a checkpoint's own files (manifest, commit marker) belong to
     it (an older copy left behind is a leak); Spark's markers beside a referenced run's
     files (``_SUCCESS``, ``.*.crc``) belong to that run."""
-    from airflow_upsert_provider.engine.maintenance import checkpoint
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog, checkpoint_path
+    from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
     from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
 
     blob = shard.blob
     referenced = {blob.path(f["path"]) for run in shard.live_runs() for f in run["files"]}
-    catalog = checkpoint.Catalog.load(blob, shard.shard_id, shard.consensus)
+    catalog = Catalog.load(blob, shard.shard_id, shard.consensus)
     kept_dirs = set()
     for entry in catalog.entries:
-        manifest = checkpoint.read_manifest(blob, shard.shard_id, entry.id)
+        manifest = read_manifest(blob, shard.shard_id, entry.id)
         referenced |= {blob.path(f["path"]) for f in manifest["files"]}
-        kept_dirs.add(checkpoint.checkpoint_path(blob, shard.shard_id, entry.id))
+        kept_dirs.add(checkpoint_path(blob, shard.shard_id, entry.id))
     runs_root = blob.path(shard.shard_id, "runs")
     run_dirs = {blob.path(run_dir_of_relative(blob.relative(p))) for p in referenced}
 

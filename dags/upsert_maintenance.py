@@ -3,8 +3,11 @@ after the compaction the table as of the new since is also published as a snapsh
 Apache Iceberg table `upsert.<shard>` ([docs/readers.md, "Iceberg"](upsert-provider/docs/readers#iceberg)).
 
 Compaction advances since to the upper (reads as of an older ts fail afterwards) and leaves
-the replaced runs behind; the checkpoint then records the compacted state and retention
-drops old checkpoints; only then does GC delete what neither the live state nor a retained
+the replaced runs behind; the checkpoint then records the compacted state, reading only the
+files no earlier checkpoint read. On Sundays (the slower schedule) it reads every file whole,
+a full verify that catches a file damaged after an earlier checkpoint read it, and then
+retention drops old checkpoints (that checkpoint was read whole, so retention need not read
+it again). Only then does GC delete what neither the live state nor a retained
 checkpoint nor an in-flight writer or read references (the runs today's compaction replaced
 stay for the grace period, for reads planned before it, and go on a later run). Every step is
 safe beside running writers (`upsert_microbatch`, `upsert_backfill`). A corrupt or missing checkpoint
@@ -30,6 +33,9 @@ from airflow_upsert_provider.operators.maintenance import (
     PublishIcebergOperator,
 )
 
+# Jinja: whether this run is the weekly one that reads every file (Sunday, by when it runs).
+FULL_VERIFY_DAY = "dag_run.run_after.weekday() == 6"
+
 with DAG(
     dag_id="upsert_maintenance",
     description="Compact, checkpoint and garbage-collect an upsert shard",
@@ -46,8 +52,9 @@ with DAG(
         ),
         "keep_last": number_param(
             7, type="integer", minimum=1, title="Checkpoints to keep",
-            description="Retention after the new checkpoint: keep the newest N checkpoints (at "
-            "least 1); older ones leave the catalog and their files become collectable.",
+            description="Retention after Sunday's full checkpoint: keep the newest N checkpoints (at "
+            "least 1), and always the newest one whose files verify; older ones leave the catalog "
+            "and their files become collectable.",
         ),
         "grace_seconds": number_param(
             6 * 3600, minimum=0, title="GC grace period (seconds)",
@@ -68,8 +75,12 @@ with DAG(
     compact = CompactShardOperator(
         task_id="compact", shard="{{ params.shard }}", execution_timeout=timedelta(hours=2)
     )
+    # The full verify runs weekly: every file read whole, then retention.
     checkpoint = CheckpointCommitOperator(
-        task_id="checkpoint", shard="{{ params.shard }}", keep_last="{{ params.keep_last }}"
+        task_id="checkpoint",
+        shard="{{ params.shard }}",
+        full="{{ " + FULL_VERIFY_DAY + " }}",
+        keep_last="{{ params.keep_last if " + FULL_VERIFY_DAY + " else none }}",
     )
     gc = GarbageCollectOperator(
         task_id="gc",

@@ -38,7 +38,8 @@ def run_dirs_on_disk(shard: Shard) -> set[str]:
 
 def referenced_run_dirs(shard: Shard) -> set[str]:
     """Directories of the live runs and of every retained checkpoint's files."""
-    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, read_manifest
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
+    from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
 
     paths = {f["path"] for run in shard.live_runs() for f in run["files"]}
     for entry in Catalog.load(shard.blob, shard.shard_id).entries:

@@ -25,6 +25,8 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
     create.add_argument("--keep-last", type=integer_option("--keep-last", 1), default=None, metavar="N", help="then keep only the last N checkpoints")
     create.add_argument("--keep-within", type=finite_number("--keep-within", above_zero=True), default=None, metavar="SECONDS",
                         help="then keep only checkpoints newer than this (with --keep-last: either keeps)")
+    create.add_argument("--full", action="store_true",
+                        help="read every file whole, not only those no earlier checkpoint hashed")
     create.add_argument("--json", action="store_true")
     listing = actions.add_parser("list", parents=[common], help="the checkpoints in the shard's catalog")
     listing.add_argument("shard")
@@ -32,6 +34,9 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
     verify = actions.add_parser("verify", parents=[common], help="check every file a checkpoint lists")
     verify.add_argument("shard")
     verify.add_argument("checkpoint", nargs="?", help="checkpoint id (default: every checkpoint in the catalog)")
+    verify.add_argument("--full", action="store_true",
+                        help="read every file whole (SHA-256, Parquet footer); default: present and of the recorded "
+                        "size, as each was hashed when its checkpoint was created")
     verify.add_argument("--json", action="store_true")
     restore = actions.add_parser("restore", parents=[common], help="rebuild a shard's consensus state from a checkpoint")
     restore.add_argument("shard", help="the shard whose catalog holds the checkpoint")
@@ -77,17 +82,20 @@ def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.maintenance import checkpoint as ckpt
+    from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog, checkpoints_root
+    from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+    from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
     from airflow_upsert_provider.engine.store import streams
     from airflow_upsert_provider.engine.errors import ConfigurationError, ShardNotFound
 
     if args.checkpoint_command == "create":
         shard = ctx.shard(args.shard)
-        entry = ckpt.create_checkpoint(shard, keep_last=args.keep_last, keep_within=args.keep_within)
+        entry = create_checkpoint(shard, keep_last=args.keep_last, keep_within=args.keep_within, full=args.full)
         return {"shard": shard.shard_id, "checkpoint": entry.to_dict()}
     # list, verify and restore work on an empty store too: a restore runs against one.
     shard_id = args.shard
-    if not ctx.blob.is_dir(ckpt.checkpoints_root(ctx.blob, shard_id)):
+    if not ctx.blob.is_dir(checkpoints_root(ctx.blob, shard_id)):
         try:
             ctx.consensus.get_shard(shard_id)
         except ShardNotFound:
@@ -98,7 +106,7 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     # The store's catalog once it holds it (a blob copy can lag it by one change after a
     # crash), else the blob copy's: a store that never held it, one being restored into.
-    catalog = ckpt.Catalog.load(ctx.blob, shard_id, ctx.consensus)
+    catalog = Catalog.load(ctx.blob, shard_id, ctx.consensus)
     if args.checkpoint_command == "list":
         entries = [e.to_dict() for e in catalog.entries]
         if not args.json:
@@ -111,14 +119,14 @@ def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         ids = [args.checkpoint] if args.checkpoint else [e.id for e in catalog.entries]
         verified = []
         for checkpoint_id in ids:
-            manifest = ckpt.verify_checkpoint(ctx.blob, shard_id, checkpoint_id, ctx.consensus)
+            manifest = verify_checkpoint(ctx.blob, shard_id, checkpoint_id, ctx.consensus, full=args.full)
             verified.append({"id": checkpoint_id, "files": len(manifest["files"]), "ok": True})
         return {"shard": shard_id, "verified": verified}
     latest = catalog.latest()
     checkpoint_id = args.checkpoint or (latest.id if latest else None)
     if checkpoint_id is None:
         raise ConfigurationError(f"shard {shard_id!r} has no checkpoint to restore", shard=shard_id)
-    record = ckpt.restore_checkpoint(ctx.consensus, ctx.blob, shard_id, checkpoint_id, target_shard_id=args.target,
+    record = restore_checkpoint(ctx.consensus, ctx.blob, shard_id, checkpoint_id, target_shard_id=args.target,
                                      actor=actor_of(args))
     state = streams.read_stream(ctx.consensus, record.shard_id)
     next_step = f"upsertctl recover seek {record.shard_id}"

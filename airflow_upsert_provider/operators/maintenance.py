@@ -106,10 +106,12 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
     :param keep_within: keep only checkpoints newer than this, in seconds or a timedelta
         (templated); with ``keep_last`` a checkpoint either rule keeps is kept, and the
         newest is always kept.
+    :param full: read every file whole (a full verify of what the checkpoint lists), instead of
+        only the files no earlier checkpoint hashed (templated; default False).
     :param upsert_conn_id: the `upsert` connection.
     """
 
-    template_fields: Sequence[str] = ("shard", "keep_last", "keep_within")
+    template_fields: Sequence[str] = ("shard", "keep_last", "keep_within", "full")
 
     def __init__(
         self,
@@ -117,19 +119,22 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
         shard: str,
         keep_last: int | str | None = None,
         keep_within: Any = None,
+        full: bool | str = False,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.keep_last = keep_last
         self.keep_within = keep_within
+        self.full = full
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
 
         keep_last = parse_int(self.keep_last, "keep_last")
         keep_within = parse_seconds(self.keep_within, "keep_within")
-        entry = create_checkpoint(hook.open_shard(self.shard), keep_last=keep_last, keep_within=keep_within)
+        full = parse_bool(self.full, "full")
+        entry = create_checkpoint(hook.open_shard(self.shard), keep_last=keep_last, keep_within=keep_within, full=full)
         return entry.to_dict()
 
 
@@ -227,7 +232,8 @@ class RestoreCheckpointOperator(_ShardMaintenanceOperator):
         return super().execute(context)
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, restore_checkpoint
+        from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
+        from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
         from airflow_upsert_provider.engine.store.streams import read_stream
 
         blob = hook.get_blob()

@@ -232,7 +232,7 @@ def _url_parts(url: str) -> list[str]:
 
 def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
     """What the page lists for one shard; every part that cannot be read says why instead."""
-    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
     from airflow_upsert_provider.engine.frontier.alerts import judging_settings
     from airflow_upsert_provider.engine.frontier.rules import evaluate
     from airflow_upsert_provider.engine.frontier.observations import load_alert_state, observation_window

@@ -10,7 +10,8 @@ import sqlite3
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, verify_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from tests.maintenance.support import copy_blob

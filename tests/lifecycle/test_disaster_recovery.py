@@ -13,7 +13,8 @@ import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.lifecycle import recovery
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints, restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import SourceSegmentsMissing, StreamNotReady
 from airflow_upsert_provider.engine.store.stream_rules import Status
@@ -208,7 +209,8 @@ def test_the_original_stores_gc_and_retention_keep_off_a_shard_restored_into_ano
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, apply_retention
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
+    from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
     from airflow_upsert_provider.engine.store.records import BatchRecord
     from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
     from airflow_upsert_provider.engine.store.gc_claims import (

@@ -106,7 +106,7 @@ def as_legacy_catalog(consensus, blob, shard_id: str) -> str:
 
     import sqlalchemy as sa
 
-    from airflow_upsert_provider.engine.maintenance.checkpoint import (
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
         CATALOG_NAME,
         Catalog,
         checkpoints_root,
@@ -130,7 +130,11 @@ def as_legacy_catalog(consensus, blob, shard_id: str) -> str:
 
 def catalog_copies(blob, shard_id: str) -> list[str]:
     """The names of the catalog's blob copies (and of a catalog file before copies)."""
-    from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, copy_version
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
+        CATALOG_NAME,
+        checkpoints_root,
+        copy_version,
+    )
 
     return [n for n in blob.listdir(checkpoints_root(blob, shard_id)) if copy_version(n) is not None or n == CATALOG_NAME]
 

@@ -6,14 +6,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    Catalog,
-    apply_retention,
-    checkpoint_dirs,
-    create_checkpoint,
-    list_checkpoints,
-    verify_checkpoint,
-)
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog, checkpoint_dirs
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from tests.maintenance.support import written_shard
 
@@ -152,7 +148,7 @@ def lock_probe(consensus, shard_id: str):
 
 
 def test_a_catalog_change_does_no_blob_io_while_the_catalog_lock_is_held(consensus, blob):
-    from airflow_upsert_provider.engine.maintenance.checkpoint import CheckpointEntry
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import CheckpointEntry
     from tests.test_store_load import guard_blob
 
     inside = guard_blob(blob, consensus)

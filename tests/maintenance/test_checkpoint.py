@@ -8,21 +8,20 @@ import os
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     COMMIT_NAME,
     COPY_PREFIX,
     MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
-    apply_retention,
     checkpoint_dirs,
     checkpoints_root,
     copy_name,
-    create_checkpoint,
-    list_checkpoints,
-    restore_checkpoint,
-    verify_checkpoint,
 )
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import ConfigurationError, ShardExists, ShardNotFound, StreamNotReady
@@ -215,7 +214,7 @@ def test_first_checkpoint_window_is_not_mistaken_for_corruption(spark, consensus
         collect_garbage(consensus, blob, shard.shard_id)
 
     entry = create_checkpoint(shard, on_step=during)
-    assert seen == {"snapshot": [], "manifest": [], "commit": [], "catalog": [entry]}
+    assert seen == {"snapshot": [], "verified": [], "manifest": [], "commit": [], "catalog": [entry]}
     verify_checkpoint(blob, shard.shard_id, entry.id)
 
     # A first checkpoint interrupted before its catalog existed (directory and manifest, no

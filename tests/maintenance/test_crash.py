@@ -11,15 +11,10 @@ import os
 import shutil
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    Catalog,
-    copy_name,
-    apply_retention,
-    checkpoints_root,
-    create_checkpoint,
-    list_checkpoints,
-    verify_checkpoint,
-)
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog, copy_name, checkpoints_root
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard

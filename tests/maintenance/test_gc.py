@@ -9,17 +9,16 @@ import shutil
 
 import pytest
 
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
-    apply_retention,
     checkpoints_root,
-    create_checkpoint,
-    list_checkpoints,
-    restore_checkpoint,
-    verify_checkpoint,
 )
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.table.shard import Shard

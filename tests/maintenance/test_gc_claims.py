@@ -7,13 +7,10 @@ import os
 
 import pytest
 
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    checkpoint_dirs,
-    create_checkpoint,
-    list_checkpoints,
-    restore_checkpoint,
-    verify_checkpoint,
-)
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import checkpoint_dirs
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.errors import CommitRefused

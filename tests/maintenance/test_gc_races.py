@@ -10,15 +10,17 @@ import pytest
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob
 from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    MANIFEST_NAME,
-    Catalog,
     CommittedFileBad,
-    apply_retention,
-    checkpoint_dirs,
     create_checkpoint,
     list_checkpoints,
-    verify_checkpoint,
 )
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
+    MANIFEST_NAME,
+    Catalog,
+    checkpoint_dirs,
+)
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.errors import IntegrityError
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage

@@ -11,7 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, read_manifest, restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.store.records import AppendOutcome, BatchRecord

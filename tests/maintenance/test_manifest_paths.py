@@ -9,12 +9,14 @@ import random
 
 import pytest
 
-from airflow_upsert_provider.engine.maintenance.checkpoint import CheckpointCorrupt
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     FORMAT,
     MANIFEST_NAME,
-    blob_path_problem,
+    CheckpointCorrupt,
     checkpoint_path,
+)
+from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import (
+    blob_path_problem,
     manifest_paths,
     read_manifest,
 )

@@ -16,12 +16,9 @@ import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.errors import BlobUnavailable
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    copy_name,
-    create_checkpoint,
-    list_checkpoints,
-    verify_checkpoint,
-)
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import copy_name
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.store.registry import open_consensus

@@ -14,16 +14,12 @@ import pytest
 
 from airflow_upsert_provider.engine.blob.files import LocalBlob, open_blob
 from airflow_upsert_provider.engine.blob.objects import ObjectBlob
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
-    Catalog,
-    CheckpointCorrupt,
-    apply_retention,
-    create_checkpoint,
-    list_checkpoints,
-    read_manifest,
-    restore_checkpoint,
-    verify_checkpoint,
-)
+from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog, CheckpointCorrupt
+from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
+from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+from airflow_upsert_provider.engine.maintenance.checkpoint_retention import apply_retention
+from airflow_upsert_provider.engine.maintenance.checkpoint_verify import verify_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage, run_dir_of
 from airflow_upsert_provider.engine.store.gc_claims import OWNER_NAME, BlobOwnedElsewhere, run_dir_of_relative

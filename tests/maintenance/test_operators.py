@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.maintenance import iceberg
 from airflow_upsert_provider.engine.maintenance.checkpoint import list_checkpoints
+from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.operators.maintenance import (
@@ -93,6 +94,23 @@ def test_gc_with_a_mistyped_dry_run_deletes_nothing(spark, store, blob, dry_run)
     # The same call spelled right would have deleted the replaced runs: the typo mattered.
     planned = GarbageCollectOperator(task_id="gc", shard="orders", grace_seconds="60", dry_run="True").execute({})
     assert planned["would_delete"]["items"] > 0 and tree(blob.root) == before
+
+
+def test_the_checkpoint_operator_reads_every_file_only_when_full(store, blob):
+    first = CheckpointCommitOperator(task_id="checkpoint", shard="orders").execute({})
+    incremental = CheckpointCommitOperator(task_id="checkpoint", shard="orders").execute({})
+    full = CheckpointCommitOperator(task_id="checkpoint", shard="orders", full="True").execute({})
+    checked = {name: read_manifest(blob, "orders", entry["id"])["verification"]
+               for name, entry in (("first", first), ("incremental", incremental), ("full", full))}
+    files = first["files"]
+    assert checked == {
+        "first": {"full": False, "hashed": files, "size_checked": 0, "trusted_from": None},
+        "incremental": {"full": False, "hashed": 0, "size_checked": files, "trusted_from": first["id"]},
+        "full": {"full": True, "hashed": files, "size_checked": 0, "trusted_from": None},
+    }
+    with pytest.raises(AirflowFailException, match=r"^full must be true or false, got 'maybe'$"):
+        CheckpointCommitOperator(task_id="checkpoint", shard="orders", full="maybe").execute({})
+    assert len(list_checkpoints(blob, "orders")) == 3
 
 
 def test_maintenance_arguments_are_parsed_strictly(store):

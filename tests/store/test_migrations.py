@@ -462,7 +462,11 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
     shards' catalogs as ``CATALOG.json`` files on the blob: after `db upgrade` they are listed,
     restored from and collected as before, and the first catalog change imports the file."""
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.maintenance.checkpoint import CATALOG_NAME, checkpoints_root, copy_name
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
+        CATALOG_NAME,
+        checkpoints_root,
+        copy_name,
+    )
     from tests.maintenance.support import as_legacy_catalog, catalog_copies
 
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)

@@ -53,7 +53,7 @@ Every catalog and manifest is read before the first deletion; any one that canno
 manifest) aborts GC with an error naming it, and nothing is deleted. A manifest that cannot be
 read because retention removed its checkpoint meanwhile is not corruption: the catalog is read
 again, and a checkpoint no longer listed pins nothing. A shard's catalog is the consensus
-store's (``checkpoint.Catalog``; its blob copy for a shard the store does not hold the catalog
+store's (``checkpoint_catalog.Catalog``; its blob copy for a shard the store does not hold the catalog
 of). Before deleting a checkpoint directory, GC writes the blob copy of the catalog's current
 version if a crash or a failed write left it behind: no copy lists a deleted directory.
 """
@@ -68,16 +68,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
-from airflow_upsert_provider.engine.maintenance.checkpoint import (
+from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     MANIFEST_NAME,
     Catalog,
     CheckpointCorrupt,
     checkpoint_dirs,
     checkpoints_root,
     is_committed,
-    read_manifest,
     write_current_copy,
 )
+from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
 from airflow_upsert_provider.engine.maintenance.gc_plan import (
     IN_GRACE,
     REFERENCED,

@@ -173,7 +173,8 @@ def _checkpoint_bound(shard: "Shard") -> tuple[str, dict[str, int]] | None:
     """The oldest retained checkpoint of ``shard`` and the bound offsets at its upper, as a
     restore of it would seek them (its manifest's last binding), held back further by this
     consensus's own binding at that ts if it differs. None without a checkpoint."""
-    from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, read_manifest
+    from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import Catalog
+    from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
 
     catalog = Catalog.load(shard.blob, shard.shard_id, shard.consensus)
     if not catalog.entries:

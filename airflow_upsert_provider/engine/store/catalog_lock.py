@@ -5,7 +5,7 @@ short consensus transaction that reads the catalog's rows, applies the change an
 back, so two overlapping ``checkpoint create`` runs, or retention during a create, serialize
 and none loses the other's entry. GC takes the same row when it claims checkpoint directories
 (store/gc_claims.py). No blob I/O runs while it is held: the catalog's blob copies are read
-before and written after (engine/maintenance/checkpoint.py). The store releases the lock when
+before and written after (engine/maintenance/checkpoint_catalog.py). The store releases the lock when
 its holder dies (the transaction aborts), so a crashed writer never wedges the catalog.
 """
 

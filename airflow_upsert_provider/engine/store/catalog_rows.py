@@ -4,7 +4,7 @@ The consensus store holds the authoritative catalog of a shard once it has a hea
 (``upsert_checkpoint_catalogs``). Every change is one short transaction under the shard's
 catalog lock (``catalog_lock``): it reads these rows, applies a pure change and writes them
 back with the next version, and does no blob I/O. The blob keeps immutable copies, one per
-version (engine/maintenance/checkpoint.py writes them after the transaction), so that a
+version (engine/maintenance/checkpoint_catalog.py writes them after the transaction), so that a
 checkpoint can be restored from the blob alone into an empty store.
 
 A shard without a header row has its catalog on the blob only (written by a release before
