@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
+# Spark's Parquet reader (parquet-mr) verifies each page's CRC only when told: a bit flipped in
+# a page that still decodes would otherwise be read as data wherever no Hadoop checksum file
+# (.crc) sits beside the run file. Every run writer puts a CRC on each page.
+PAGE_CHECKSUM_CONF = {"spark.hadoop.parquet.page.verify-checksum.enabled": "true"}
 LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 # Sane defaults for micro-batches on a small machine; a connection or --conf overrides them.
 DEFAULT_CONF = {
@@ -33,6 +37,7 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.driver.memory": "2g",
+    **PAGE_CHECKSUM_CONF,
 }
 # Options of the driver JVM beyond the log4j configuration (see driver_java_options); a
 # user's spark.driver.extraJavaOptions replaces them all. None by default: C1 only
