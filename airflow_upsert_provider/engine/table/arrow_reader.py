@@ -31,7 +31,6 @@ from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError, first_line
 from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.runs import (
-    check_present,
     file_problem,
     order_column,
     run_schema,
@@ -48,8 +47,9 @@ BATCH_ROWS = 65_536
 # The bucket directory of a run file, as both run writers name it.
 _BUCKET_DIR = re.compile(r"(?:^|/)_bucket=(\d+)/[^/]+$")
 
-# What reads one run file: (blob root, path relative to it, schema) -> its record batches.
-FileReader = Callable[[str, str, "pyarrow.Schema"], Iterator["pyarrow.RecordBatch"]]
+# What reads one run file: (blob root, its listing {path relative to the root, bytes, ...},
+# schema) -> its record batches.
+FileReader = Callable[[str, dict[str, Any], "pyarrow.Schema"], Iterator["pyarrow.RecordBatch"]]
 
 
 def read_table(
@@ -81,12 +81,18 @@ def read_table(
 
     runs = shard.live_runs(as_of)
     # A file lost to compaction and GC between this choice of runs and its reading is the
-    # retryable ReadOutdated, not an integrity error (Shard.reading decides).
+    # retryable ReadOutdated, not an integrity error (Shard.reading decides, after the failure:
+    # nothing is checked before reading).
     with shard.reading(runs):
         reader = read_runs_arrow(shard.config, shard.blob, runs, columns, filter, shard_id=shard.shard_id,
                                  batch_rows=batch_rows)
+        # The first batch is read now: a read that cannot start fails here, not at its consumer.
+        first = next(iter(reader), None)
 
     def batches() -> Iterator["pyarrow.RecordBatch"]:
+        if first is None:
+            return
+        yield first
         with shard.reading(runs):
             yield from reader
 
@@ -151,7 +157,6 @@ def read_runs_arrow(
     if filter is not None:
         check_filter(filter, pa.schema([full_schema.field(name) for name in merged]))
     files = [f for run in runs for f in run["files"]]
-    check_present(blob, [blob.path(f["path"]) for f in files])
     reader = read_file or _read_run_file
 
     streamed = not any(pa.types.is_floating(read_schema.field(k).type) for k in config.keys)
@@ -401,7 +406,7 @@ def _file_batches(
     """The record batches of one listed run file, read as they are asked for; a failure is
     the engine error it stands for (:func:`_read_failure`)."""
     try:
-        yield from read_file(blob.root, listed["path"], schema)
+        yield from read_file(blob.root, listed, schema)
     except UpsertError:
         raise
     except Exception as exc:
@@ -422,8 +427,8 @@ def _read_bucket(
     return pa.Table.from_batches(batches, schema=schema)
 
 
-def _read_run_file(root: str, path: str, schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
-    return run_io.read_files(root, [path], schema)
+def _read_run_file(root: str, listed: dict[str, Any], schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
+    return run_io.read_files(root, [listed["path"]], schema, sizes=[listed["bytes"]])
 
 
 def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: str | None) -> UpsertError | None:
@@ -441,9 +446,10 @@ def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: 
         return None
     path = blob.path(listed["path"])
     owner = f" of shard {shard_id!r}" if shard_id else ""
+    what = f"is missing: {path}" if reason == "missing" else f"is damaged: {path}: {reason}"
     return IntegrityError(
-        f"a file of the committed runs{owner} is damaged: {path}: {reason} (restore the shard from a "
-        "checkpoint: `upsertctl checkpoint restore`)",
+        f"a file of the committed runs{owner} {what} (restore the shard from a checkpoint: "
+        "`upsertctl checkpoint restore`)",
         **({"shard": shard_id} if shard_id else {}),
         file=path,
         records=[{"file": path, "reason": reason}],
