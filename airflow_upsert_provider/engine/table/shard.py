@@ -344,7 +344,7 @@ class Shard:
         while the read ran) are the retryable :class:`ReadOutdated` instead."""
         try:
             yield
-        except IntegrityError as exc:  # a listed file missing (runs.check_present) or damaged
+        except IntegrityError as exc:  # a listed file missing or damaged (the Arrow reader's check)
             named = [r["file"] for r in exc.details.get("records") or [] if "file" in r]
             outdated = self.outdated_read(named or [exc.details.get("file")])
             if outdated is not None:
