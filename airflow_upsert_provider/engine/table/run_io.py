@@ -472,6 +472,7 @@ def _run_reader_source() -> type:
         def __init__(self, options: dict[str, str], schema: "StructType") -> None:
             self.root = options["root"]
             self.partitioned = json.loads(options["partitions"])
+            self.sizes = json.loads(options.get("sizes", "{}"))
             self.schema = schema
 
         def partitions(self) -> list[InputPartition]:
@@ -482,7 +483,8 @@ def _run_reader_source() -> type:
 
             if partition.value is None:
                 return  # Spark reads one placeholder partition when there are none
-            yield from read_files(self.root, partition.value, to_arrow_schema(self.schema, timezone="UTC"))
+            yield from read_files(self.root, partition.value, to_arrow_schema(self.schema, timezone="UTC"),
+                                  sizes=[self.sizes.get(path) for path in partition.value])
 
     class RunFilesSource(DataSource):
         @classmethod
@@ -507,10 +509,13 @@ def _read_parallelism(spark: "SparkSession") -> int:
 
 
 def reader_options(root: str, files: list[dict[str, Any]], parallelism: int) -> dict[str, str]:
-    """The run reader's options for one read: the root and the files, packed into input
-    partitions. Options are part of what Spark records about a query: nothing secret here."""
+    """The run reader's options for one read: the root, the files packed into input
+    partitions, and each file's listed size (an executor opens a file with it: no HEAD
+    request before its GETs). Options are part of what Spark records about a query: nothing
+    secret here."""
     partitions = plan_read_partitions([(f["path"], int(f["bytes"])) for f in files], parallelism=parallelism)
-    return {"root": root, "partitions": json.dumps(partitions)}
+    sizes = {f["path"]: int(f["bytes"]) for f in files}
+    return {"root": root, "partitions": json.dumps(partitions), "sizes": json.dumps(sizes)}
 
 
 def read_run_files(spark: "SparkSession", schema: "StructType", root: str, files: list[dict[str, Any]]) -> "DataFrame":
