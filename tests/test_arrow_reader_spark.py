@@ -89,7 +89,7 @@ def test_arrow_reader_equals_spark_and_oracle_at_every_as_of(spark, consensus, b
 @sqlite_only
 def test_a_bit_flipped_in_a_page_without_a_hadoop_checksum_file_fails_the_spark_read_naming_it(
         spark, consensus, blob, tmp_path):
-    """Spark's own Parquet reader verifies page CRCs (engine/spark/session.py,
+    """Spark's own Parquet reader verifies page CRCs (engine/spark/reads.py,
     PAGE_CHECKSUM_CONF): a flip that still decodes in a run file with no Hadoop ``.crc`` beside
     it (a store without them, a file copied back without it) fails the read, which then names
     the file, as the pyarrow readers do."""

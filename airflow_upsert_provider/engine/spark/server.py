@@ -42,7 +42,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
 from airflow_upsert_provider.engine.common.retry import SPARK_CONNECT_CLIENT
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable, exception_chain
-from airflow_upsert_provider.engine.spark.session import PAGE_CHECKSUM_CONF
+from airflow_upsert_provider.engine.spark.reads import PAGE_CHECKSUM_CONF
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -19,15 +19,12 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
 )
 from airflow_upsert_provider.engine.errors import ConfigurationError, exception_chain, first_line
 from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
+from airflow_upsert_provider.engine.spark.reads import PAGE_CHECKSUM_CONF
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
-# Spark's Parquet reader (parquet-mr) verifies each page's CRC only when told: a bit flipped in
-# a page that still decodes would otherwise be read as data wherever no Hadoop checksum file
-# (.crc) sits beside the run file. Every run writer puts a CRC on each page.
-PAGE_CHECKSUM_CONF = {"spark.hadoop.parquet.page.verify-checksum.enabled": "true"}
 LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 # Sane defaults for micro-batches on a small machine; a connection or --conf overrides them.
 DEFAULT_CONF = {
