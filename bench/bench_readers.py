@@ -16,16 +16,17 @@ sampled every 50 ms):
 and, warm in one process (after one read of each): ``read_table(...).read_all()`` against
 ``Shard.read(spark).toArrow()``. The ratios are to ``spark parquet`` measured in the same run.
 
-``--memory ROWS`` measures instead what the Arrow reader holds on a large table: a shard of
-ROWS distinct keys in ``--buckets`` buckets is written straight with pyarrow (one committed run,
-no Spark: minutes of Spark for 20M rows say nothing about the reader), then a fresh process
-streams ``read_table`` (counting rows, holding none) and another runs
-``upsertctl read --format parquet``; each one's peak resident memory is printed beside the
-table's size in Arrow memory.
+``--memory ROWS [ROWS ...]`` measures instead what the Arrow reader holds on large tables: for
+each size, a shard of ROWS distinct keys in ``--buckets`` buckets is written straight with
+pyarrow (one committed run, no Spark: minutes of Spark for 20M rows say nothing about the
+reader), then fresh processes stream ``read_table`` (counting rows, holding none), once with
+the whole-bucket merge the reader used before (the baseline, patched in) and once with its
+k-way streamed merge, and another runs ``upsertctl read --format parquet``; each one's peak
+resident memory is printed beside the table's size in Arrow memory.
 
     .venv/bin/python bench/bench_readers.py                   # 5M rows
     .venv/bin/python bench/bench_readers.py --rows 200000     # quick
-    .venv/bin/python bench/bench_readers.py --memory 20000000 --buckets 64
+    .venv/bin/python bench/bench_readers.py --memory 2000000 8000000 --buckets 8
 """
 
 from __future__ import annotations
@@ -81,11 +82,12 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", default=None, help="default: a temporary directory, removed at the end")
-    parser.add_argument("--memory", type=int, default=0, metavar="ROWS",
-                        help="measure the Arrow reader's memory on a table of ROWS keys instead")
+    parser.add_argument("--memory", type=int, nargs="+", default=[], metavar="ROWS",
+                        help="measure the Arrow reader's memory on tables of ROWS keys instead (one or more sizes)")
     args = parser.parse_args()
     if args.memory:
-        memory(args.memory, args.buckets, args.workdir)
+        for rows in args.memory:
+            memory(rows, args.buckets, args.workdir and os.path.join(args.workdir, str(rows)))
         return
 
     from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
@@ -146,6 +148,12 @@ def main() -> None:
 STREAM = """
 import resource, sys
 from airflow_upsert_provider import read_table_from_store
+if sys.argv[4] == "whole":  # the merge before streaming: every row of a bucket at once
+    import pyarrow as pa
+    from airflow_upsert_provider.engine.table import arrow_reader
+    def whole_bucket(streams, config, output):
+        yield arrow_reader.merge_bucket(pa.Table.from_batches([b for s in streams for b in s]), config, output)
+    arrow_reader.merge_sorted_streams = whole_bucket
 rows = sum(batch.num_rows for batch in read_table_from_store(sys.argv[1], sys.argv[2], sys.argv[3]))
 print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
@@ -198,13 +206,14 @@ def memory(rows: int, buckets: int, workdir: str | None) -> None:
               f"{parquet_bytes / 2**20:,.0f} MiB of Parquet; written in {time.monotonic() - started:.0f} s",
               flush=True)
 
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", STREAM, url, root, SHARD], env=env, check=True,
-                              capture_output=True, text=True)
-        counted, peak = map(int, done.stdout.split())
-        assert counted == rows, (counted, rows)
-        print(f"| streaming read_table (a fresh process) | {time.monotonic() - started:.1f} s | "
-              f"{peak / 2**20:,.0f} MiB | {peak / arrow_bytes:.2f}x the table |")
+        for merge, label in (("whole", "whole-bucket merge (before)"), ("streamed", "k-way streamed merge")):
+            started = time.monotonic()
+            done = subprocess.run([sys.executable, "-c", STREAM, url, root, SHARD, merge], env=env, check=True,
+                                  capture_output=True, text=True)
+            counted, peak = map(int, done.stdout.split())
+            assert counted == rows, (counted, rows)
+            print(f"| read_table, {label} (a fresh process) | {time.monotonic() - started:.1f} s | "
+                  f"{peak / 2**20:,.0f} MiB | {peak / arrow_bytes:.2f}x the table |", flush=True)
         wall, peak = timed([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out",
                             os.path.join(workdir, "out.parquet")], env)
         print(f"| upsertctl read --format parquet | {wall:.1f} s | {peak / 2**20:,.0f} MiB | "

@@ -189,9 +189,9 @@ def test_memory_holds_one_bucket_at_a_time(consensus, blob, tmp_path, monkeypatc
     allocated: list[int] = []
     real_read = arrow_reader._read_run_file
 
-    def observed_read(root, path, schema):
-        bucket = int(path.split("_bucket=")[1].split("/")[0])
-        batches = list(real_read(root, path, schema))
+    def observed_read(root, listed, schema):
+        bucket = int(listed["path"].split("_bucket=")[1].split("/")[0])
+        batches = list(real_read(root, listed, schema))
         events.append(("read", bucket, sum(b.num_rows for b in batches)))
         allocated.append(pa.total_allocated_bytes())
         return iter(batches)
@@ -275,6 +275,36 @@ def test_reads_from_store_urls_on_object_storage(s3_root, tmp_path):
         assert got == expected_table(shard.config, history, as_of)
     with pytest.raises(Exception, match="unknown shard 'nope'"):
         read_table_from_store(url, s3_root, "nope")
+
+
+@sqlite_only
+def test_a_read_on_object_storage_asks_for_no_head_per_file_and_explains_a_missing_file_after(
+        consensus, s3_root, s3_server, tmp_path):
+    """What a read costs the store: the GETs of the files it reads, no HEAD per listed file
+    before reading (nor when opening one: the state records each file's size). A file that is
+    gone fails the read, which then names it."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+
+    s3_blob = open_blob(s3_root)
+    shard = make_shard(consensus, s3_blob, tmp_path, buckets=4)
+    history = commit_random_batches(shard, random.Random(4), 3, keys=200, rows=120)
+    files = [f["path"] for run in shard.live_runs() for f in run["files"]]
+    assert len(files) == 12
+
+    def run_file_requests(since: int) -> list[tuple[str, str]]:
+        return [(method, path) for method, path in s3_server.requests()[since:] if "/runs/" in path]
+
+    before = len(s3_server.requests())
+    assert arrow_table(read_table(shard)) == expected_table(shard.config, history, 3)
+    requests = run_file_requests(before)
+    assert [r for r in requests if r[0] == "HEAD"] == []
+    assert {path for _, path in requests} == {f"/{s3_root.split('/')[2]}/shards/{f}" for f in files}
+
+    victim = sorted(files)[-1]  # the last bucket's: the read starts, then fails on it
+    s3_server.client().delete_object(Bucket=s3_root.split("/")[2], Key=f"shards/{victim}")
+    with pytest.raises(IntegrityError, match="is missing") as raised:
+        read_table(shard).read_all()
+    assert raised.value.details["file"] == s3_blob.path(victim) and raised.value.exit_code == 4
 
 
 def test_importing_the_package_imports_neither_pyarrow_nor_pyspark():

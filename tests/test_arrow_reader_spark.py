@@ -84,3 +84,28 @@ def test_arrow_reader_equals_spark_and_oracle_at_every_as_of(spark, consensus, b
         expected = oracle(as_of)
         assert on_spark == expected, f"Spark, as_of {as_of}"
         assert arrow_table(read_table(shard, as_of)) == expected, f"Arrow, as_of {as_of}"
+
+
+@sqlite_only
+def test_a_bit_flipped_in_a_page_without_a_hadoop_checksum_file_fails_the_spark_read_naming_it(
+        spark, consensus, blob, tmp_path):
+    """Spark's own Parquet reader verifies page CRCs (engine/spark/reads.py,
+    PAGE_CHECKSUM_CONF): a flip that still decodes in a run file with no Hadoop ``.crc`` beside
+    it (a store without them, a file copied back without it) fails the read, which then names
+    the file, as the pyarrow readers do."""
+    from airflow_upsert_provider.engine.errors import IntegrityError
+    from airflow_upsert_provider.engine.table.runs import read_runs
+    from tests.maintenance.support import written_shard
+    from tests.maintenance.test_compaction_integrity import flip_a_bit_that_still_decodes
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    runs = shard.live_runs()
+    damaged = blob.path(sorted(f["path"] for f in runs[1]["files"])[0])
+    flip_a_bit_that_still_decodes(damaged)
+    os.unlink(os.path.join(os.path.dirname(damaged), f".{os.path.basename(damaged)}.crc"))
+
+    with pytest.raises(IntegrityError) as caught:
+        with shard.reading(runs):
+            read_runs(spark, shard.config, shard.blob, runs).collect()
+    assert caught.value.details["file"] == damaged and caught.value.exit_code == 4
+    assert f"{damaged}: checksum mismatch: sha256" in caught.value.message

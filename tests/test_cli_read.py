@@ -83,3 +83,45 @@ def test_read_binary_out_dash_is_refused(cli_shard, capsys, tmp_path, monkeypatc
         assert err == (f"upsertctl: read --format {output_format} writes a file, not stdout: --out - is refused; "
                        "give a file's path (./- for a file named -)\n")
     assert not (tmp_path / "-").exists()
+
+
+# -- reads of runs on object storage through Spark's executors ------------------------------------
+
+@pytest.mark.usefixtures("s3_executors")
+def test_a_spark_read_on_s3_asks_no_head_per_file_and_a_flipped_page_fails_it_naming_the_file(
+        s3_server, s3_root, tmp_path, capsys):
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+    from tests.helpers import Upsertctl
+    from tests.maintenance.test_compaction_integrity import flip_a_bit_that_still_decodes
+    from tests.oracle import oracle_table, table_from_rows
+    from tests.test_run_io_s3 import shard_on_s3
+    from tests.test_runs import write_segment
+
+    landing = str(tmp_path / "landing")
+    write_segment(landing, "p0", 0, [{"id": i, "v": f"a{i}", "ts": 1} for i in range(60)])
+    write_segment(landing, "p1", 0, [{"id": i, "v": f"b{i}", "ts": 2} for i in range(40, 90)])
+    url, run, bucket, prefix = shard_on_s3(capsys, tmp_path, s3_root, landing, 3, "--max-files-per-batch", "1")
+    run("run-batch", "s", "--until-caught-up")
+    consensus = open_consensus(url)
+    try:
+        files = [f["path"] for ts in (0, 1) for f in consensus.get_batch("s", ts).run["files"]]
+    finally:
+        consensus.dispose()
+    assert len(files) == 6
+
+    before = len(s3_server.requests())
+    rows = table_from_rows(json.loads(line) for line in run("read", "s").splitlines())
+    assert rows == oracle_table(landing, order_by="ts", delete_marker="deleted")
+    run_files = [(m, p) for m, p in s3_server.requests()[before:] if "/runs/" in p]
+    assert [r for r in run_files if r[0] == "HEAD"] == []  # no request per file before reading
+    assert {p for _, p in run_files} == {f"/{bucket}/{prefix}/{f}" for f in files}
+
+    # A bit flipped in a page that still decodes, in an object of the store (no .crc there).
+    key = f"{prefix}/{sorted(files)[0]}"
+    local = tmp_path / "flipped.parquet"
+    local.write_bytes(s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    flip_a_bit_that_still_decodes(str(local))
+    s3_server.client().put_object(Bucket=bucket, Key=key, Body=local.read_bytes())
+    code, out, err = Upsertctl(capsys, url, s3_root)("read", "s")
+    assert (code, out) == (4, "")
+    assert f"s3://{bucket}/{key}: checksum mismatch: sha256" in err, err

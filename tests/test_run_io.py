@@ -279,7 +279,8 @@ def test_read_partitions_pack_files_as_spark_packs_splits():
 
 def test_reader_options_carry_the_root_and_the_planned_files():
     options = run_io.reader_options("/b", [{"path": "r/_bucket=0/p.parquet", "bytes": 5, "sha256": "x"}], 2)
-    assert options == {"root": "/b", "partitions": '[["r/_bucket=0/p.parquet"]]'}
+    assert options == {"root": "/b", "partitions": '[["r/_bucket=0/p.parquet"]]',
+                       "sizes": '{"r/_bucket=0/p.parquet": 5}'}
 
 
 def test_files_spark_wrote_are_read_in_the_run_schema(tmp_path):

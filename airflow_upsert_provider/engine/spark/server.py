@@ -42,6 +42,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
 from airflow_upsert_provider.engine.common.retry import SPARK_CONNECT_CLIENT
 from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError, SparkUnavailable, exception_chain
+from airflow_upsert_provider.engine.spark.reads import PAGE_CHECKSUM_CONF
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,6 +63,7 @@ SERVER_CONF = {
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.driver.host": DEFAULT_HOST,
     "spark.driver.bindAddress": DEFAULT_HOST,
+    **PAGE_CHECKSUM_CONF,  # its sessions verify Parquet page checksums as in-process ones do
 }
 
 SERVER_LOG4J = """rootLogger.level = warn

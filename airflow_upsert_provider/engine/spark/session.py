@@ -19,6 +19,7 @@ from airflow_upsert_provider.engine.common.connect_address import (  # noqa: F40
 )
 from airflow_upsert_provider.engine.errors import ConfigurationError, exception_chain, first_line
 from airflow_upsert_provider.engine.spark.driver_memory import check_driver_memory
+from airflow_upsert_provider.engine.spark.reads import PAGE_CHECKSUM_CONF
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,6 +34,7 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.driver.memory": "2g",
+    **PAGE_CHECKSUM_CONF,
 }
 # Options of the driver JVM beyond the log4j configuration (see driver_java_options); a
 # user's spark.driver.extraJavaOptions replaces them all. None by default: C1 only

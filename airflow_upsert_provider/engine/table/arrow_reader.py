@@ -31,7 +31,6 @@ from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, UpsertError, first_line
 from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.runs import (
-    check_present,
     file_problem,
     order_column,
     run_schema,
@@ -48,8 +47,9 @@ BATCH_ROWS = 65_536
 # The bucket directory of a run file, as both run writers name it.
 _BUCKET_DIR = re.compile(r"(?:^|/)_bucket=(\d+)/[^/]+$")
 
-# What reads one run file: (blob root, path relative to it, schema) -> its record batches.
-FileReader = Callable[[str, str, "pyarrow.Schema"], Iterator["pyarrow.RecordBatch"]]
+# What reads one run file: (blob root, its listing {path relative to the root, bytes, ...},
+# schema) -> its record batches.
+FileReader = Callable[[str, dict[str, Any], "pyarrow.Schema"], Iterator["pyarrow.RecordBatch"]]
 
 
 def read_table(
@@ -81,12 +81,18 @@ def read_table(
 
     runs = shard.live_runs(as_of)
     # A file lost to compaction and GC between this choice of runs and its reading is the
-    # retryable ReadOutdated, not an integrity error (Shard.reading decides).
+    # retryable ReadOutdated, not an integrity error (Shard.reading decides, after the failure:
+    # nothing is checked before reading).
     with shard.reading(runs):
         reader = read_runs_arrow(shard.config, shard.blob, runs, columns, filter, shard_id=shard.shard_id,
                                  batch_rows=batch_rows)
+        # The first batch is read now: a read that cannot start fails here, not at its consumer.
+        first = next(iter(reader), None)
 
     def batches() -> Iterator["pyarrow.RecordBatch"]:
+        if first is None:
+            return
+        yield first
         with shard.reading(runs):
             yield from reader
 
@@ -151,17 +157,37 @@ def read_runs_arrow(
     if filter is not None:
         check_filter(filter, pa.schema([full_schema.field(name) for name in merged]))
     files = [f for run in runs for f in run["files"]]
-    check_present(blob, [blob.path(f["path"]) for f in files])
     reader = read_file or _read_run_file
+
+    streamed = not any(pa.types.is_floating(read_schema.field(k).type) for k in config.keys)
+
+    def finished(winners: "pyarrow.Table") -> "pyarrow.Table":
+        return winners if filter is None else winners.filter(filter).select(output)
 
     def batches() -> Iterator["pyarrow.RecordBatch"]:
         for _bucket, listed in bucket_groups(files):
-            rows = _read_bucket(blob, listed, read_schema, reader, shard_id)
-            winners = merge_bucket(rows, config, merged)
-            del rows  # the bucket's input goes before its output is handed out
-            if filter is not None:
-                winners = winners.filter(filter).select(output)
-            yield from winners.to_batches(max_chunksize=batch_rows)
+            if not streamed:
+                rows = _read_bucket(blob, listed, read_schema, reader, shard_id)
+                winners = merge_bucket(rows, config, merged)
+                del rows  # the bucket's input goes before its output is handed out
+                yield from finished(winners).to_batches(max_chunksize=batch_rows)
+                continue
+            streams = [_file_batches(blob, f, read_schema, reader, shard_id) for f in listed]
+            pending: list[pa.Table] = []
+            held = 0
+            # Winners are handed out in batches of batch_rows (a bucket's last one may be
+            # short): the consumer's batches do not shrink to what one step of the merge decides.
+            for winners in _named_unsorted(merge_sorted_streams(streams, config, merged), blob, listed, shard_id):
+                winners = finished(winners)
+                pending.append(winners)
+                held += winners.num_rows
+                if held >= batch_rows:
+                    whole = pa.concat_tables(pending)
+                    cut = held - held % batch_rows
+                    yield from whole.slice(0, cut).to_batches(max_chunksize=batch_rows)
+                    pending, held = [whole.slice(cut)], held - cut
+            if held:
+                yield from pa.concat_tables(pending).combine_chunks().to_batches(max_chunksize=batch_rows)
 
     return pa.RecordBatchReader.from_batches(out_schema, batches())
 
@@ -258,6 +284,138 @@ def merge_bucket(rows: "pyarrow.Table", config: ShardConfig, output: list[str]) 
     return winners.filter(pc.invert(pc.fill_null(winners.column("_deleted"), False))).select(output)
 
 
+def merge_sorted_streams(
+    streams: Sequence[Iterator["pyarrow.RecordBatch"]], config: ShardConfig, output: list[str]
+) -> Iterator["pyarrow.Table"]:
+    """The winners of :func:`merge_bucket` over every row of ``streams``, each stream the
+    record batches of one run file sorted by key, computed as a k-way merge: per step, the
+    rows of every stream below the smallest last key any stream's held batch reaches (a key
+    below it has no row left unread anywhere) are merged with :func:`merge_bucket` and
+    handed out, in key order; then the streams whose held rows all carry that key read
+    their next batch. What is held is one batch per stream (plus, for a stream whose batch
+    ends inside a key, that key's rows of its previous batches), never the bucket.
+
+    A stream whose keys go down is not a run this engine wrote: :class:`IntegrityError`.
+    Keys compare as Arrow compares them (bytes for strings), which is how Spark sorted them
+    for every key type but floating point (NaN): those are merged whole by the caller."""
+    import pyarrow as pa
+
+    keys = list(config.keys)
+    held: list[pa.Table | None] = [None] * len(streams)
+    open_streams = set(range(len(streams)))
+
+    def read_next(i: int) -> None:
+        for batch in streams[i]:
+            if batch.num_rows == 0:
+                continue
+            table = pa.Table.from_batches([batch])
+            _check_sorted(table, keys, held[i], i)
+            held[i] = table if held[i] is None or held[i].num_rows == 0 else pa.concat_tables([held[i], table])
+            return
+        open_streams.discard(i)
+
+    for i in range(len(streams)):
+        read_next(i)
+    while True:
+        lasts = {i: _key_at(held[i], keys, held[i].num_rows - 1) for i in open_streams}
+        bound = min(lasts.values()) if lasts else None
+        ready = []
+        for i, table in enumerate(held):
+            if table is None or table.num_rows == 0:
+                continue
+            below = table.num_rows if bound is None else _rows_below(table, keys, bound)
+            if below:
+                ready.append(table.slice(0, below))
+                held[i] = table.slice(below)
+        if ready:
+            yield merge_bucket(pa.concat_tables(ready), config, output)
+        if bound is None:
+            return
+        for i, last in lasts.items():
+            if last == bound:  # every row it holds is of the bound key: read on
+                read_next(i)
+
+
+def _key_at(table: "pyarrow.Table", keys: list[str], row: int) -> tuple:
+    return tuple(table.column(k)[row].as_py() for k in keys)
+
+
+def _key_less(table: "pyarrow.Table", keys: list[str], bound: "Sequence[Any] | pyarrow.Table") -> "pyarrow.Array":
+    """Per row of ``table``: its key is below ``bound`` (a key tuple, or a table of keys row
+    for row), lexicographically over ``keys``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    less = equal = None
+    for n, name in enumerate(keys):
+        column = table.column(name)
+        other = bound.column(name) if isinstance(bound, pa.Table) else pa.scalar(bound[n], type=column.type)
+        below = pc.less(column, other)
+        less = below if less is None else pc.or_(less, pc.and_(equal, below))
+        same = pc.equal(column, other)
+        equal = same if equal is None else pc.and_(equal, same)
+    return less
+
+
+def _rows_below(table: "pyarrow.Table", keys: list[str], bound: tuple) -> int:
+    """How many of the first rows of ``table`` (sorted by key) have a key below ``bound``."""
+    import pyarrow.compute as pc
+
+    return int(pc.sum(_key_less(table, keys, bound)).as_py() or 0)
+
+
+def _check_sorted(table: "pyarrow.Table", keys: list[str], before: "pyarrow.Table | None", stream: int) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = table if before is None or before.num_rows == 0 else pa.concat_tables([before.slice(before.num_rows - 1), table])
+    if rows.num_rows > 1 and pc.any(_key_less(rows.slice(1), keys, rows.slice(0, rows.num_rows - 1))).as_py():
+        raise _NotSorted(stream)
+
+
+class _NotSorted(Exception):
+    """A run file whose keys go down (raised inside the merge; the reader names the file)."""
+
+    def __init__(self, stream: int) -> None:
+        super().__init__(stream)
+        self.stream = stream
+
+
+def _named_unsorted(
+    merged: Iterator["pyarrow.Table"], blob: Blob, listed: list[dict[str, Any]], shard_id: str | None
+) -> Iterator["pyarrow.Table"]:
+    """``merged``, a run file found not sorted by key an :class:`IntegrityError` naming it."""
+    try:
+        yield from merged
+    except _NotSorted as exc:
+        path = blob.path(listed[exc.stream]["path"])
+        owner = f" of shard {shard_id!r}" if shard_id else ""
+        raise IntegrityError(
+            f"a file of the committed runs{owner} is not sorted by key, as every run file is written: {path} "
+            "(restore the shard from a checkpoint: `upsertctl checkpoint restore`)",
+            **({"shard": shard_id} if shard_id else {}),
+            file=path,
+            records=[{"file": path, "reason": "not sorted by key"}],
+            count=1,
+        ) from None
+
+
+def _file_batches(
+    blob: Blob, listed: dict[str, Any], schema: "pyarrow.Schema", read_file: FileReader, shard_id: str | None
+) -> Iterator["pyarrow.RecordBatch"]:
+    """The record batches of one listed run file, read as they are asked for; a failure is
+    the engine error it stands for (:func:`_read_failure`)."""
+    try:
+        yield from read_file(blob.root, listed, schema)
+    except UpsertError:
+        raise
+    except Exception as exc:
+        error = _read_failure(blob, listed, exc, shard_id)
+        if error is None:
+            raise
+        raise error from exc
+
+
 def _read_bucket(
     blob: Blob, listed: list[dict[str, Any]], schema: "pyarrow.Schema", read_file: FileReader, shard_id: str | None
 ) -> "pyarrow.Table":
@@ -265,20 +423,12 @@ def _read_bucket(
 
     batches: list[pa.RecordBatch] = []
     for f in listed:
-        try:
-            batches.extend(read_file(blob.root, f["path"], schema))
-        except UpsertError:
-            raise
-        except Exception as exc:
-            error = _read_failure(blob, f, exc, shard_id)
-            if error is None:
-                raise
-            raise error from exc
+        batches.extend(_file_batches(blob, f, schema, read_file, shard_id))
     return pa.Table.from_batches(batches, schema=schema)
 
 
-def _read_run_file(root: str, path: str, schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
-    return run_io.read_files(root, [path], schema)
+def _read_run_file(root: str, listed: dict[str, Any], schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
+    return run_io.read_files(root, [listed["path"]], schema, sizes=[listed["bytes"]])
 
 
 def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: str | None) -> UpsertError | None:
@@ -296,9 +446,10 @@ def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: 
         return None
     path = blob.path(listed["path"])
     owner = f" of shard {shard_id!r}" if shard_id else ""
+    what = f"is missing: {path}" if reason == "missing" else f"is damaged: {path}: {reason}"
     return IntegrityError(
-        f"a file of the committed runs{owner} is damaged: {path}: {reason} (restore the shard from a "
-        "checkpoint: `upsertctl checkpoint restore`)",
+        f"a file of the committed runs{owner} {what} (restore the shard from a checkpoint: "
+        "`upsertctl checkpoint restore`)",
         **({"shard": shard_id} if shard_id else {}),
         file=path,
         records=[{"file": path, "reason": reason}],

@@ -398,25 +398,37 @@ def plan_read_partitions(
     return partitions
 
 
-def read_files(root: str, paths: list[str], schema: "pyarrow.Schema") -> Iterator["pyarrow.RecordBatch"]:
+def read_files(
+    root: str, paths: list[str], schema: "pyarrow.Schema", *, sizes: "list[int | None] | None" = None
+) -> Iterator["pyarrow.RecordBatch"]:
     """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
     ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
     timestamps as INT96, which pyarrow reads as nanoseconds). Every page's CRC is checked (runs
-    written here carry one per page; a page without one is read unchecked)."""
+    written here carry one per page; a page without one is read unchecked).
+
+    ``sizes``: each file's size as the shard's state lists it; given, an object store is asked
+    for no HEAD before the file's GETs (a file whose size differs fails to read, and the
+    caller's check of what failed names it)."""
+    import pyarrow.dataset as ds
     import pyarrow.fs
-    import pyarrow.parquet as pq
 
     from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
 
     filesystem, base = filesystem_for(root)
     local = isinstance(filesystem, pyarrow.fs.LocalFileSystem)
-    for path in paths:
+    # A bit flipped in a page that still decodes is caught by the page's CRC.
+    parquet = ds.ParquetFileFormat(
+        read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"),
+        default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True),
+    )
+    for n, path in enumerate(paths):
         try:
-            with filesystem.open_input_file(f"{base.rstrip('/')}/{path}") as handle:
-                # A bit flipped in a page that still decodes is caught by the page's CRC.
-                parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us", page_checksum_verification=True)
-                for batch in parquet.iter_batches(columns=schema.names, use_threads=False):
-                    yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
+            fragment = parquet.make_fragment(f"{base.rstrip('/')}/{path}", filesystem,
+                                             file_size=sizes[n] if sizes else None)
+            # One batch at a time: nothing read ahead of what the consumer asks for.
+            for batch in fragment.to_batches(columns=schema.names, use_threads=False, batch_readahead=0,
+                                             fragment_readahead=0):
+                yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
         except OSError as exc:
             if not local:
                 raise_store_error(root, exc, "read", f"{root.rstrip('/')}/{path}")
@@ -460,6 +472,7 @@ def _run_reader_source() -> type:
         def __init__(self, options: dict[str, str], schema: "StructType") -> None:
             self.root = options["root"]
             self.partitioned = json.loads(options["partitions"])
+            self.sizes = json.loads(options.get("sizes", "{}"))
             self.schema = schema
 
         def partitions(self) -> list[InputPartition]:
@@ -470,7 +483,8 @@ def _run_reader_source() -> type:
 
             if partition.value is None:
                 return  # Spark reads one placeholder partition when there are none
-            yield from read_files(self.root, partition.value, to_arrow_schema(self.schema, timezone="UTC"))
+            yield from read_files(self.root, partition.value, to_arrow_schema(self.schema, timezone="UTC"),
+                                  sizes=[self.sizes.get(path) for path in partition.value])
 
     class RunFilesSource(DataSource):
         @classmethod
@@ -495,10 +509,13 @@ def _read_parallelism(spark: "SparkSession") -> int:
 
 
 def reader_options(root: str, files: list[dict[str, Any]], parallelism: int) -> dict[str, str]:
-    """The run reader's options for one read: the root and the files, packed into input
-    partitions. Options are part of what Spark records about a query: nothing secret here."""
+    """The run reader's options for one read: the root, the files packed into input
+    partitions, and each file's listed size (an executor opens a file with it: no HEAD
+    request before its GETs). Options are part of what Spark records about a query: nothing
+    secret here."""
     partitions = plan_read_partitions([(f["path"], int(f["bytes"])) for f in files], parallelism=parallelism)
-    return {"root": root, "partitions": json.dumps(partitions)}
+    sizes = {f["path"]: int(f["bytes"]) for f in files}
+    return {"root": root, "partitions": json.dumps(partitions), "sizes": json.dumps(sizes)}
 
 
 def read_run_files(spark: "SparkSession", schema: "StructType", root: str, files: list[dict[str, Any]]) -> "DataFrame":

@@ -164,12 +164,13 @@ def merge_runs(spark: "SparkSession", config: ShardConfig, blob: Blob, runs: lis
     were cut. A null order value ranks below every value, as within a batch. Tombstones
     take part in the same comparison. Without an order column the highest ``_ts`` wins.
 
-    A listed file that is missing is an :class:`IntegrityError` naming it, raised before
-    Spark reads anything.
+    Nothing is checked before reading (no request per listed file): a read that fails is
+    explained afterwards by :meth:`Shard.reading` around its action (a missing or damaged
+    file an :class:`IntegrityError` naming it, files replaced meanwhile ``ReadOutdated``);
+    a caller that hands the frame on checks first (:func:`check_present`).
     """
     schema = run_schema(config)
     files = [f for run in runs for f in run["files"]]
-    check_present(blob, [blob.path(f["path"]) for f in files])
     return merge_rows(scan_run_files(spark, schema, blob, files, executor=run_io.executor_io(blob.root)), config)
 
 

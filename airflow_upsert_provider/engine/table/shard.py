@@ -26,7 +26,7 @@ from airflow_upsert_provider.engine.errors import (
     ReadOutdated,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
+from airflow_upsert_provider.engine.table.runs import check_present, file_problem, read_runs
 from airflow_upsert_provider.engine.table.binding_planner import (
     anchor_source_index,
     plan_binding,
@@ -321,8 +321,14 @@ class Shard:
 
     def read(self, spark: "SparkSession", as_of: int | None = None) -> "DataFrame":
         """The table as of ``as_of`` (default: the upper): latest record per key, tombstones
-        removed, user columns only."""
-        return read_runs(spark, self.config, self.blob, self.live_runs(as_of))
+        removed, user columns only. A listed file that is missing is an
+        :class:`IntegrityError` naming it now (one request per file): the frame is read by
+        whoever collects it, where no :meth:`reading` explains a failure. The engine's own
+        reads (:meth:`count_rows`, ``upsertctl read``) run inside :meth:`reading` instead and
+        check nothing first."""
+        runs = self.live_runs(as_of)
+        check_present(self.blob, [self.blob.path(f["path"]) for run in runs for f in run["files"]])
+        return read_runs(spark, self.config, self.blob, runs)
 
     def count_rows(self, spark: "SparkSession") -> int:
         """Rows of the table at the upper (a damaged run file: IntegrityError naming it)."""
@@ -341,7 +347,7 @@ class Shard:
         while the read ran) are the retryable :class:`ReadOutdated` instead."""
         try:
             yield
-        except IntegrityError as exc:  # a listed file missing (runs.check_present) or damaged
+        except IntegrityError as exc:  # a listed file missing or damaged (the Arrow reader's check)
             named = [r["file"] for r in exc.details.get("records") or [] if "file" in r]
             outdated = self.outdated_read(named or [exc.details.get("file")])
             if outdated is not None:
