@@ -428,7 +428,7 @@ def raise_store_error(root: str, exc: OSError, operation: str, uri: str) -> None
     failed request to the object store stands for, in the form that reaches the driver in its
     class (:func:`carried_error` there); return when ``exc`` is of no kind the store explains."""
     from airflow_upsert_provider.engine.blob.objects import request_error
-    from airflow_upsert_provider.engine.sources.kafka import ExecutorError
+    from airflow_upsert_provider.engine.spark.executor_errors import ExecutorError
 
     error = request_error(root, exc, operation, uri)
     if error is not None:
@@ -438,7 +438,7 @@ def raise_store_error(root: str, exc: OSError, operation: str, uri: str) -> None
 def raise_carried_error(exc: BaseException) -> None:
     """On the driver: raise the engine error an executor's task failed with, in its class;
     return when the Spark error ``exc`` carries none."""
-    from airflow_upsert_provider.engine.sources.kafka import carried_error
+    from airflow_upsert_provider.engine.spark.executor_errors import carried_error
 
     carried = carried_error(exc)
     if carried is not None:
