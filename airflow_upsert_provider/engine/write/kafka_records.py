@@ -47,6 +47,8 @@ ENVELOPES = ("json", "debezium")
 # records carry each, and the first message (by partition, offset) that does. Set on the first
 # row of each slice batch, null on the others (map_messages).
 UNKNOWN_FIELDS_TYPE = "ARRAY<STRUCT<name: STRING, records: BIGINT, partition: INT, offset: BIGINT>>"
+# Sets of record fields map_messages remembers per slice batch, judged against the schema.
+MAX_FIELD_SHAPES = 1024
 # What map_messages yields for each message that is a record (Spark DDL).
 MAPPED_SCHEMA = (
     "_file STRING, _partition STRING, _offset BIGINT, _raw STRING, _delete BOOLEAN NOT NULL, "
@@ -397,6 +399,8 @@ def map_messages(
     mapper = _map_json if envelope == "json" else _map_debezium
     schema = _mapped_arrow_schema()
     columns: dict[str, list[Any]] = {name: [] for name in schema.names if name != "_unknown"}
+    named = None if known is None else frozenset(known)
+    shapes: dict[tuple[str, ...], tuple[str, ...]] = {}  # a record's fields -> those not named
     # name -> [records carrying it, partition and offset of the first]
     unknown: dict[str, list[int]] = {}
     data = batch.to_pydict()
@@ -415,14 +419,22 @@ def map_messages(
         if mapped is None:
             continue
         raw, delete, position, reason, fields = mapped
-        if known is not None:
-            for name in set(fields).difference(known):
+        if named is not None:
+            # Most records of a topic share one set of fields: judge each set once.
+            shape = tuple(fields)
+            names = shapes.get(shape)
+            if names is None:
+                names = tuple({name: None for name in shape if name not in named})
+                if len(shapes) < MAX_FIELD_SHAPES:
+                    shapes[shape] = names
+            for name in names:
                 counted = unknown.get(name)
                 if counted is None:
                     unknown[name] = [1, partition, offset]
                 else:
                     counted[0] += 1
-                    counted[1:] = min(counted[1:], [partition, offset])
+                    if (partition, offset) < (counted[1], counted[2]):
+                        counted[1], counted[2] = partition, offset
         columns["_file"].append(message_file(topic, partition, offset))
         columns["_partition"].append(str(partition))
         columns["_offset"].append(offset)
