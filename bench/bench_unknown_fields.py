@@ -14,6 +14,18 @@ times each (medians):
 
 The ratios are to ``driver scan`` and ``spark scan``, measured in the same run.
 
+A Kafka batch counts its fields where the executors parse its messages (``map_messages``), so
+its cost is measured there, on the same records as message values in slice batches of 10,000
+(what ``read_range`` yields), for each envelope:
+
+  kafka <envelope> map     ``map_messages`` without counting: what every Kafka batch pays
+  kafka <envelope> count   ``map_messages`` counting the fields ``known`` does not name
+
+(CPU seconds of this process, the two alternated, medians of ``--repeat``.)
+
+The whole batch adds one ``collect_list`` of a row per slice batch to the metrics its Spark job
+already observes.
+
     .venv/bin/python bench/bench_unknown_fields.py                 # 100k records
     .venv/bin/python bench/bench_unknown_fields.py --rows 1000000
 """
@@ -91,7 +103,56 @@ def main() -> None:
     for step, seconds in figures.items():
         print(f"{step:<14} {seconds:>8.3f} {seconds / figures['driver scan']:>13.1f}x "
               f"{seconds / figures['spark scan']:>12.2f}x")
-    print(json.dumps({"rows": args.rows, "bytes": size, "seconds": figures}))
+    kafka = kafka_figures(segments, config, args.repeat)
+    for step, seconds in kafka.items():
+        base = kafka[step.replace(" count", " map")]
+        print(f"{step:<22} {seconds:>8.3f}" + (f"  {seconds / base - 1:+.1%} over map" if step.endswith("count") else ""))
+    print(json.dumps({"rows": args.rows, "bytes": size, "seconds": {**figures, **kafka}}))
+
+
+def kafka_figures(segments, config, repeat: int) -> dict[str, float]:
+    """Medians of ``map_messages`` over the segments' lines as Kafka message values, without
+    and with counting, for both envelopes."""
+    import pyarrow as pa
+
+    from airflow_upsert_provider.engine.sources.kafka import MAX_BATCH
+    from airflow_upsert_provider.engine.write.kafka_records import map_messages
+
+    values = [line for s in segments for line in R._read(s.path).decode().splitlines() if line]
+    known = tuple(config.column_names())
+    figures: dict[str, float] = {}
+    for envelope in ("json", "debezium"):
+        texts = values if envelope == "json" else [
+            '{"op":"u","before":null,"after":' + v + ',"source":{"lsn":' + str(i) + "}}" for i, v in enumerate(values)]
+        batches = [
+            pa.RecordBatch.from_pydict({
+                "partition": pa.array([0] * len(chunk), pa.int32()),
+                "offset": pa.array(range(start, start + len(chunk)), pa.int64()),
+                "key": pa.array([None] * len(chunk), pa.string()),
+                "value": pa.array(chunk, pa.string()),
+            })
+            for start in range(0, len(texts), MAX_BATCH) for chunk in [texts[start:start + MAX_BATCH]]
+        ]
+
+        def mapped(counting: bool) -> None:
+            for batch in batches:
+                map_messages(batch, topic="bench", keys=tuple(config.keys), envelope=envelope,
+                             known=known if counting else None)
+
+        counted = [map_messages(b, topic="bench", keys=tuple(config.keys), envelope=envelope,
+                                known=known).column("_unknown")[0].as_py() for b in batches]
+        assert sum(e["records"] for entries in counted for e in entries) == len(texts), counted[:1]
+        # Alternated, in this process's CPU seconds: on a shared machine the load drifts
+        # between two series run one after the other, and wall time counts other processes.
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(repeat):
+            for counting in (False, True):
+                started = time.process_time()
+                mapped(counting)
+                times[counting].append(time.process_time() - started)
+        figures[f"kafka {envelope} map"] = statistics.median(times[False])
+        figures[f"kafka {envelope} count"] = statistics.median(times[True])
+    return figures
 
 
 if __name__ == "__main__":

@@ -289,7 +289,7 @@ def test_a_store_failure_an_executor_carried_is_reported_in_its_class_not_as_une
     """A compaction or read whose executor's GET failed beyond the bound reaches the CLI as a Spark error
     quoting the task's carried BlobUnavailable: it exits 2, retryable, as the driver's own would."""
     from airflow_upsert_provider.engine.errors import BlobUnavailable
-    from airflow_upsert_provider.engine.sources.kafka import ExecutorError
+    from airflow_upsert_provider.engine.spark.executor_errors import ExecutorError
 
     carried = BlobUnavailable("reading s3://lake/s/runs/a.parquet failed: SERVICE_UNAVAILABLE", operation="read",
                               bucket="lake", key="s/runs/a.parquet", endpoint="http://127.0.0.1:9", reason="503")

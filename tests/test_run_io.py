@@ -304,7 +304,7 @@ def test_a_put_or_get_failing_beyond_the_bound_on_a_task_carries_blob_unavailabl
     engine's BlobUnavailable (retryable, exit 2), in the form that survives the trip through
     Spark to the driver, not as an unexplained worker exception."""
     from airflow_upsert_provider.engine.errors import BlobUnavailable
-    from airflow_upsert_provider.engine.sources.kafka import ExecutorError, carried_error
+    from airflow_upsert_provider.engine.spark.executor_errors import ExecutorError, carried_error
 
     target = RunFileTarget(s3_faults.root, "s/runs/ts=000000000003/w-abc", COLUMNS)
     s3_faults.proxy.fail("PUT", r"/_bucket=2/", times=100, status=503)

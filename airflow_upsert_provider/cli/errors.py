@@ -63,7 +63,7 @@ def report_unexpected(exc: Exception, args: argparse.Namespace) -> int:
     from airflow_upsert_provider.engine.spark.server import display_remote, server_gone
     from airflow_upsert_provider.engine.write.writer import blob_write_failure
 
-    from airflow_upsert_provider.engine.sources.kafka import carried_error
+    from airflow_upsert_provider.engine.spark.executor_errors import carried_error
 
     carried = carried_error(exc)  # an executor's request to the store failed (a read): its class
     if carried is not None:

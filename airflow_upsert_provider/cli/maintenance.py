@@ -159,6 +159,8 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             print(f"skipped {skipped['path']}: {skipped['reason']}")
         for foreign in report.foreign:
             print(f"kept foreign file {foreign['path']} ({foreign['bytes']} bytes): not in the layout this project writes")
+        for unreadable in report.unreadable_catalogs:
+            print(f"skipped the catalog of {unreadable['path']} (no shard of this store): {unreadable['reason']}")
         print(f"{verb} {len(report.items)} item(s), {report.files} files, {report.bytes} bytes; "
               f"kept {report.kept_referenced} referenced and {report.kept_in_grace} in the grace period")
         if report.history.get("batches") or report.history.get("bindings"):

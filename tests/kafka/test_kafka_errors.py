@@ -18,13 +18,12 @@ from airflow_upsert_provider.engine.errors import (
 )
 from airflow_upsert_provider.engine.sources import kafka
 from airflow_upsert_provider.engine.sources.kafka import (
-    ExecutorError,
     KafkaConfig,
     KafkaSource,
-    carried_error,
     check_ranges,
     read_range,
 )
+from airflow_upsert_provider.engine.spark.executor_errors import ExecutorError, carried_error
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.kafka.conftest import produce_changes
 from tests.kafka.test_kafka_shard import kafka_shard
@@ -49,7 +48,7 @@ def test_a_carried_error_is_rebuilt_in_its_class_with_its_details() -> None:
     carrier = ExecutorError(original)
     # What the driver sees: the executor's text inside a Spark error, its traceback around it.
     spark_error = RuntimeError(f"Job aborted due to stage failure: Traceback (most recent call last):\n"
-                               f"  File \"kafka.py\", line 1, in read\n{kafka.__name__}.ExecutorError: {carrier}\n"
+                               f"  File \"kafka.py\", line 1, in read\n{ExecutorError.__module__}.ExecutorError: {carrier}\n"
                                "\tat org.apache.spark.api.python.BasePythonRunner")
     rebuilt = carried_error(spark_error)
     assert type(rebuilt) is KafkaSliceUnavailable

@@ -82,6 +82,7 @@ def test_json_value_with_its_keys_is_kept_byte_for_byte_with_the_position_column
             "_delete": False,
             "_srcpos": None,
             "_map_reason": None,
+            "_unknown": None,
         }
     ]
 
@@ -89,7 +90,7 @@ def test_json_value_with_its_keys_is_kept_byte_for_byte_with_the_position_column
 def test_json_output_has_the_declared_schema_even_when_empty():
     batch = map_messages(slice_batch([]), topic=TOPIC, keys=("id",), envelope="json")
     assert batch.num_rows == 0
-    assert batch.schema.names == ["_file", "_partition", "_offset", "_raw", "_delete", "_srcpos", "_map_reason"]
+    assert batch.schema.names == ["_file", "_partition", "_offset", "_raw", "_delete", "_srcpos", "_map_reason", "_unknown"]
     assert all(name in MAPPED_SCHEMA for name in batch.schema.names)
     assert not batch.schema.field("_delete").nullable
 
@@ -187,6 +188,7 @@ def test_debezium_create_read_update_upsert_after(op, wrap):
         "_delete": False,
         "_srcpos": None,
         "_map_reason": None,
+        "_unknown": None,
     }
 
 
@@ -318,13 +320,13 @@ def test_batch_records_have_typed_columns_in_order(spark):
         ],
     )
     assert batch.records.columns == [
-        "_file", "_partition", "_offset", "_line", "_raw", "id", "name", "amount", "_reason", "_delete", "_srcpos",
+        "_file", "_partition", "_offset", "_line", "_raw", "id", "name", "amount", "_reason", "_delete", "_srcpos", "_unknown",
     ]
     assert batch.lines is None
     assert rows[0] == {
         "_file": "kafka:orders/0/0", "_partition": "0", "_offset": 0, "_line": 0,
         "_raw": '{"id": 1, "name": "a", "amount": 2.5}', "id": 1, "name": "a", "amount": 2.5,
-        "_reason": None, "_delete": False, "_srcpos": None,
+        "_reason": None, "_delete": False, "_srcpos": None, "_unknown": None,
     }
     assert (rows[7]["id"], rows[7]["name"], rows[7]["_delete"], rows[7]["_reason"]) == (2, "b", False, None)
     assert (rows[8]["id"], rows[8]["name"], rows[8]["_delete"], rows[8]["_reason"]) == (2, None, True, None)

@@ -281,3 +281,53 @@ def test_gc_skips_a_directory_a_writer_fills_while_it_is_deleted(consensus, blob
     report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
     assert [i.path for i in report.items] == [run_dir] and report.skipped == []
     assert not os.path.exists(blob.path(run_dir))
+
+
+def test_an_unreadable_catalog_in_a_stray_directory_is_reported_and_the_shard_collected(spark, consensus, blob, tmp_path):
+    """A directory of the root that no shard of the store owns (here a copy of a checkpoint,
+    beside a damaged catalog) does not stop GC: it is reported, its manifest still pins the
+    files it names, and the shard's garbage is collected. The same damage in a directory a
+    shard of the store owns still stops GC before any deletion."""
+    from tests.helpers import make_shard
+
+    shard = written_shard(spark, consensus, blob, tmp_path, batches=2)
+    entry = create_checkpoint(shard)
+    batch_runs = [blob.path(b.run["path"]) for b in shard.batches()]
+    stray_root = checkpoints_root(blob, "orders-copy")
+    shutil.copytree(os.path.join(checkpoints_root(blob, shard.shard_id), entry.id), os.path.join(stray_root, entry.id))
+    stray_catalog = os.path.join(stray_root, "CATALOG.json")
+    with open(stray_catalog, "w") as handle:
+        handle.write('{"checkpoints": [')
+    # The shard's own catalog drops the checkpoint: only the stray copy still names the batch runs.
+    Catalog.load(blob, shard.shard_id, consensus).remove({entry.id})
+    compact(spark, shard)
+    lost = lost_run(shard, 0)
+    age_files(blob.root)
+    age_compaction(consensus, shard.shard_id)
+    stray_before = tree(os.path.join(blob.root, "orders-copy"))
+
+    report = collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert [c["path"] for c in report.unreadable_catalogs] == ["orders-copy"]
+    assert stray_catalog in report.unreadable_catalogs[0]["reason"]
+    assert "corrupt" in report.unreadable_catalogs[0]["reason"]
+    assert report.to_dict()["unreadable_catalogs"] == report.unreadable_catalogs
+    deleted = {(i.kind, i.path) for i in report.items}
+    assert ("run", os.path.relpath(lost, blob.root)) in deleted
+    assert ("unlisted_checkpoint", os.path.join(shard.shard_id, "checkpoints", entry.id)) in deleted
+    assert not os.path.exists(lost)
+    assert all(os.path.isdir(run) for run in batch_runs)  # pinned by the stray manifest
+    assert tree(os.path.join(blob.root, "orders-copy")) == stray_before
+    assert table(shard, shard.state().upper) == oracle(shard)
+
+    # A shard of the store with the same damage: its catalog may pin these files, GC stops.
+    other = make_shard(consensus, blob, tmp_path, shard_id="returns")
+    other_catalog = os.path.join(checkpoints_root(blob, other.shard_id), "CATALOG.json")
+    os.makedirs(os.path.dirname(other_catalog))
+    shutil.copyfile(stray_catalog, other_catalog)
+    shutil.copytree(batch_runs[0], lost)  # garbage again: nothing may be deleted now
+    age_files(blob.root)
+    before = tree(blob.root)
+    with pytest.raises(CheckpointCorrupt) as caught:
+        collect_garbage(consensus, blob, shard.shard_id, grace_seconds=0)
+    assert other_catalog in str(caught.value)
+    assert tree(blob.root) == before

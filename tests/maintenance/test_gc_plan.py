@@ -24,6 +24,7 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     Listed,
     is_run_data_file,
     plan_gc,
+    unreadable_catalog_stops_gc,
 )
 from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
 
@@ -219,3 +220,20 @@ def test_checkpoints_rejects_and_temporary_files_follow_their_own_rules(grace):
         for t in temporary:
             expected = t.mtime < cutoff and t.path.split("/")[2] not in doomed
             assert (deleted.get(t.path) == TEMPORARY_FILE) == expected, (seed, grace, t)
+
+
+def test_an_unreadable_catalog_stops_gc_only_in_a_directory_a_shard_of_the_store_owns() -> None:
+    """The shard collected, and every shard of the store, stop GC on an unreadable catalog; any
+    other directory of the root (a stray copy, a prefix of names, a dropped shard) does not."""
+    rng = random.Random(34)
+    alphabet = "ab-_.0é"
+    for _ in range(300):
+        names = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 6))}
+        shard_id = rng.choice(sorted(names))
+        shard_ids = set(rng.sample(sorted(names), rng.randint(0, len(names)))) | ({shard_id} if rng.random() < 0.5 else set())
+        for directory in names | {shard_id + "-copy", shard_id[:-1] or "x", shard_id.upper()}:
+            expected = directory == shard_id or directory in shard_ids
+            assert unreadable_catalog_stops_gc(directory, shard_id, shard_ids) is expected, (directory, shard_id, shard_ids)
+    # The shard collected stops GC even when the store's list of shards is read without it.
+    assert unreadable_catalog_stops_gc("orders", "orders", ()) is True
+    assert unreadable_catalog_stops_gc("orders-copy", "orders", ("orders", "returns")) is False

@@ -52,7 +52,10 @@ Every catalog and manifest is read before the first deletion; any one that canno
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
 manifest) aborts GC with an error naming it, and nothing is deleted. A manifest that cannot be
 read because retention removed its checkpoint meanwhile is not corruption: the catalog is read
-again, and a checkpoint no longer listed pins nothing. A shard's catalog is the consensus
+again, and a checkpoint no longer listed pins nothing. The one exception is the catalog of a
+directory no shard of the store owns (``gc_plan.unreadable_catalog_stops_gc``): it is reported
+under ``unreadable_catalogs`` and every manifest in that directory pins its files, so that one
+stray directory does not stop the GC of every shard. A shard's catalog is the consensus
 store's (``checkpoint_catalog.Catalog``; its blob copy for a shard the store does not hold the catalog
 of). Before deleting a checkpoint directory, GC writes the blob copy of the catalog's current
 version if a crash or a failed write left it behind: no copy lists a deleted directory.
@@ -90,11 +93,12 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     GcItem,
     Listed,
     plan_gc,
+    unreadable_catalog_stops_gc,
 )
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
-from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError
+from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError, first_line
 from airflow_upsert_provider.engine.store.gc_claims import (
     check_blob_owner,
     claim_for_deletion,
@@ -125,6 +129,8 @@ class GcReport:
     foreign: list[dict[str, Any]] = field(default_factory=list)
     # Directories whose deletion a concurrent writer got in the way of: {path, reason}.
     skipped: list[dict[str, str]] = field(default_factory=list)
+    # Directories no shard of the store owns whose catalog cannot be read: {path, reason}.
+    unreadable_catalogs: list[dict[str, str]] = field(default_factory=list)
     rejects_retention_seconds: float = DEFAULT_REJECTS_RETENTION_SECONDS
     # Batch and binding rows below since rolled up and truncated (store/history.py).
     history: dict[str, int] = field(default_factory=dict)
@@ -152,6 +158,7 @@ class GcReport:
             "checkpoints_read": self.checkpoints_read,
             "skipped": self.skipped[:MAX_LISTED],
             "foreign": self.foreign[:MAX_LISTED],
+            "unreadable_catalogs": self.unreadable_catalogs[:MAX_LISTED],
             "rejects_retention_seconds": self.rejects_retention_seconds,
             "history": self.history,
             "plan_seconds": round(self.plan_seconds, 3),
@@ -237,7 +244,9 @@ def collect_garbage(
     replaced_in_grace = recently_replaced(consensus, cutoff)
     planned_upper = planned_since = 0
     own_runs = f"{shard_id}/runs/"
+    shard_ids: set[str] = set()
     for record in consensus.list_shards():
+        shard_ids.add(record.shard_id)
         # The live runs only: the batches from since on, not the shard's whole history.
         view = consensus.live_view(record.shard_id)
         if record.shard_id == shard_id:
@@ -254,22 +263,32 @@ def collect_garbage(
     step("state")
 
     # 3. Every retained checkpoint of every shard in the blob, and every checkpoint still
-    # being written. Any unreadable catalog or manifest raises here, before any deletion.
+    # being written. Any unreadable manifest, or catalog of a shard of the store, raises here,
+    # before any deletion.
     ours_listed: set[str] = set()
     for owner in _shards_with_checkpoints(blob, shard_id):
-        catalog = Catalog.load(blob, owner, consensus)
-        listed = {e.id for e in catalog.entries}
+        try:
+            catalog: Catalog | None = Catalog.load(blob, owner, consensus)
+        except CheckpointCorrupt as exc:
+            if unreadable_catalog_stops_gc(owner, shard_id, shard_ids):
+                raise
+            # Not a shard of this store: reported, and every checkpoint in it pins its files.
+            report.unreadable_catalogs.append({"path": owner, "reason": first_line(exc)})
+            catalog = None
+        listed = {e.id for e in catalog.entries} if catalog is not None else set()
         if owner == shard_id:
             ours_listed = listed
-        for entry in catalog.entries:
+        for entry in catalog.entries if catalog is not None else ():
             manifest = _read_listed_manifest(consensus, blob, owner, entry)
             if manifest is not None:
                 _reference(manifest["files"], referenced_files, referenced_dirs)
                 report.checkpoints_read += 1
         for name in checkpoint_dirs(blob, owner):
-            if name in listed or not any(f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name))):
+            if catalog is not None and (name in listed or not any(
+                    f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name)))):
                 continue
-            # A checkpoint being written: its manifest, once on disk, pins its files.
+            # A checkpoint being written (or any, in a directory whose catalog cannot be read):
+            # its manifest, once on disk, pins its files.
             manifest_path = blob.join(checkpoints_root(blob, owner), name, MANIFEST_NAME)
             if blob.exists(manifest_path):
                 try:

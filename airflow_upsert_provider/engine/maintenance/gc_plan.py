@@ -162,6 +162,18 @@ def is_run_data_file(path: str) -> bool:
     return name.endswith(".parquet") and not name.startswith((".", "_"))
 
 
+def unreadable_catalog_stops_gc(directory: str, shard_id: str, shard_ids: Collection[str]) -> bool:
+    """Whether a checkpoint catalog that cannot be read in blob directory ``directory`` stops
+    the GC of shard ``shard_id`` (``shard_ids``: every shard of the consensus store).
+
+    The catalog of the shard collected, or of any shard of the store, is that shard's state:
+    unreadable, it stops GC before the first deletion (it may list checkpoints that pin these
+    files). A directory no shard of the store owns (a stray copy, a dropped shard's remains) is
+    a finding: reported and skipped, so that it does not stop the GC of every shard; its
+    checkpoint manifests still pin their files (gc.py)."""
+    return directory == shard_id or directory in shard_ids
+
+
 def rejects_batch_ts(rejects_dir: str) -> int:
     """The ts of the batch a rejects directory (``<shard>/rejects/ts=T/<name>``) belongs to;
     a name that does not parse counts as the newest batch (kept)."""

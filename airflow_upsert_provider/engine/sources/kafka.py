@@ -16,7 +16,6 @@ part of what Spark records about a query.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import re
@@ -30,9 +29,9 @@ from airflow_upsert_provider.engine.errors import (
     KafkaSliceUnavailable,
     KafkaUnavailable,
     UpsertError,
-    exception_chain,
 )
 from airflow_upsert_provider.engine.sources.lag import RECORDS
+from airflow_upsert_provider.engine.spark.executor_errors import ExecutorError
 
 if TYPE_CHECKING:
     import pyarrow
@@ -341,46 +340,6 @@ def _decode(raw: bytes | None, what: str) -> tuple[str | None, str | None]:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
         return None, f"message {what} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-
-
-# An engine error raised on an executor reaches the driver as a Spark error whose message
-# quotes the Python exception's text; this marker carries its class and details in that text.
-CARRIED_MARK = "upsert-error:"
-_CARRIED = re.compile(r"\[" + re.escape(CARRIED_MARK) + r"([A-Za-z0-9_=-]+)\]")
-
-
-class ExecutorError(Exception):
-    """An engine error raised where Spark runs Python (an executor's data source reader), in a
-    form that survives the trip to the driver: its text ends with the error's class, message
-    and details, encoded, which :func:`carried_error` decodes back into the engine's error."""
-
-    def __init__(self, error: UpsertError) -> None:
-        payload = json.dumps({"error": type(error).__name__, "message": error.message, "details": error.details},
-                             default=str)
-        encoded = base64.urlsafe_b64encode(payload.encode("utf-8")).decode("ascii")
-        super().__init__(f"{type(error).__name__}: {error.message} [{CARRIED_MARK}{encoded}]")
-
-
-def carried_error(exc: BaseException) -> UpsertError | None:
-    """The engine error an :class:`ExecutorError` carried inside ``exc`` (a Spark error on the
-    driver, or its causes), rebuilt in its class with its message and details; None when
-    ``exc`` carries none. Only classes of engine/errors.py are rebuilt."""
-    from airflow_upsert_provider.engine import errors
-
-    for current in exception_chain(exc):
-        try:
-            text = str(current)
-        except Exception:  # a Java error whose JVM is gone cannot describe itself
-            text = ""
-        for encoded in reversed(_CARRIED.findall(text)):
-            try:
-                carried = json.loads(base64.urlsafe_b64decode(encoded.encode("ascii")))
-                cls = getattr(errors, carried["error"], None)
-                if isinstance(cls, type) and issubclass(cls, UpsertError):
-                    return cls(str(carried["message"]), **dict(carried.get("details") or {}))
-            except (ValueError, TypeError, KeyError):
-                continue  # a mark cut short by a truncated message: try the next one
-    return None
 
 
 def _slice_data_source(config: KafkaConfig, topic: str, stall_timeout: float) -> type:

@@ -435,7 +435,7 @@ def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: 
     """The engine error a failed read of the run file ``listed`` stands for: the store's own
     (object storage unavailable, access denied), an :class:`IntegrityError` naming the file
     when it is not what the shard's state recorded, else None (the original error stands)."""
-    from airflow_upsert_provider.engine.sources.kafka import carried_error
+    from airflow_upsert_provider.engine.spark.executor_errors import carried_error
 
     carried = carried_error(exc)  # run_io.read_files raises a store's error in the executors' form
     if carried is not None:

@@ -34,6 +34,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 
@@ -56,6 +57,13 @@ READ_PARTITION_BYTES = 128 << 20
 READ_OPEN_COST_BYTES = 4 << 20
 # The name the run reader data source is registered under in a session.
 READER_SOURCE_NAME = "upsert_run_files"
+# Bytes of a file written to an object store that are held back until the file is complete:
+# pyarrow's S3 stream (opened with allow_delayed_open, blob/filesystems.py) sends an object
+# below its part size (10 MiB) as one PUT when closed, and a bigger one as a multipart upload
+# that closing completes and nothing in pyarrow's Python API aborts (docs/storage.md).
+# Opening the stream only for a file that is complete or has outgrown this, a failed task's
+# smaller file sends no request at all. pyarrow buffers as much itself: nothing more is held.
+OBJECT_HOLD_BYTES = 10 * 1024 * 1024 - 1
 
 
 def executor_io(root: str) -> bool:
@@ -79,10 +87,17 @@ def executor_io(root: str) -> bool:
 
 class HashingSink:
     """A writable file object over a pyarrow output stream that hashes and counts the bytes
-    as they go out: the checksum of a file is known when it is closed, without reading it."""
+    as they go out: the checksum of a file is known when it is closed, without reading it.
 
-    def __init__(self, stream: "pyarrow.NativeFile") -> None:
-        self._stream = stream
+    ``open_stream`` opens the stream: at once, or with ``hold_bytes`` (an object store's) only
+    when the file is closed or has outgrown them, its first bytes held here until then, so
+    that a file abandoned before that never reaches the store (:meth:`abort`)."""
+
+    def __init__(self, open_stream: Callable[[], "pyarrow.NativeFile"], *, hold_bytes: int = 0) -> None:
+        self._open_stream = open_stream
+        self._hold_bytes = hold_bytes
+        self._held = bytearray()
+        self._stream = open_stream() if hold_bytes <= 0 else None
         self._sha256 = hashlib.sha256()
         self.size = 0
         self.closed = False
@@ -93,15 +108,28 @@ class HashingSink:
             raise OSError(errno.ECANCELED, "the file was abandoned after a failure")
         view = memoryview(data)
         self._sha256.update(view)
-        self._stream.write(view)
         self.size += view.nbytes
+        if self._stream is None and self.size <= self._hold_bytes:
+            self._held += view
+        else:
+            self._release()
+            self._stream.write(view)
         return view.nbytes
+
+    def _release(self) -> None:
+        """Open the stream if it is not yet, and send it the bytes held."""
+        if self._stream is None:
+            self._stream = self._open_stream()
+            if self._held:
+                self._stream.write(self._held)
+            self._held = bytearray()
 
     def tell(self) -> int:
         return self.size
 
     def flush(self) -> None:
-        self._stream.flush()
+        if self._stream is not None:
+            self._stream.flush()
 
     def writable(self) -> bool:
         return True
@@ -112,16 +140,24 @@ class HashingSink:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._release()
             self._stream.close()
 
-    def abort(self) -> None:
+    def abort(self) -> bool:
         """Give up on the file after a failure: no byte more reaches the stream (not the
         Parquet footer a writer's close or finalizer would add), so what a store keeps of it
-        is never a readable Parquet file with part of the rows; then release the stream.
-        pyarrow exposes no abort of an upload: on an object store releasing the stream still
-        completes it, and the caller deletes the object (GC collects it if that fails too)."""
+        is never a readable Parquet file with part of the rows. Returns whether anything may
+        have reached the store: False when the stream was never opened (the bytes held are
+        dropped); otherwise the stream is released, which on an object store completes the
+        upload (pyarrow exposes no abort), and the caller deletes the object (GC collects it
+        if that fails too)."""
         self.aborted = True
+        if self._stream is None:
+            self.closed = True
+            self._held = bytearray()
+            return False
         self.close()
+        return True
 
     @property
     def hexdigest(self) -> str:
@@ -213,7 +249,8 @@ def write_bucket_files(
                             os.mkdir(os.path.dirname(full))
                         except FileExistsError:  # another attempt at this bucket made it
                             pass
-                    sink = HashingSink(filesystem.open_output_stream(full))
+                    sink = HashingSink(partial(filesystem.open_output_stream, full),
+                                       hold_bytes=0 if local else OBJECT_HOLD_BYTES)
                     current = {"bucket": bucket, "path": relative, "full": full, "sink": sink, "rows": 0,
                                "writer": pq.ParquetWriter(sink, data.schema, write_page_checksum=True)}
                 piece = data.slice(start, end - start)
@@ -232,11 +269,11 @@ def write_bucket_files(
         # grace period.
         if current is not None:
             current["writer"].is_open = False  # its close (or finalizer) would write the footer
-            for step in (current["sink"].abort, lambda: filesystem.delete_file(current["full"])):
-                try:
-                    step()
-                except Exception:
-                    pass
+            try:
+                if current["sink"].abort():
+                    filesystem.delete_file(current["full"])
+            except Exception:
+                pass
         if not local and isinstance(exc, OSError):
             failed = f"{target.root.rstrip('/')}/{current['path']}" if current is not None else target.root
             raise_store_error(target.root, exc, "write", failed)
@@ -315,7 +352,8 @@ def write_json_lines_task_file(
             if batch.num_rows == 0:
                 continue
             if sink is None:
-                sink = HashingSink(filesystem.open_output_stream(full))
+                sink = HashingSink(partial(filesystem.open_output_stream, full),
+                                   hold_bytes=0 if isinstance(filesystem, pyarrow.fs.LocalFileSystem) else OBJECT_HOLD_BYTES)
             lines = [
                 json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False, separators=(",", ":"))
                 for row in _lenient_rows(batch.select(list(target.columns)))
@@ -330,11 +368,11 @@ def write_json_lines_task_file(
         yield {"path": relative, "bytes": sink.size, "rows": rows, "sha256": sink.hexdigest}
     except BaseException as exc:
         if sink is not None:
-            for step in (sink.close, lambda: filesystem.delete_file(full)):
-                try:
-                    step()
-                except Exception:
-                    pass
+            try:
+                if sink.abort():
+                    filesystem.delete_file(full)
+            except Exception:
+                pass
         if not isinstance(filesystem, pyarrow.fs.LocalFileSystem) and isinstance(exc, OSError):
             raise_store_error(target.root, exc, "write", f"{target.root.rstrip('/')}/{relative}")
         raise
@@ -440,7 +478,7 @@ def raise_store_error(root: str, exc: OSError, operation: str, uri: str) -> None
     failed request to the object store stands for, in the form that reaches the driver in its
     class (:func:`carried_error` there); return when ``exc`` is of no kind the store explains."""
     from airflow_upsert_provider.engine.blob.objects import request_error
-    from airflow_upsert_provider.engine.sources.kafka import ExecutorError
+    from airflow_upsert_provider.engine.spark.executor_errors import ExecutorError
 
     error = request_error(root, exc, operation, uri)
     if error is not None:
@@ -450,7 +488,7 @@ def raise_store_error(root: str, exc: OSError, operation: str, uri: str) -> None
 def raise_carried_error(exc: BaseException) -> None:
     """On the driver: raise the engine error an executor's task failed with, in its class;
     return when the Spark error ``exc`` carries none."""
-    from airflow_upsert_provider.engine.sources.kafka import carried_error
+    from airflow_upsert_provider.engine.spark.executor_errors import carried_error
 
     carried = carried_error(exc)
     if carried is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from json.encoder import encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
@@ -43,10 +43,17 @@ if TYPE_CHECKING:
     from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 
 ENVELOPES = ("json", "debezium")
+# The fields a slice batch's records carry that the shard's schema does not name: how many
+# records carry each, and the first message (by partition, offset) that does. Set on the first
+# row of each slice batch, null on the others (map_messages).
+UNKNOWN_FIELDS_TYPE = "ARRAY<STRUCT<name: STRING, records: BIGINT, partition: INT, offset: BIGINT>>"
+# Sets of record fields map_messages remembers per slice batch, judged against the schema.
+MAX_FIELD_SHAPES = 1024
 # What map_messages yields for each message that is a record (Spark DDL).
 MAPPED_SCHEMA = (
     "_file STRING, _partition STRING, _offset BIGINT, _raw STRING, _delete BOOLEAN NOT NULL, "
-    "_srcpos STRUCT<lsn: BIGINT, file: STRING, pos: BIGINT, row: BIGINT>, _map_reason STRING"
+    "_srcpos STRUCT<lsn: BIGINT, file: STRING, pos: BIGINT, row: BIGINT>, _map_reason STRING, "
+    f"_unknown {UNKNOWN_FIELDS_TYPE}"
 )
 FILE_PREFIX = "kafka:"
 UPSERT_OPS = ("c", "r", "u")
@@ -246,8 +253,9 @@ def _missing_keys(record: dict, keys: Sequence[str], key: _MessageKey, where: st
 
 # --- one message --------------------------------------------------------------------------
 
-# (raw, delete, source position, map reason); None: the message is no record.
-_Mapped = tuple[str, bool, "dict[str, Any] | None", "str | None"]
+# (raw, delete, source position, map reason, the names of the record's top-level fields: the
+# value object's, or Debezium's ``after``'s); None: the message is no record.
+_Mapped = tuple[str, bool, "dict[str, Any] | None", "str | None", "Iterable[str]"]
 
 
 def _map_json(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _Mapped:
@@ -255,26 +263,26 @@ def _map_json(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _Mapp
         # A tombstone deletes the record the message key names.
         added, reason = _missing_keys({}, keys, key, None)
         if reason is not None:
-            return "", False, None, f"tombstone (null value) without a usable message key: {reason}"
-        return "{" + ",".join(added) + "}", True, None, None
+            return "", False, None, f"tombstone (null value) without a usable message key: {reason}", ()
+        return "{" + ",".join(added) + "}", True, None, None, ()
     try:
         # Only the top level is looked at; the text itself goes on unchanged.
         record = json.loads(value, parse_constant=_not_json)
     except ValueError as exc:
-        return value, False, None, f"value is not JSON ({exc})"
+        return value, False, None, f"value is not JSON ({exc})", ()
     except RecursionError:
-        return value, False, None, "value is not JSON (nested too deeply)"
+        return value, False, None, "value is not JSON (nested too deeply)", ()
     if not isinstance(record, dict):
-        return value, False, None, f"value is {_kind(record)}, not a JSON object"
+        return value, False, None, f"value is {_kind(record)}, not a JSON object", ()
     added, reason = _missing_keys(record, keys, key, "value")
     if reason is not None:
-        return value, False, None, reason
+        return value, False, None, reason, ()
     if not added:
-        return value, False, None, None
+        return value, False, None, None, record.keys()
     # Splice the key members in after the opening brace: the rest stays byte for byte.
     brace = value.index("{")
     separator = "," if record else ""
-    return value[: brace + 1] + ",".join(added) + separator + value[brace + 1 :], False, None, None
+    return value[: brace + 1] + ",".join(added) + separator + value[brace + 1 :], False, None, None, record.keys()
 
 
 def _source_position(source: Any) -> dict[str, Any] | None:
@@ -296,32 +304,34 @@ def _map_debezium(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _
         return None  # the tombstone after a delete, for log compaction: the delete was the record
     event, error = _parse(value)
     if error is not None:
-        return value, False, None, f"debezium: value is not JSON ({error})"
+        return value, False, None, f"debezium: value is not JSON ({error})", ()
     if _is_wrapped(event):
         event = event["payload"]
     if not isinstance(event, _Object):
-        return value, False, None, f"debezium: the change event is {_kind(event)}, not an object"
+        return value, False, None, f"debezium: the change event is {_kind(event)}, not an object", ()
     op = event.get("op")
     if op in UPSERT_OPS:
         image, delete = "after", False
     elif op == DELETE_OP:
         image, delete = "before", True
     elif "op" not in event:
-        return value, False, None, "debezium: the change event has no 'op'"
+        return value, False, None, "debezium: the change event has no 'op'", ()
     else:
         shown = repr(op) if isinstance(op, str) else _utf8(partial(_dump, op))
         if len(shown) > QUOTE_CHARS:
             shown = shown[:QUOTE_CHARS] + "..."
-        return value, False, None, f"debezium: unknown op {shown}"
+        return value, False, None, f"debezium: unknown op {shown}", ()
     record = event.get(image)
     if not isinstance(record, _Object):
-        return value, False, None, f"debezium: op {op!r} without a{'n' if image == 'after' else ''} {image!r} object"
+        return value, False, None, f"debezium: op {op!r} without a{'n' if image == 'after' else ''} {image!r} object", ()
     added, reason = _missing_keys(record, keys, key, f"{image!r} object")
     if reason is not None:
-        return value, False, None, reason
+        return value, False, None, reason, ()
     body = _utf8(lambda ascii: ",".join(f"{_dump_string(k, ascii)}:{_dump(v, ascii)}" for k, v in record.pairs))
     separator = "," if added and record.pairs else ""
-    return "{" + ",".join(added) + separator + body + "}", delete, _source_position(event.get("source")), None
+    # A delete's ``before`` gives only the key: its other fields reach no column.
+    fields = () if delete else (name for name, _ in record.pairs)
+    return "{" + ",".join(added) + separator + body + "}", delete, _source_position(event.get("source")), None, fields
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -349,6 +359,19 @@ def _mapped_arrow_schema() -> "pyarrow.Schema":
                 ),
             ),
             pa.field("_map_reason", pa.string()),
+            pa.field(
+                "_unknown",
+                pa.list_(
+                    pa.struct(
+                        [
+                            pa.field("name", pa.string()),
+                            pa.field("records", pa.int64()),
+                            pa.field("partition", pa.int32()),
+                            pa.field("offset", pa.int64()),
+                        ]
+                    )
+                ),
+            ),
         ]
     )
 
@@ -360,18 +383,26 @@ def map_messages(
     keys: tuple[str, ...],
     envelope: str,
     string_keys: Sequence[str] = (),
+    known: Collection[str] | None = None,
 ) -> "pyarrow.RecordBatch":
     """One row per message of ``batch`` (columns of ``kafka.SLICE_SCHEMA``) that is a record,
     with the columns of :data:`MAPPED_SCHEMA`. Pure Python, for the executors. Never raises
     for a bad message: it gets ``_map_reason``. ``string_keys`` are the key columns typed
-    STRING: a non-object message key is their value as text (key ``42`` is ``"42"``)."""
+    STRING: a non-object message key is their value as text (key ``42`` is ``"42"``).
+    ``known``: the schema's column names; the top-level fields of the records that it does not
+    name are counted as they are parsed (``_unknown`` on the first row; None: not counted)."""
     import pyarrow as pa
 
     if envelope not in ENVELOPES:
         raise ConfigurationError(f"unknown kafka envelope {envelope!r}; expected one of {ENVELOPES}", field="envelope")
     strings = frozenset(string_keys)
     mapper = _map_json if envelope == "json" else _map_debezium
-    columns: dict[str, list[Any]] = {name: [] for name in _mapped_arrow_schema().names}
+    schema = _mapped_arrow_schema()
+    columns: dict[str, list[Any]] = {name: [] for name in schema.names if name != "_unknown"}
+    named = None if known is None else frozenset(known)
+    shapes: dict[tuple[str, ...], tuple[str, ...]] = {}  # a record's fields -> those not named
+    # name -> [records carrying it, partition and offset of the first]
+    unknown: dict[str, list[int]] = {}
     data = batch.to_pydict()
     problems = data.get("problem") or [None] * batch.num_rows
     for partition, offset, key_text, value, problem in zip(
@@ -380,14 +411,30 @@ def map_messages(
         try:
             if problem is not None:
                 # Undecodable bytes (read_range said why): a bad record, judged by the batch's rule.
-                mapped = "", False, None, problem
+                mapped: _Mapped | None = "", False, None, problem, ()
             else:
                 mapped = mapper(value, _MessageKey(key_text, keys, strings), keys)
         except Exception as exc:  # a rule missed: the message is still only a bad record
-            mapped = value or "", False, None, f"message cannot be mapped ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})"
+            mapped = value or "", False, None, f"message cannot be mapped ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})", ()
         if mapped is None:
             continue
-        raw, delete, position, reason = mapped
+        raw, delete, position, reason, fields = mapped
+        if named is not None:
+            # Most records of a topic share one set of fields: judge each set once.
+            shape = tuple(fields)
+            names = shapes.get(shape)
+            if names is None:
+                names = tuple({name: None for name in shape if name not in named})
+                if len(shapes) < MAX_FIELD_SHAPES:
+                    shapes[shape] = names
+            for name in names:
+                counted = unknown.get(name)
+                if counted is None:
+                    unknown[name] = [1, partition, offset]
+                else:
+                    counted[0] += 1
+                    if (partition, offset) < (counted[1], counted[2]):
+                        counted[1], counted[2] = partition, offset
         columns["_file"].append(message_file(topic, partition, offset))
         columns["_partition"].append(str(partition))
         columns["_offset"].append(offset)
@@ -395,15 +442,32 @@ def map_messages(
         columns["_delete"].append(delete)
         columns["_srcpos"].append(position)
         columns["_map_reason"].append(reason)
-    schema = _mapped_arrow_schema()
+    columns["_unknown"] = [None] * len(columns["_file"])
+    if unknown:
+        columns["_unknown"][0] = [{"name": name, "records": records, "partition": partition, "offset": offset}
+                                  for name, (records, partition, offset) in sorted(unknown.items())]
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
 
 
+def kafka_field_counts(topic: str, counted: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, str]]:
+    """(field, records carrying it, first message as ``_file`` names it) from the ``_unknown``
+    entries of a batch's slice batches: records summed per field, the first message the one
+    with the lowest (partition, offset)."""
+    merged: dict[str, tuple[int, int, int]] = {}
+    for entry in counted:
+        name, records, position = entry["name"], int(entry["records"]), (int(entry["partition"]), int(entry["offset"]))
+        before = merged.get(name)
+        merged[name] = (records, *position) if before is None else (before[0] + records, *min(before[1:], position))
+    return [(name, records, message_file(topic, partition, offset))
+            for name, (records, partition, offset) in sorted(merged.items())]
+
+
 def _map_all(
-    batches: Iterator["pyarrow.RecordBatch"], topic: str, keys: tuple[str, ...], envelope: str, string_keys: tuple[str, ...]
+    batches: Iterator["pyarrow.RecordBatch"], topic: str, keys: tuple[str, ...], envelope: str, string_keys: tuple[str, ...],
+    known: tuple[str, ...],
 ) -> Iterator["pyarrow.RecordBatch"]:
     for batch in batches:
-        yield map_messages(batch, topic=topic, keys=keys, envelope=envelope, string_keys=string_keys)
+        yield map_messages(batch, topic=topic, keys=keys, envelope=envelope, string_keys=string_keys, known=known)
 
 
 def _string_keys(config: ShardConfig) -> tuple[str, ...]:
@@ -420,14 +484,17 @@ def kafka_batch_records(
     each judged as a JSON Lines record is (``records.judge_lines``). ``records`` columns:
     ``_file`` (``kafka:<topic>/<partition>/<offset>``), ``_partition``, ``_offset``, ``_line``
     (0), ``_raw``, the user columns, ``_reason`` (why the message could not be mapped, else
-    the validator's reason), ``_delete`` and ``_srcpos`` (null without a source position)."""
+    the validator's reason), ``_delete``, ``_srcpos`` (null without a source position) and
+    ``_unknown`` (the fields the schema does not name, counted per slice batch as the messages
+    are parsed: :func:`map_messages`)."""
     del spark  # the messages' session does the work; kept for the shape every source has
     if envelope not in ENVELOPES:
         raise ConfigurationError(f"unknown kafka envelope {envelope!r}; expected one of {ENVELOPES}", field="envelope")
-    mapper = partial(_map_all, topic=topic, keys=tuple(config.keys), envelope=envelope, string_keys=_string_keys(config))
+    mapper = partial(_map_all, topic=topic, keys=tuple(config.keys), envelope=envelope, string_keys=_string_keys(config),
+                     known=tuple(config.column_names()))
     mapped = messages.mapInArrow(mapper, MAPPED_SCHEMA)
     judged = judge_lines(
-        mapped, config, passthrough=["_file", "_partition", "_offset", "_delete", "_srcpos", "_map_reason"]
+        mapped, config, passthrough=["_file", "_partition", "_offset", "_delete", "_srcpos", "_map_reason", "_unknown"]
     )
     records = judged.selectExpr(
         "_file",
@@ -439,6 +506,7 @@ def kafka_batch_records(
         "coalesce(_map_reason, _reason) AS _reason",
         "_delete",
         "_srcpos",
+        "_unknown",
     )
     return BatchRecords(records, lines=None, change_events=True)
 

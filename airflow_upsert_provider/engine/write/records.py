@@ -76,8 +76,9 @@ class BatchRecords:
     records: "DataFrame"
     # Every line of the JSON segments, blank ones included, to number the lines of rejects.
     lines: "DataFrame | None" = None
-    # The records also carry ``_delete`` (a delete whatever the marker column says) and
-    # ``_srcpos`` (a source position that orders a key's changes before the offset does):
+    # The records also carry ``_delete`` (a delete whatever the marker column says),
+    # ``_srcpos`` (a source position that orders a key's changes before the offset does) and
+    # ``_unknown`` (the fields the schema does not name, counted as messages were parsed):
     # a Kafka batch. Said here rather than read from the schema, which through Spark
     # Connect is one more round trip to the server per batch.
     change_events: bool = False

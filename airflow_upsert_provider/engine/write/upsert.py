@@ -26,7 +26,7 @@ from airflow_upsert_provider.engine.table.runs import (
     table_columns,
     write_bucketed,
 )
-from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records, message_position
+from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records, kafka_field_counts, message_position
 from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
     UnknownField,
@@ -119,7 +119,13 @@ def stage_batch(
         counts = jsonl_field_counts(spark, config, segments)
     else:
         counts = parquet_field_counts(segments)
-    ignored = tuple(unknown_fields(config.column_names(), counts))
+    return _with_unknown_fields(shard, binding, output, counts)
+
+
+def _with_unknown_fields(shard: Shard, binding: Binding, output: StagedOutput,
+                         counts: list[tuple[str, int, str]]) -> StagedOutput:
+    """``output`` with the fields of ``counts`` the shard's schema does not name, logged once."""
+    ignored = tuple(unknown_fields(shard.config.column_names(), counts))
     if ignored:
         log.warning("shard %s batch %s: %d field(s) the shard's schema does not name were ignored: %s "
                     "(the table keeps the schema's columns; see docs/input.md)",
@@ -149,10 +155,12 @@ def _stage_kafka(
         spark, shard.config, messages, topic=shard.source.topic, envelope=shard.kafka_options.envelope
     )
     timings: dict[str, float] = {}
-    rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
+    counted: list[dict[str, Any]] = []
+    rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings, unknown=counted)
     timings["spark_job"] = time.monotonic() - job_started - timings["describe"]
-    return _finish(shard, binding, batch, rows_in, rejected, run, timings,
-                   run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
+    output = _finish(shard, binding, batch, rows_in, rejected, run, timings,
+                     run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
+    return _with_unknown_fields(shard, binding, output, kafka_field_counts(shard.source.topic, counted))
 
 
 def _finish(
@@ -229,11 +237,13 @@ def _where(entry: dict[str, Any]) -> str:
 
 
 def _write_run(
-    batch: "BatchRecords", shard: Shard, ts: int, run_dir: str, timings: dict[str, float]
+    batch: "BatchRecords", shard: Shard, ts: int, run_dir: str, timings: dict[str, float],
+    *, unknown: list[dict[str, Any]] | None = None,
 ) -> tuple[int, int, dict[str, Any]]:
     """Reduce the batch's records to the latest per key and write them as the run of batch
     ``ts``; return (records read, records rejected, the run's description). ``timings``
-    gets "describe": the seconds the driver spent describing the written files.
+    gets "describe": the seconds the driver spent describing the written files; ``unknown``
+    (a Kafka batch's) the ``_unknown`` entries of its records, observed by the same job.
 
     One Spark job: the records are validated, reduced and written in a single pass, and the
     totals are observed on the way instead of counted by a pre-pass.
@@ -244,7 +254,11 @@ def _write_run(
     config = shard.config
     records = batch.records
     totals = Observation(f"batch-{ts}-{uuid.uuid4().hex[:8]}")
-    observed = records.observe(totals, F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected"))
+    measures = [F.count(F.lit(1)).alias("rows_in"), F.count("_reason").alias("rejected")]
+    if unknown is not None:
+        # One entry list per slice batch that holds such a field (null elsewhere): a few rows.
+        measures.append(F.collect_list("_unknown").alias("unknown"))
+    observed = records.observe(totals, *measures)
     latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts,
                              change_events=batch.change_events)
     run = write_bucketed(latest, config, shard.blob, run_dir, partitioned=True, timings=timings)
@@ -260,10 +274,12 @@ def _write_run(
         # The hash reads every column: Spark's JSON reader parses only the columns a query
         # uses, and a mistyped value in an unread column would not mark its record.
         metrics = records.agg(
-            F.count(F.lit(1)).alias("rows_in"),
-            F.count("_reason").alias("rejected"),
+            *measures,
             F.max(F.xxhash64(*[F.col(f"`{c}`") for c in config.column_names()])).alias("_all_columns"),
         ).first()
+    if unknown is not None:
+        unknown.extend(entry.asDict() if hasattr(entry, "asDict") else dict(entry)
+                       for entries in metrics["unknown"] or () for entry in entries)
     return int(metrics["rows_in"]), int(metrics["rejected"]), run
 
 

@@ -343,7 +343,7 @@ class Writer:
     ) -> None:
         """Raise the error a failed staging attempt stands for; return only when the attempt
         was lost to a deletion of its staging directory (restage it)."""
-        from airflow_upsert_provider.engine.sources.kafka import carried_error
+        from airflow_upsert_provider.engine.spark.executor_errors import carried_error
 
         carried = carried_error(exc)  # a Kafka read on an executor failed: its own class, exit code
         if carried is not None:
