@@ -79,12 +79,7 @@ def private_uses(source: str) -> Iterator[tuple[int, str]]:
                 use = ast.unparse(node)
                 if use not in PUBLIC_DESPITE_UNDERSCORE:
                     yield node.lineno, use
-        elif (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-            and isinstance(node.args[1].value, str) and _is_private(node.args[1].value)
-            and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")
-        ):
+        elif _private_getattr(node) is not None and not _is_self(node.args[0]):
             yield node.lineno, ast.unparse(node)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import " in node.value:
             try:
@@ -94,6 +89,15 @@ def private_uses(source: str) -> Iterator[tuple[int, str]]:
             if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(program)):
                 for line, use in private_uses(node.value):
                     yield node.lineno + line - 1, use
+
+
+def _private_getattr(node: ast.AST) -> str | None:
+    """The private name of a ``getattr(x, "_name", ...)`` call, else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str) and _is_private(node.args[1].value)):
+        return node.args[1].value
+    return None
 
 
 def _root_name(node: ast.expr) -> str | None:
@@ -155,6 +159,22 @@ def _is_self(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "self"
 
 
+def class_defined_names(cls: ast.ClassDef) -> set[str]:
+    """The names ``cls`` itself defines: methods, nested classes, class attributes and the
+    ``self`` attributes its methods assign."""
+    names: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    for node in _own_walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
+            names.add(node.attr)
+    return names
+
+
 @functools.cache
 def _module_tree(module: str) -> ast.Module | None:
     """The parsed source of ``module`` as found on ``sys.path`` (read, never imported)."""
@@ -194,16 +214,7 @@ def foreign_class_private_names(module: str, name: str, depth: int = 0) -> froze
         found = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
     if found is None:
         return foreign_class_private_names(*imports[name], depth + 1) if name in imports else None
-    names: set[str] = set()
-    for node in found.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
-    for node in _own_walk(found):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
-            names.add(node.attr)
+    names = class_defined_names(found)
     for base in found.bases:
         base_name = _root_name(base)
         if isinstance(base, ast.Name) and base.id in imports:
@@ -301,16 +312,7 @@ def _instance_private_uses(
     def lineage(cls: ast.ClassDef, depth: int = 0) -> tuple[list[tuple[str, str]], set[str], bool]:
         """(the foreign bases, the names this module's classes on the way define, whether
         every base is foreign)."""
-        own: set[str] = set()
-        for node in cls.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                own.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                own.update(t.id for t in targets if isinstance(t, ast.Name))
-        for node in _own_walk(cls):
-            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
-                own.add(node.attr)
+        own = class_defined_names(cls)
         bases: list[tuple[str, str]] = []
         all_foreign = bool(cls.bases)
         for base in cls.bases:
@@ -351,10 +353,7 @@ def _instance_private_uses(
                 elif (all_foreign and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
                       and node.value.func.id == "super"):
                     yield from report(node, ast.unparse(node))
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                  and len(node.args) >= 2 and _is_self(node.args[0]) and isinstance(node.args[1], ast.Constant)
-                  and isinstance(node.args[1].value, str) and _is_private(node.args[1].value)
-                  and inherited(node.args[1].value)):
+            elif (name := _private_getattr(node)) is not None and _is_self(node.args[0]) and inherited(name):
                 yield from report(node, ast.unparse(node))
 
 
