@@ -40,7 +40,8 @@ sys.path.insert(0, REPO)
 
 from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA  # noqa: E402
 from airflow_upsert_provider.engine.store import streams  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.store.registry import open_consensus
 
 CONFIGS = ("no hooks", "before", "after")

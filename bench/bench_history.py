@@ -71,7 +71,7 @@ from airflow_upsert_provider.engine.frontier.model import StallSettings  # noqa:
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.compaction import compact  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding  # noqa: E402
+from airflow_upsert_provider.engine.store.records import BatchRecord, Binding
 from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA, open_consensus  # noqa: E402
 from airflow_upsert_provider.engine.table.runs import describe_run  # noqa: E402
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402

@@ -393,7 +393,7 @@ def build_base(spark, shard: Shard, rows: int) -> None:
     tables), binding no offsets: the mock cluster cannot hold millions of messages."""
     from pyspark.sql import functions as F
 
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding
+    from airflow_upsert_provider.engine.store.records import BatchRecord, Binding
     from airflow_upsert_provider.engine.table.runs import bucket_column, write_bucketed
 
     base = spark.range(rows).select(

@@ -33,7 +33,7 @@ from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, manifest_files  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.compaction import compact  # noqa: E402
 from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord  # noqa: E402
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage  # noqa: E402
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402

@@ -45,7 +45,8 @@ import sqlalchemy as sa  # noqa: E402
 
 from airflow_upsert_provider.engine.frontier import observations  # noqa: E402
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, Consensus  # noqa: E402
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.frontier.model import StallSettings  # noqa: E402
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.config import ShardConfig  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding  # noqa: E402
+from airflow_upsert_provider.engine.store.records import BatchRecord, Binding
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.sample_data import sample_schema_json  # noqa: E402

@@ -159,7 +159,7 @@ def memory(rows: int, buckets: int, workdir: str | None) -> None:
     import pyarrow.parquet as pq
 
     from airflow_upsert_provider.engine.blob.files import open_blob
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.records import BatchRecord
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL

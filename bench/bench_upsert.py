@@ -28,7 +28,7 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
-from airflow_upsert_provider.engine.store.consensus import BatchRecord, Binding  # noqa: E402
+from airflow_upsert_provider.engine.store.records import BatchRecord, Binding
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.spark.session import get_spark  # noqa: E402

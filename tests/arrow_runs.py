@@ -7,7 +7,7 @@ import io
 import uuid
 from typing import Any
 
-from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.table.runs import order_column, run_schema, table_columns
 from airflow_upsert_provider.engine.table.shard import Shard
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.table.arrow_reader import read_table
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.sample_data import SampleSpec, generate, sample_schema_json

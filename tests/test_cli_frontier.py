@@ -89,6 +89,33 @@ def test_status_shape_and_that_it_pages_nobody(store, capsys):
     assert observations.observation_count(store, "a") == 1
 
 
+def test_status_shows_the_lag_of_each_partition_of_a_directory_source_in_segments(store, tmp_path, capsys):
+    """Issue 34 item 4: an observation records the lag of each partition in segments (not the
+    distance between file numbers), and `frontier status` shows it, as JSON and as text, also
+    from a recorded observation alone."""
+    import shutil
+
+    # Shard a bound offset 0 of both partitions; p0 has 10, 20, 30 pending, and one more segment
+    # lands in p1 (renamed into place, as a producer does): 3 and 4 segments.
+    landing = tmp_path / "landing"
+    shutil.copy(landing / "p1" / "30.jsonl", landing / "p1" / ".40.jsonl.tmp")
+    (landing / "p1" / ".40.jsonl.tmp").rename(landing / "p1" / "40.jsonl")
+    code, out, err = cli(capsys, "frontier", "status", "a")
+    assert (code, err) == (0, "")
+    expected = {"top": [{"partition": "p1", "lag": 4}, {"partition": "p0", "lag": 3}], "others": 0, "others_lag": 0}
+    assert out["observation"]["partition_lag"] == expected
+    assert (out["evaluation"]["partition_lag"], out["evaluation"]["lag"], out["evaluation"]["lag_unit"]) == \
+        (expected, 7, "segments")
+    # The offsets are 41 and 31 apart from the bound ones: not what is pending.
+    assert out["observation"]["high_watermark"] == {"p0": 31, "p1": 41}
+    [recorded] = observations.observation_window(store, "a", 0.0)
+    assert recorded.partition_lag == expected
+
+    code, out, err = run(capsys, "frontier", "status", "a", "--no-observe")
+    assert (code, err) == (0, "")
+    assert "lag per partition: p1 4 segments, p0 3 segments" in out.splitlines(), out
+
+
 def test_status_of_a_stall_by_hand(store, capsys):
     now = time.time()
     for i in range(10):

@@ -363,7 +363,7 @@ def test_a_stop_superseded_by_a_resume_exits_7_and_stops_waiting(store_shard, ca
 def test_a_batch_left_by_a_killed_writer_does_not_make_the_stop_wait(store_shard, capsys, monkeypatch):
     import sqlalchemy as sa
 
-    from airflow_upsert_provider.engine.store.consensus import bindings_table
+    from airflow_upsert_provider.engine.store.tables import bindings_table
 
     shard = store_shard
     shard.mint_binding(0, minted_by="killed-writer")

@@ -7,7 +7,9 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, Binding, redact_url
+from airflow_upsert_provider.engine.store.records import AppendOutcome, Binding
+from airflow_upsert_provider.engine.store.tables import shards_table
+from airflow_upsert_provider.engine.store.urls import redact_url
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
@@ -84,6 +86,26 @@ def test_concurrent_appends_of_one_ts_commit_exactly_once(consensus_url):
     assert sorted(o.value for o in outcomes) == ["committed"] + ["upper_moved"] * 7
     assert setup.get_shard("s").upper == 1
     assert len(setup.batches("s")) == 1
+
+
+def test_a_transaction_returns_what_its_function_returns_and_rolls_back_what_it_raises(store):
+    def upper(conn):
+        return conn.execute(sa.select(shards_table.c.upper).where(shards_table.c.shard_id == "s")).scalar_one()
+
+    def move_then_refuse(conn):
+        conn.execute(sa.update(shards_table).where(shards_table.c.shard_id == "s").values(upper=7))
+        assert upper(conn) == 7
+        raise ShardExists("refused after writing", shard="s")
+
+    # The function's own error comes out unchanged, and nothing it wrote stays.
+    with pytest.raises(ShardExists, match="refused after writing"):
+        store.run_in_transaction(move_then_refuse)
+    assert store.read_in_snapshot(upper) == 0
+    assert store.run_in_transaction(lambda conn: conn.execute(
+        sa.update(shards_table).where(shards_table.c.shard_id == "s").values(upper=3)
+    ).rowcount) == 1
+    assert (store.read_in_snapshot(upper), store.get_shard("s").upper) == (3, 3)
+    assert not store.in_transaction()
 
 
 def test_binding_is_minted_once_and_first_wins(store):
@@ -164,7 +186,7 @@ def test_upper_never_decreases_under_mixed_outcomes(store):
     ("sqlite:////tmp/c.db", "sqlite:////tmp/c.db"),
 ])
 def test_normalize_url_picks_the_psycopg_driver(url, expected):
-    from airflow_upsert_provider.engine.store.consensus import normalize_url
+    from airflow_upsert_provider.engine.store.urls import normalize_url
 
     assert normalize_url(url) == expected
 
@@ -172,7 +194,7 @@ def test_normalize_url_picks_the_psycopg_driver(url, expected):
 def test_with_password_sets_a_password_with_special_characters():
     from sqlalchemy.engine import make_url
 
-    from airflow_upsert_provider.engine.store.consensus import with_password
+    from airflow_upsert_provider.engine.store.urls import with_password
 
     url = with_password("postgres://u@h/db", "p@ss:w/rd%")
     assert make_url(url).password == "p@ss:w/rd%" and make_url(url).drivername == "postgresql+psycopg"
@@ -180,7 +202,7 @@ def test_with_password_sets_a_password_with_special_characters():
 
 
 def test_unparseable_url_is_refused_without_echoing_it():
-    from airflow_upsert_provider.engine.store.consensus import normalize_url
+    from airflow_upsert_provider.engine.store.urls import normalize_url
 
     with pytest.raises(ConfigurationError) as info:
         normalize_url("not a url with hunter2")
@@ -188,7 +210,7 @@ def test_unparseable_url_is_refused_without_echoing_it():
 
 
 def test_driver_error_text_never_shows_the_password():
-    from airflow_upsert_provider.engine.store.consensus import _short
+    from airflow_upsert_provider.engine.store.urls import _short
 
     error = sa.exc.OperationalError("SELECT 1", {}, Exception("auth failed for pw hunter2secret"))
     assert "hunter2secret" not in _short(error, "postgresql://u:hunter2secret@h/db")

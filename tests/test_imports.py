@@ -293,4 +293,7 @@ def test_importing_the_consensus_store_imports_no_module_that_adds_to_it():
         "airflow_upsert_provider.engine.errors",
         "airflow_upsert_provider.engine.store",
         "airflow_upsert_provider.engine.store.consensus",
+        "airflow_upsert_provider.engine.store.records",
+        "airflow_upsert_provider.engine.store.tables",
+        "airflow_upsert_provider.engine.store.urls",
     ]

@@ -15,6 +15,7 @@ from sqlalchemy import event
 
 from airflow_upsert_provider import cli
 from airflow_upsert_provider.engine.store import consensus as consensus_module
+from airflow_upsert_provider.engine.store import records as records_module
 from airflow_upsert_provider.engine.store import registry as registry_module
 from airflow_upsert_provider.engine.write import writer as writer_module
 from airflow_upsert_provider.engine.errors import (
@@ -99,7 +100,7 @@ def test_commit_failure_of_a_write_transaction_is_unknown_not_unavailable(consen
 
 
 def _binding(ts):
-    return consensus_module.Binding(ts=ts, ranges={"p0": {"from": 0, "to": 1, "files": [[0, "0.jsonl"]], "count": 1}})
+    return records_module.Binding(ts=ts, ranges={"p0": {"from": 0, "to": 1, "files": [[0, "0.jsonl"]], "count": 1}})
 
 
 def test_cli_exits_5_when_the_store_drops_while_an_append_is_resolved(
@@ -142,8 +143,8 @@ def test_cli_exits_5_when_the_store_drops_while_an_append_is_resolved(
 # -- compare_and_append splits its failures at the store -------------------------------------------
 
 
-def _record(ts: int, token: str = "tok") -> consensus_module.BatchRecord:
-    return consensus_module.BatchRecord(ts, "w", token, {"path": "s/runs/ts=0/w", "files": [], "rows": 0}, {})
+def _record(ts: int, token: str = "tok") -> records_module.BatchRecord:
+    return records_module.BatchRecord(ts, "w", token, {"path": "s/runs/ts=0/w", "files": [], "rows": 0}, {})
 
 
 def test_compare_and_append_splits_determinate_from_indeterminate_failures(consensus):

@@ -316,8 +316,8 @@ def test_live_view_reads_one_snapshot(pg_url):
     state row and the batches agree (REPEATABLE READ)."""
     import sqlalchemy as sa
 
-    from airflow_upsert_provider.engine.store import consensus as consensus_module
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store import tables as tables_module
+    from airflow_upsert_provider.engine.store.records import BatchRecord
     from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(pg_url)
@@ -328,15 +328,15 @@ def test_live_view_reads_one_snapshot(pg_url):
 
     def select_then_commit(*args, **kwargs):
         # After the view's first SELECT (the state row), a peer commits batch 0.
-        if args and args[0] is consensus_module.compactions_table and not appended:
+        if args and args[0] is tables_module.compactions_table and not appended:
             appended.append(other.compare_and_append("s", 0, 1, BatchRecord(0, "w", "t", {"path": "x", "files": []}, {})))
         return real_select(*args, **kwargs)
 
-    consensus_module.sa.select = select_then_commit
+    sa.select = select_then_commit
     try:
         view = store.live_view("s", as_of=1)
     finally:
-        consensus_module.sa.select = real_select
+        sa.select = real_select
     assert appended and appended[0].outcome.value == "committed"
     # The state said upper 0: the batch committed after it must not be in the same view.
     assert view.record.upper == 0 and view.batches == []

@@ -251,11 +251,11 @@ def test_settled_names_are_an_accelerator_not_the_authority(consensus, blob, tmp
         commit_next(shard)
     land(tmp_path, "p0/10.jsonl", 10)
     table = source_index.settled_names_table
-    assert consensus._run(lambda conn: conn.execute(table.delete()).rowcount) == 1
+    assert consensus.run_in_transaction(lambda conn: conn.execute(table.delete()).rowcount) == 1
     assert shard.mint_binding(3, minted_by="t").ranges["p0"]["files"] == [[10, "10.jsonl"]]
     # A forged row claiming a late file is settled is ignored: it matches no binding.
     forged = table.update().values(binding_digest="0" * 64, names="3.jsonl/7.jsonl")
-    assert consensus._run(lambda conn: conn.execute(forged).rowcount) == 1
+    assert consensus.run_in_transaction(lambda conn: conn.execute(forged).rowcount) == 1
     shard.compare_and_append(3, 4, batch(3))
     late = land(tmp_path, "p0/7.jsonl", 7)
     with pytest.raises(BadInputError) as info:

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, ConsensusUnavailable
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, normalize_url
+from airflow_upsert_provider.engine.store.records import AppendOutcome
+from airflow_upsert_provider.engine.store.urls import normalize_url
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.store.streams import read_stream
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -80,7 +81,7 @@ def test_invalid_postgres_timeout_is_refused_naming_the_option(value):
 
 
 def test_postgres_timeouts_keep_the_urls_own_libpq_options():
-    from airflow_upsert_provider.engine.store.consensus import postgres_session_options
+    from airflow_upsert_provider.engine.store.urls import postgres_session_options
 
     query = make_url("postgresql://h/db?statement_timeout=5s&options=-c%20search_path%3Dx").query
     assert postgres_session_options(query) == "-c lock_timeout=10000 -c statement_timeout=5000 -c search_path=x"
@@ -152,14 +153,14 @@ def guard_blob(blob, consensus, *, allow=lambda stack: False) -> list[tuple[str,
 def test_the_guard_sees_a_transaction_of_its_store_on_its_thread_only(sqlite_url, blob):
     store = open_consensus(sqlite_url)
     inside = guard_blob(blob, store)
-    store._run(lambda conn: blob.exists(blob.path("x")))
+    store.run_in_transaction(lambda conn: blob.exists(blob.path("x")))
     blob.exists(blob.path("y"))
-    store._run_snapshot(lambda conn: blob.exists(blob.path("read")))
+    store.read_in_snapshot(lambda conn: blob.exists(blob.path("read")))
     import threading
 
     # A thread without a transaction, while this one has one open.
     other = threading.Thread(target=lambda: blob.exists(blob.path("z")))
-    store._run(lambda conn: (other.start(), other.join()))
+    store.run_in_transaction(lambda conn: (other.start(), other.join()))
     store.dispose()
     assert inside == [("exists", blob.path("x")), ("exists", blob.path("read"))]
 
@@ -171,7 +172,7 @@ def test_gc_claims_only_checkpoint_directories_the_stores_catalog_does_not_list(
     consensus.create_shard("orders", "{}")
     listed = {"id": "listed", "upper": 1, "since": 0, "created_at": 1.0, "files": 1, "bytes": 1, "manifest_sha256": "0" * 64}
     # Listed by a catalog change that committed before the claim (read under the catalog lock).
-    consensus._run(lambda conn: write_catalog_in(conn, "orders", None, [listed], 1))
+    consensus.run_in_transaction(lambda conn: write_catalog_in(conn, "orders", None, [listed], 1))
     runs, checkpoints = claim_for_deletion(
         consensus, "orders", [], 0, checkpoint_candidates=["orders/checkpoints/listed", "orders/checkpoints/old"],
     )

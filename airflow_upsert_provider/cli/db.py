@@ -59,7 +59,7 @@ def _check_sqlite_file_exists(url: str) -> None:
     from sqlalchemy.engine import make_url
 
     from airflow_upsert_provider.engine.errors import ConfigurationError
-    from airflow_upsert_provider.engine.store.consensus import normalize_url
+    from airflow_upsert_provider.engine.store.urls import normalize_url
 
     parsed = make_url(normalize_url(url))
     path = parsed.database

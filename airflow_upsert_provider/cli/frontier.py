@@ -140,6 +140,7 @@ def _page_outlook(result: Any, settings: Any) -> str:
 
 def _print_frontier_status(out: dict[str, Any]) -> None:
     from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
+    from airflow_upsert_provider.engine.frontier.model import partition_lag_text
     from airflow_upsert_provider.engine.sources.lag import format_pending
 
     ev, state = out["evaluation"], out["state"]
@@ -152,6 +153,8 @@ def _print_frontier_status(out: dict[str, Any]) -> None:
         print(f"upper: {ev['upper']}, last advance {iso(ev['last_advance_at'])}{stuck}")
     if ev["lag"] is not None:
         print(f"lag: {format_pending(ev['lag'], ev['lag_unit'], ev['lag_seconds'])}")
+    if ev.get("partition_lag") is not None:
+        print(f"lag per partition: {partition_lag_text(ev['partition_lag'], ev['lag_unit'])}")
     window = ev["window"] or {}
     if window:
         print(f"window: {window.get('samples')} observation(s) from {iso(window.get('start'))} to "

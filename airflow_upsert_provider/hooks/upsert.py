@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_upsert_provider.engine.store.consensus import with_password
+from airflow_upsert_provider.engine.store.urls import with_password
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class UpsertSettings:
 
     @property
     def redacted_consensus_url(self) -> str:
-        from airflow_upsert_provider.engine.store.consensus import redact_url
+        from airflow_upsert_provider.engine.store.urls import redact_url
 
         return redact_url(self.consensus_url)
 

@@ -35,7 +35,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
 from airflow_upsert_provider.engine.common.time_text import format_duration_to_the_second
-from airflow_upsert_provider.engine.frontier.alerts import PAGE_REQUEST_TIMEOUT_SECONDS
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.frontier.alerts import PAGE_REQUEST_TIMEOUT_SECONDS, check_delivery_policy
 from airflow_upsert_provider.engine.sources.lag import format_pending
 
 log = logging.getLogger(__name__)
@@ -375,13 +376,20 @@ class FrontierPageNotifier(BaseNotifier):
     :param event: the page (templated: a dict, or a Jinja expression rendering one).
     :param pagerduty_events_conn_id: `pagerduty_events` connection; None: not sent there.
     :param slack_webhook_conn_id: `slackwebhook` connection; None: not sent there.
+    :param delivery_policy: how the page is retried on a channel that answers 429, 5xx or not at
+        all (default ``retry.PAGE_DELIVERY``); one whose longest delivery exceeds the outbox
+        lease is refused.
     """
 
     template_fields = ("event", "pagerduty_events_conn_id", "slack_webhook_conn_id")
 
     def __init__(self, *, event: Any, pagerduty_events_conn_id: str | None = None,
-                 slack_webhook_conn_id: str | None = None) -> None:
+                 slack_webhook_conn_id: str | None = None, delivery_policy: RetryPolicy = DEFAULT_RETRY) -> None:
         super().__init__()
+        try:
+            self.delivery_policy = check_delivery_policy(delivery_policy)
+        except ConfigurationError as exc:
+            raise ValueError(f"FrontierPageNotifier: {exc}") from None
         self.event = event
         self.pagerduty_events_conn_id = pagerduty_events_conn_id
         self.slack_webhook_conn_id = slack_webhook_conn_id
@@ -395,4 +403,4 @@ class FrontierPageNotifier(BaseNotifier):
         if not isinstance(event, Mapping):
             raise ValueError(f"event must be a page (a mapping), got {type(event).__name__}")
         send_page(event, pagerduty_events_conn_id=self.pagerduty_events_conn_id or None,
-                  slack_webhook_conn_id=self.slack_webhook_conn_id or None)
+                  slack_webhook_conn_id=self.slack_webhook_conn_id or None, policy=self.delivery_policy)

@@ -499,16 +499,24 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
                    "observer": o.observer}
                   for o in window]
         newest = window[-1] if window else None
-        # Per partition, the lag in the shard's unit where offsets count it: a Kafka offset is a
-        # record. A directory's offsets are segment file numbers, whose distance is no lag; its
-        # lag (segments not bound yet) is recorded for the whole shard only.
-        per_partition = newest is not None and newest.lag_unit == RECORDS
+        # Per partition, the lag in the shard's unit as the observation recorded it (the
+        # partitions with the most; the others counted), else where offsets count it (a Kafka
+        # offset is a record). A directory's offsets are segment file numbers, whose distance is
+        # no lag: an observation recorded before the lag per partition was kept has none.
+        recorded = None if newest is None or newest.partition_lag is None else newest.partition_lag
+        kept = {} if recorded is None else {e["partition"]: e["lag"] for e in recorded["top"]}
+
+        def lag_of(partition: str, high_watermark: int) -> int | None:
+            if recorded is not None:
+                return kept.get(partition)
+            return max(0, high_watermark - newest.bound.get(partition, 0)) if newest.lag_unit == RECORDS else None
+
         partitions = [] if newest is None else [
-            {"partition": p, "high_watermark": hw, "bound": newest.bound.get(p, 0),
-             "lag": max(0, hw - newest.bound.get(p, 0)) if per_partition else None}
+            {"partition": p, "high_watermark": hw, "bound": newest.bound.get(p, 0), "lag": lag_of(p, hw)}
             for p, hw in sorted(newest.high_watermark.items())]
         return {"conn_id": conn_id, "shard": shard_id, "from": now - seconds, "to": now, "points": points,
                 "partitions": partitions, "partitions_at": None if newest is None else newest.observed_at,
+                "partition_lag": recorded,
                 "lag_unit": None if newest is None else newest.lag_unit,
                 "lag": None if newest is None else newest.lag,
                 "lag_text": None if newest is None else format_lag(newest.lag, newest.lag_unit)}

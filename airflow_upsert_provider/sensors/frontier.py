@@ -38,8 +38,18 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_upsert_provider.engine.frontier.alerts import max_delivery_seconds
-from airflow_upsert_provider.engine.frontier.blind import BlindState, advance_blind, blind_page_event
+from airflow_upsert_provider.engine.common.retry import PAGE_DELIVERY, RetryPolicy
+from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.frontier.alerts import check_delivery_policy, max_delivery_seconds
+from airflow_upsert_provider.engine.frontier.blind import (
+    BlindState,
+    advance_blind,
+    blind_page_event,
+    blind_record,
+    blind_record_key,
+    parse_blind_record,
+    resolves_blind_page,
+)
 from airflow_upsert_provider.engine.sources.lag import format_pending
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.links import ShardPageLink
@@ -103,6 +113,9 @@ class FrontierStallSensor(BaseSensorOperator):
         evaluation).
     :param pagerduty_events_conn_id: `pagerduty_events` connection (integration key); none: no page.
     :param slack_webhook_conn_id: `slackwebhook` connection; none: no Slack message.
+    :param delivery_policy: how a page is retried on a channel that answers 429, 5xx or not at all
+        (``RetryPolicy``; default ``retry.PAGE_DELIVERY``: 6 attempts, backoff from 1 s to 30 s). A
+        policy whose longest delivery exceeds the outbox lease is refused.
     :param namespace: groups the shards of one deployment in the page's dedup key and group.
     :param deferrable: wait in the triggerer between rounds instead of a worker slot.
     """
@@ -135,6 +148,7 @@ class FrontierStallSensor(BaseSensorOperator):
         pagerduty_events_conn_id: str | None = None,
         slack_webhook_conn_id: str | None = None,
         namespace: str = "",
+        delivery_policy: RetryPolicy = PAGE_DELIVERY,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -144,6 +158,10 @@ class FrontierStallSensor(BaseSensorOperator):
             if kwargs.get(silencer):
                 raise ValueError(f"FrontierStallSensor {kwargs.get('task_id')!r}: {silencer} is not allowed: "
                                  "a stalled frontier must fail its task")
+        try:
+            self.delivery_policy = check_delivery_policy(delivery_policy)
+        except ConfigurationError as exc:
+            raise ValueError(f"FrontierStallSensor {kwargs.get('task_id')!r}: {exc}") from None
         super().__init__(**kwargs)
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id
@@ -167,6 +185,7 @@ class FrontierStallSensor(BaseSensorOperator):
         self.clock: Callable[[], float] = time.time
         self._watch_started: float | None = None
         self._blind = BlindState()
+        self._blind_record_read = False
 
     # -- arguments -----------------------------------------------------------------------------
 
@@ -213,6 +232,9 @@ class FrontierStallSensor(BaseSensorOperator):
         last ``blind_page_seconds`` and resolving that page when an evaluation works again."""
         settings = self.settings
         limit = self.blind_limit(settings)
+        if not self._blind_record_read:
+            self._blind_record_read = True
+            self._take_blind_record()
         page_args = dict(namespace=self.namespace or "", links=self._links(context), run_ids=self._run_ids(context))
         while True:
             now = self.clock()
@@ -255,6 +277,10 @@ class FrontierStallSensor(BaseSensorOperator):
 
     def act(self, decision: Decision) -> None:
         """Deliver the decision's outbox pages, then fail the task when it says so."""
+        if resolves_blind_page(decision.pages, self.namespace or "", self.shard):
+            # The resolve of the monitor's page is in the store's outbox now: it is delivered
+            # from there, so the record kept outside the store has done its work.
+            self._forget_blind_record()
         if decision.pages:
             self._deliver(decision)
         if decision.kind in (PAGE, FIRING, NOT_FOUND):
@@ -280,7 +306,7 @@ class FrontierStallSensor(BaseSensorOperator):
         delivered: list[str] = []
         for i, entry in enumerate(entries):
             event = entry["event"]
-            if time.time() + max_delivery_seconds() > float(entry.get("leased_until") or 0.0):
+            if time.time() + max_delivery_seconds(self.delivery_policy) > float(entry.get("leased_until") or 0.0):
                 # Its lease could run out mid-delivery and another round take it: leave it to that round.
                 self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
                 self.log.warning("shard %s: the %s is left to the next round (its lease ends before a delivery "
@@ -288,7 +314,7 @@ class FrontierStallSensor(BaseSensorOperator):
                 return
             try:
                 deliveries = send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack,
-                                       skip=entry.get("delivered") or ())
+                                       skip=entry.get("delivered") or (), policy=self.delivery_policy)
             except (PageDeliveryError, AirflowException) as exc:
                 reached = {entry["id"]: [d.channel for d in getattr(exc, "delivered", ())]}
                 released = self._settle(delivered, [e["id"] for e in entries[i:]], sent=True, reached=reached)
@@ -316,7 +342,8 @@ class FrontierStallSensor(BaseSensorOperator):
             self.log.warning("%s, but no PagerDuty or Slack connection is configured", event["summary"])
             return
         try:
-            send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+            send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack,
+                      policy=self.delivery_policy)
         except (PageDeliveryError, AirflowException) as exc:
             if event["action"] == "trigger":
                 self._blind = dataclasses.replace(self._blind, paged=False)
@@ -326,10 +353,23 @@ class FrontierStallSensor(BaseSensorOperator):
         self.log.info("%s: %s sent (dedup key %s)", event["summary"], event["action"], event["dedup_key"])
 
     def _record_blind(self) -> None:
-        """Keep the sent monitor page in the shard's alert state, so that a later run resolves
-        it; when the store is what is down this fails, and this run's next working round does."""
+        """Keep the sent monitor page where a later run finds it: in an Airflow Variable named
+        by its namespace and shard (``blind.blind_record_key``; Airflow's own database answers
+        whenever a task runs, also when the consensus store refuses every write), and in the
+        shard's alert state when the store takes the write. Whichever round evaluates the shard
+        next resolves it."""
+        from airflow.sdk import Variable
+
         from airflow_upsert_provider.engine.frontier.observations import record_blind
 
+        key = blind_record_key(self.namespace or "", self.shard)
+        try:
+            Variable.set(key, blind_record(self._blind),
+                         description=f"the frontier monitor's open 'monitor blind' page of shard {self.shard}: "
+                                     "its first evaluation that works resolves it and deletes this")
+        except Exception as exc:  # noqa: BLE001 - the page is sent; the store below may still keep it
+            self.log.warning("shard %s: the monitor's page could not be recorded in Airflow Variable %r (%s: %s)",
+                             self.shard, key, type(exc).__name__, exc)
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
             record_blind(hook.get_consensus(), self.shard, self._blind)
@@ -338,6 +378,38 @@ class FrontierStallSensor(BaseSensorOperator):
                              self.shard, type(exc).__name__, exc)
         finally:
             hook.close()
+
+    def _take_blind_record(self) -> None:
+        """Take over the monitor's page an earlier run sent and recorded outside the store (see
+        ``_record_blind``): this run's first evaluation that works resolves it."""
+        from airflow.sdk import Variable
+
+        key = blind_record_key(self.namespace or "", self.shard)
+        try:
+            text = Variable.get(key, default=None)
+        except Exception as exc:  # noqa: BLE001 - the alert state may hold it too; evaluate all the same
+            self.log.warning("shard %s: Airflow Variable %r (the monitor's open page, if any) could not be read "
+                             "(%s: %s)", self.shard, key, type(exc).__name__, exc)
+            return
+        if text is None:
+            return
+        recorded, problem = parse_blind_record(text, f"Airflow Variable {key!r}")
+        if problem:
+            self.log.warning("shard %s: %s", self.shard, problem)
+        self.log.info("shard %s: the monitor's page sent by an earlier run is open (Airflow Variable %r); the first "
+                      "evaluation that works resolves it", self.shard, key)
+        if not self._blind.paged:
+            self._blind = recorded
+
+    def _forget_blind_record(self) -> None:
+        from airflow.sdk import Variable
+
+        key = blind_record_key(self.namespace or "", self.shard)
+        try:
+            Variable.delete(key)
+        except Exception as exc:  # noqa: BLE001 - a record left behind costs one more resolve, not a lost page
+            self.log.info("shard %s: Airflow Variable %r was not deleted (%s: %s)", self.shard, key,
+                          type(exc).__name__, exc)
 
     def _settle(self, delivered: list[str], released: list[str], sent: bool = False,
                 reached: Mapping[str, list[str]] | None = None, unsent_reason: str | None = None) -> bool:

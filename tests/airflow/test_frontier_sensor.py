@@ -495,7 +495,8 @@ def test_a_resolve_decided_while_a_dead_workers_trigger_is_leased_reaches_pagerd
 def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(sqlite_url, blob, tmp_path, pager,
                                                                               monkeypatch):
     """Delivery is recorded per channel: Slack refusing (500 on every attempt) releases the page
-    for Slack alone; the next round does not page PagerDuty twice."""
+    for Slack alone; the next round does not page PagerDuty twice. The sensor's delivery policy
+    (six attempts, as the default's, with short waits) decides the attempts."""
     for name, value in {**conn_env(pager), **upsert_env(sqlite_url, blob.root)}.items():
         monkeypatch.setenv(name, value)
     consensus = open_consensus(sqlite_url)
@@ -503,21 +504,39 @@ def test_a_page_that_reached_pagerduty_is_sent_only_to_slack_when_slack_failed(s
         shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
         observations.record_observation(consensus, observations.observe(shard, observer="writer:w",
                                                                         now=time.time() - 30))
+        policy = RetryPolicy(max_attempts=6, base_seconds=0.01, max_wait_seconds=0.05)
         task = FrontierStallSensor(task_id="watch", shard="orders", poke_interval=0.01, watch_seconds=60,
                                    pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
-                                   **dict(QUICK, consecutive_breaches=1))
+                                   delivery_policy=policy, **dict(QUICK, consecutive_breaches=1))
         pager.script([202] + [500] * 6)  # PagerDuty takes it; Slack fails every attempt
         with pytest.raises(AirflowException) as undelivered:
             task.execute(sensor_context("scheduled__1"))
         assert "not again to pagerduty, which got it" in str(undelivered.value)
+        assert "slack: HTTP 500 (after 6 attempts)" in str(undelivered.value)
+        # PagerDuty once, then Slack six times (the policy's attempts), each the same message.
+        assert [("slack", "enqueue")[r["path"].endswith("/enqueue")] for r in pager.requests] == \
+            ["enqueue"] + ["slack"] * 6
+        assert pager.statuses() == [202] + [500] * 6
+        assert len({json.dumps(r["body"], sort_keys=True) for r in pager.requests[1:]}) == 1
+        assert pager.requests[1]["body"]["text"].startswith(":rotating_light: *STALLED: orders")
         state, _ = observations.load_alert_state(consensus, "orders")
         assert [e["delivered"] for e in state.outbox] == [["pagerduty"]]
         with pytest.raises(AirflowFailException, match="frontier STALLED"):
             task.execute(sensor_context("scheduled__1"))
         assert [e["event_action"] for e in pager.events()] == ["trigger"]  # PagerDuty paged once
         assert len(pager.slack_messages()) == 1 and observations.load_alert_state(consensus, "orders")[0].outbox == ()
+        assert pager.statuses() == [202] + [500] * 6 + [200]
     finally:
         consensus.dispose()
+
+
+def test_a_delivery_policy_longer_than_the_outbox_lease_is_refused_where_it_is_given():
+    slow = RetryPolicy(max_attempts=20, base_seconds=1.0, max_wait_seconds=300.0)
+    with pytest.raises(ValueError, match="FrontierStallSensor 'watch': delivery_policy .* outbox lease"):
+        FrontierStallSensor(task_id="watch", shard="orders", delivery_policy=slow)
+    with pytest.raises(ValueError, match="FrontierPageNotifier: delivery_policy .* outbox lease"):
+        FrontierPageNotifier(event=sample_event(), delivery_policy=slow)
+    assert FrontierStallSensor(task_id="watch", shard="orders", delivery_policy=FAST).delivery_policy is FAST
 
 
 def test_pagerduty_retry_after_is_honoured_up_to_the_cap(pager):
@@ -676,6 +695,83 @@ def test_the_sensor_pages_and_fails_in_poke_reschedule_and_deferrable_mode(airfl
             "SELECT count(*) FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
             "WHERE ti.dag_id = ? AND ti.task_id = 'reschedule'", "frontier_sensor_modes")[0][0] >= 1
     finally:
+        consensus.dispose()
+
+
+BLIND_DAG = '''
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+
+with DAG(dag_id="frontier_blind_record", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         default_args={"retries": 0}):
+    # One evaluation a run; the first that fails pages.
+    FrontierStallSensor(task_id="watch", shard="orders", mode="poke", watch_seconds=0, poke_interval=1,
+                        blind_page_seconds=0, namespace="blind", pagerduty_events_conn_id="pagerduty_test")
+'''
+
+
+def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_the_next_run(
+        airflow_home, tmp_path, pager, pg_server, pg_url):
+    """Issue 34 item 3: a run whose store refuses every write (a PostgreSQL database set read-only)
+    pages "monitor blind" and can record it nowhere in the store; it is kept in an Airflow
+    Variable named by the page's dedup key, and the next run's first working round resolves it."""
+    import psycopg
+
+    from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "frontier_blind_record.py").write_text(BLIND_DAG)
+    blob = open_blob(str(tmp_path / "blob"))
+    blob.ensure_root()
+    consensus = open_consensus(pg_url)
+    database = pg_url.rsplit("/", 1)[1]
+
+    def read_only(on: bool) -> None:
+        with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = {"on" if on else "off"}')
+
+    key = dedup_key("orders" + MONITOR_KEY, "blind")
+
+    def recorded() -> list[str]:
+        # Its value is encrypted with the home's Fernet key; its name is what the on-call engineer sees.
+        return [row[0] for row in airflow_home.query("SELECT key FROM variable WHERE key LIKE ?",
+                                                     "airflow-upsert-monitor-blind:%")]
+
+    try:
+        shard = make_shard(consensus, blob, tmp_path, spec=SPEC, max_files_per_batch=2)
+        while commit_next(shard) < 4:  # caught up: nothing pending, the shard itself is healthy
+            pass
+        env = airflow_home.env(pg_url, blob.root, AIRFLOW__CORE__DAGS_FOLDER=str(dags), **conn_env(pager))
+
+        read_only(True)
+        proc = airflow_home.dags_test("frontier_blind_record", env)
+        first = airflow_home.latest_run("frontier_blind_record")
+        assert airflow_home.task_instance("frontier_blind_record", first, "watch") == ("failed", 1), \
+            failure_text(proc)
+        [trigger] = pager.events()
+        assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
+        assert "read-only transaction" in trigger["payload"]["summary"], trigger["payload"]["summary"]
+        # The store took nothing; Airflow keeps the sent page.
+        assert observations.load_alert_state(consensus, "orders")[0].blind is None
+        assert recorded() == ["airflow-upsert-monitor-blind:blind:orders"], failure_text(proc)
+
+        read_only(False)
+        proc = airflow_home.dags_test("frontier_blind_record", env)
+        second = airflow_home.latest_run("frontier_blind_record")
+        assert second != first
+        assert airflow_home.task_instance("frontier_blind_record", second, "watch") == ("success", 1), \
+            failure_text(proc)
+        assert [(e["event_action"], e["dedup_key"]) for e in pager.events()] == [("trigger", key), ("resolve", key)]
+        assert pager.events()[1]["payload"]["summary"] == "RESOLVED: the frontier monitor evaluates shard orders again"
+        assert recorded() == []
+        state, _ = observations.load_alert_state(consensus, "orders")
+        assert (state.blind, state.outbox) == (None, ())
+    finally:
+        read_only(False)
         consensus.dispose()
 
 

@@ -47,13 +47,15 @@ DOCS_IMG = os.path.join(REPO_ROOT, "docs", "img")
 
 
 def _observation(shard_id, at, upper, bound, hw, observer="writer:w", outcome="committed", lag_seconds=None,
-                 last_commit_at=None):
-    from airflow_upsert_provider.engine.frontier.model import Observation
+                 last_commit_at=None, per_partition=False):
+    from airflow_upsert_provider.engine.frontier.model import Observation, partition_lag_summary
 
     return Observation(
         shard_id=shard_id, observed_at=at, upper=upper, last_commit_at=at - 1 if last_commit_at is None else last_commit_at, high_watermark={"p0": hw},
         bound={"p0": bound}, stream_status="READY", stream_changed_at=0.0, lag=max(0, hw - bound), lag_unit="segments",
         lag_seconds=lag_seconds if hw > bound else None, observer=observer, writer_outcome=outcome,
+        # Observations recorded before the lag per partition was kept have none (fresh's).
+        partition_lag=partition_lag_summary({"p0": max(0, hw - bound)}) if per_partition else None,
     )
 
 
@@ -86,7 +88,7 @@ def shard_store(tmp_path_factory):
         at = now - 470 + i * 60
         record_observation(consensus, _observation(
             "stuck", at, 1, 40, 40 + 25 * (i + 1), observer="sensor:monitor", outcome=None,
-            lag_seconds=60.0 * (i + 1), last_commit_at=now - 540))
+            lag_seconds=60.0 * (i + 1), last_commit_at=now - 540, per_partition=True))
     # The stuck shard's monitor evaluated it last a minute ago and has had a page open since.
     assert save_alert_state(consensus, AlertState(
         "stuck", consecutive_breaches=4, firing=True, firing_status="STALLED", incident_started_at=now - 180,
@@ -224,6 +226,12 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
 
     points = client.get("/api/shards/stuck/observations").json()["points"]
     assert [p["high_watermark"] for p in points] == [40 + 25 * (i + 1) for i in range(STUCK_POINTS)]
+    # The lag per partition as recorded; rows recorded before it was kept have none to show.
+    stuck_detail = client.get("/api/shards/stuck/observations").json()
+    assert [(p["partition"], p["lag"]) for p in stuck_detail["partitions"]] == [("p0", 25 * STUCK_POINTS)]
+    assert stuck_detail["partition_lag"]["others"] == 0
+    fresh_detail = client.get("/api/shards/fresh/observations").json()
+    assert fresh_detail["partition_lag"] is None and [p["lag"] for p in fresh_detail["partitions"]] == [None]
     assert {p["bound"] for p in points} == {40}
     assert client.get("/api/shards/nope/observations").status_code == 404
     assert client.get("/api/shards/stuck/observations", params={"conn": "other"}).status_code == 404
@@ -531,11 +539,11 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             page.click("#ranges button[data-seconds='3600']")
             _wait_for_points(page, STUCK_POINTS)
             assert page.get_attribute("#ranges button.active", "data-seconds") == "3600"
-            # Lag per partition: a directory's offsets are file numbers, no lag; the shard's
-            # lag in segments is said once. Then the verdict: the monitor's thresholds, its page.
-            assert page.inner_text("#partitions tbody tr[data-partition=p0] td.lag") == "—"
+            # Lag per partition in segments, as the newest observation recorded it (no note: no
+            # partition left out). Then the verdict: the monitor's thresholds, its page.
+            assert page.inner_text("#partitions tbody tr[data-partition=p0] td.lag") == f"{25 * STUCK_POINTS}"
             assert page.inner_text("#partitions-lag") == "Lag (segments)"
-            assert f"{25 * STUCK_POINTS} segments pending in all" in page.inner_text("#partitions-note")
+            assert not page.is_visible("#partitions-note")
             assert "monitor last evaluated with" in page.inner_text("#judged-with")
             thresholds = page.inner_text("#thresholds")
             assert "Stalled after\n2m00s (120s) = max(2 x cadence, 2m00s (120s))" in thresholds, thresholds

@@ -123,3 +123,30 @@ def test_a_page_no_channel_took_is_not_counted_as_sent_and_the_page_says_why(sto
     assert (monitor["firing"], monitor["pages_sent"], monitor["last_sent_at"]) == (True, 0, None)
     assert "no PagerDuty or Slack connection is configured" in monitor["unsent_reason"]
     assert monitor["pages_pending"] == 0 and monitor["pages_dropped"] == 0
+
+
+def test_the_page_shows_the_lag_of_each_partition_in_segments_as_the_monitor_observed_it(store, tmp_path):
+    """Issue 34 item 4: a directory shard with two partitions, observed by the monitor's round;
+    the page's lag per partition is in segments (the files not bound yet, not the distance
+    between file numbers), the chart's points as before."""
+    import shutil
+
+    from airflow_upsert_provider.plugins.ui import shard_observations
+
+    consensus, blob = store
+    shard = make_shard(consensus, blob, tmp_path, spec=SPEC, shard_id="orders", max_files_per_batch=2)
+    commit_next(shard)  # offset 0 of both partitions bound; 10, 20, 30 pending in each
+    p1 = tmp_path / "landing" / "p1"
+    shutil.copy(p1 / "30.jsonl", p1 / ".40.jsonl.tmp")
+    (p1 / ".40.jsonl.tmp").rename(p1 / "40.jsonl")  # one more lands in p1, renamed into place
+    now = time.time()
+    _sensor("orders", MONITOR, now).execute(sensor_context("scheduled__1"))
+
+    data = shard_observations("upsert_default", "orders", now=now + 1)
+    assert data["partitions"] == [{"partition": "p0", "high_watermark": 31, "bound": 1, "lag": 3},
+                                  {"partition": "p1", "high_watermark": 41, "bound": 1, "lag": 4}]
+    assert data["partition_lag"] == {"top": [{"partition": "p1", "lag": 4}, {"partition": "p0", "lag": 3}],
+                                     "others": 0, "others_lag": 0}
+    [point] = data["points"]
+    assert (point["lag"], point["lag_unit"], point["high_watermark"], point["bound"]) == (7, "segments", 72, 2)
+    assert set(point) == {"t", "upper", "high_watermark", "bound", "lag", "lag_unit", "observer"}

@@ -68,7 +68,7 @@ def _count(consensus, table, **where) -> int:
     query = sa.select(sa.func.count()).select_from(table)
     for name, value in where.items():
         query = query.where(table.c[name] == value)
-    return int(consensus._run_snapshot(lambda conn: conn.execute(query).scalar()))
+    return int(consensus.read_in_snapshot(lambda conn: conn.execute(query).scalar()))
 
 
 def test_prune_deletes_old_rows_in_chunks_and_keeps_what_the_rules_need(consensus):

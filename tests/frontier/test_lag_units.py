@@ -161,3 +161,58 @@ def test_upsertctl_and_the_operator_lines_say_the_unit() -> None:
     batch = {"ts": 4, "outcome": "committed", "rows_in": 120, "rows_out": 118, "rejected": 0, "seconds": 2.4,
              "lag_offsets": {"p0": 150, "p1": 90}, "lag": 15, "lag_unit": "segments", "timings": {}}
     assert batch_line(batch) == "batch ts=4 committed: rows in 120, out 118, rejected 0, lag 15 segments, 2.4s"
+
+
+def test_the_lag_kept_per_partition_is_the_largest_ones_and_a_count_of_the_rest() -> None:
+    """Issue 34 item 4: an observation keeps at most MAX_PARTITIONS_KEPT partitions, those with
+    the most lag, and counts the others; nothing is lost from the total. A seeded sweep over
+    partition counts and lag shapes (ties, zeros, one partition holding everything)."""
+    import random
+
+    from airflow_upsert_provider.engine.frontier.model import MAX_PARTITIONS_KEPT, partition_lag_summary
+
+    rng = random.Random(4)
+    for n in list(range(0, 45)) + [200, 1000]:
+        for shape in ("random", "ties", "zeros", "one"):
+            lags = {"random": lambda i: rng.randint(0, 50), "ties": lambda i: 7, "zeros": lambda i: 0,
+                    "one": lambda i: 99 if i == n // 2 else 0}[shape]
+            pending = {f"p{i:04d}": lags(i) for i in range(n)}
+            summary = partition_lag_summary(pending)
+            top = summary["top"]
+            assert len(top) == min(n, MAX_PARTITIONS_KEPT) and summary["others"] == n - len(top)
+            assert sum(e["lag"] for e in top) + summary["others_lag"] == sum(pending.values())
+            # Most lag first, ties by partition; no partition left out holds more than one kept.
+            assert [(-e["lag"], e["partition"]) for e in top] == sorted((-e["lag"], e["partition"]) for e in top)
+            kept = {e["partition"] for e in top}
+            assert all(pending[e["partition"]] == e["lag"] for e in top)
+            if top:
+                assert all(lag <= top[-1]["lag"] for p, lag in pending.items() if p not in kept)
+            # It survives the store: JSON (with sorted keys, as rows are written) and back.
+            stored = json.loads(json.dumps(obs(NOW, 0, 0, partition_lag=summary).to_dict(), sort_keys=True))
+            assert Observation.from_dict(stored).partition_lag == summary
+
+
+@pytest.mark.parametrize("bad", [
+    [], {"top": 3, "others": 0, "others_lag": 0}, {"top": [{"partition": "p0"}], "others": 0, "others_lag": 0},
+    {"top": [{"partition": "p0", "lag": -1}], "others": 0, "others_lag": 0},
+    {"top": [], "others": -2, "others_lag": 0}, {"top": [], "others": 0},
+    {"top": [{"partition": "p0", "lag": "many"}], "others": 0, "others_lag": 0},
+])
+def test_a_damaged_lag_per_partition_is_refused_naming_the_field(bad: Any) -> None:
+    stored = dict(obs(NOW, 0, 0).to_dict(), partition_lag=bad)
+    with pytest.raises(ConfigurationError, match="Observation.partition_lag must be") as refused:
+        Observation.from_dict(stored)
+    assert refused.value.details["field"] == "partition_lag"
+    # A row recorded before it was kept has none.
+    stored.pop("partition_lag")
+    assert Observation.from_dict(stored).partition_lag is None
+
+
+def test_the_lag_per_partition_reads_in_the_shards_unit() -> None:
+    from airflow_upsert_provider.engine.frontier.model import partition_lag_summary, partition_lag_text
+
+    two = partition_lag_summary({"p0": 3, "p1": 1})
+    assert partition_lag_text(two, "segments") == "p0 3 segments, p1 1 segment"
+    many = partition_lag_summary({f"{i}": 100 - i for i in range(23)})
+    assert partition_lag_text(many, "records").endswith("; 3 more partitions: 237 records")
+    assert partition_lag_text(partition_lag_summary({}), "segments") == "no partition"

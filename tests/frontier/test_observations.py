@@ -153,12 +153,12 @@ def test_a_recorded_observation_keeps_its_unit_and_rows_from_before_units_read_a
     legacy = obs("a", 20.0, hw=250).to_dict()
     del legacy["lag"], legacy["lag_unit"]
     legacy["lag_records"] = 240
-    consensus._run(lambda conn: conn.execute(sa.insert(observations_table).values(
+    consensus.run_in_transaction(lambda conn: conn.execute(sa.insert(observations_table).values(
         shard_id="a", observed_at=20.0, observer="test", payload=json.dumps(legacy))))
     assert [(o.lag, o.lag_unit) for o in observations.observation_window(consensus, "a", 0.0)] == \
         [(13, "segments"), (240, "offsets")]
     # An earlier version sharing the store requires lag_records: the new row still carries it.
-    payloads = consensus._run_snapshot(lambda conn: conn.execute(
+    payloads = consensus.read_in_snapshot(lambda conn: conn.execute(
         sa.select(observations_table.c.payload).order_by(observations_table.c.observed_at)).scalars().all())
     assert {k: json.loads(payloads[0])[k] for k in ("lag", "lag_unit", "lag_records")} == \
         {"lag": 13, "lag_unit": "segments", "lag_records": 13}

@@ -14,6 +14,7 @@ from airflow_upsert_provider.engine.frontier.alerts import (
     PAGE_CHANNELS,
     PAGE_REQUEST_TIMEOUT_SECONDS,
     AlertState,
+    check_delivery_policy,
     enqueue_page,
     max_delivery_seconds,
     settle_pages,
@@ -41,6 +42,32 @@ def test_the_lease_outlasts_the_longest_delivery() -> None:
         policy = RetryPolicy(max_attempts=attempts, base_seconds=0.1, max_wait_seconds=wait)
         assert max_delivery_seconds(policy, channels=channels, request_timeout=timeout) >= \
             channels * attempts * timeout
+
+
+def test_a_delivery_policy_is_taken_iff_its_longest_delivery_fits_the_lease() -> None:
+    """Issue 35 item 4: the delivery policy is a parameter; one that could outlast the lease (a
+    live delivery overtaken by a second round) is refused, naming the parameter."""
+    import pytest
+
+    from airflow_upsert_provider.engine.errors import ConfigurationError
+
+    accepted = 0
+    for attempts, base, wait, multiplier in itertools.product((1, 2, 6, 7, 20), (0.0, 0.01, 1.0),
+                                                              (0.0, 0.05, 30.0, 31.0, 300.0), (1.0, 2.0, 4.0)):
+        policy = RetryPolicy(max_attempts=attempts, base_seconds=base, max_wait_seconds=wait, multiplier=multiplier)
+        fits = max_delivery_seconds(policy) <= max_delivery_seconds()
+        assert OUTBOX_LEASE_SECONDS > max_delivery_seconds(policy) or not fits
+        if fits:
+            assert check_delivery_policy(policy) is policy
+            accepted += 1
+        else:
+            with pytest.raises(ConfigurationError, match="outbox lease") as refused:
+                check_delivery_policy(policy)
+            assert refused.value.details["field"] == "delivery_policy"
+    assert 0 < accepted < 5 * 3 * 5 * 3
+    assert check_delivery_policy(PAGE_DELIVERY) is PAGE_DELIVERY
+    with pytest.raises(ConfigurationError, match="must be a RetryPolicy, got dict"):
+        check_delivery_policy({"max_attempts": 2})
 
 
 def test_a_resolve_never_overtakes_its_trigger() -> None:

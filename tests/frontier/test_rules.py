@@ -693,3 +693,52 @@ def test_a_blind_monitor_pages_once_after_the_limit_under_its_own_key_and_resolv
     # Failures shorter than the limit, then a success: nothing to page, nothing to resolve.
     brief, _ = advance_blind(BlindState(), NOW, down, 300)
     assert advance_blind(brief, NOW + 10, None, 300) == (BlindState(), None)
+
+
+def test_the_record_of_a_sent_monitor_page_is_named_apart_for_every_namespace_and_shard() -> None:
+    """Issue 34 item 3: the name of the record kept outside the store (an Airflow Variable, which
+    a task reaches by URL path) is a safe path part, at most 250 characters, and one per
+    namespace and shard: over a grid of names with every unsafe kind of character, no two meet."""
+    import random
+
+    from airflow_upsert_provider.engine.frontier.blind import MAX_RECORD_KEY_CHARS, blind_record_key
+
+    assert blind_record_key("prod", "orders") == "airflow-upsert-monitor-blind:prod:orders"
+    assert blind_record_key("", "orders") == "airflow-upsert-monitor-blind::orders"
+    assert blind_record_key("a:b", "c") != blind_record_key("a", "b:c")
+    rng = random.Random(34)
+    parts = ["", "a", "b", "a.b", "a-b", "a_b", "x" * 64, "y" * 128, "a#b", "a?b", "a%41", "a/b", "a b", "ünï",
+             "a:b", "a_b_", "a__b"]
+    parts += ["".join(rng.choice("ab.#/?%: _-é") for _ in range(rng.randint(1, 12))) for _ in range(40)]
+    seen: dict[str, tuple[str, str]] = {}
+    for namespace in parts:
+        for shard in parts:
+            if not shard:
+                continue
+            key = blind_record_key(namespace, shard)
+            assert len(key) <= MAX_RECORD_KEY_CHARS and key.startswith("airflow-upsert-monitor-blind:"), key
+            assert all(c.isascii() and (c.isalnum() or c in "_.:-") for c in key), key
+            assert seen.setdefault(key, (namespace, shard)) == (namespace, shard), (key, seen[key], namespace, shard)
+
+
+def test_a_recorded_monitor_page_reads_back_and_a_damaged_record_still_resolves() -> None:
+    from airflow_upsert_provider.engine.frontier.blind import (
+        BlindState,
+        blind_page_event,
+        blind_record,
+        parse_blind_record,
+        resolves_blind_page,
+    )
+
+    sent = BlindState(since=NOW, paged=True, error="ConsensusUnavailable: read-only")
+    assert parse_blind_record(blind_record(sent), "Airflow Variable 'k'") == (sent, None)
+    for damaged in ("", "{", "[]", '{"paged": true}', '{"since": "yesterday"}', '{"since": 1, "error": 5}', None):
+        state, problem = parse_blind_record(damaged, "Airflow Variable 'k'")
+        # Taken as sent: a resolve nobody needed is harmless, a page left open is not.
+        assert state.paged is True and state.error == "unreadable record"
+        assert problem.startswith("Airflow Variable 'k': not a monitor page record"), problem
+    resolve = {"event": blind_page_event(sent, "resolve", NOW + 60, namespace="prod", shard_id="orders")}
+    trigger = {"event": blind_page_event(sent, "trigger", NOW + 60, namespace="prod", shard_id="orders")}
+    assert resolves_blind_page([trigger, resolve], "prod", "orders")
+    assert not resolves_blind_page([trigger], "prod", "orders")
+    assert not resolves_blind_page([resolve], "prod", "orders2") and not resolves_blind_page([resolve], "", "orders")

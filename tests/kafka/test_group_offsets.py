@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from airflow_upsert_provider.engine.store.consensus import Binding, BatchRecord, Consensus
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import BatchRecord, Binding
 from airflow_upsert_provider.engine.lifecycle.group_offsets import (
     GroupCommitter,
     describe_alert,

@@ -9,7 +9,8 @@ import time
 import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.lifecycle.group_offsets import first_ts_past, group_behind_since
-from airflow_upsert_provider.engine.store.consensus import Consensus, batches_table
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.tables import batches_table
 from airflow_upsert_provider.engine.store.history import truncate_history
 from tests.kafka.test_group_offsets import KafkaShard, commit_batches
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from airflow_upsert_provider.engine.store.consensus import Binding
+from airflow_upsert_provider.engine.store.records import Binding
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     KafkaSliceUnavailable,

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.store.consensus import shards_table
+from airflow_upsert_provider.engine.store.tables import shards_table
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import ShardNotFound, TransitionRefused
 from airflow_upsert_provider.engine.store.stream_rules import Status

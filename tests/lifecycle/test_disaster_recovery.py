@@ -209,7 +209,7 @@ def test_the_original_stores_gc_and_retention_keep_off_a_shard_restored_into_ano
     import pyarrow.parquet as pq
 
     from airflow_upsert_provider.engine.maintenance.checkpoint import Catalog, apply_retention
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.records import BatchRecord
     from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
     from airflow_upsert_provider.engine.store.gc_claims import (
         OWNER_NAME,

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.lifecycle import recovery
 from airflow_upsert_provider.engine.store import streams
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome
+from airflow_upsert_provider.engine.store.records import AppendOutcome
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.errors import StreamFenced, StreamNotReady, TransitionRefused
 from airflow_upsert_provider.engine.store.stream_rules import Status

@@ -62,7 +62,7 @@ def age_compaction(consensus, shard_id: str, seconds: float = 3 * 3600) -> None:
     the grace period after it."""
     import sqlalchemy as sa
 
-    from airflow_upsert_provider.engine.store.consensus import compactions_table
+    from airflow_upsert_provider.engine.store.tables import compactions_table
 
     from airflow_upsert_provider.engine.store.gc_claims import replaced_runs_table
 

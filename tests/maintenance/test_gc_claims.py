@@ -15,7 +15,7 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
     verify_checkpoint,
 )
 from airflow_upsert_provider.engine.maintenance.compaction import compact
-from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.errors import CommitRefused
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.store.gc_claims import claim_for_deletion, claim_needed, claims

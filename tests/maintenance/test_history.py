@@ -14,7 +14,8 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint, read_manifest, restore_checkpoint
 from airflow_upsert_provider.engine.maintenance.compaction import compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchRecord, batches_table, bindings_table
+from airflow_upsert_provider.engine.store.records import AppendOutcome, BatchRecord
+from airflow_upsert_provider.engine.store.tables import batches_table, bindings_table
 from airflow_upsert_provider.engine.store.history import keep_from, plan_truncation, rollups, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.writer import ALREADY_PERSISTED, Writer

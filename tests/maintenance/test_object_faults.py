@@ -23,7 +23,7 @@ from airflow_upsert_provider.engine.maintenance.checkpoint import (
     verify_checkpoint,
 )
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
-from airflow_upsert_provider.engine.store.consensus import BatchRecord
+from airflow_upsert_provider.engine.store.records import BatchRecord
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.helpers import make_shard
 

@@ -33,7 +33,8 @@ from alembic.runtime.migration import MigrationContext
 
 from airflow_upsert_provider.engine.errors import SchemaVersionMismatch
 from airflow_upsert_provider.engine.store import migrations, registry
-from airflow_upsert_provider.engine.store.consensus import metadata, normalize_url
+from airflow_upsert_provider.engine.store.tables import metadata
+from airflow_upsert_provider.engine.store.urls import normalize_url
 from airflow_upsert_provider.engine.store.migrations import VERSION_TABLE, code_head
 from airflow_upsert_provider.engine.store.registry import STORE_SCHEMA, open_consensus
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
@@ -140,7 +141,7 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     # 0003): those tables exist as the old code's own would have (a catalog file of the old
     # code: test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_checkpoints).
     from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
-    from airflow_upsert_provider.engine.store.consensus import batch_rollups_table
+    from airflow_upsert_provider.engine.store.tables import batch_rollups_table
 
     engine = raw_engine(store_url)
     for table in (batch_rollups_table, catalogs_table, catalog_entries_table):
@@ -299,6 +300,32 @@ def test_a_store_stamped_with_a_revision_the_code_does_not_know_is_refused(store
     assert code == 2 and error["error"] == "SchemaVersionMismatch" and "9999_future" in err
     code, status, _ = run_cli_json(capsys, "db", "status")
     assert code == 0 and status["state"] == "newer" and status["store_revision"] == "9999_future"
+    assert dump(store_url) == before
+
+
+def test_a_store_stamped_twice_with_revisions_the_code_knows_is_refused_as_stamped_by_hand(
+    store_url, tmp_path, monkeypatch, capsys
+):
+    open_consensus(store_url).dispose()
+    engine = raw_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0002')"))
+    engine.dispose()
+    before = dump(store_url)
+
+    with pytest.raises(SchemaVersionMismatch) as refused:
+        open_consensus(store_url)
+    message = refused.value.message
+    assert f"several schema revisions stamped (0002,{code_head()})" in message
+    assert "stamped by hand or by a tool" in message and "newer" not in message
+
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", str(tmp_path / "blob"))
+    # db upgrade does not run Alembic over two heads: it refuses, and changes nothing.
+    code, error, err = run_cli_json(capsys, "db", "upgrade")
+    assert code == 2 and error["error"] == "SchemaVersionMismatch" and "stamped by hand" in err
+    code, status, _ = run_cli_json(capsys, "db", "status")
+    assert code == 0 and status["state"] == "ambiguous" and status["upgrade_needed"] is False
     assert dump(store_url) == before
 
 
@@ -492,7 +519,7 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
 
 @pytest.mark.parametrize("revision", ["0004", "9999_future", "0002"])
 def test_a_commit_after_the_store_was_upgraded_underneath_is_refused_and_nothing_is_committed(store_url, revision):
-    from airflow_upsert_provider.engine.store.consensus import BatchRecord
+    from airflow_upsert_provider.engine.store.records import BatchRecord
 
     def batch(ts: int) -> BatchRecord:
         return BatchRecord(ts=ts, writer_id="w", token=f"t{ts}", run={"path": f"s/runs/{ts}", "files": []}, stats={})

@@ -8,7 +8,7 @@ import random
 
 from airflow_upsert_provider.engine.sources.directory import Segment
 from airflow_upsert_provider.engine.sources.planning import put_back_reason, range_to
-from airflow_upsert_provider.engine.store.consensus import Binding
+from airflow_upsert_provider.engine.store.records import Binding
 from airflow_upsert_provider.engine.store.history import truncation_horizon
 
 EXT = ".jsonl"

@@ -193,6 +193,24 @@ def max_delivery_seconds(policy: RetryPolicy = PAGE_DELIVERY, *, channels: int =
 # How long the round that took a page from the outbox owns its delivery before another round
 # may take it: longer than one bounded delivery, so that a live sender is never overtaken.
 OUTBOX_LEASE_SECONDS = max_delivery_seconds() + 60.0
+
+
+def check_delivery_policy(policy: Any) -> RetryPolicy:
+    """``policy`` if a page's delivery under it ends within the outbox lease (a longer one could
+    be overtaken by a round that takes the page again and sends it twice); otherwise a
+    ConfigurationError naming ``delivery_policy``."""
+    if not isinstance(policy, RetryPolicy):
+        raise ConfigurationError(f"delivery_policy must be a RetryPolicy, got {type(policy).__name__}",
+                                 field="delivery_policy")
+    longest = max_delivery_seconds(policy)
+    if longest > max_delivery_seconds():
+        raise ConfigurationError(
+            f"delivery_policy {policy} may deliver for {longest:g}s, longer than the {max_delivery_seconds():g}s "
+            f"the outbox lease ({OUTBOX_LEASE_SECONDS:g}s) covers: fewer attempts or shorter waits",
+            field="delivery_policy")
+    return policy
+
+
 # An outbox never grows beyond this many pages (the oldest go first, counted in the state's
 # outbox_dropped and logged): a channel that refuses every page must not grow the row without bound.
 MAX_OUTBOX = 20

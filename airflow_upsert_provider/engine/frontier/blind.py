@@ -6,7 +6,11 @@ evaluators (sensor, trigger, the monitor DAG) keep the state and send the pages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow_upsert_provider.engine.common.time_text import format_duration
@@ -26,6 +30,25 @@ def blind_dedup_key(namespace: str = "", shard_id: str | None = None) -> str:
     and one recovering sensor must not resolve another's page); without a shard, the monitor's
     page for all of its shards (the store cannot even be listed)."""
     return dedup_key(f"{shard_id}{MONITOR_KEY}" if shard_id else MONITOR_KEY, namespace)
+
+
+# Airflow limits a Variable's key to 250 characters, and a task reaches Variables by URL path,
+# where '#', '?' and '%' would cut or change the key and '/' be read as a path.
+MAX_RECORD_KEY_CHARS = 250
+_RECORD_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # within a part: ':' separates them
+RECORD_KEY_PREFIX = "airflow-upsert-monitor-blind"
+
+
+def blind_record_key(namespace: str = "", shard_id: str | None = None) -> str:
+    """The name under which a sent monitor page is recorded outside the consensus store (an
+    Airflow Variable): ``airflow-upsert-monitor-blind:<namespace>:<shard>``, the parts of its
+    dedup key. When a character a URL path would not carry had to be replaced, or the name is
+    too long, it ends in a digest of the real name, so that two names never meet."""
+    key = f"{RECORD_KEY_PREFIX}:{namespace}:{shard_id or ''}"
+    safe = ":".join(_RECORD_KEY_UNSAFE.sub("_", part) for part in (RECORD_KEY_PREFIX, namespace, shard_id or ""))
+    if safe != key or len(safe) > MAX_RECORD_KEY_CHARS:
+        safe = safe[:MAX_RECORD_KEY_CHARS - 17] + "-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return safe
 
 
 @dataclass(frozen=True)
@@ -89,3 +112,32 @@ def blind_page_event(state: BlindState, action: str, now: float, *, namespace: s
         },
         "links": [],
     }
+
+
+def blind_record(state: BlindState) -> str:
+    """What is recorded of a sent monitor page (``parse_blind_record`` reads it back)."""
+    return json.dumps(asdict(state), sort_keys=True)
+
+
+def parse_blind_record(text: Any, where: str) -> tuple[BlindState, str | None]:
+    """The monitor page recorded in ``text`` and None; or, when ``text`` is not such a record
+    (edited by hand, cut short), a page taken as sent all the same (its resolve is harmless;
+    a page left open is not) and the reason, naming ``where``, for the log."""
+    try:
+        data = json.loads(text)
+        since = data["since"]
+        error = data.get("error")
+        if not (since is None or isinstance(since, (int, float))) or not (error is None or isinstance(error, str)):
+            raise ValueError("since must be a number or null and error text or null")
+        return BlindState(since=since, paged=True, error=error), None
+    except (TypeError, ValueError, KeyError) as exc:
+        return (BlindState(paged=True, error="unreadable record"),
+                f"{where}: not a monitor page record ({type(exc).__name__}: {exc}); taken as a sent page")
+
+
+def resolves_blind_page(pages: Iterable[Mapping[str, Any]], namespace: str, shard_id: str) -> bool:
+    """Whether ``pages`` (outbox entries a round took) hold the resolve of the monitor's page for
+    ``shard_id``: it is then in the store's outbox, and a record kept elsewhere may go."""
+    key = blind_dedup_key(namespace, shard_id)
+    return any(entry["event"].get("dedup_key") == key and entry["event"].get("action") == "resolve"
+               for entry in pages)

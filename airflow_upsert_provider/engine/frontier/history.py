@@ -32,7 +32,8 @@ import sqlalchemy as sa
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.frontier.observations import OBSERVATION_RETENTION_SECONDS
 from airflow_upsert_provider.engine.frontier.alerts import AlertState
-from airflow_upsert_provider.engine.store.consensus import Consensus, shards_table
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.tables import shards_table
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.store.streams import stream_history_table, streams_table
 
@@ -128,12 +129,12 @@ def prune_history(
     # read again by every chunk.
     cursor = _Cursor()
     for _ in range(max_chunks):
-        rows = consensus._run_snapshot(lambda conn: _read_rows(conn, retention, now, chunk, cursor))
+        rows = consensus.read_in_snapshot(lambda conn: _read_rows(conn, retention, now, chunk, cursor))
         if not (rows.observations or rows.stream_history or rows.orphan_alerts):
             break
         plan = plan_prune(rows, retention, now)
         if any(plan.counts().values()):
-            consensus._run(lambda conn: _delete(conn, plan))
+            consensus.run_in_transaction(lambda conn: _delete(conn, plan))
         for name, count in plan.counts().items():
             deleted[name] += count
         cursor = _Cursor(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.sources.lag import LAG_UNITS, OFFSETS
+from airflow_upsert_provider.engine.sources.lag import LAG_UNITS, OFFSETS, format_lag
 
 
 class FrontierStatus(str, enum.Enum):
@@ -75,6 +75,50 @@ def _lag_of(d: Mapping[str, Any], owner: str) -> tuple[int, str]:
     return int(_require(d, owner, "lag_records")), OFFSETS
 
 
+# An observation keeps the lag of this many partitions, those with the most; the rest are
+# counted (how many, and their lag in all), so that a row stays small for any source.
+MAX_PARTITIONS_KEPT = 20
+
+
+def partition_lag_summary(pending: Mapping[str, int], limit: int = MAX_PARTITIONS_KEPT) -> dict[str, Any]:
+    """What an observation keeps of the lag per partition (in the shard's lag unit):
+    ``{"top": [{"partition", "lag"}, ...], "others": n, "others_lag": m}``: the ``limit``
+    partitions with the most lag, most first (ties by partition), and how many the others are
+    and what they hold together."""
+    if limit < 0:
+        raise ConfigurationError(f"limit must be >= 0 (got {limit!r})", field="limit")
+    ranked = sorted(pending.items(), key=lambda item: (-item[1], item[0]))
+    rest = ranked[limit:]
+    return {"top": [{"partition": p, "lag": n} for p, n in ranked[:limit]],
+            "others": len(rest), "others_lag": sum(n for _, n in rest)}
+
+
+def partition_lag_text(summary: Mapping[str, Any], unit: str) -> str:
+    """The lag per partition as ``upsertctl`` and logs say it: ``p0 4 segments, p1 1 segment;
+    3 more partitions: 7 segments``."""
+    text = ", ".join(f"{e['partition']} {format_lag(e['lag'], unit)}" for e in summary["top"]) or "no partition"
+    if summary["others"]:
+        text += (f"; {summary['others']} more partition{'s' if summary['others'] != 1 else ''}: "
+                 f"{format_lag(summary['others_lag'], unit)}")
+    return text
+
+
+def _partition_lag_of(value: Any, owner: str) -> dict[str, Any] | None:
+    """A stored ``partition_lag`` validated (None: recorded before it was kept, or a source
+    without partitions to tell)."""
+    if value is None:
+        return None
+    problem = "must be {top: [{partition, lag}], others, others_lag} with counts >= 0"
+    try:
+        top = [{"partition": str(e["partition"]), "lag": int(e["lag"])} for e in value["top"]]
+        summary = {"top": top, "others": int(value["others"]), "others_lag": int(value["others_lag"])}
+    except (TypeError, KeyError, ValueError):
+        raise _field_error(owner, "partition_lag", problem, value) from None
+    if any(e["lag"] < 0 for e in top) or summary["others"] < 0 or summary["others_lag"] < 0:
+        raise _field_error(owner, "partition_lag", problem, value)
+    return summary
+
+
 @dataclass(frozen=True)
 class Observation:
     """The frontier of one shard as seen at one instant."""
@@ -101,6 +145,8 @@ class Observation:
     # group, committed, acknowledged, behind, gap_since, gap_seconds, alert), or {"error": ...}
     # when the group could not be read. None for other sources, and in rows recorded before it.
     upstream: dict | None = None
+    # The lag per partition, in lag_unit (partition_lag_summary); None in rows recorded before it.
+    partition_lag: dict | None = None
 
     @property
     def is_writer(self) -> bool:
@@ -122,6 +168,7 @@ class Observation:
             "observer": self.observer,
             "writer_outcome": self.writer_outcome,
             "upstream": None if self.upstream is None else dict(self.upstream),
+            "partition_lag": self.partition_lag,
         }
 
     @classmethod
@@ -146,6 +193,7 @@ class Observation:
                 observer=str(_require(d, owner, "observer")),
                 writer_outcome=d.get("writer_outcome"),
                 upstream=None if d.get("upstream") is None else dict(d["upstream"]),
+                partition_lag=_partition_lag_of(d.get("partition_lag"), owner),
             )
         except (TypeError, ValueError, AttributeError) as e:
             raise ConfigurationError(f"{owner}: unreadable observation: {e}", field="observation") from e
@@ -278,6 +326,8 @@ class Evaluation:
     # None: the rules decided before looking at it (STOPPED, STALE, REWOUND, NOT_FOUND).
     stall_upper: int | None = None
     pending_since: float | None = None
+    # The newest observation's lag per partition (Observation.partition_lag).
+    partition_lag: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -301,6 +351,7 @@ class Evaluation:
             "max_high_watermark": dict(self.max_high_watermark),
             "stall_upper": self.stall_upper,
             "pending_since": self.pending_since,
+            "partition_lag": self.partition_lag,
         }
 
     @classmethod
@@ -328,6 +379,7 @@ class Evaluation:
                 max_high_watermark=dict(d.get("max_high_watermark") or {}),
                 stall_upper=d.get("stall_upper"),
                 pending_since=d.get("pending_since"),
+                partition_lag=_partition_lag_of(d.get("partition_lag"), "Evaluation"),
             )
         except (TypeError, ValueError) as e:
             raise ConfigurationError(f"Evaluation: unreadable evaluation: {e}", field="evaluation") from e

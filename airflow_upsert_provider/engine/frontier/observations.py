@@ -38,7 +38,7 @@ from airflow_upsert_provider.engine.frontier.alerts import (
     take_pages,
 )
 from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_page_event
-from airflow_upsert_provider.engine.frontier.model import Evaluation, Observation, StallSettings
+from airflow_upsert_provider.engine.frontier.model import Evaluation, Observation, StallSettings, partition_lag_summary
 from airflow_upsert_provider.engine.frontier.pages import page_event
 from airflow_upsert_provider.engine.frontier.rules import evaluate
 
@@ -101,6 +101,7 @@ def observe(
         observer=observer,
         writer_outcome=writer_outcome,
         upstream=_upstream(shard, observed_at) if getattr(shard, "is_kafka", False) else None,
+        partition_lag=partition_lag_summary(status.pending_by_partition),
     )
 
 
@@ -164,7 +165,7 @@ def record_observation(consensus: Consensus, obs: Observation) -> None:
     (before ``obs``) and beyond the newest MAX_OBSERVATIONS_PER_SHARD, in one transaction.
     Both prunes are ranges of the (shard, time) index: the work is bounded by what is
     deleted plus at most MAX_OBSERVATIONS_PER_SHARD index entries, whatever the table holds."""
-    consensus._run(lambda conn: _record(conn, obs))
+    consensus.run_in_transaction(lambda conn: _record(conn, obs))
 
 
 def _record(conn, obs: Observation) -> None:
@@ -213,7 +214,7 @@ def observation_window(
         rows = list(conn.execute(previous).scalars().all()) if with_previous else []
         return rows + list(conn.execute(query).scalars().all())
 
-    rows = consensus._run_snapshot(read)
+    rows = consensus.read_in_snapshot(read)
     return [Observation.from_dict(json.loads(payload)) for payload in rows]
 
 
@@ -224,7 +225,7 @@ def judging_window(consensus: Consensus, shard_id: str, settings: StallSettings,
 
 def observation_count(consensus: Consensus, shard_id: str) -> int:
     table = observations_table
-    return int(consensus._run_snapshot(lambda conn: conn.execute(
+    return int(consensus.read_in_snapshot(lambda conn: conn.execute(
         sa.select(sa.func.count()).select_from(table).where(table.c.shard_id == shard_id)
     ).scalar()))
 
@@ -235,7 +236,7 @@ def observation_count(consensus: Consensus, shard_id: str) -> int:
 def load_alert_state(consensus: Consensus, shard_id: str) -> tuple[AlertState, int]:
     """The stored alert state of ``shard_id`` and its version; a fresh state, version 0, when
     none was ever saved."""
-    row = consensus._run_snapshot(lambda conn: conn.execute(
+    row = consensus.read_in_snapshot(lambda conn: conn.execute(
         sa.select(alerts_table.c.version, alerts_table.c.state).where(alerts_table.c.shard_id == shard_id)
     ).first())
     if row is None:
@@ -251,7 +252,7 @@ def save_alert_state(consensus: Consensus, state: AlertState, expected_version: 
         from airflow_upsert_provider.engine.errors import ConfigurationError
 
         raise ConfigurationError("expected_version must be >= 0", field="expected_version")
-    return bool(consensus._run(lambda conn: _save(conn, state, expected_version)))
+    return bool(consensus.run_in_transaction(lambda conn: _save(conn, state, expected_version)))
 
 
 def _save(conn, state: AlertState, expected_version: int) -> bool:
@@ -307,7 +308,7 @@ def _value(status: Any) -> str:
 
 
 def _shard_exists(consensus: Consensus, shard_id: str) -> bool:
-    return consensus._run_snapshot(lambda conn: shard_exists(conn, shard_id))
+    return consensus.read_in_snapshot(lambda conn: shard_exists(conn, shard_id))
 
 
 def evaluate_shard(
@@ -393,7 +394,7 @@ def evaluate_shard(
                 _record(conn, to_record)  # recorded whether or not the compare-and-set wins
             return _save(conn, new_state, version)
 
-        saved = consensus._run(record_and_save)
+        saved = consensus.run_in_transaction(record_and_save)
         unrecorded = None
         if saved:
             for entry in dropped or ():

@@ -218,6 +218,7 @@ def evaluate(shard_id: str, window: Sequence[Observation], settings: StallSettin
             max_high_watermark=max_hw,
             stall_upper=clock.get("upper"),
             pending_since=clock.get("pending_since"),
+            partition_lag=newest.partition_lag if newest else None,
         )
 
     # NOT_FOUND: nothing to watch; the shard's absence is a configuration matter, not a stall.

@@ -34,7 +34,8 @@ from airflow_upsert_provider.engine.sources.kafka_planning import start_offsets
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, TopicPartition
 
-    from airflow_upsert_provider.engine.store.consensus import Binding, Consensus, ShardRecord
+    from airflow_upsert_provider.engine.store.consensus import Consensus
+    from airflow_upsert_provider.engine.store.records import Binding, ShardRecord
 
 log = logging.getLogger(__name__)
 

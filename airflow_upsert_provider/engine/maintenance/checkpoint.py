@@ -46,11 +46,12 @@ from airflow_upsert_provider.engine.store.catalog_rows import (
 )
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
-from airflow_upsert_provider.engine.store.consensus import (
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.restore import restore_shard
+from airflow_upsert_provider.engine.store.records import (
     BatchRecord,
     Binding,
     CompactionRecord,
-    Consensus,
     Rollup,
     ShardRecord,
     ShardSnapshot,
@@ -769,8 +770,9 @@ def restore_checkpoint(
             checkpoint=checkpoint_id,
             file=path,
         ) from None
-    record = consensus.restore_shard(
-        target, snapshot, actor=actor, reason=f"restored from checkpoint {checkpoint_id} of shard {shard_id!r}"
+    record = restore_shard(
+        consensus, target, snapshot, actor=actor,
+        reason=f"restored from checkpoint {checkpoint_id} of shard {shard_id!r}",
     )
     # The new generation the restore recorded, on blob: another store's GC keeps off it. A
     # crash before this line is repaired by ``recover seek``, which must run before any write.

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, ConsensusUnavailable, UpsertError, first_line
-from airflow_upsert_provider.engine.store.consensus import (
+from airflow_upsert_provider.engine.store.urls import (
     POSTGRES_TIMEOUT_DEFAULTS,
     SQLITE_DEFAULT_TIMEOUT_S,
     normalize_url,

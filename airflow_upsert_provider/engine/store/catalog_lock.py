@@ -17,7 +17,9 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import Consensus, _short, insert_ignore, metadata, redact_url
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore
+from airflow_upsert_provider.engine.store.tables import metadata
+from airflow_upsert_provider.engine.store.urls import _short, redact_url
 from airflow_upsert_provider.engine.errors import ConsensusOutcomeUnknown, ConsensusUnavailable
 
 catalog_locks_table = sa.Table(

@@ -19,7 +19,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import Consensus, metadata
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.tables import metadata
 
 catalogs_table = sa.Table(
     "upsert_checkpoint_catalogs",
@@ -81,7 +82,7 @@ def read_catalog_in(conn: sa.Connection, shard_id: str) -> StoredCatalog | None:
 def read_catalog(consensus: Consensus, shard_id: str) -> StoredCatalog | None:
     """The stored catalog of ``shard_id`` (one read-only snapshot); None if the store does not
     hold it."""
-    return consensus._run_snapshot(lambda conn: read_catalog_in(conn, shard_id))
+    return consensus.read_in_snapshot(lambda conn: read_catalog_in(conn, shard_id))
 
 
 def listed_ids_in(conn: sa.Connection, shard_id: str) -> set[str] | None:

@@ -4,22 +4,22 @@ One interface, two real stores through SQLAlchemy Core: SQLite (embedded default
 ``BEGIN IMMEDIATE`` so a transaction takes the write lock up front) and PostgreSQL (shared,
 row-level compare-and-set). Every compare-and-set is one conditional UPDATE checked by
 rowcount inside one short transaction; nothing here is held while Spark works.
+
+Its tables are in store/tables.py, its records in store/records.py, URLs in store/urls.py,
+opening a store in store/engines.py and restoring a shard in store/restore.py.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.engine.url import URL, make_url
 
 from airflow_upsert_provider.engine.errors import (
     CommitRefused,
@@ -31,148 +31,36 @@ from airflow_upsert_provider.engine.errors import (
     ShardExists,
     ShardNotFound,
 )
-
-metadata = sa.MetaData()
-
-shards_table = sa.Table(
-    "upsert_shards",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("upper", sa.BigInteger, nullable=False),
-    sa.Column("since", sa.BigInteger, nullable=False),
-    # Bumped by every state change; compaction (which leaves upper alone) compares on it.
-    sa.Column("seqno", sa.BigInteger, nullable=False),
-    sa.Column("config", sa.Text, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
+from airflow_upsert_provider.engine.store.records import (
+    AppendOutcome,
+    AppendResult,
+    BatchRecord,
+    Binding,
+    CommitAttempt,
+    CommitHook,
+    CompactionRecord,
+    LiveView,
+    RestoreHook,
+    ShardRecord,
+    ShardSnapshot,
+    StoreSchema,
+    _batch_from_row,
+    _binding_from_row,
+    _compaction_from_row,
+    history_from,
+    rollup_from_row,
 )
-
-# binding(ts): which source offsets batch ts covers. Inserted once, never updated.
-bindings_table = sa.Table(
-    "upsert_bindings",
+from airflow_upsert_provider.engine.store.tables import (
+    batch_rollups_table,
+    batches_table,
+    bindings_table,
+    compactions_table,
     metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("ts", sa.BigInteger, primary_key=True),
-    sa.Column("ranges", sa.Text, nullable=False),
-    sa.Column("minted_by", sa.String(512), nullable=False),
-    sa.Column("minted_at", sa.Float, nullable=False),
+    quarantined_files_table,
+    settled_names_table,
+    shards_table,
 )
-
-# The one committed batch of every ts < upper (invariant 2: the primary key makes it one).
-batches_table = sa.Table(
-    "upsert_batches",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("ts", sa.BigInteger, primary_key=True),
-    sa.Column("writer_id", sa.String(512), nullable=False),
-    sa.Column("token", sa.String(64), nullable=False),
-    sa.Column("run", sa.Text, nullable=False),
-    sa.Column("stats", sa.Text, nullable=False),
-    sa.Column("committed_at", sa.Float, nullable=False),
-)
-
-# What planning a batch knows about a source partition (store/source_index.py): its names
-# whose verdict is settled as of a binding. Here because a snapshot carries it: a restored
-# shard checks it against the binding it is anchored at, and catches up from the later ones.
-settled_names_table = sa.Table(
-    "upsert_source_settled",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("partition", sa.String(512), primary_key=True),
-    # The binding these names are settled through; -1 before the first binding.
-    sa.Column("through_ts", sa.BigInteger, nullable=False),
-    # Digest of that binding: a row left by an earlier shard of the same id does not match.
-    sa.Column("binding_digest", sa.String(64), nullable=False),
-    # File names joined by "/", the one character no file name holds.
-    sa.Column("names", sa.Text, nullable=False),
-)
-
-# The audit summary of batch rows truncated below since (store/history.py): one row per
-# truncation, [from_ts, to_ts).
-batch_rollups_table = sa.Table(
-    "upsert_batch_rollups",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("from_ts", sa.BigInteger, primary_key=True),
-    sa.Column("to_ts", sa.BigInteger, nullable=False),
-    sa.Column("batches", sa.BigInteger, nullable=False),
-    sa.Column("rows_in", sa.BigInteger, nullable=False),
-    sa.Column("rows_out", sa.BigInteger, nullable=False),
-    sa.Column("rejected", sa.BigInteger, nullable=False),
-    sa.Column("first_committed_at", sa.Float, nullable=True),
-    sa.Column("last_committed_at", sa.Float, nullable=True),
-    sa.Column("rolled_up_at", sa.Float, nullable=False),
-)
-
-# Source files set aside in quarantine mode (unparseable names, late arrivals, unreadable
-# files), so each is reported once and never silently skipped.
-quarantined_files_table = sa.Table(
-    "upsert_quarantined_files",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("file", sa.String(2048), primary_key=True),
-    sa.Column("reason", sa.Text, nullable=False),
-    sa.Column("ts", sa.BigInteger, nullable=False),
-)
-
-
-# The compacted run of a shard: every batch below ``since`` merged into one run per bucket.
-# One row per shard, replaced together with ``since`` by compare-and-set on since (writers
-# only move upper, so a compaction never makes a writer lose, nor a writer a compaction).
-compactions_table = sa.Table(
-    "upsert_compactions",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("since", sa.BigInteger, nullable=False),
-    sa.Column("run", sa.Text, nullable=False),
-    sa.Column("compacted_at", sa.Float, nullable=False),
-)
-
-
-@dataclass(frozen=True)
-class CommitAttempt:
-    """What a commit is about to make live, as commit hooks see it."""
-
-    shard_id: str
-    # "append": a batch at ``ts``; "compaction": a compacted run below since ``ts``.
-    kind: str
-    ts: int
-    # The run descriptions ({"path", "files": [{"path", ...}], ...}) the commit names.
-    runs: tuple[dict[str, Any], ...]
-    writer_id: str = ""
-    # The stream epoch the writer started under (None: not checked, e.g. a maintenance task).
-    epoch: int | None = None
-
-
-# Hooks run inside the commit transaction of every append and swap, after its compare-and-set
-# matched: each returns None or a reason to refuse (the transaction rolls back and
-# CommitRefused is raised), or raises an UpsertError of its own (same rollback), and may write
-# rows of its own in the same transaction. The store runs those its schema lists
-# (store/registry.py), in that order.
-CommitHook = Callable[[Any, CommitAttempt], "str | None"]
-
-
-@dataclass(frozen=True)
-class RestoreEvent:
-    """A shard being restored from a checkpoint, as restore hooks see it."""
-
-    shard_id: str
-    upper: int
-    actor: str
-    reason: str
-
-
-# Hooks run inside the transaction that restores a shard (e.g. the stream starts RECOVERING).
-RestoreHook = Callable[[Any, RestoreEvent], None]
-
-
-@dataclass(frozen=True)
-class StoreSchema:
-    """The tables a store creates and the hooks it runs in its transactions. Composed once, in
-    store/registry.py, and given to the store when it is opened."""
-
-    tables: tuple[sa.Table, ...]
-    commit_hooks: tuple[CommitHook, ...] = ()
-    restore_hooks: tuple[RestoreHook, ...] = ()
+from airflow_upsert_provider.engine.store.urls import _short, redact_url
 
 
 def _run_commit_hooks(conn, attempt: CommitAttempt, hooks: list[CommitHook]) -> None:
@@ -188,177 +76,13 @@ def _run_commit_hooks(conn, attempt: CommitAttempt, hooks: list[CommitHook]) -> 
             )
 
 
-class AppendOutcome(str, enum.Enum):
-    COMMITTED = "committed"
-    # The upper had already moved past expected_upper with this very token: an earlier
-    # attempt of ours landed (e.g. the connection dropped after the commit).
-    ALREADY_COMMITTED = "already_committed"
-    # A peer's batch holds that ts: ours provably lost.
-    UPPER_MOVED = "upper_moved"
-    # The upper is past that ts, whose batch row was truncated (below since, older than GC's
-    # grace period): the batch is persisted, but whose token won is no longer known.
-    TRUNCATED = "truncated"
-    # The upper is below expected_upper: the batch must be held until the shard gets there.
-    UPPER_BEHIND = "upper_behind"
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    shard_id: str
-    upper: int
-    since: int
-    seqno: int
-    config: str
-    created_at: float
-
-
-@dataclass(frozen=True)
-class Binding:
-    ts: int
-    # partition -> {"from": int, "to": int, "files": [[seq, name], ...], "count": int}
-    ranges: dict[str, dict[str, Any]]
-    # [{"file": path, "reason": str}] set aside when this binding was minted (quarantine mode)
-    quarantined: list[dict[str, str]] = field(default_factory=list)
-    minted_by: str = ""
-
-    def to_offsets(self) -> dict[str, int]:
-        return {p: r["to"] for p, r in self.ranges.items()}
-
-    def to_json(self) -> str:
-        return json.dumps({"ranges": self.ranges, "quarantined": self.quarantined}, sort_keys=True)
-
-
-@dataclass(frozen=True)
-class BatchRecord:
-    ts: int
-    writer_id: str
-    token: str
-    # {"path": staging dir, "files": [{"path", "bytes"}], "rows": int}
-    run: dict[str, Any]
-    stats: dict[str, Any]
-    committed_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    outcome: AppendOutcome
-    # The authoritative upper after the attempt, read from the store, never from a cache.
-    upper: int
-    # On UPPER_MOVED: the writer and token of the batch that holds expected_upper.
-    winner_writer_id: str | None = None
-    winner_token: str | None = None
-
-
-@dataclass(frozen=True)
-class CompactionRecord:
-    # The run covers every ts < since; reads as of ts >= since add the batches from since on.
-    since: int
-    run: dict[str, Any]
-    compacted_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class Rollup:
-    """The audit summary of a truncated range of batches [from_ts, to_ts)."""
-
-    from_ts: int
-    to_ts: int
-    batches: int
-    rows_in: int
-    rows_out: int
-    rejected: int
-    first_committed_at: float | None
-    last_committed_at: float | None
-    rolled_up_at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def rollup_from_row(row) -> Rollup:
-    return Rollup(**{k: v for k, v in row._mapping.items() if k != "shard_id"})
-
-
-@dataclass(frozen=True)
-class ShardSnapshot:
-    """What consensus holds about one shard that its state at the upper needs, read in one
-    transaction: what a checkpoint records and what a restore writes back. Batches and
-    bindings from since - 1 on (``history_from``): what reads, the next binding, a seek and
-    the last commit need; older rows are history (store/history.py), summed up in
-    ``rollups``."""
-
-    record: ShardRecord
-    compaction: CompactionRecord | None
-    batches: list[BatchRecord]
-    bindings: list[Binding]
-    # [{"file", "reason", "ts"}]: source files set aside, with the batch that set them aside
-    quarantined: list[dict[str, Any]]
-    rollups: list[Rollup] = field(default_factory=list)
-    # The source index rows ({"partition", "through_ts", "binding_digest", "names"}); the
-    # bindings start at the lowest one's anchor when that is below since - 1.
-    source_index: list[dict[str, Any]] = field(default_factory=list)
-
-    def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
-        """The runs a read as of ``as_of`` (default: the upper) merges."""
-        return live_runs(self.compaction, self.batches, self.record.upper if as_of is None else as_of)
-
-
-@dataclass(frozen=True)
-class LiveView:
-    """What a read as of ``as_of`` needs, read in one transaction: the shard's state, its
-    compacted run and the batches from the compaction's since up to ``as_of``."""
-
-    record: ShardRecord
-    compaction: CompactionRecord | None
-    batches: list[BatchRecord]
-    as_of: int
-
-    @property
-    def runs(self) -> list[dict[str, Any]]:
-        return live_runs(self.compaction, self.batches, self.as_of)
-
-
-def live_runs(
-    compaction: CompactionRecord | None, batches: list[BatchRecord], as_of: int
-) -> list[dict[str, Any]]:
-    """The runs a read as of ``as_of`` merges: the compacted run (every ts below its since)
-    and the committed batches from its since up to ``as_of``. The one rule that reads,
-    compaction, checkpoints and GC share; the caller checks since <= as_of <= upper."""
-    base = compaction.since if compaction else 0
-    runs = [compaction.run] if compaction else []
-    return runs + [b.run for b in batches if base <= b.ts < as_of]
+# What the function given to a transaction returns.
+T = TypeVar("T")
 
 
 # SQLSTATEs of a PostgreSQL session timeout (lock_not_available, query_canceled): the option
 # that bounds it.
 _SESSION_TIMEOUTS = {"55P03": "lock_timeout", "57014": "statement_timeout"}
-
-
-def history_from(since: int) -> int:
-    """The lowest ts whose batch and binding rows a shard always keeps (store/history.py)."""
-    return max(since - 1, 0)
-
-
-# Drivers a bare ``postgresql://`` or ``postgres://`` (the libpq spelling) URL means.
-_DEFAULT_DRIVERS = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
-
-
-def normalize_url(url: str) -> str:
-    """Accept ``postgresql://`` and ``postgres://`` as the psycopg 3 driver. Raises
-    :class:`ConfigurationError` (without echoing the URL) when it cannot be parsed."""
-    parsed = parse_url(url)
-    driver = _DEFAULT_DRIVERS.get(parsed.drivername)
-    if driver is not None:
-        parsed = parsed.set(drivername=driver)
-    return parsed.render_as_string(hide_password=False)
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password masked, for logs and error messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparseable URL still must not leak what it holds
-        return "<unparseable consensus url>"
 
 
 class Consensus:
@@ -385,13 +109,29 @@ class Consensus:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _run(self, fn):
-        """Run ``fn(conn)`` in one transaction; map store failures to honest errors.
+    def run_in_transaction(self, fn: Callable[[sa.Connection], T]) -> T:
+        """Run ``fn(conn)`` in one transaction that may write, commit it, and return what
+        ``fn`` returned. The way every module of the store's layers reads and writes its rows
+        together (``fn`` runs its statements on ``conn``; it never commits, nor does blob I/O).
 
-        A failure before the commit (connecting, or any statement: the store rolls an
-        unfinished transaction back) changed nothing: :class:`ConsensusUnavailable` (exit 2,
-        retryable). A failure of the commit of a transaction that wrote may or may not have
-        landed: :class:`ConsensusOutcomeUnknown` (exit 5, retryable).
+        Isolation: on SQLite the transaction begins ``BEGIN IMMEDIATE``: it takes the one write
+        lock up front (waiting up to the URL's ``timeout`` for it) and is serializable. On
+        PostgreSQL it is READ COMMITTED (each statement sees what committed before it; a
+        conditional UPDATE locks its row until the commit), so a compare-and-set is written as
+        one conditional UPDATE checked by its rowcount.
+
+        Retries: none. Whether running ``fn`` again is right is the caller's decision (e.g.
+        ``common.retry.CAS_CONTENTION`` around a compare-and-set); both store errors below
+        are ``retryable``.
+
+        Errors: an error ``fn`` raises rolls the transaction back and propagates unchanged.
+        A store failure before the commit (connecting, an exhausted pool, any statement: the
+        store rolls an unfinished transaction back) changed nothing: :class:`ConsensusUnavailable`
+        (exit 2), or the determinate error of :meth:`store_error` (a file that is no database,
+        a damaged or unopenable store, an unusable URL). A failure of the commit of a
+        transaction that wrote may or may not have landed: :class:`ConsensusOutcomeUnknown`
+        (exit 5). Messages carry the URL with its password masked, never the driver's error
+        chained.
         """
         committing = wrote = False
         try:
@@ -399,7 +139,7 @@ class Consensus:
                 conn.info[_WROTE] = False
                 with conn.begin():
                     result = fn(conn)
-                    # Without the write tracker (see open_store), assume it wrote.
+                    # Without the write tracker (see engines.open_store), assume it wrote.
                     wrote = conn.info[_WROTE] or not _tracks_writes(self.engine)
                     committing = True
                 return result
@@ -436,6 +176,21 @@ class Consensus:
                 field="consensus",
                 consensus=where,
             )
+        sqlite_error = (_sqlite_error_name(exc) or "") if self.dialect == "sqlite" else ""
+        if sqlite_error.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")):
+            # Not the store being away for a while: a retry meets the same file system.
+            path = self.engine.url.database
+            cannot = "open" if sqlite_error.startswith("SQLITE_CANTOPEN") else "write"
+            return ConfigurationError(
+                f"consensus store {where}: SQLite cannot {cannot} its file {path} ({text})"
+                f"{_unwritable_reason(path)}; every process that uses the store reads and writes that "
+                f"file and creates {path}-wal and {path}-shm beside it: fix the mount or the "
+                "permissions, or point --consensus / UPSERT_CONSENSUS_URL at a writable file; nothing "
+                "was changed",
+                field="consensus",
+                consensus=where,
+                file=path,
+            )
         if self.dialect == "sqlite" and _sqlite_error_name(exc) == "SQLITE_CORRUPT":
             return IntegrityError(
                 f"consensus store {where} is damaged ({text}): restore the shards from a "
@@ -454,12 +209,20 @@ class Consensus:
             text += f" (the consensus URL option {timeout} bounds this wait; see docs/errors.md)"
         return ConsensusUnavailable(f"{unavailable.format(where=where)}: {text}", consensus=where)
 
-    def _run_snapshot(self, fn):
+    def read_in_snapshot(self, fn: Callable[[sa.Connection], T]) -> T:
         """Run the reads of ``fn(conn)`` in one transaction that sees one snapshot of the
-        store. PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a
+        store, and return what ``fn`` returned. ``fn`` only reads.
+
+        Isolation: PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a
         compaction swap between two SELECTs could mix its row with older batches: REPEATABLE
         READ there. SQLite transactions are serializable already; a read one begins deferred,
-        so that in WAL mode it reads beside a writer instead of queueing for the write lock."""
+        so that in WAL mode it reads beside a writer instead of queueing for the write lock.
+
+        Retries: none (a read is always safe to repeat; the caller decides).
+
+        Errors: an error ``fn`` raises propagates unchanged. A store failure, whenever it
+        comes, changed nothing: :class:`ConsensusUnavailable` (exit 2, retryable) or the
+        determinate error of :meth:`store_error`."""
         try:
             with self.read_connection() as conn:
                 if self.dialect == "postgresql":
@@ -509,12 +272,12 @@ class Consensus:
                 created_at=now,
             )
 
-        if not self._run(txn):
+        if not self.run_in_transaction(txn):
             raise ShardExists(f"shard {shard_id!r} already exists", shard=shard_id)
         return self.get_shard(shard_id)
 
     def get_shard(self, shard_id: str) -> ShardRecord:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
             ).first()
@@ -527,7 +290,7 @@ class Consensus:
         return ShardRecord(**row._mapping)
 
     def list_shards(self) -> list[ShardRecord]:
-        rows = self._run_snapshot(
+        rows = self.read_in_snapshot(
             lambda conn: conn.execute(sa.select(shards_table).order_by(shards_table.c.shard_id)).all()
         )
         return [ShardRecord(**r._mapping) for r in rows]
@@ -535,7 +298,7 @@ class Consensus:
     # -- bindings -------------------------------------------------------------------------
 
     def get_binding(self, shard_id: str, ts: int) -> Binding | None:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(bindings_table).where(
                     bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts
@@ -545,7 +308,7 @@ class Consensus:
         return None if row is None else _binding_from_row(row)
 
     def bindings(self, shard_id: str) -> Iterator[Binding]:
-        rows = self._run_snapshot(
+        rows = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(bindings_table)
                 .where(bindings_table.c.shard_id == shard_id)
@@ -606,10 +369,10 @@ class Consensus:
             ).one()
             return _binding_from_row(row)
 
-        return self._run(txn)
+        return self.run_in_transaction(txn)
 
     def quarantined_files(self, shard_id: str) -> dict[str, str]:
-        rows = self._run_snapshot(
+        rows = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(quarantined_files_table.c.file, quarantined_files_table.c.reason).where(
                     quarantined_files_table.c.shard_id == shard_id
@@ -658,7 +421,7 @@ class Consensus:
                 consensus=redact_url(self.url), shard=shard_id, ts=batch.ts,
             ) from exc
         except sa.exc.DBAPIError as exc:
-            # Not chained (as in _run): a driver's error may echo the URL's password; the
+            # Not chained (as in run_in_transaction): a driver's error may echo the URL's password; the
             # message carries its first line, masked.
             # A commit of a transaction whose UPDATE matched nothing changed nothing either.
             if committing and updated == 1:
@@ -719,7 +482,7 @@ class Consensus:
                 ).first()
             return state.upper, state.since, winner
 
-        upper, since, winner = self._run_snapshot(txn)
+        upper, since, winner = self.read_in_snapshot(txn)
         if upper <= expected_upper:
             # upper == expected_upper only after an attempt that did not land: the caller
             # may append again.
@@ -737,7 +500,7 @@ class Consensus:
         return AppendResult(outcome, upper, winner.writer_id, winner.token)
 
     def get_batch(self, shard_id: str, ts: int) -> BatchRecord | None:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(batches_table).where(
                     batches_table.c.shard_id == shard_id, batches_table.c.ts == ts
@@ -752,13 +515,13 @@ class Consensus:
         )
         if below is not None:
             query = query.where(batches_table.c.ts < below)
-        rows = self._run_snapshot(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
+        rows = self.read_in_snapshot(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
         return [_batch_from_row(r) for r in rows]
 
     # -- compaction, snapshots and restore ---------------------------------------------------
 
     def get_compaction(self, shard_id: str) -> CompactionRecord | None:
-        row = self._run_snapshot(
+        row = self.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(compactions_table).where(compactions_table.c.shard_id == shard_id)
             ).first()
@@ -802,7 +565,7 @@ class Consensus:
             )
             return True
 
-        return self._run(txn)
+        return self.run_in_transaction(txn)
 
     def live_view(self, shard_id: str, as_of: int | None = None) -> LiveView:
         """State, compacted run and the batches a read as of ``as_of`` (default: the upper)
@@ -829,7 +592,7 @@ class Consensus:
             ).all()
             return LiveView(record, compaction, [_batch_from_row(b) for b in batches], read_as_of)
 
-        return self._run_snapshot(txn)
+        return self.read_in_snapshot(txn)
 
     def snapshot(self, shard_id: str) -> ShardSnapshot:
         """State, compacted run, batches, bindings and quarantined files of one shard, read
@@ -886,92 +649,7 @@ class Consensus:
                 ],
             )
 
-        return self._run_snapshot(txn)
-
-    def restore_shard(
-        self, shard_id: str, snapshot: ShardSnapshot, *, actor: str = "", reason: str = ""
-    ) -> ShardRecord:
-        """Write ``snapshot`` as shard ``shard_id`` in one transaction, with the restore hooks.
-        Refused if the shard exists: a restore never moves an existing upper backwards
-        (restore under a new id). ``actor`` and ``reason`` are recorded by the hooks."""
-        record = snapshot.record
-
-        def txn(conn):
-            existing = conn.execute(
-                sa.select(shards_table.c.upper).where(shards_table.c.shard_id == shard_id)
-            ).scalar_one_or_none()
-            if existing is not None or not insert_ignore(
-                conn,
-                shards_table,
-                shard_id=shard_id,
-                upper=record.upper,
-                since=record.since,
-                seqno=record.seqno,
-                config=record.config,
-                created_at=time.time(),
-            ):
-                raise ShardExists(
-                    f"cannot restore into shard {shard_id!r}: it exists"
-                    + (f" with upper {existing}" if existing is not None else "")
-                    + f" (the checkpoint's upper is {record.upper}); a restore never moves an "
-                    "existing upper backwards: restore into an empty consensus or under a new shard id",
-                    shard=shard_id,
-                    upper=existing,
-                )
-            # Stale rows of a shard id used before (dropped shard) must not mix in.
-            for table in (bindings_table, batches_table, quarantined_files_table, compactions_table,
-                          batch_rollups_table, settled_names_table):
-                conn.execute(sa.delete(table).where(table.c.shard_id == shard_id))
-            if snapshot.bindings:
-                conn.execute(
-                    sa.insert(bindings_table),
-                    [
-                        {"shard_id": shard_id, "ts": b.ts, "ranges": b.to_json(), "minted_by": b.minted_by,
-                         "minted_at": time.time()}
-                        for b in snapshot.bindings
-                    ],
-                )
-            if snapshot.batches:
-                conn.execute(
-                    sa.insert(batches_table),
-                    [
-                        {"shard_id": shard_id, "ts": b.ts, "writer_id": b.writer_id, "token": b.token,
-                         "run": json.dumps(b.run, sort_keys=True), "stats": json.dumps(b.stats, sort_keys=True),
-                         "committed_at": b.committed_at}
-                        for b in snapshot.batches
-                    ],
-                )
-            if snapshot.quarantined:
-                conn.execute(
-                    sa.insert(quarantined_files_table),
-                    [{"shard_id": shard_id, **q} for q in snapshot.quarantined],
-                )
-            if snapshot.source_index:
-                conn.execute(
-                    sa.insert(settled_names_table),
-                    [{"shard_id": shard_id, **r} for r in snapshot.source_index],
-                )
-            if snapshot.rollups:
-                conn.execute(
-                    sa.insert(batch_rollups_table),
-                    [{"shard_id": shard_id, **r.to_dict()} for r in snapshot.rollups],
-                )
-            if snapshot.compaction is not None:
-                conn.execute(
-                    sa.insert(compactions_table).values(
-                        shard_id=shard_id,
-                        since=snapshot.compaction.since,
-                        run=json.dumps(snapshot.compaction.run, sort_keys=True),
-                        compacted_at=snapshot.compaction.compacted_at,
-                    )
-                )
-            for hook in self.restore_hooks:
-                hook(conn, RestoreEvent(shard_id, record.upper, actor, reason))
-            return ShardRecord(**conn.execute(
-                sa.select(shards_table).where(shards_table.c.shard_id == shard_id)
-            ).one()._mapping)
-
-        return self._run(txn)
+        return self.read_in_snapshot(txn)
 
 
 def insert_ignore(conn, table: sa.Table, **values: Any) -> bool:
@@ -994,49 +672,19 @@ def shard_exists(conn, shard_id: str) -> bool:
     ).first() is not None
 
 
-def _binding_from_row(row) -> Binding:
-    data = json.loads(row.ranges)
-    return Binding(
-        ts=row.ts,
-        ranges=data["ranges"],
-        quarantined=data.get("quarantined", []),
-        minted_by=row.minted_by,
-    )
-
-
-def _batch_from_row(row) -> BatchRecord:
-    return BatchRecord(
-        ts=row.ts,
-        writer_id=row.writer_id,
-        token=row.token,
-        run=json.loads(row.run),
-        stats=json.loads(row.stats),
-        committed_at=row.committed_at,
-    )
-
-
-def _compaction_from_row(row) -> CompactionRecord:
-    return CompactionRecord(since=row.since, run=json.loads(row.run), compacted_at=row.compacted_at)
-
-
-def _short(exc: BaseException, url: str | None = None) -> str:
-    """The first line of a driver error, with the password of ``url`` masked should the
-    driver have echoed it."""
-    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    password = _password_of(url) if url else None
-    return line.replace(password, "***") if password else line
-
-
-def _password_of(url: str) -> str | None:
-    try:
-        return make_url(url).password or None
-    except Exception:
-        return None
-
-
 def _sqlite_error_name(exc: sa.exc.DBAPIError) -> str | None:
     return getattr(exc.orig, "sqlite_errorname", None)
+
+
+def _unwritable_reason(path: str) -> str:
+    """Why the SQLite file at ``path`` cannot be written, when its file system is mounted
+    read-only; else nothing (permissions, among others, are SQLite's own words)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return ""
+    return f": the file system holding {directory} is mounted read-only" if read_only else ""
 
 
 class _OpenTransactions(threading.local):
@@ -1069,163 +717,5 @@ def _tracks_writes(engine: Engine) -> bool:
     return event.contains(engine, "after_cursor_execute", _note_write)
 
 
-# Execution option of a connection whose transaction only reads (``_run_snapshot``).
+# Execution option of a connection whose transaction only reads (``read_in_snapshot``).
 _READ_ONLY = "upsert_read_only"
-
-
-def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised through every test
-        # Let SQLAlchemy issue BEGIN itself (below) instead of pysqlite's deferred BEGIN.
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
-        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # pragma: no cover
-        # A transaction that may write takes the write lock at BEGIN: a deferred one that
-        # reads then writes can fail with SQLITE_BUSY mid-way instead of waiting. One that
-        # only reads takes none (WAL: readers never wait for the writer).
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
-
-
-def parse_url(url: str) -> URL:
-    """A consensus URL, parsed; a clear error (that does not echo the URL, which may hold a
-    password) when it cannot be."""
-    try:
-        return make_url(url)
-    except Exception:
-        raise ConfigurationError(
-            "invalid consensus URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)",
-            field="consensus",
-        ) from None
-
-
-def with_password(url: str, password: str | None) -> str:
-    """``url`` with ``password`` set, for stores that keep the password apart from the URL."""
-    if not password:
-        return url
-    return make_url(normalize_url(url)).set(password=password).render_as_string(hide_password=False)
-
-
-# Query options of a sqlite:/// URL that the SQLite driver uses (it ignores any other).
-SQLITE_URL_OPTIONS = frozenset({"timeout", "check_same_thread", "cached_statements", "detect_types"})
-# How long a SQLite transaction waits for the write lock when the URL gives no ``timeout``.
-SQLITE_DEFAULT_TIMEOUT_S = 60.0
-
-# Session timeouts of a PostgreSQL consensus, in milliseconds: options of its URL that the
-# engine applies to every session it opens (libpq never sees them). A session waiting for a
-# lock, or a statement running, longer fails retryably instead of holding writers up.
-POSTGRES_TIMEOUT_DEFAULTS = {"lock_timeout": 10_000, "statement_timeout": 60_000}
-_DURATION_UNITS = {"ms": 1, "s": 1000, "min": 60_000}
-
-
-def parse_timeout_ms(option: str, value: Any) -> int:
-    """A consensus URL's timeout option as milliseconds: ``500ms``, ``10s``, ``2min`` or a bare
-    number of milliseconds (PostgreSQL's spelling); 0 turns the timeout off."""
-    text = value.strip().lower() if isinstance(value, str) else ""
-    number, unit = text, "ms"
-    for suffix in sorted(_DURATION_UNITS, key=len, reverse=True):
-        if text.endswith(suffix):
-            number, unit = text[: -len(suffix)].strip(), suffix
-            break
-    if not number.isdigit() or int(number) * _DURATION_UNITS[unit] > 2**31 - 1:
-        shown = value if isinstance(value, str) else ", ".join(map(str, value))
-        raise ConfigurationError(
-            f"consensus URL option {option} takes one duration (e.g. 10s, 500ms, 1min; a bare number is "
-            f"milliseconds; 0 turns it off), not {shown!r}",
-            field=option,
-        )
-    return int(number) * _DURATION_UNITS[unit]
-
-
-def postgres_session_options(query: Any) -> str:
-    """The libpq ``options`` (``-c name=ms ...``) that set the session timeouts the URL's
-    ``query`` asks for (else the defaults), followed by any ``options`` of the URL itself."""
-    timeouts = {
-        name: parse_timeout_ms(name, query[name]) if name in query else default
-        for name, default in POSTGRES_TIMEOUT_DEFAULTS.items()
-    }
-    options = " ".join(f"-c {name}={ms}" for name, ms in timeouts.items())
-    own = query.get("options")
-    if own:
-        options += " " + (own if isinstance(own, str) else " ".join(own))
-    return options
-
-
-def sqlite_busy_timeout_ms(query: Any) -> int:
-    """How long SQLite waits for its write lock: the URL's ``timeout`` (seconds), else 60 s."""
-    if "timeout" not in query:
-        return int(SQLITE_DEFAULT_TIMEOUT_S * 1000)
-    value = query["timeout"]
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if not (0 <= seconds < 2**31 / 1000):
-        raise ConfigurationError(
-            f"consensus URL option timeout takes one number of seconds >= 0, not {value!r}", field="timeout"
-        )
-    return int(seconds * 1000)
-
-
-def open_store(url: str, schema: StoreSchema) -> Consensus:
-    """Open the consensus store at ``url``, enforcing ``schema``; callers open through
-    ``store.registry.open_consensus``, which also checks (or creates) the store's schema.
-
-    ``sqlite:///path.db`` or ``postgresql://user:pass@host:port/db``.
-    """
-    url = normalize_url(url)
-    parsed = make_url(url)
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        path = parsed.database
-        if not path or path == ":memory:":
-            raise ConfigurationError(
-                "the SQLite consensus must be a file (sqlite:///PATH) so that writers share it",
-                field="consensus",
-            )
-        unknown = sorted(set(parsed.query) - SQLITE_URL_OPTIONS)
-        if unknown:
-            # The SQLite driver would ignore them with a warning: a typo must not pass.
-            raise ConfigurationError(
-                f"unknown SQLite consensus URL option(s) {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(SQLITE_URL_OPTIONS))})",
-                field="consensus",
-            )
-        if os.path.isdir(path):
-            raise ConfigurationError(
-                f"the SQLite consensus {path} is a directory: name a file in it", field="consensus"
-            )
-        directory = os.path.dirname(os.path.abspath(path))
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            # e.g. a path below a file (sqlite:////etc/passwd/x.db) or a read-only parent.
-            raise ConfigurationError(
-                f"cannot create the directory {directory} of the SQLite consensus: {exc.strerror}",
-                field="consensus",
-            ) from None
-        busy_timeout_ms = sqlite_busy_timeout_ms(parsed.query)
-        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-        _configure_sqlite(engine, busy_timeout_ms)
-    elif backend == "postgresql":
-        options = postgres_session_options(parsed.query)
-        engine = sa.create_engine(
-            parsed.difference_update_query([*POSTGRES_TIMEOUT_DEFAULTS, "options"]),
-            pool_pre_ping=True,
-            pool_size=2,
-            max_overflow=2,
-            connect_args={"connect_timeout": 10, "options": options},
-        )
-    else:
-        raise ConfigurationError(
-            f"unsupported consensus backend {backend!r}: use sqlite or postgresql",
-            field="consensus",
-        )
-    event.listen(engine, "after_cursor_execute", _note_write)
-    return Consensus(engine, url, schema)
-

@@ -47,16 +47,9 @@ import sqlalchemy as sa
 import uuid
 
 from airflow_upsert_provider.engine.blob.interface import Blob
-from airflow_upsert_provider.engine.store.consensus import (
-    CommitAttempt,
-    Consensus,
-    RestoreEvent,
-    batches_table,
-    compactions_table,
-    insert_ignore,
-    metadata,
-    shards_table,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore
+from airflow_upsert_provider.engine.store.records import CommitAttempt, RestoreEvent
+from airflow_upsert_provider.engine.store.tables import batches_table, compactions_table, metadata, shards_table
 from airflow_upsert_provider.engine.errors import IntegrityError
 
 gc_claims_table = sa.Table(
@@ -165,7 +158,7 @@ def recently_replaced(consensus: Consensus, cutoff: float) -> set[str]:
     """Runs some compaction of any shard replaced at or after ``cutoff`` (a shard restored
     under a new id compacts runs in the original shard's directory)."""
     return set(
-        consensus._run_snapshot(
+        consensus.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(replaced_runs_table.c.path).where(replaced_runs_table.c.replaced_at >= cutoff)
             ).scalars().all()
@@ -248,7 +241,7 @@ def claim_for_deletion(
             _insert_claims(conn, shard_id, checkpoints, now)
         return doomed, checkpoints
 
-    return consensus._run(txn)
+    return consensus.run_in_transaction(txn)
 
 
 def _insert_claims(conn, shard_id: str, paths: list[str], now: float) -> None:
@@ -284,7 +277,7 @@ def refuse_claimed_checkpoints(conn, shard_id: str, checkpoint_ids: list[str]) -
 def claims(consensus: Consensus, shard_id: str) -> list[str]:
     """The directories of ``shard_id`` GC has claimed (for tests and reports)."""
     return list(
-        consensus._run_snapshot(
+        consensus.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(gc_claims_table.c.path)
                 .where(gc_claims_table.c.shard_id == shard_id)
@@ -318,7 +311,7 @@ def owner_conflict(recorded: str | None, on_blob: str | None) -> bool:
 
 
 def recorded_generation(consensus: Consensus, shard_id: str) -> str | None:
-    return consensus._run_snapshot(
+    return consensus.read_in_snapshot(
         lambda conn: conn.execute(
             sa.select(blob_owners_table.c.generation).where(blob_owners_table.c.shard_id == shard_id)
         ).scalar_one_or_none()

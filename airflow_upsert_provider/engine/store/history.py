@@ -36,16 +36,18 @@ from typing import Any, Callable, Iterable
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import (
-    Binding,
-    Consensus,
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import (
     _binding_from_row,
+    Binding,
+    history_from,
     Rollup,
+    rollup_from_row,
+)
+from airflow_upsert_provider.engine.store.tables import (
     batch_rollups_table,
     batches_table,
     bindings_table,
-    history_from,
-    rollup_from_row,
     settled_names_table,
     shards_table,
 )
@@ -160,14 +162,14 @@ def truncate_history(
         held = min((ts for ts in (young, anchored) if ts is not None), default=None)
         return keep_from(since, held), plan_truncation(oldest, since, held, chunk)
 
-    kept_from, ranges = consensus._run_snapshot(plan)
+    kept_from, ranges = consensus.read_in_snapshot(plan)
     report = TruncationReport(kept_from=kept_from, ranges=ranges)
     if dry_run:
         return report
     # The chunks of one truncation roll up into one row (they share its stamp).
     stamp = time.time()
     for lo, hi in ranges:
-        batches, bindings = consensus._run(
+        batches, bindings = consensus.run_in_transaction(
             lambda conn, lo=lo, hi=hi: _truncate_chunk(conn, shard_id, lo, hi, stamp)
         )
         report.batches += batches
@@ -271,7 +273,7 @@ def oldest_binding(consensus: Consensus, shard_id: str) -> Binding | None:
             sa.select(bindings_table).where(bindings_table.c.shard_id == shard_id, bindings_table.c.ts == ts)
         ).first()
 
-    row = consensus._run_snapshot(read)
+    row = consensus.read_in_snapshot(read)
     return None if row is None else _binding_from_row(row)
 
 
@@ -286,7 +288,7 @@ def truncation_horizon(oldest: Binding | None) -> dict[str, int]:
 
 def rollups(consensus: Consensus, shard_id: str) -> list[Rollup]:
     """The audit summaries of a shard's truncated ranges, oldest first."""
-    rows = consensus._run(
+    rows = consensus.run_in_transaction(
         lambda conn: conn.execute(
             sa.select(batch_rollups_table)
             .where(batch_rollups_table.c.shard_id == shard_id)

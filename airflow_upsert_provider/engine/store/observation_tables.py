@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import metadata
+from airflow_upsert_provider.engine.store.tables import metadata
 
 observations_table = sa.Table(
     "upsert_frontier_observations",

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
 from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
-from airflow_upsert_provider.engine.store.consensus import (
-    Consensus,
-    StoreSchema,
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.engines import open_store
+from airflow_upsert_provider.engine.store.records import StoreSchema
+from airflow_upsert_provider.engine.store.tables import (
     batch_rollups_table,
     batches_table,
     bindings_table,
     compactions_table,
-    open_store,
     quarantined_files_table,
     shards_table,
 )

@@ -26,6 +26,10 @@ class SchemaAction(str, enum.Enum):
     UNVERSIONED = "unversioned"
     # Stamped with a revision the code does not know: written by a newer provider.
     NEWER = "newer"
+    # Stamped with several revisions, every one of which the code knows: no provider writes
+    # that (the chain is linear and each migration replaces the one row), so the version table
+    # was stamped by hand or by a tool, and which revision the tables are at is unknown.
+    AMBIGUOUS = "ambiguous"
 
 
 def decide_schema_action(
@@ -34,14 +38,23 @@ def decide_schema_action(
     """The action for a store stamped with ``store_revisions`` (empty: no revision recorded)
     that has tables of ours or not (``has_tables``, the version table aside), given the code's
     head revision and every revision the code knows."""
-    if not store_revisions:
+    stamped = set(store_revisions)
+    if not stamped:
         return SchemaAction.UNVERSIONED if has_tables else SchemaAction.CREATE
-    if len(store_revisions) > 1 or store_revisions[0] not in known_revisions:
-        # Our chain is linear: a second head can only come from code this one does not know.
+    if not stamped <= set(known_revisions):
+        # Written by code this one does not know (a newer chain may well branch).
         return SchemaAction.NEWER
-    if store_revisions[0] == code_head:
+    if len(stamped) > 1:
+        return SchemaAction.AMBIGUOUS
+    if stamped == {code_head}:
         return SchemaAction.CURRENT
     return SchemaAction.UPGRADE
+
+
+def stamped_revisions(store_revisions: tuple[str, ...]) -> str | None:
+    """The revisions a store is stamped with as messages and ``db status`` show them: sorted,
+    comma-separated (the table's rows come back in no set order); None when there is none."""
+    return ",".join(sorted(set(store_revisions))) or None
 
 
 def upgrade_command(where: str) -> str:
@@ -56,7 +69,7 @@ def schema_mismatch(
 ) -> SchemaVersionMismatch | None:
     """The error opening a store refuses with, or None when the store may be used as it is
     (CREATE and CURRENT). ``where`` is the store's URL with its password hidden."""
-    store_revision = ",".join(store_revisions) or None
+    store_revision = stamped_revisions(store_revisions)
     details = {"store_revision": store_revision, "code_revision": code_head, "consensus": where}
     how = (
         f"run `{upgrade_command(where)}` with this provider version installed (from Airflow: a task of "
@@ -73,6 +86,16 @@ def schema_mismatch(
         return SchemaVersionMismatch(
             f"consensus store {where} was created before schema versions (no revision recorded), this "
             f"provider needs revision {code_head}: {how}; nothing was changed",
+            **details,
+        )
+    if action is SchemaAction.AMBIGUOUS:
+        return SchemaVersionMismatch(
+            f"consensus store {where} has several schema revisions stamped ({store_revision}) in its "
+            "version table upsert_schema_version, which holds exactly one (this provider's revisions form "
+            "one chain and no provider version stamps two): it was stamped by hand or by a tool, and which "
+            "revision its tables are at is unknown. Keep only the row of the revision the tables were "
+            f"migrated to, then run `upsertctl db status` (this provider's revision is {code_head}); if that "
+            "revision is unknown, restore the shards from a checkpoint into a new store; nothing was changed",
             **details,
         )
     if action is SchemaAction.NEWER:

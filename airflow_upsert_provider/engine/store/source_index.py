@@ -23,15 +23,9 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import (
-    Binding,
-    Consensus,
-    _binding_from_row,
-    bindings_table,
-    insert_ignore,
-    quarantined_files_table,
-    settled_names_table,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore
+from airflow_upsert_provider.engine.store.records import _binding_from_row, Binding
+from airflow_upsert_provider.engine.store.tables import bindings_table, quarantined_files_table, settled_names_table
 from airflow_upsert_provider.engine.errors import PlanningOutdated
 from airflow_upsert_provider.engine.sources.directory import Segment
 from airflow_upsert_provider.engine.sources.planning import bound_names, put_back_reason
@@ -106,7 +100,7 @@ class SourceIndex:
             through = -1 if row is None else row.through_ts
             return row, [], (bindings_in(conn, through + 1, upto_ts) if through < upto_ts else [])
 
-        row, later, catch_up = self.consensus._run_snapshot(read)
+        row, later, catch_up = self.consensus.read_in_snapshot(read)
         if later:
             if [b.ts for b in later] != list(range(upto_ts + 1, row.through_ts + 1)):
                 raise self._outdated(upto_ts)
@@ -162,7 +156,7 @@ class SourceIndex:
                     .values(**values)
                 )
 
-        self.consensus._run(txn)
+        self.consensus.run_in_transaction(txn)
 
     # -- exact look-ups, for new names only -----------------------------------------------------
 
@@ -200,7 +194,7 @@ class SourceIndex:
         found: set[str] = set()
         for start in range(0, len(paths), 500):
             chunk = paths[start : start + 500]
-            rows = self.consensus._run_snapshot(
+            rows = self.consensus.read_in_snapshot(
                 lambda conn: conn.execute(
                     sa.select(table.c.file).where(table.c.shard_id == self.shard_id, table.c.file.in_(chunk))
                 ).all()

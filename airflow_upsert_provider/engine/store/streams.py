@@ -27,14 +27,9 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
-from airflow_upsert_provider.engine.store.consensus import (
-    CommitAttempt,
-    Consensus,
-    RestoreEvent,
-    insert_ignore,
-    metadata,
-    shard_exists,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
+from airflow_upsert_provider.engine.store.records import CommitAttempt, RestoreEvent
+from airflow_upsert_provider.engine.store.tables import metadata
 from airflow_upsert_provider.engine.errors import (
     ShardNotFound,
     StopSuperseded,
@@ -178,7 +173,7 @@ def _not_found(shard_id: str) -> ShardNotFound:
 
 def read_stream(consensus: Consensus, shard_id: str) -> StreamState:
     """The authoritative stream state of ``shard_id``."""
-    state = consensus._run_snapshot(lambda conn: _read(conn, shard_id))
+    state = consensus.read_in_snapshot(lambda conn: _read(conn, shard_id))
     if state is None:
         raise _not_found(shard_id)
     return state
@@ -196,7 +191,7 @@ def stream_history(consensus: Consensus, shard_id: str, limit: int | None = None
             query = query.limit(limit)
         return [dict(r._mapping) for r in conn.execute(query)][::-1]
 
-    rows = consensus._run_snapshot(txn)
+    rows = consensus.read_in_snapshot(txn)
     for row in rows:
         row.pop("id", None)
         row["shard"] = row.pop("shard_id")
@@ -231,7 +226,7 @@ def _compare_and_set(consensus: Consensus, decision: Decision) -> bool:
         _record_history(conn, decision.action, current, new)
         return True
 
-    return consensus._run(txn)
+    return consensus.run_in_transaction(txn)
 
 
 def transition(consensus: Consensus, shard_id: str, decide: Callable[[StreamState], Decision]) -> TransitionResult:
@@ -263,7 +258,7 @@ def stop(consensus: Consensus, shard_id: str, actor: str, reason: str = "") -> T
 def finalize_stop(consensus: Consensus, read: StreamState, actor: str) -> TransitionResult:
     """STOPPING -> STOPPED iff the row is still STOPPING at ``read.version`` (the version this
     finalizer read). A stale finalizer changes nothing: it never decides again."""
-    current = consensus._run_snapshot(lambda conn: _read(conn, read.shard_id))
+    current = consensus.read_in_snapshot(lambda conn: _read(conn, read.shard_id))
     decision = decide_finalize(current, read, actor, time.time())
     if decision.refusal is not None:
         raise TransitionRefused(decision.refusal, **read.to_dict())
@@ -357,7 +352,7 @@ def batch_in_hand(consensus: Consensus, shard_id: str) -> bool:
 
 def bound_at_upper(consensus: Consensus, shard_id: str) -> tuple[int, float] | None:
     """(ts, when its binding was minted) of the batch at the upper, if it is bound."""
-    from airflow_upsert_provider.engine.store.consensus import bindings_table, shards_table
+    from airflow_upsert_provider.engine.store.tables import bindings_table, shards_table
 
     def txn(conn):
         upper = conn.execute(
@@ -372,7 +367,7 @@ def bound_at_upper(consensus: Consensus, shard_id: str) -> tuple[int, float] | N
         ).scalar_one_or_none()
         return None if minted_at is None else (int(upper), float(minted_at))
 
-    return consensus._run_snapshot(txn)
+    return consensus.read_in_snapshot(txn)
 
 
 def staging_written_at(blob: Any, shard_id: str) -> Callable[[int], float | None]:

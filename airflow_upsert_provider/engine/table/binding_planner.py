@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.store.consensus import Binding
+from airflow_upsert_provider.engine.store.records import Binding
 from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment

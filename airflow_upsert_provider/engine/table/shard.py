@@ -11,18 +11,13 @@ import enum
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig, validate_shard_id
-from airflow_upsert_provider.engine.store.consensus import (
-    AppendResult,
-    BatchRecord,
-    Binding,
-    Consensus,
-    ShardRecord,
-)
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import AppendResult, BatchRecord, Binding, ShardRecord
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     IntegrityError,
@@ -120,6 +115,8 @@ class ShardStatus:
     oldest_pending_at: float | None = None
     # What ``lag`` counts (engine/sources/lag.py): the source's unit.
     lag_unit: str = SEGMENTS
+    # ``lag`` per partition, in lag_unit (partitions with nothing pending: 0).
+    pending_by_partition: dict[str, int] = field(default_factory=dict)
 
     @property
     def lag(self) -> int:
@@ -424,11 +421,11 @@ class Shard:
         previous = self.binding(state.upper - 1) if state.upper > 0 else None
         survey = survey_source(self.source, self.source_index(), previous)
         marks: dict[str, int] = {}
-        pending = 0
+        pending: dict[str, int] = {}
         oldest: float | None = None
         for part in survey.partitions:
             marks[part.partition] = max([part.frontier] + [c.seq + 1 for c in part.candidates])
-            pending += len(part.candidates)
+            pending[part.partition] = len(part.candidates)
             if part.candidates:
                 # One stat per partition: the first unbound segment is the next one read.
                 landed = _landed_at(min(part.candidates, key=lambda c: c.seq).path)
@@ -443,10 +440,11 @@ class Shard:
             high_watermark=marks,
             bound=bound,
             rows=rows,
-            pending_segments=pending,
+            pending_segments=sum(pending.values()),
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=oldest,
             lag_unit=self.source.lag_unit,
+            pending_by_partition=pending,
         )
 
 
@@ -472,6 +470,7 @@ class Shard:
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=min(landed) if landed else None,
             lag_unit=self.source.lag_unit,
+            pending_by_partition={p: max(0, high[p] - off) for p, off in starts.items()},
         )
 
 

@@ -30,7 +30,7 @@ from airflow_upsert_provider.engine.write.writer import NOTHING_TO_DO, BatchResu
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_upsert_provider.engine.store.consensus import Binding
+    from airflow_upsert_provider.engine.store.records import Binding
     from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 

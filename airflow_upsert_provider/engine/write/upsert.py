@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.store.consensus import Binding
+from airflow_upsert_provider.engine.store.records import Binding
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.runs import (

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import tenacity
 
 from airflow_upsert_provider.engine.common.retry import OUTCOME_UNKNOWN_APPEND, RESTAGE
-from airflow_upsert_provider.engine.store.consensus import AppendOutcome, BatchRecord
+from airflow_upsert_provider.engine.store.records import AppendOutcome, BatchRecord
 from airflow_upsert_provider.engine.errors import (
     BlobWriteFailed,
     CommitOutcomeUnknown,
@@ -49,7 +49,7 @@ from airflow_upsert_provider.engine.spark.server import server_gone
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_upsert_provider.engine.store.consensus import Binding
+    from airflow_upsert_provider.engine.store.records import Binding
 
 log = logging.getLogger(__name__)
 

@@ -295,17 +295,25 @@ function renderVerdict(shard) {
   ]);
 }
 
-// Lag per partition where offsets count it (Kafka: records); a directory's offsets are segment
-// file numbers, and its lag in segments is known for the whole shard only.
+// Lag per partition in the shard's unit, as the newest observation recorded it (the partitions
+// with the most lag; the others counted in the note). A directory's offsets are segment file
+// numbers: an observation recorded before the lag per partition was kept has it for the whole shard only.
 function renderPartitions(data) {
   const body = document.querySelector("#partitions tbody");
   body.replaceChildren();
   const unit = data.lag_unit || "offsets";
   document.getElementById("partitions-lag").textContent = `Lag (${unit})`;
   const note = document.getElementById("partitions-note");
-  note.hidden = !data.partitions.length || unit === "records";
-  note.textContent = note.hidden ? "" : `A directory's offsets are segment file numbers: the shard's lag is ` +
-    `${data.lag_text} pending in all, counted in segments not bound yet (per partition: not recorded).`;
+  const recorded = data.partition_lag;
+  if (recorded) {
+    note.hidden = !recorded.others;
+    note.textContent = note.hidden ? "" : `${num(recorded.others)} more partition(s) hold ` +
+      `${num(recorded.others_lag)} ${unit} (the ${num(recorded.top.length)} with the most lag are shown).`;
+  } else {
+    note.hidden = !data.partitions.length || unit === "records";
+    note.textContent = note.hidden ? "" : `A directory's offsets are segment file numbers: the shard's lag is ` +
+      `${data.lag_text} pending in all, counted in segments not bound yet (per partition: not recorded).`;
+  }
   document.getElementById("partitions-at").textContent = data.partitions_at ? `as observed at ${when(data.partitions_at)}` : "";
   if (!data.partitions.length) {
     const tr = el("tr");

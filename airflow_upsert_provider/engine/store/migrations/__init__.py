@@ -15,7 +15,7 @@ handed, inside the caller's transaction.
 Adding a migration (for the project's developers), when a table of store/registry.py's
 ``STORE_SCHEMA`` changes:
 
-1. Change the table in its module (consensus.py, streams.py, ...).
+1. Change the table in its module (tables.py, streams.py, ...).
 2. Write the revision: ``python -c "from alembic import command; from
    airflow_upsert_provider.engine.store.migrations import alembic_config;
    command.revision(alembic_config(), message='what changes', rev_id='0002')"`` creates
@@ -28,7 +28,10 @@ Adding a migration (for the project's developers), when a table of store/registr
    if the docs say so; the documented way is writers stopped, ``db upgrade``, writers started.
    A writer of an older release that kept running is refused at its next commit: the commit
    hook :func:`refuse_other_revision` reads the revision inside every commit transaction, and
-   a migration always changes it.
+   a migration always changes it. Releases from before that hook do not read it: the first
+   revision that alters a table they write (shards, batches, bindings, compactions) must also
+   make their statements fail, by a rename or a ``NOT NULL`` column without a default that
+   only newer code fills (docs/upgrading.md, "Releases from before the commit check").
 4. tests/store/test_migrations.py fails until the chain from the baseline builds exactly the
    tables of ``STORE_SCHEMA`` (``alembic.autogenerate.compare_metadata``), on SQLite and
    PostgreSQL; add a case there for the data the revision moves.
@@ -45,7 +48,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import sqlalchemy as sa
 
-from airflow_upsert_provider.engine.store.consensus import CommitAttempt, Consensus, metadata, redact_url
+from airflow_upsert_provider.engine.store.consensus import Consensus
+from airflow_upsert_provider.engine.store.records import CommitAttempt
+from airflow_upsert_provider.engine.store.tables import metadata
+from airflow_upsert_provider.engine.store.urls import redact_url
 if TYPE_CHECKING:
     # Alembic is imported where a migration runs or its scripts are read, never by an open:
     # its import cost every process that opens a store a good part of a second.
@@ -56,6 +62,7 @@ from airflow_upsert_provider.engine.store.schema_version import (
     SchemaAction,
     decide_schema_action,
     schema_mismatch,
+    stamped_revisions,
 )
 
 # Our own version table (see the module's docstring).
@@ -240,13 +247,14 @@ class UpgradeResult:
 def upgrade(consensus: Consensus) -> UpgradeResult:
     """Migrate the store to the code's head, in one transaction under the schema lock (two
     upgrades at once: the second finds the first's result). Idempotent: a store at the head
-    is left alone. A store newer than the code is refused (:class:`SchemaVersionMismatch`)."""
+    is left alone. A store newer than the code, or stamped with several revisions, is refused
+    (:class:`SchemaVersionMismatch`)."""
     head, known = code_head(), known_revisions()
     try:
         with _schema_lock(consensus) as conn:
             state = _state_by_inspection(conn, consensus)
             action = decide_schema_action(state.revisions, state.has_tables, head, known)
-            if action is SchemaAction.NEWER:
+            if action in (SchemaAction.NEWER, SchemaAction.AMBIGUOUS):
                 raise schema_mismatch(action, state.revisions, head, redact_url(consensus.url))
             if action is not SchemaAction.CURRENT:
                 from alembic import command
@@ -256,7 +264,7 @@ def upgrade(consensus: Consensus) -> UpgradeResult:
                 command.upgrade(alembic_config(conn), "head")
     except sa.exc.DBAPIError as exc:
         raise consensus.store_error(exc, "consensus store {where} failed during the upgrade; nothing was changed") from None
-    before = ",".join(state.revisions) or None
+    before = stamped_revisions(state.revisions)
     return UpgradeResult(before, head, action is not SchemaAction.CURRENT)
 
 
@@ -283,7 +291,7 @@ def schema_status(consensus: Consensus) -> dict[str, Any]:
     action = decide_schema_action(state.revisions, state.has_tables, head, known)
     status: dict[str, Any] = {
         "consensus": redact_url(consensus.url),
-        "store_revision": ",".join(state.revisions) or None,
+        "store_revision": stamped_revisions(state.revisions),
         "code_revision": head,
         "state": action.value,
         "upgrade_needed": action in (SchemaAction.UPGRADE, SchemaAction.UNVERSIONED),
