@@ -18,6 +18,27 @@ from tests.conftest import cli_env
 
 UPSERTCTL = [sys.executable, "-m", "airflow_upsert_provider.cli"]
 
+# upsertctl whose batch write job cannot finish: every row of the run waits in the JVM (one
+# hour's Thread.sleep, no Python worker), so a Ctrl-C sent once the job has begun always finds
+# it running, on a fast machine as on a slow one, whatever the batch's size.
+HELD_WRITE_UPSERTCTL = [sys.executable, "-c", """
+from pyspark.sql import functions as F
+
+from airflow_upsert_provider.cli import run
+from airflow_upsert_provider.engine.write import upsert
+
+write_bucketed = upsert.write_bucketed
+
+
+def held(rows, *args, **kwargs):
+    sleeping = F.expr("java_method('java.lang.Thread', 'sleep', 3600000L)")
+    return write_bucketed(rows.where(sleeping != F.lit("never")), *args, **kwargs)
+
+
+upsert.write_bucketed = held
+run()
+"""]
+
 
 def _children(pid: int) -> set[int]:
     """Every descendant of ``pid`` (the JVM is spark-submit's child or spark-submit itself)."""
@@ -59,17 +80,15 @@ def test_ctrl_c_during_a_batch_exits_130_with_one_line_and_commits_nothing(tmp_p
     from airflow_upsert_provider.engine.store.registry import open_consensus
 
     landing = tmp_path / "landing"
-    # Large enough that the batch's write job runs for a while after its files appear.
-    generate(str(landing), SampleSpec(records=300_000, keys=300_000, partitions=2, segments_per_partition=2,
-                                      seed=5))
+    generate(str(landing), SampleSpec(records=2_000, keys=2_000, partitions=2, segments_per_partition=2, seed=5))
     consensus_url, blob = f"sqlite:///{tmp_path / 'c.db'}", tmp_path / "blob"
     env = cli_env(consensus_url, str(blob))
     init = subprocess.run([*UPSERTCTL, "init", "s", "--source", f"dir:{landing}", "--key", "id", "--schema",
                            SAMPLE_SCHEMA_DDL, "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert init.returncode == 0, init.stderr
     # Its own process group, as a shell job is: Ctrl-C reaches the whole group.
-    batch = subprocess.Popen([*UPSERTCTL, "run-batch", "s", "--until-caught-up"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    batch = subprocess.Popen([*HELD_WRITE_UPSERTCTL, "run-batch", "s", "--until-caught-up"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         # The write job has begun once its committer's `_temporary` directory exists.
         temporary = _wait_for(lambda: glob.glob(str(blob / "s" / "runs" / "ts=*" / "*" / "_temporary")), 300,

@@ -39,7 +39,7 @@ class IcebergCatalogHook(BaseHook):
     def catalog_properties(self, consensus_url: str, blob_root: str) -> dict[str, str]:
         """PyIceberg's properties of the connection's catalog (the default warehouse of a SQL
         catalog under ``blob_root``), the password included: never log them."""
-        from airflow_upsert_provider.engine.maintenance.iceberg import connection_catalog_properties
+        from airflow_upsert_provider.engine.maintenance.iceberg_catalog import connection_catalog_properties
 
         conn = self._connection()
         if conn.password:

@@ -292,7 +292,8 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         self.catalog_uri = catalog_uri
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
-        from airflow_upsert_provider.engine.maintenance.iceberg import parse_table_identifier, publish_to_catalog
+        from airflow_upsert_provider.engine.maintenance.iceberg import publish_to_catalog
+        from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
 
         parse_table_identifier(self.table)  # before the shard is opened: a typo is the likely failure
         if self.iceberg_conn_id and self.catalog_uri:

@@ -51,14 +51,28 @@ def _submit_hook_class() -> type[SparkSubmitHook]:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     class EnvironmentSubmitHook(SparkSubmitHook):
+        # Private: no public API keeps submit()'s env; this builder is where the provider sets it.
         def _build_spark_submit_command(self, application: str) -> list[str]:
+            # Private: no public API builds the command (it also turns env_vars into --conf).
             command = super()._build_spark_submit_command(application)
-            # Private: the provider copies env_vars here into what submit() would overwrite
-            # the given env with; the env given already holds them.
+            # The provider copied env_vars here, into what submit() would replace the given env
+            # with; the env given already holds them. Private: no public API clears it.
             self._env = None
             return command
 
     return EnvironmentSubmitHook
+
+
+def submit_env_vars() -> dict[str, str]:
+    """The variables spark-submit's driver (and, on YARN and Kubernetes, the Spark provider's
+    ``--conf`` arguments) get in submit mode. Nothing secret: on those masters they are
+    command-line arguments."""
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+    }
+
+
 # connect mode without a connection: the server `upsertctl spark-server start` runs by default.
 DEFAULT_CONNECT_ADDRESS = "sc://127.0.0.1:15002"
 ASSET_SCHEME = "upsert"
@@ -477,7 +491,7 @@ class MicroBatchUpsertOperator(BaseOperator):
                 # spark-submit (and the driver beside this task) get the aws connection's
                 # credentials in their own environment; this process's stays as it is.
                 self._submit_hook.submit(application=os.path.abspath(spark_job.__file__),
-                                         env=hook.child_environment(self._submit_hook._env_vars))
+                                         env=hook.child_environment(submit_env_vars()))
             except AirflowException as exc:
                 failure = exc
             submit_seconds = time.monotonic() - submit_started
@@ -547,11 +561,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             conn_id=hook.settings.spark_conn_id,
             py_files=package_zip(workdir),
             application_args=args,
-            # Nothing secret here: on YARN and Kubernetes these become --conf arguments.
-            env_vars={
-                "PYSPARK_PYTHON": sys.executable,
-                "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-            },
+            env_vars=submit_env_vars(),
             deploy_mode=deploy_mode,
             **options,
         )

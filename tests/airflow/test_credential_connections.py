@@ -15,7 +15,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.engine.blob.files import open_blob
-from airflow_upsert_provider.engine.maintenance import iceberg
+from airflow_upsert_provider.engine.maintenance import iceberg_catalog
 from airflow_upsert_provider.engine.store.migrations import schema_status
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.operators.db import UpgradeConsensusSchemaOperator
@@ -89,14 +89,14 @@ def test_publish_through_an_iceberg_catalog_connection_with_its_password(pg_url,
             result = PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE,
                                             iceberg_conn_id="lake").execute({})
         assert (result["outcome"], result["since"]) == ("published", 2)
-        properties = iceberg.catalog_properties(pg_url, blob.root, catalog_db)
-        catalog = iceberg.open_catalog({**properties, "warehouse": f"file://{warehouse}"})
+        properties = iceberg_catalog.catalog_properties(pg_url, blob.root, catalog_db)
+        catalog = iceberg_catalog.open_catalog({**properties, "warehouse": f"file://{warehouse}"})
         try:
             table = catalog.load_table(TABLE)
             assert table.location() == f"file://{warehouse}/analytics/orders"
             assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 2)
         finally:
-            iceberg.close_catalog(catalog)
+            iceberg_catalog.close_catalog(catalog)
         assert PASSWORD not in logged(caplog, capfd) + json.dumps(result)
         # Both ways of naming the catalog at once: refused, nothing published.
         with pytest.raises(AirflowFailException, match="iceberg_conn_id or catalog_uri, not both"):

@@ -78,18 +78,17 @@ def _consumer_unpaused(home: AirflowHome):
         home.query("DELETE FROM asset_dag_run_queue")
 
 
-def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path, spark):
+def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path):
     landing = str(tmp_path / "landing")
     generate(landing, SPEC)
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", str(tmp_path / "blob")
     init_shard(url, blob, landing, max_files_per_batch=3)
     env = airflow_home.env(url, blob)
     with _consumer_unpaused(airflow_home):
-        _backfill_then_schedule(airflow_home, env, url, blob, landing, spark)
+        _backfill_then_schedule(airflow_home, env, url, blob, landing)
 
 
-def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url: str, blob: str, landing: str,
-                            spark) -> None:
+def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url: str, blob: str, landing: str) -> None:
 
     # A batch_size the form refuses (0) is refused by the param's schema before any task runs:
     # tests/airflow/test_provider.py checks every param's refusals without an Airflow process.

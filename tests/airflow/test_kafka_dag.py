@@ -23,7 +23,7 @@ from tests.kafka.test_continuous import SECRET, Changes, client_config, kafka_sh
 from tests.pgserver import wait_for
 
 
-def test_the_kafka_example_dag_upserts_a_window_of_a_topic(airflow_home, spark, tmp_path, kafka_bootstrap, kafka_topic):  # noqa: F811
+def test_the_kafka_example_dag_upserts_a_window_of_a_topic(airflow_home, tmp_path, kafka_bootstrap, kafka_topic):  # noqa: F811
     url = f"sqlite:///{tmp_path / 'c.db'}"
     consensus = open_consensus(url)
     blob = open_blob(str(tmp_path / "blob"))

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError, ConsensusUnavailable
-from airflow_upsert_provider.engine.maintenance import iceberg
+from airflow_upsert_provider.engine.maintenance import iceberg, iceberg_catalog
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.maintenance.iceberg import (
     NOTHING,
@@ -23,13 +23,13 @@ from airflow_upsert_provider.engine.maintenance.iceberg import (
     PUBLISH,
     PUBLISHED,
     REFUSE,
-    catalog_properties,
     decide_publish,
     iceberg_schema,
-    parse_table_identifier,
     publish_iceberg,
     schema_mismatch,
 )
+from airflow_upsert_provider.engine.maintenance.iceberg_catalog import catalog_properties
+from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
 from airflow_upsert_provider.engine.store.migrations import schema_status
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.arrow_reader import read_table
@@ -218,7 +218,7 @@ def test_the_default_catalog_is_the_consensus_store_with_tables_under_the_blob_r
         "uri": "postgresql+psycopg://upsert:s3cret@db.example.com:5432/upsert?sslmode=require",
         "warehouse": f"file://{tmp_path}/blob/_iceberg",
     }
-    assert "s3cret" not in iceberg.describe_catalog(properties)
+    assert "s3cret" not in iceberg_catalog.describe_catalog(properties)
     assert catalog_properties(f"sqlite:///{tmp_path}/c.db?timeout=5", "s3://b/shards")["warehouse"] == "s3://b/shards/_iceberg"
     assert catalog_properties(f"sqlite:///{tmp_path}/c.db", "/b", "https://catalog.example.com/api") == {
         "type": "rest", "uri": "https://catalog.example.com/api"}
@@ -276,9 +276,9 @@ def catalog(consensus, blob):
     """The default catalog: PyIceberg's SQL catalog in the consensus store, tables under the
     blob root."""
     properties = catalog_properties(consensus.url, blob.root)
-    opened = iceberg.open_catalog(properties)
+    opened = iceberg_catalog.open_catalog(properties)
     yield opened
-    iceberg.close_catalog(opened)
+    iceberg_catalog.close_catalog(opened)
 
 
 def test_each_compaction_is_one_snapshot_that_other_engines_read(consensus, blob, tmp_path, catalog):
@@ -459,7 +459,7 @@ def test_another_shards_table_is_refused(consensus, blob, tmp_path, catalog):
 def publish_with_a_peer_first(shard, consensus, blob, catalog, step: str):
     """Publish ``shard`` to TABLE while a peer (a catalog of its own) publishes the same since
     when this publish reaches ``step`` (publish_iceberg's on_step): (this result, the peer's)."""
-    peer = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
+    peer = iceberg_catalog.open_catalog(catalog_properties(consensus.url, blob.root))
     peer_results = []
 
     def peer_publishes_first(reached: str) -> None:
@@ -469,7 +469,7 @@ def publish_with_a_peer_first(shard, consensus, blob, catalog, step: str):
     try:
         result = publish_iceberg(shard, catalog, TABLE, on_step=peer_publishes_first)
     finally:
-        iceberg.close_catalog(peer)
+        iceberg_catalog.close_catalog(peer)
     assert peer_results[0].outcome == PUBLISHED
     return result, peer_results[0]
 
@@ -554,7 +554,7 @@ def test_a_store_failing_the_data_file_upload_is_blob_unavailable_and_commits_no
     data_prefix = "shards/_iceberg/analytics/orders/data/"
     try:
         shard, history = compacted_shard(consensus, s3_blob, tmp_path, seed=14, batches=3, since=3)
-        catalog = iceberg.open_catalog(catalog_properties(url, s3_faults.root))
+        catalog = iceberg_catalog.open_catalog(catalog_properties(url, s3_faults.root))
         try:
             s3_faults.proxy.fail(None, data_prefix, times=1000, status=503)
             with pytest.raises(BlobUnavailable) as raised:
@@ -571,7 +571,7 @@ def test_a_store_failing_the_data_file_upload_is_blob_unavailable_and_commits_no
             assert (result.outcome, result.since) == (PUBLISHED, 3)
             assert by_key(catalog.load_table(TABLE).scan().to_arrow()) == expected_table(shard.config, history, 3)
         finally:
-            iceberg.close_catalog(catalog)
+            iceberg_catalog.close_catalog(catalog)
     finally:
         consensus.dispose()
 
@@ -605,7 +605,7 @@ def test_publish_on_an_object_storage_blob_root(s3_root, tmp_path):
         shard, history = compacted_shard(consensus, s3_blob, tmp_path, seed=9, batches=3, since=3)
         properties = catalog_properties(url, s3_root)
         assert properties["warehouse"] == f"{s3_root}/_iceberg" and properties["s3.endpoint"]
-        catalog = iceberg.open_catalog(properties)
+        catalog = iceberg_catalog.open_catalog(properties)
         try:
             result = publish_iceberg(shard, catalog, TABLE)
             table = catalog.load_table(TABLE)
@@ -614,7 +614,7 @@ def test_publish_on_an_object_storage_blob_root(s3_root, tmp_path):
                                               for f in iceberg.current_data_files(table))
             assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 3)
         finally:
-            iceberg.close_catalog(catalog)
+            iceberg_catalog.close_catalog(catalog)
     finally:
         consensus.dispose()
 
@@ -663,14 +663,14 @@ def test_upsertctl_publish_without_spark(cli_shard, capsys):
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE)
     assert code == 0, err
     properties = catalog_properties(shard.consensus.url, shard.blob.root)
-    catalog = iceberg.open_catalog(properties)
+    catalog = iceberg_catalog.open_catalog(properties)
     try:
         table = catalog.load_table(TABLE)
         snapshot_id = table.current_snapshot().snapshot_id
         assert out.startswith(f"published snapshot {snapshot_id} at since 2 to {TABLE} (")
         assert by_key(table.scan().to_arrow()) == expected_table(shard.config, history, 2)
     finally:
-        iceberg.close_catalog(catalog)
+        iceberg_catalog.close_catalog(catalog)
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE)
     assert (code, out) == (0, f"nothing to publish (since 2 already published: snapshot {snapshot_id})\n"), err
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--json")
@@ -718,11 +718,11 @@ def test_upsertctl_publish_refuses_unsafe_table_names_and_creates_nothing(cli_sh
 def test_upsertctl_publish_with_damaged_metadata_exits_4_naming_the_file(cli_shard, capsys):
     shard, _ = cli_shard
     assert run_cli(capsys, "publish", "orders", "--iceberg", TABLE)[0] == 0
-    catalog = iceberg.open_catalog(catalog_properties(shard.consensus.url, shard.blob.root))
+    catalog = iceberg_catalog.open_catalog(catalog_properties(shard.consensus.url, shard.blob.root))
     try:
         location = catalog.load_table(TABLE).metadata_location
     finally:
-        iceberg.close_catalog(catalog)
+        iceberg_catalog.close_catalog(catalog)
     with open(location.removeprefix("file://"), "wb") as handle:
         handle.write(b"{}")
     code, out, err = run_cli(capsys, "publish", "orders", "--iceberg", TABLE, "--json")
@@ -748,11 +748,11 @@ def test_the_operator_publishes_through_the_connection(consensus, blob, tmp_path
     assert (result["outcome"], result["since"], result["table"]) == (PUBLISHED, 3, TABLE)
     again = PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE).execute({})
     assert (again["outcome"], again["snapshot_id"]) == (NOTHING_TO_PUBLISH, result["snapshot_id"])
-    catalog = iceberg.open_catalog(catalog_properties(consensus.url, blob.root))
+    catalog = iceberg_catalog.open_catalog(catalog_properties(consensus.url, blob.root))
     try:
         assert by_key(catalog.load_table(TABLE).scan().to_arrow()) == expected_table(shard.config, history, 3)
     finally:
-        iceberg.close_catalog(catalog)
+        iceberg_catalog.close_catalog(catalog)
     with pytest.raises(AirflowFailException, match="is not NAMESPACE.TABLE"):
         PublishIcebergOperator(task_id="publish", shard="orders", table="orders").execute({})
 
@@ -764,17 +764,17 @@ def test_a_catalog_connection_maps_its_extra_to_pyiceberg_properties_and_its_pas
     rest = {"uri": "https://catalog.example.com/api", "warehouse": "lake", "scope": "catalog", "header.X-Team": "data",
             "rest.sigv4-enabled": False, "connect-timeout": 10}
     # A REST catalog: the password with a login is the OAuth2 client credential, alone the token.
-    assert iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest, login="client", password="pw") == {
+    assert iceberg_catalog.connection_catalog_properties("sqlite:///c.db", "/b", rest, login="client", password="pw") == {
         "type": "rest", "uri": "https://catalog.example.com/api", "warehouse": "lake", "scope": "catalog",
         "header.X-Team": "data", "rest.sigv4-enabled": "false", "connect-timeout": "10", "credential": "client:pw"}
-    assert iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest, password="tok")["token"] == "tok"
-    assert "token" not in iceberg.connection_catalog_properties("sqlite:///c.db", "/b", rest)
+    assert iceberg_catalog.connection_catalog_properties("sqlite:///c.db", "/b", rest, password="tok")["token"] == "tok"
+    assert "token" not in iceberg_catalog.connection_catalog_properties("sqlite:///c.db", "/b", rest)
     # A SQL catalog: the password goes into its URL; the default warehouse, unless the extra says.
-    sql = iceberg.connection_catalog_properties("sqlite:///c.db", "/b", {"uri": "postgresql://ice@db:5432/cat"},
+    sql = iceberg_catalog.connection_catalog_properties("sqlite:///c.db", "/b", {"uri": "postgresql://ice@db:5432/cat"},
                                                 password="pw")
     assert sql == {"type": "sql", "uri": "postgresql+psycopg://ice:pw@db:5432/cat", "warehouse": "file:///b/_iceberg"}
-    assert "pw" not in iceberg.describe_catalog(sql)
-    assert iceberg.connection_catalog_properties(
+    assert "pw" not in iceberg_catalog.describe_catalog(sql)
+    assert iceberg_catalog.connection_catalog_properties(
         "sqlite:///c.db", "/b", {"uri": "sqlite:///i.db", "type": "SQL", "warehouse": "s3://w"})["warehouse"] == "s3://w"
 
 
@@ -787,6 +787,6 @@ def test_a_catalog_connection_maps_its_extra_to_pyiceberg_properties_and_its_pas
 ])
 def test_a_catalog_connection_that_cannot_be_used_is_refused_naming_the_key(extra, password, field, words):
     with pytest.raises(ConfigurationError) as raised:
-        iceberg.connection_catalog_properties("sqlite:///c.db", "/b", extra, password=password, connection="conn 'x'")
+        iceberg_catalog.connection_catalog_properties("sqlite:///c.db", "/b", extra, password=password, connection="conn 'x'")
     assert words in raised.value.message and raised.value.details["field"] == field
     assert "also-secret" not in raised.value.message and "pw" not in raised.value.message

@@ -9,7 +9,7 @@ import os
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_upsert_provider.engine.maintenance import iceberg
+from airflow_upsert_provider.engine.maintenance import iceberg_catalog
 from airflow_upsert_provider.engine.maintenance.checkpoint import list_checkpoints
 from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
 from airflow_upsert_provider.engine.store.registry import open_consensus
@@ -150,12 +150,12 @@ def test_upsert_maintenance_dag_compacts_checkpoints_and_collects(airflow_home, 
     # The publish after the compaction: one snapshot of upsert.orders, the table at since.
     published = airflow_home.xcom("upsert_maintenance", run_id, "publish_iceberg")
     assert (published["outcome"], published["since"], published["table"]) == ("published", upper, "upsert.orders")
-    catalog = iceberg.open_catalog(iceberg.catalog_properties(sqlite_url, blob.root))
+    catalog = iceberg_catalog.open_catalog(iceberg_catalog.catalog_properties(sqlite_url, blob.root))
     try:
         snapshot = catalog.load_table("upsert.orders").snapshot_by_id(published["snapshot_id"])
         assert snapshot.summary["upsert.since"] == str(upper)
         rows = catalog.load_table("upsert.orders").scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()
     finally:
-        iceberg.close_catalog(catalog)
+        iceberg_catalog.close_catalog(catalog)
     assert table_from_rows(rows) == expected
     consensus.dispose()
