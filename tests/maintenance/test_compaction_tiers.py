@@ -8,6 +8,8 @@ import json
 import os
 
 import pyarrow.parquet as pq
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.maintenance.compaction import COMPACTED, compact
 from airflow_upsert_provider.engine.maintenance.compaction_policy import tier_runs
@@ -15,7 +17,9 @@ from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard, run_cli, spark_table, table
+from airflow_upsert_provider.operators.maintenance import CompactShardOperator
 from tests.maintenance.support import SPEC, age_files, oracle
+from tests.maintenance.test_operators import store  # noqa: F401 - the fixture
 from tests.test_arrow_reader import cli_shard  # noqa: F401 - the fixture
 
 
@@ -158,3 +162,22 @@ def test_a_bad_max_runs_is_refused_before_spark_starts(cli_shard, capsys):  # no
     assert json.loads(out)["message"] == message
     after = shard.state()
     assert (after.since, after.upper) == (before.since, before.upper)
+
+
+def test_the_operator_passes_full_and_max_runs_and_refuses_bad_ones(spark, store, blob):  # noqa: F811
+    consensus, shard = store
+    with pytest.raises(AirflowFailException, match=r"^max_runs must be >= 1, got 0$"):
+        CompactShardOperator(task_id="compact", shard="orders", max_runs=0).execute({})
+    with pytest.raises(AirflowFailException, match=r"^full must be true or false, got 'sometimes'$"):
+        CompactShardOperator(task_id="compact", shard="orders", full="sometimes").execute({})
+    assert shard.state().since == 0
+
+    CompactShardOperator(task_id="compact", shard="orders", since="3").execute({})
+    # The batch holds more than half the compacted run's rows: similar sizes, they merge.
+    tiered = CompactShardOperator(task_id="compact", shard="orders", max_runs="2").execute({})
+    assert (tiered["full"], tiered["runs_merged"], tiered["runs_below_since"]) == (False, 2, 1)
+    Writer(shard, "more", spark_factory=lambda: spark).run(max_batches=1, with_lag=False)
+    full = CompactShardOperator(task_id="compact", shard="orders", full="true").execute({})
+    assert (full["full"], full["runs_merged"], full["runs_below_since"]) == (True, 2, 1)
+    assert len(check_tiers(consensus, shard, 1)) == 1
+    assert table(shard) == oracle(shard)
