@@ -10,12 +10,19 @@ from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.cli.options import actor_of, finite_number, integer_option
 from airflow_upsert_provider.cli.output import printable
 from airflow_upsert_provider.cli.shard import refuse_missing_run_files
+from airflow_upsert_provider.engine.maintenance.compaction_policy import DEFAULT_MAX_RUNS
 
 
 def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_conf: argparse.ArgumentParser) -> None:
-    compact = commands.add_parser("compact", parents=[common, spark_conf], help="merge runs below a new since into one run per bucket")
+    compact = commands.add_parser("compact", parents=[common, spark_conf],
+                                  help="merge the batches below a new since with the compacted runs of similar size")
     compact.add_argument("shard")
     compact.add_argument("--since", type=integer_option("--since", 0), default=None, help="the new since (default: the upper)")
+    compact.add_argument("--full", action="store_true",
+                         help="merge every compacted run and batch below since into one run (rewrites the table)")
+    compact.add_argument("--max-runs", type=integer_option("--max-runs", 1), default=DEFAULT_MAX_RUNS, metavar="N",
+                         help="at most N compacted runs stay below since for a read to merge "
+                              f"(default {DEFAULT_MAX_RUNS})")
     compact.add_argument("--json", action="store_true")
 
     checkpoint = commands.add_parser("checkpoint", parents=[common], help="create, list, verify or restore checkpoints")
@@ -78,7 +85,7 @@ def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     check_target(shard.shard_id, view.as_of, view.record.upper)
     if view.as_of > view.record.since:
         refuse_missing_run_files(shard, view.runs)
-    return compact(ctx.spark(), shard, since=args.since).to_dict()
+    return compact(ctx.spark(), shard, since=args.since, full=args.full, max_runs=args.max_runs).to_dict()
 
 
 def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:

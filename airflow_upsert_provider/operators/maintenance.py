@@ -53,18 +53,23 @@ class _ShardMaintenanceOperator(BaseOperator):
 
 
 class CompactShardOperator(_ShardMaintenanceOperator):
-    """Merge the shard's runs below a new since into one run per bucket and advance since.
-    Safe beside running writers. Returns the compaction report (``outcome``, ``since_before``,
-    ``since``, ``runs_merged``, ``rows``, ``files``, ``bytes``, ``attempts``, ``seconds``).
+    """Merge the shard's batches below a new since with its compacted runs of similar size and
+    advance since. Safe beside running writers. Returns the compaction report (``outcome``,
+    ``since_before``, ``since``, ``runs_merged``, ``runs_below_since``, ``full``, ``rows``,
+    ``files``, ``bytes``, ``attempts``, ``seconds``).
 
     :param shard: the shard id (templated).
     :param since: the new since (templated); default the shard's upper. Reads as of a ts
         below it fail afterwards.
+    :param full: merge every compacted run and batch below since into one run, a rewrite of
+        the table (templated; default False).
+    :param max_runs: at most this many compacted runs stay below since for a read to merge
+        (templated; default 10).
     :param upsert_conn_id: the `upsert` connection.
     :param spark_conf: Spark settings for the in-process session (templated).
     """
 
-    template_fields: Sequence[str] = ("shard", "since", "spark_conf")
+    template_fields: Sequence[str] = ("shard", "since", "full", "max_runs", "spark_conf")
     template_fields_renderers = {"spark_conf": "json"}
 
     def __init__(
@@ -72,25 +77,33 @@ class CompactShardOperator(_ShardMaintenanceOperator):
         *,
         shard: str,
         since: int | str | None = None,
+        full: bool | str = False,
+        max_runs: int | str | None = None,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         spark_conf: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.since = since
+        self.full = full
+        self.max_runs = max_runs
         self.spark_conf = spark_conf or {}
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
         from airflow_upsert_provider.engine.maintenance.compaction import compact
+        from airflow_upsert_provider.engine.maintenance.compaction_policy import DEFAULT_MAX_RUNS
 
         since = parse_int(self.since, "since")
+        full = parse_bool(self.full, "full")
+        max_runs = parse_int(self.max_runs, "max_runs")
         shard = hook.open_shard(self.shard)
         owned = SparkSession.getActiveSession() is None
         spark = hook.get_spark(app_name=f"compact-{self.shard}", conf=self.spark_conf)
         try:
-            return compact(spark, shard, since=since).to_dict()
+            return compact(spark, shard, since=since, full=full,
+                           max_runs=DEFAULT_MAX_RUNS if max_runs is None else max_runs).to_dict()
         finally:
             if owned:
                 spark.stop()

@@ -1,18 +1,22 @@
-"""Compaction: merge a shard's runs below a chosen since into one run per bucket.
+"""Compaction: merge a shard's batches below a chosen since into its compacted runs.
 
-The output is a run like any other (key, value columns, ``_deleted``, ``_ts``; one sorted
-Parquet file per bucket) holding the latest row of every key below the new since, with its
-own ``_ts`` kept, so that a read as of any ts >= since merges it with the later batches and
-gets exactly what it got before. Without an order column tombstones are dropped: the
-compacted run covers every ts below since, so nothing older remains for a tombstone to hide.
-With one they are kept: a later batch may bring the key with a lower order value, which the
-tombstone must still beat (see ``runs.merge_runs``).
+Below since the shard keeps a few compacted runs ("tiers", see ``compaction_policy``), each a
+run like any other (key, value columns, ``_deleted``, ``_ts``; one sorted Parquet file per
+bucket) holding the latest row of every key over a contiguous ts range, with its own ``_ts``
+kept, so that a read as of any ts >= since merges them with the later batches and gets exactly
+what it got before. A compaction merges the batches from the old to the new since with the
+newest tiers of similar size (the policy chooses them) into one new tier; a full compaction
+merges everything into one. Without an order column tombstones are dropped when the merge
+includes the oldest tier: nothing older remains for a tombstone to hide. Otherwise they are
+kept: an older tier still holds the key, or a later batch may bring it with a lower order
+value, which the tombstone must still beat (see ``runs.merge_runs``).
 
-It is swapped in by compare-and-set on ``since`` (one transaction that also installs the run).
-Writers only move ``upper`` and compaction only reads batches below the new since, which are
-immutable, so a writer never makes a compaction lose and a compaction never touches a batch
-at ts >= since. Two compactions race on since: the loser deletes its own output (nobody can
-reference it) and retries against the new state.
+It is swapped in by compare-and-set on ``since`` (one transaction that also replaces the
+compaction record, whose tiers are the kept ones plus the new one: exactly the merged runs are
+replaced). Writers only move ``upper`` and compaction only reads batches below the new since,
+which are immutable, so a writer never makes a compaction lose and a compaction never touches
+a batch at ts >= since. Two compactions race on since: the loser deletes its own output
+(nobody can reference it) and retries against the new state, choosing its merge again.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     ConsensusUnavailable,
     UpsertError,
+)
+from airflow_upsert_provider.engine.maintenance.compaction_policy import (
+    DEFAULT_MAX_RUNS,
+    TierRun,
+    check_max_runs,
+    compaction_run,
+    drops_tombstones,
+    merge_count,
+    merged_tier,
+    tier_runs,
 )
 from airflow_upsert_provider.engine.table.runs import bucket_column, merge_runs, order_column, write_bucketed
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -50,6 +64,9 @@ class CompactionResult:
     since: int
     upper: int
     runs_merged: int = 0
+    # Compacted runs a read merges after this compaction (the tiers below since).
+    runs_below_since: int = 0
+    full: bool = False
     rows: int = 0
     files: int = 0
     bytes: int = 0
@@ -81,18 +98,25 @@ def compact(
     shard: Shard,
     *,
     since: int | None = None,
+    full: bool = False,
+    max_runs: int = DEFAULT_MAX_RUNS,
     on_step: Callable[[str], None] | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> CompactionResult:
-    """Compact every run of ``shard`` below ``since`` (default: its upper) and advance since.
+    """Compact the batches of ``shard`` below ``since`` (default: its upper) into its
+    compacted runs and advance since.
 
     :param since: the new since; reads as of a ts below it fail afterwards. Must be <= upper.
+    :param full: merge every compacted run and batch below since into one run (a rewrite of
+        the table) instead of the newest runs of similar size.
+    :param max_runs: at most this many compacted runs stay below since (>= 1).
     :param on_step: called with ``"written"`` after the output is written and before the
         swap (tests force races there).
     :param max_attempts: how many lost races to retry before giving up.
     """
     from pyspark.sql import functions as F
 
+    check_max_runs(max_runs)
     started = time.monotonic()
     consensus, blob = shard.consensus, shard.blob
     for attempt in range(1, max_attempts + 1):
@@ -105,7 +129,12 @@ def compact(
                 shard.shard_id, NOTHING_TO_DO, state.since, state.since, state.upper,
                 attempts=attempt, seconds=time.monotonic() - started,
             )
-        runs = view.runs
+        tiers = tier_runs(view.compaction.run if view.compaction else None, state.since)
+        batch_runs = [b.run for b in view.batches if state.since <= b.ts < target]
+        count = merge_count([t.tier for t in tiers], sum(r.get("rows", 0) for r in batch_runs),
+                            max_runs=max_runs, full=full)
+        kept, merging = tiers[: len(tiers) - count], tiers[len(tiers) - count :]
+        runs = [t.run() for t in merging] + batch_runs
         # Every input is checked against its recorded size and SHA-256 first: a bit flipped in
         # a page that still decodes would otherwise be merged into an output with fresh,
         # matching checksums, and the damage would become permanent. It costs one more read of
@@ -113,15 +142,18 @@ def compact(
         shard.check_run_files(runs)
         merged = merge_runs(spark, shard.config, blob, runs)
         survivors = merged.where(F.col("_ts") < target)
-        if order_column(shard.config) is None:
-            # Every later batch outranks a compacted row, so a tombstone has nothing left to hide.
+        if drops_tombstones(count, tiers, order_column(shard.config) is not None):
+            # Every later batch outranks a compacted row and no older one is left: a tombstone
+            # has nothing left to hide.
             survivors = survivors.where(~F.col("_deleted"))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         with shard.reading(runs):  # a run file damaged in place: exit 4 naming it
             written = write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config,
                                      blob, run_dir)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
-        run = {**written, "replaces": [r["path"] for r in runs]}
+        tier = merged_tier([t.tier for t in tiers], count, state.since, target, written["rows"])
+        run = compaction_run([*kept, TierRun(tier, written["path"], tuple(written["files"]))],
+                             [r["path"] for r in runs])
         if on_step is not None:
             on_step("written")
         try:
@@ -152,9 +184,11 @@ def compact(
                 since=target,
                 upper=state.upper,
                 runs_merged=len(runs),
-                rows=run["rows"],
-                files=len(run["files"]),
-                bytes=sum(f["bytes"] for f in run["files"]),
+                runs_below_since=len(kept) + 1,
+                full=full,
+                rows=written["rows"],
+                files=len(written["files"]),
+                bytes=sum(f["bytes"] for f in written["files"]),
                 attempts=attempt,
                 seconds=time.monotonic() - started,
                 run_path=run["path"],
