@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import uuid
 
@@ -245,3 +246,28 @@ def slow_modules_first(items: list) -> None:
         if item.get_closest_marker("slow") is not None:
             slow[module] = slow.get(module, 0) + 1
     items.sort(key=lambda item: (-slow.get(str(item.path), 0), first_seen[str(item.path)]))
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real tmpfs of a chosen size (root and a working `mount` needed, else the test is
+    skipped, and fails where UPSERT_REQUIRE_TMPFS is set, as CI sets it): ENOSPC and
+    read-only roots for real, not simulated."""
+    mounted = []
+    unavailable = pytest.fail if os.environ.get("UPSERT_REQUIRE_TMPFS") else pytest.skip
+
+    def mount(size: str, name: str = "blob"):
+        path = tmp_path / name
+        path.mkdir()
+        if os.geteuid() != 0:
+            unavailable("mounting a tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True)
+        if done.returncode != 0:
+            unavailable(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

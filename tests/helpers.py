@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -133,3 +134,8 @@ def table(shard: Shard, as_of: int | None = None) -> dict:
 def spark_table(shard: Shard, spark, as_of: int | None = None) -> dict:
     """The shard's table as of ``as_of``, read by ``Shard.read`` on ``spark``."""
     return table_from_rows(shard.read(spark, as_of=as_of).collect())
+
+
+def remount(path, options: str) -> None:
+    """Remounts a mount of the ``tmpfs`` fixture with ``options`` (``ro``, ``size=64m``)."""
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)

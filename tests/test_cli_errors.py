@@ -17,7 +17,7 @@ from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import BadInputError, ConfigurationError
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
-from tests.helpers import batch, cli_store, landing_env, make_shard, sample_config
+from tests.helpers import batch, cli_store, landing_env, make_shard, remount, sample_config
 from tests.helpers import run_cli as run
 from tests.maintenance.support import tree
 
@@ -83,35 +83,6 @@ def test_zero_is_refused_not_replaced_by_the_default(env, capsys, option):
 
 
 # -- the blob root: checked up front (I6, I7) and a full disk (F2) -----------------------------
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A real tmpfs of a chosen size (root and a working `mount` needed, else the test is
-    skipped, and fails where UPSERT_REQUIRE_TMPFS is set, as CI sets it): ENOSPC and
-    read-only roots for real, not simulated."""
-    mounted = []
-    unavailable = pytest.fail if os.environ.get("UPSERT_REQUIRE_TMPFS") else pytest.skip
-
-    def mount(size: str, name: str = "blob"):
-        path = tmp_path / name
-        path.mkdir()
-        if os.geteuid() != 0:
-            unavailable("mounting a tmpfs needs root")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True)
-        if done.returncode != 0:
-            unavailable(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-        mounted.append(path)
-        return path
-
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def remount(path, options: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
-
 
 def test_read_only_blob_root_is_a_clear_error_before_spark_writes(spark, env, capsys, tmpfs, monkeypatch):
     root = tmpfs("4m")

@@ -10,7 +10,6 @@ import pytest
 
 from tests.helpers import run_cli
 from tests.test_arrow_reader import cli_shard  # noqa: F401 - the fixture
-from tests.test_cli_errors import tmpfs  # noqa: F401 - the fixture
 
 
 def test_read_into_an_existing_directory_is_a_configuration_error_naming_it(cli_shard, capsys, tmp_path):  # noqa: F811

@@ -17,7 +17,6 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.spark.session import get_spark
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec, generate
 from tests.conftest import cli_env
-from tests.test_cli_errors import tmpfs  # noqa: F401 (fixture)
 
 
 def test_active_session_with_another_cluster_master_is_refused(spark):

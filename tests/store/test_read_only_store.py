@@ -12,7 +12,7 @@ import pytest
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.helpers import run_cli_json
-from tests.test_cli_errors import remount, tmpfs  # noqa: F401 - the fixture, used by name
+from tests.helpers import remount
 
 
 def files_of(directory) -> dict[str, bytes]:
@@ -28,7 +28,7 @@ def assert_names_the_file(error: ConfigurationError, path, cannot: str) -> None:
 
 
 def test_a_store_on_a_read_only_mount_is_a_configuration_error_naming_the_file(
-    tmpfs, capsys, monkeypatch  # noqa: F811 - the fixture
+    tmpfs, capsys, monkeypatch
 ):
     mount = tmpfs("4m", "store")
     path = mount / "consensus.db"
@@ -54,7 +54,7 @@ def test_a_store_on_a_read_only_mount_is_a_configuration_error_naming_the_file(
 
 
 def test_a_store_a_writer_left_with_its_log_on_a_read_only_mount_reads_and_refuses_writes(
-    tmpfs, tmp_path  # noqa: F811 - the fixture
+    tmpfs, tmp_path
 ):
     # The store as a writer that died leaves it: the file with its -wal and -shm beside it.
     # With them SQLite opens it and reads; the first write fails with SQLITE_READONLY.
