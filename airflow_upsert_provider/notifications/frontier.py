@@ -11,8 +11,8 @@ Delivery policy, the same for both channels:
 - 429 (rate limited), 5xx and connection failures are retried with exponential backoff
   (a 429's ``Retry-After`` is honoured up to the backoff cap); the providers' own retries are
   switched off so that one policy decides. Every request is cut after
-  ``rules.PAGE_REQUEST_TIMEOUT_SECONDS``, so one delivery lasts at most
-  ``rules.max_delivery_seconds()``, less than the outbox lease.
+  ``alerts.PAGE_REQUEST_TIMEOUT_SECONDS``, so one delivery lasts at most
+  ``alerts.max_delivery_seconds()``, less than the outbox lease.
 - Each channel is tried whatever another did; a failure names the channels that got the page
   (``PageDeliveryError.delivered``), so that a later round sends it only to the others.
 - Any other 4xx (400: the event is malformed, 403/404: a wrong key or webhook) is not retried:

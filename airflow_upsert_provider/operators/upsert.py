@@ -368,13 +368,13 @@ class MicroBatchUpsertOperator(BaseOperator):
             # is registered there, so there is no extra to set.
             return
         batches = report.get("batches") or []
-        mine = OWN_COMMIT_OUTCOMES
+        own = [b for b in batches if b.get("outcome") in OWN_COMMIT_OUTCOMES]
         events[asset].extra = {
             "upper": report.get("upper"),
             "upper_before": upper_at_start,
             "committed": report.get("committed"),
-            "rows_in": sum(int(b.get("rows_in") or 0) for b in batches if b.get("outcome") in mine),
-            "rows_out": sum(int(b.get("rows_out") or 0) for b in batches if b.get("outcome") in mine),
+            "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
+            "rows_out": sum(int(b.get("rows_out") or 0) for b in own),
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:

@@ -503,7 +503,7 @@ def shard_observations(conn_id: str, shard_id: str, seconds: float = DEFAULT_CHA
         # partitions with the most; the others counted), else where offsets count it (a Kafka
         # offset is a record). A directory's offsets are segment file numbers, whose distance is
         # no lag: an observation recorded before the lag per partition was kept has none.
-        recorded = None if newest is None or newest.partition_lag is None else newest.partition_lag
+        recorded = None if newest is None else newest.partition_lag
         kept = {} if recorded is None else {e["partition"]: e["lag"] for e in recorded["top"]}
 
         def lag_of(partition: str, high_watermark: int) -> int | None:

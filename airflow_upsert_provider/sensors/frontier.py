@@ -21,7 +21,7 @@ into the shard's outbox in consensus in the same compare-and-set as the decision
 delivers it and takes it out. A page that could not be delivered stays in the outbox, released
 for the next round, and the task fails with a retryable error; a worker that died between the
 decision and the delivery leaves it leased, and the first round after the lease
-(``rules.OUTBOX_LEASE_SECONDS``, longer than one bounded delivery) sends it. Pages of one dedup
+(``alerts.OUTBOX_LEASE_SECONDS``, longer than one bounded delivery) sends it. Pages of one dedup
 key go strictly in order, one a round; each channel that got a page is recorded and never
 sent it again.
 """
@@ -106,7 +106,7 @@ class FrontierStallSensor(BaseSensorOperator):
     :param consecutive_breaches: breaching rounds in a row before a page (default 2).
     :param blind_page_seconds: when every evaluation fails this long (the consensus store is
         down, the connection is broken), the monitor pages that under its own dedup key
-        for the shard (``rules.blind_dedup_key``) and keeps trying; the first evaluation that
+        for the shard (``blind.blind_dedup_key``) and keeps trying; the first evaluation that
         works again, in this run or a later one, resolves it (templated; default: the stale
         limit, ``max(2 * cadence, 120)``).
     :param watch_seconds: how long one run watches before it succeeds healthy (default 900; 0: one
@@ -304,9 +304,10 @@ class FrontierStallSensor(BaseSensorOperator):
             self._settle([entry["id"] for entry in entries], [], unsent_reason=NO_CHANNEL)
             return
         delivered: list[str] = []
+        longest = max_delivery_seconds(self.delivery_policy)
         for i, entry in enumerate(entries):
             event = entry["event"]
-            if time.time() + max_delivery_seconds(self.delivery_policy) > float(entry.get("leased_until") or 0.0):
+            if time.time() + longest > float(entry.get("leased_until") or 0.0):
                 # Its lease could run out mid-delivery and another round take it: leave it to that round.
                 self._settle(delivered, [e["id"] for e in entries[i:]], sent=True)
                 self.log.warning("shard %s: the %s is left to the next round (its lease ends before a delivery "

@@ -192,7 +192,8 @@ def max_delivery_seconds(policy: RetryPolicy = PAGE_DELIVERY, *, channels: int =
 
 # How long the round that took a page from the outbox owns its delivery before another round
 # may take it: longer than one bounded delivery, so that a live sender is never overtaken.
-OUTBOX_LEASE_SECONDS = max_delivery_seconds() + 60.0
+DEFAULT_DELIVERY_SECONDS = max_delivery_seconds()
+OUTBOX_LEASE_SECONDS = DEFAULT_DELIVERY_SECONDS + 60.0
 
 
 def check_delivery_policy(policy: Any) -> RetryPolicy:
@@ -203,9 +204,9 @@ def check_delivery_policy(policy: Any) -> RetryPolicy:
         raise ConfigurationError(f"delivery_policy must be a RetryPolicy, got {type(policy).__name__}",
                                  field="delivery_policy")
     longest = max_delivery_seconds(policy)
-    if longest > max_delivery_seconds():
+    if longest > DEFAULT_DELIVERY_SECONDS:
         raise ConfigurationError(
-            f"delivery_policy {policy} may deliver for {longest:g}s, longer than the {max_delivery_seconds():g}s "
+            f"delivery_policy {policy} may deliver for {longest:g}s, longer than the {DEFAULT_DELIVERY_SECONDS:g}s "
             f"the outbox lease ({OUTBOX_LEASE_SECONDS:g}s) covers: fewer attempts or shorter waits",
             field="delivery_policy")
     return policy

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow_upsert_provider.engine.common.time_text import format_duration
+from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.frontier.model import CRITICAL
 from airflow_upsert_provider.engine.frontier.pages import MAX_SUMMARY_CHARS, PAGE_SOURCE, dedup_key
-from airflow_upsert_provider.engine.frontier.rules import _iso
 
 
 # The dedup key's last part for the monitor itself: '#' is in no shard id, so the monitor's
@@ -99,15 +99,15 @@ def blind_page_event(state: BlindState, action: str, now: float, *, namespace: s
         "source": PAGE_SOURCE,
         "component": MONITOR_KEY,
         "group": namespace or None,
-        "timestamp": _iso(now),
+        "timestamp": format_timestamp(now, missing=None),
         "custom_details": {
             "shard": shard_id,
             "status": "MONITOR_BLIND" if action == "trigger" else "MONITOR_OK",
             "error": state.error,
-            "failing_since": _iso(state.since),
+            "failing_since": format_timestamp(state.since, missing=None),
             "failing_seconds": seconds,
             "limit_seconds": limit_seconds,
-            "reasons": [f"every evaluation since {_iso(state.since)} failed: {state.error}: no stall of "
+            "reasons": [f"every evaluation since {format_timestamp(state.since, missing=None)} failed: {state.error}: no stall of "
                         f"{what} can be seen, so none can page"] if action == "trigger" else [],
         },
         "links": [],

@@ -341,8 +341,8 @@ def evaluate_shard(
 
     Every trigger or resolve goes into the alert state's outbox, saved with the decision (a
     page marked firing is always a page queued): ``compose_page`` (a sender's: evaluation, new
-    state, action -> page event) says what it carries, by default ``rules.page_event``. The
-    round takes the due pages of the outbox (``pages``, see ``rules.take_pages``): a page
+    state, action -> page event) says what it carries, by default ``pages.page_event``. The
+    round takes the due pages of the outbox (``pages``, see ``alerts.take_pages``): a page
     decided by a worker that died before sending it is sent by a later round, once its lease
     ran out. Pages dropped from a full outbox are logged (and counted in the state).
 

@@ -9,6 +9,7 @@ import hashlib
 from typing import Any, Sequence
 
 from airflow_upsert_provider.engine.common.time_text import format_duration, format_duration_to_the_second
+from airflow_upsert_provider.engine.common.time_text import format_timestamp
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.frontier.alerts import AlertState
 from airflow_upsert_provider.engine.frontier.model import (
@@ -18,7 +19,6 @@ from airflow_upsert_provider.engine.frontier.model import (
     FrontierStatus,
     StallSettings,
 )
-from airflow_upsert_provider.engine.frontier.rules import _iso
 from airflow_upsert_provider.engine.sources.lag import OFFSETS, format_lag
 
 # The Events API limits a summary to 1024 characters and a dedup key to 255.
@@ -95,14 +95,14 @@ def page_event(evaluation: Evaluation, state: AlertState, action: str, settings:
         "source": PAGE_SOURCE,
         "component": evaluation.shard_id,
         "group": namespace or None,
-        "timestamp": _iso(evaluation.evaluated_at),
+        "timestamp": format_timestamp(evaluation.evaluated_at, missing=None),
         "custom_details": {
             "shard": evaluation.shard_id,
             "status": evaluation.status.value,
             "rule": evaluation.rule,
             "reasons": list(evaluation.reasons),
             "upper": evaluation.upper,
-            "last_advance": _iso(evaluation.last_advance_at),
+            "last_advance": format_timestamp(evaluation.last_advance_at, missing=None),
             "stuck_seconds": evaluation.stuck_seconds,
             "lag": evaluation.lag,
             "lag_unit": evaluation.lag_unit,
@@ -112,7 +112,7 @@ def page_event(evaluation: Evaluation, state: AlertState, action: str, settings:
             "consecutive_breaches": state.consecutive_breaches,
             "writers_running": evaluation.writers_running,
             "run_ids": list(run_ids),
-            "incident_started_at": _iso(state.incident_started_at),
+            "incident_started_at": format_timestamp(state.incident_started_at, missing=None),
         },
         "links": list(links),
     }
