@@ -27,17 +27,8 @@ def run_file_checks(blob: Blob, checks: list[FileCheck], recorded_by: str) -> li
     its recorded size (one HEAD on object storage)."""
 
     def check(one: FileCheck) -> tuple[str | None, str | None]:
-        if one.how == HASH:
-            return file_problem(blob, {"path": one.path, "bytes": one.bytes, "sha256": one.sha256}, recorded_by)
-        try:
-            size = blob.size(blob.path(one.path))
-        except FileNotFoundError:
-            return None, "missing"
-        except OSError as exc:
-            return None, f"unreadable: {exc.strerror}"
-        if size != one.bytes:
-            return None, f"size {size} bytes, {recorded_by} says {one.bytes}"
-        return one.sha256, None
+        listed = {"path": one.path, "bytes": one.bytes, "sha256": one.sha256}
+        return file_problem(blob, listed, recorded_by, read=one.how == HASH)
 
     with ThreadPoolExecutor(max_workers=CHECK_THREADS) as pool:
         return list(pool.map(check, checks))

@@ -268,23 +268,23 @@ def collect_garbage(
     ours_listed: set[str] = set()
     for owner in _shards_with_checkpoints(blob, shard_id):
         try:
-            catalog: Catalog | None = Catalog.load(blob, owner, consensus)
+            entries, pin_every_checkpoint = Catalog.load(blob, owner, consensus).entries, False
         except CheckpointCorrupt as exc:
             if unreadable_catalog_stops_gc(owner, shard_id, shard_ids):
                 raise
             # Not a shard of this store: reported, and every checkpoint in it pins its files.
             report.unreadable_catalogs.append({"path": owner, "reason": first_line(exc)})
-            catalog = None
-        listed = {e.id for e in catalog.entries} if catalog is not None else set()
+            entries, pin_every_checkpoint = [], True
+        listed = {e.id for e in entries}
         if owner == shard_id:
             ours_listed = listed
-        for entry in catalog.entries if catalog is not None else ():
+        for entry in entries:
             manifest = _read_listed_manifest(consensus, blob, owner, entry)
             if manifest is not None:
                 _reference(manifest["files"], referenced_files, referenced_dirs)
                 report.checkpoints_read += 1
         for name in checkpoint_dirs(blob, owner):
-            if catalog is not None and (name in listed or not any(
+            if not pin_every_checkpoint and (name in listed or not any(
                     f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name)))):
                 continue
             # A checkpoint being written (or any, in a directory whose catalog cannot be read):

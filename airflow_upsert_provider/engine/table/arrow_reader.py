@@ -389,15 +389,22 @@ def _named_unsorted(
         yield from merged
     except _NotSorted as exc:
         path = blob.path(listed[exc.stream]["path"])
-        owner = f" of shard {shard_id!r}" if shard_id else ""
-        raise IntegrityError(
-            f"a file of the committed runs{owner} is not sorted by key, as every run file is written: {path} "
-            "(restore the shard from a checkpoint: `upsertctl checkpoint restore`)",
-            **({"shard": shard_id} if shard_id else {}),
-            file=path,
-            records=[{"file": path, "reason": "not sorted by key"}],
-            count=1,
-        ) from None
+        raise _run_file_error(path, shard_id, f"is not sorted by key, as every run file is written: {path}",
+                              "not sorted by key") from None
+
+
+def _run_file_error(path: str, shard_id: str | None, what: str, reason: str) -> IntegrityError:
+    """The :class:`IntegrityError` of a committed run file at ``path`` that is not what the
+    shard wrote: ``what`` it is, and the ``reason`` its record gives."""
+    owner = f" of shard {shard_id!r}" if shard_id else ""
+    return IntegrityError(
+        f"a file of the committed runs{owner} {what} (restore the shard from a checkpoint: "
+        "`upsertctl checkpoint restore`)",
+        **({"shard": shard_id} if shard_id else {}),
+        file=path,
+        records=[{"file": path, "reason": reason}],
+        count=1,
+    )
 
 
 def _file_batches(
@@ -445,13 +452,5 @@ def _read_failure(blob: Blob, listed: dict[str, Any], exc: Exception, shard_id: 
     if reason is None:
         return None
     path = blob.path(listed["path"])
-    owner = f" of shard {shard_id!r}" if shard_id else ""
     what = f"is missing: {path}" if reason == "missing" else f"is damaged: {path}: {reason}"
-    return IntegrityError(
-        f"a file of the committed runs{owner} {what} (restore the shard from a checkpoint: "
-        "`upsertctl checkpoint restore`)",
-        **({"shard": shard_id} if shard_id else {}),
-        file=path,
-        records=[{"file": path, "reason": reason}],
-        count=1,
-    )
+    return _run_file_error(path, shard_id, what, reason)

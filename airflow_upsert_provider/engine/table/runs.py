@@ -218,18 +218,23 @@ def check_present(blob: Blob, paths: list[str]) -> None:
         )
 
 
-def file_problem(blob: Blob, listed: dict[str, Any], recorded_by: str) -> tuple[str | None, str | None]:
+def file_problem(
+    blob: Blob, listed: dict[str, Any], recorded_by: str, *, read: bool = True
+) -> tuple[str | None, str | None]:
     """One check of a listed run file, for checkpoint ``create`` and ``verify`` and a failed read:
     (SHA-256, None) for a listed file that is present, of the recorded size and checksum
     (a ``sha256`` of None: none was recorded) and readable Parquet; else (None, reason).
-    ``recorded_by`` says where the recorded values come from, for the reason. The footer is
-    read through the blob, as the size and checksum are: a store that keeps failing is its
-    :class:`BlobUnavailable` (retryable), never a bad file."""
+    ``recorded_by`` says where the recorded values come from, for the reason. Without ``read``
+    only presence and size are checked (one request on object storage), and the recorded
+    SHA-256 is returned. The footer is read through the blob, as the size and checksum are: a
+    store that keeps failing is its :class:`BlobUnavailable` (retryable), never a bad file."""
     path = blob.path(listed["path"])
     try:
         size = blob.size(path)
         if size != listed["bytes"]:
             return None, f"size {size} bytes, {recorded_by} says {listed['bytes']}"
+        if not read:
+            return listed["sha256"], None
         digest = blob.checksum(path)
     except FileNotFoundError:
         return None, "missing"

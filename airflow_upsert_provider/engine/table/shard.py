@@ -464,6 +464,7 @@ class Shard:
         behind = {p: off for p, off in starts.items() if high[p] > off}
         times = self.source.first_message_times({int(p): off for p, off in behind.items()}) if behind else {}
         landed = [t for t in times.values() if t is not None]
+        pending = {p: max(0, high[p] - off) for p, off in starts.items()}
         return ShardStatus(
             shard=self.shard_id,
             upper=state.upper,
@@ -472,11 +473,11 @@ class Shard:
             high_watermark=high,
             bound=bound,
             rows=self.count_rows(spark) if spark is not None else None,
-            pending_segments=sum(high[p] - off for p, off in behind.items()),
+            pending_segments=sum(pending.values()),
             stream=_stream_summary(self.consensus, self.shard_id),
             oldest_pending_at=min(landed) if landed else None,
             lag_unit=self.source.lag_unit,
-            pending_by_partition={p: max(0, high[p] - off) for p, off in starts.items()},
+            pending_by_partition=pending,
         )
 
 

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError
-from airflow_upsert_provider.engine.write.records import QUOTE_CHARS, BatchRecords, judge_lines, sql_name
+from airflow_upsert_provider.engine.write.records import (
+    QUOTE_CHARS,
+    BatchRecords,
+    judge_lines,
+    refuse_non_json_constant,
+    sql_name,
+)
 from airflow_upsert_provider.engine.table.runs import user_schema
 
 if TYPE_CHECKING:
@@ -101,15 +107,11 @@ class _Object(dict):
         self.pairs = pairs
 
 
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not a JSON value")
-
-
 def _loads(text: str) -> Any:
     """Strict-enough JSON: NaN and Infinity refused, numbers and members kept as read. What
     Python still accepts and the validator does not (it is stricter), the validator rejects."""
     return json.loads(
-        text, parse_int=_Number, parse_float=_Number, parse_constant=_not_json, object_pairs_hook=_Object
+        text, parse_int=_Number, parse_float=_Number, parse_constant=refuse_non_json_constant, object_pairs_hook=_Object
     )
 
 
@@ -267,7 +269,7 @@ def _map_json(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _Mapp
         return "{" + ",".join(added) + "}", True, None, None, ()
     try:
         # Only the top level is looked at; the text itself goes on unchanged.
-        record = json.loads(value, parse_constant=_not_json)
+        record = json.loads(value, parse_constant=refuse_non_json_constant)
     except ValueError as exc:
         return value, False, None, f"value is not JSON ({exc})", ()
     except RecursionError:

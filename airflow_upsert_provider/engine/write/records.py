@@ -447,7 +447,7 @@ def _json_values(data: bytes) -> list:
     lines = [line for line in data.splitlines() if line.strip(b" \t")]  # LF, CRLF and CR, as Spark
 
     def parse(text: bytes) -> Any:
-        return json.loads(text.decode("utf-8", errors="replace"), parse_constant=_refuse_constant)
+        return json.loads(text.decode("utf-8", errors="replace"), parse_constant=refuse_non_json_constant)
 
     try:
         return parse(b"[" + b",".join(lines) + b"]")
@@ -461,8 +461,10 @@ def _json_values(data: bytes) -> list:
         return values
 
 
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+def refuse_non_json_constant(constant: str) -> Any:
+    """``json.loads``'s ``parse_constant``: NaN and Infinity are no JSON values (RFC 8259),
+    whatever Python's parser accepts."""
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def _jsonl_field_counts_spark(spark: "SparkSession", config: ShardConfig,
