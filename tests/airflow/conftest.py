@@ -129,7 +129,8 @@ class AirflowHome:
 class DagsTestProcess:
     """The test's side of tests/airflow/dags_test_process.py: each :meth:`dags_test` runs one
     command there and returns what ``airflow dags test`` in a process of its own would: its
-    exit code, and its output (stderr is in ``stdout``, in the order written)."""
+    exit code, and its output (stderr is in ``stdout``, in the order written; a Spark driver
+    JVM's lines come through a thread of the engine's and may fall into the next command's)."""
 
     def __init__(self, home: AirflowHome, proc: subprocess.Popen) -> None:
         self._home = home
