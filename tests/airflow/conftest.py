@@ -10,15 +10,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
 import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
+from tests.airflow.dags_test_process import END
 from tests.conftest import REPO_ROOT
 
 VENV_BIN = os.path.dirname(sys.executable)
@@ -68,6 +73,25 @@ class AirflowHome:
                   timeout: float = 600) -> subprocess.CompletedProcess:
         return self.run(self.dags_test_cmd(dag_id, conf), env, timeout)
 
+    @contextmanager
+    def dags_test_process(self, env: dict[str, str]) -> Iterator["DagsTestProcess"]:
+        """One Airflow process for several `airflow dags test` runs in ``env``, one at a time
+        (tests/airflow/dags_test_process.py): for a test whose runs share a shard store and
+        whose point is not a process of their own. Ended when the block ends."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.airflow.dags_test_process"], env=dict(env, PYTHONUNBUFFERED="1"),
+            cwd=self.path, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        try:
+            yield DagsTestProcess(self, proc)
+        finally:
+            proc.stdin.close()  # the process ends at stdin's end
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def query(self, sql: str, *args: Any) -> list[tuple]:
         with sqlite3.connect(os.path.join(self.path, "airflow.db")) as conn:
             return list(conn.execute(sql, args))
@@ -100,6 +124,44 @@ class AirflowHome:
         )
         assert rows, f"no task instance {dag_id}/{run_id}/{task_id}"
         return rows[0]
+
+
+class DagsTestProcess:
+    """The test's side of tests/airflow/dags_test_process.py: each :meth:`dags_test` runs one
+    command there and returns what ``airflow dags test`` in a process of its own would: its
+    exit code, and its output (stderr is in ``stdout``, in the order written; a Spark driver
+    JVM's lines come through a thread of the engine's and may fall into the next command's)."""
+
+    def __init__(self, home: AirflowHome, proc: subprocess.Popen) -> None:
+        self._home = home
+        self._proc = proc
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="dags-test-output", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # the process ended
+
+    def dags_test(self, dag_id: str, conf: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        argv = self._home.dags_test_cmd(dag_id, conf)[1:]
+        self._proc.stdin.write(json.dumps(argv) + "\n")
+        self._proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        output: list[str] = []
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"dags test {dag_id} did not end in {timeout} s:\n{''.join(output)[-6000:]}")
+            if line is None:
+                raise AssertionError(f"the Airflow process ended (exit {self._proc.wait()}) during dags test "
+                                     f"{dag_id}:\n{''.join(output)[-6000:]}")
+            if END in line:
+                before, _, code = line.partition(END)
+                output.append(before)
+                return subprocess.CompletedProcess(argv, int(code.split()[0]), "".join(output), "")
+            output.append(line)
 
 
 def home_env(env: dict[str, str], path: str) -> dict[str, str]:

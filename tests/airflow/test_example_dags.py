@@ -23,7 +23,7 @@ from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator
 from airflow_upsert_provider.sample_data import SampleSpec, generate
 from demo.task_logs import save_task_logs
-from tests.airflow.conftest import AirflowHome, failure_text, init_shard, read_table
+from tests.airflow.conftest import AirflowHome, DagsTestProcess, failure_text, init_shard, read_table
 from tests.airflow.test_demo import read_task_log
 from tests.helpers import table
 from tests.maintenance.support import oracle, written_shard
@@ -84,15 +84,18 @@ def test_backfill_then_schedule_catch_the_shard_up(airflow_home, tmp_path):
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", str(tmp_path / "blob")
     init_shard(url, blob, landing, max_files_per_batch=3)
     env = airflow_home.env(url, blob)
-    with _consumer_unpaused(airflow_home):
-        _backfill_then_schedule(airflow_home, env, url, blob, landing)
+    # The three runs in one Airflow process (one import of Airflow, one Spark driver JVM),
+    # each checked before the next starts.
+    with _consumer_unpaused(airflow_home), airflow_home.dags_test_process(env) as airflow:
+        _backfill_then_schedule(airflow_home, airflow, env, url, blob, landing)
 
 
-def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url: str, blob: str, landing: str) -> None:
+def _backfill_then_schedule(airflow_home: AirflowHome, airflow: DagsTestProcess, env: dict[str, str], url: str,
+                            blob: str, landing: str) -> None:
 
     # A batch_size the form refuses (0) is refused by the param's schema before any task runs:
     # tests/airflow/test_provider.py checks every param's refusals without an Airflow process.
-    proc = airflow_home.dags_test("upsert_backfill", env, conf={"shard": "orders", "batch_size": 8, "max_batches": 1})
+    proc = airflow.dags_test("upsert_backfill", conf={"shard": "orders", "batch_size": 8, "max_batches": 1})
     assert proc.returncode == 0, failure_text(proc)
     run_id = airflow_home.latest_run("upsert_backfill")
     assert airflow_home.task_instance("upsert_backfill", run_id, "backfill") == ("success", 1)
@@ -108,7 +111,7 @@ def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url:
     assert _events(airflow_home) == [_event_of(report, upper_before=0)]
     assert _queued(airflow_home) == [CONSUMER]
 
-    proc = airflow_home.dags_test("upsert_microbatch", env)
+    proc = airflow.dags_test("upsert_microbatch")
     assert proc.returncode == 0, failure_text(proc)
     run_id = airflow_home.latest_run("upsert_microbatch")
     assert airflow_home.task_instance("upsert_microbatch", run_id, "upsert") == ("success", 1)
@@ -135,7 +138,7 @@ def _backfill_then_schedule(airflow_home: AirflowHome, env: dict[str, str], url:
 
     # Caught up: the next run commits nothing, and Airflow registers no event (the operator took
     # the shard's asset out of the try's outlets, which the task runner sends on success).
-    proc = airflow_home.dags_test("upsert_microbatch", env)
+    proc = airflow.dags_test("upsert_microbatch")
     assert proc.returncode == 0, failure_text(proc)
     report = airflow_home.xcom("upsert_microbatch", airflow_home.latest_run("upsert_microbatch"), "upsert")
     assert report["committed"] == 0 and report["upper"] == 3, report
