@@ -284,6 +284,11 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
     :param catalog_uri: a REST catalog's URL (``http[s]://...``) or a SQL catalog's database
         URL without a password (one that needs a secret belongs in ``iceberg_conn_id``); not
         with ``iceberg_conn_id``. Not templated, and never logged.
+    :param keep_last: after the publish, keep the newest this many snapshots of the table
+        (default 10, at least 1) and those younger than ``keep_within``; the older ones and
+        the files only they used are deleted (docs/readers.md, "Snapshot expiry").
+    :param keep_within: also keep snapshots younger than this many seconds (default 0).
+    :param expire: False keeps every snapshot (an expiry elsewhere bounds the storage).
     :param upsert_conn_id: the `upsert` connection.
     """
 
@@ -296,6 +301,9 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         table: str,
         iceberg_conn_id: str | None = None,
         catalog_uri: str | None = None,
+        keep_last: int | None = None,
+        keep_within: float | None = None,
+        expire: bool = True,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
@@ -303,12 +311,17 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         self.table = table
         self.iceberg_conn_id = iceberg_conn_id
         self.catalog_uri = catalog_uri
+        self.keep_last = keep_last
+        self.keep_within = keep_within
+        self.expire = expire
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.maintenance.iceberg import publish_to_catalog
+        from airflow_upsert_provider.engine.maintenance.iceberg_expiry import retention
         from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
 
         parse_table_identifier(self.table)  # before the shard is opened: a typo is the likely failure
+        policy = retention(self.keep_last, self.keep_within)
         if self.iceberg_conn_id and self.catalog_uri:
             raise ConfigurationError("give the Iceberg catalog once: iceberg_conn_id or catalog_uri, not both",
                                      field="catalog_uri")
@@ -321,5 +334,6 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         result = publish_to_catalog(
             hook.open_shard(self.shard), self.table, consensus_url=hook.settings.consensus_url,
             blob_root=hook.settings.blob_root, catalog_uri=self.catalog_uri or None, properties=properties,
+            retention=policy if self.expire else None,
         )
         return result.to_dict()

@@ -52,6 +52,7 @@ from airflow_upsert_provider.engine.maintenance.iceberg_catalog import (
     describe_catalog,
     open_catalog,
 )
+from airflow_upsert_provider.engine.maintenance.iceberg_expiry import ExpiryResult, Retention, expire_snapshots
 from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
 from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -288,6 +289,9 @@ class PublishResult:
     attempts: int = 0
     seconds: float = 0.0
     reason: str = ""
+    # Snapshot expiry after the publish (iceberg_expiry): snapshots removed, files deleted.
+    expired: int = 0
+    deleted_files: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -297,18 +301,19 @@ class PublishResult:
 
 def publish_to_catalog(
     shard: Shard, table_identifier: str, *, consensus_url: str, blob_root: str, catalog_uri: str | None = None,
-    properties: Mapping[str, str] | None = None,
+    properties: Mapping[str, str] | None = None, retention: Retention | None = Retention(),
 ) -> PublishResult:
     """:func:`publish_iceberg` through the catalog of ``properties`` (an Iceberg catalog
     connection's: :func:`connection_catalog_properties`), else the one :func:`catalog_properties`
     gives for the shard's store URL, blob root and ``catalog_uri``; opened for this publish
-    and closed after."""
+    and closed after; ``retention`` as :func:`publish_iceberg` takes it."""
     parse_table_identifier(table_identifier)  # a usage error before the catalog is opened
     if properties is None:
         properties = catalog_properties(consensus_url, blob_root, catalog_uri)
     catalog = open_catalog(properties)
     try:
-        return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties))
+        return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties),
+                               retention=retention)
     finally:
         close_catalog(catalog)
 
@@ -321,6 +326,7 @@ def publish_iceberg(
     max_attempts: int = MAX_ATTEMPTS,
     catalog_name: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    retention: Retention | None = Retention(),
 ) -> PublishResult:
     """Publish ``shard``'s table as of its since to the Iceberg table ``table_identifier``
     (``NAMESPACE.TABLE``) of ``catalog``, as one snapshot (module docstring). Idempotent:
@@ -332,7 +338,11 @@ def publish_iceberg(
     :param catalog_name: how errors name the catalog (no secret), e.g. :func:`describe_catalog`.
     :param on_step: called with ``"create"`` before a publish that found no table creates
         it, and with ``"written"`` once the data files and manifests are written, before the
-        catalog's commit (tests force races and crashes there).
+        catalog's commit (tests force races and crashes there); then as
+        :func:`iceberg_expiry.expire_snapshots` calls it.
+    :param retention: the snapshots kept after the publish (also after one with nothing to
+        publish: it finishes an interrupted expiry); the older ones and the files only they
+        referenced are deleted (:mod:`iceberg_expiry`). None: no expiry.
     """
     started = time.monotonic()
     identifier = parse_table_identifier(table_identifier)
@@ -360,8 +370,10 @@ def publish_iceberg(
             raise ConfigurationError(decision.reason, shard=shard.shard_id, table=table_name, field="iceberg")
         if decision.action == NOTHING:
             snapshot = table.current_snapshot() if table is not None else None
+            expiry = _expire(table, retention, step, where) if snapshot is not None else None
             return PublishResult(outcome=NOTHING_TO_PUBLISH, snapshot_id=snapshot.snapshot_id if snapshot else None,
-                                 seconds=time.monotonic() - started, reason=decision.reason, **base)
+                                 seconds=time.monotonic() - started, reason=decision.reason, **base,
+                                 **_expiry_counts(expiry))
         problem = schema_mismatch(expected, table.schema(), table_name)
         if problem is not None:
             raise ConfigurationError(f"{problem}: nothing was published", shard=shard.shard_id, table=table_name,
@@ -377,6 +389,7 @@ def publish_iceberg(
         if committed is None:
             continue  # another commit landed first: decide again on the table it left
         snapshot, added = committed
+        expiry = _expire(table, retention, step, where)
         return PublishResult(
             outcome=PUBLISHED,
             snapshot_id=snapshot.snapshot_id,
@@ -386,6 +399,7 @@ def publish_iceberg(
             seconds=time.monotonic() - started,
             reason=decision.reason,
             **base,
+            **_expiry_counts(expiry),
         )
     raise UpsertError(
         f"publishing shard {shard.shard_id!r} to Iceberg table {table_name} lost the race {max_attempts} times; "
@@ -393,6 +407,28 @@ def publish_iceberg(
         shard=shard.shard_id,
         table=table_name,
     )
+
+
+def _expire(
+    table: "Table", retention: Retention | None, step: Callable[[str], None], where: str
+) -> ExpiryResult | None:
+    """Snapshot expiry after a publish (None: not asked for), on the table as the catalog has
+    it now. A failure is the store's or the catalog's error; what the publish committed stays."""
+    if retention is None:
+        return None
+    try:
+        return expire_snapshots(table.refresh(), retention, now_ms=int(time.time() * 1000), on_step=step)
+    except UpsertError:
+        raise
+    except Exception as exc:
+        mapped = store_error(table.location(), exc, "delete")
+        raise mapped or catalog_unavailable(where, exc) from None
+
+
+def _expiry_counts(expiry: ExpiryResult | None) -> dict[str, int]:
+    if expiry is None:
+        return {}
+    return {"expired": len(expiry.expired), "deleted_files": sum(expiry.deleted.values())}
 
 
 def _load_table(catalog: "Catalog", identifier: tuple[str, ...], where: str) -> "Table | None":
