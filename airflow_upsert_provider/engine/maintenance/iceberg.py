@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,15 @@ from airflow_upsert_provider.engine.errors import (
     OutcomeUnknown,
     UpsertError,
     first_line,
+)
+from airflow_upsert_provider.engine.maintenance.iceberg_buckets import (
+    SUMMARY_BUCKETS,
+    bucket_digests,
+    bucket_files,
+    plan_buckets,
+    published_digests,
+    summary_digests,
+    task_id,
 )
 from airflow_upsert_provider.engine.maintenance.iceberg_catalog import (
     catalog_properties,
@@ -178,9 +187,16 @@ def decide_on_table(shard_id: str, since: int, table_name: str, table: "Table | 
     snapshot = table.current_snapshot() if table is not None else None
     if snapshot is None:
         return decide_publish(shard_id, since, table_name, None, None)
-    # A snapshot without a summary is not ours either: {} is refused, never None.
-    summary = dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
-    return decide_publish(shard_id, since, table_name, snapshot.snapshot_id, summary)
+    return decide_publish(shard_id, since, table_name, snapshot.snapshot_id, _current_summary(table))
+
+
+def _current_summary(table: "Table") -> dict[str, str]:
+    """The current snapshot's summary properties ({} for none, or a snapshot without a
+    summary: never None, which means no snapshot)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return {}
+    return dict(snapshot.summary.additional_properties)
 
 
 def iceberg_type(spark_type: Any, column: str, counter: Iterator[int]) -> "IcebergType":
@@ -289,6 +305,9 @@ class PublishResult:
     attempts: int = 0
     seconds: float = 0.0
     reason: str = ""
+    # Buckets whose data files were written again, and kept from the previous snapshot.
+    buckets_rewritten: int = 0
+    buckets_kept: int = 0
     # Snapshot expiry after the publish (iceberg_expiry): snapshots removed, files deleted.
     expired: int = 0
     deleted_files: int = 0
@@ -383,9 +402,20 @@ def publish_iceberg(
             SUMMARY_SINCE: str(since),
             SUMMARY_UPPER: str(view.record.upper),
         }
-        reader = read_runs_arrow(shard.config, shard.blob, view.runs, shard_id=shard.shard_id)
-        committed = _commit_overwrite(table, reader, summary_properties, shard.shard_id, since, table_name, where,
-                                      step)
+        # Buckets whose live run files are the ones the current snapshot was written from
+        # keep their data files (iceberg_buckets); the others are read and written again.
+        by_bucket = bucket_files([f for run in view.runs for f in run["files"]])
+        digests = bucket_digests(by_bucket)
+        current = list(current_data_files(table))
+        plan = plan_buckets(digests, published_digests(_current_summary(table)), [f.file_path for f in current])
+        summary_properties[SUMMARY_BUCKETS] = summary_digests(digests)
+        removed = [f for f in current if f.file_path in set(plan.delete)]
+        readers = (
+            (key, read_runs_arrow(shard.config, shard.blob, [{"files": by_bucket[key]}], shard_id=shard.shard_id))
+            for key in plan.rewrite
+        )
+        committed = _commit_overwrite(table, readers, removed, summary_properties, shard.shard_id, since, table_name,
+                                      where, step)
         if committed is None:
             continue  # another commit landed first: decide again on the table it left
         snapshot, added = committed
@@ -396,6 +426,8 @@ def publish_iceberg(
             rows=sum(f.record_count for f in added),
             files=len(added),
             bytes=sum(f.file_size_in_bytes for f in added),
+            buckets_rewritten=len(plan.rewrite),
+            buckets_kept=len(digests) - len(plan.rewrite),
             seconds=time.monotonic() - started,
             reason=decision.reason,
             **base,
@@ -566,13 +598,14 @@ def current_data_files(table: "Table") -> Iterator[Any]:
 
 
 def _commit_overwrite(
-    table: "Table", reader: "pyarrow.RecordBatchReader", summary: dict[str, str], shard_id: str, since: int,
-    table_name: str, where: str,
+    table: "Table", readers: "Iterable[tuple[str, pyarrow.RecordBatchReader]]", removed: list[Any],
+    summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
     on_step: Callable[[str], None],
 ) -> "tuple[Any, list[Any]] | None":
-    """Write ``reader``'s rows as new data files of ``table`` and commit ONE snapshot that
-    replaces every data file of the current one (an OVERWRITE; an APPEND on a table without
-    a snapshot), its summary carrying ``summary``. The commit requires the table's current
+    """Write each bucket's rows (``readers``: bucket key, its reader) as new data files of
+    ``table`` and commit ONE snapshot that removes the ``removed`` data files of the current
+    one and keeps its others (an OVERWRITE; an APPEND on a table without a snapshot), its
+    summary carrying ``summary``. The commit requires the table's current
     snapshot to be the one this started from: None when another commit landed first (the
     files written are then referenced by nothing). Returns the new snapshot and the files
     it added."""
@@ -585,24 +618,25 @@ def _commit_overwrite(
     transaction = _without_commit_retries(table).transaction()
     added: list[Any] = []
     target_bytes = target_file_bytes(table.metadata.properties)
-    # One counter: the files of every chunk get distinct names.
-    counter = itertools.count(0)
     try:
         with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
-            for data_file in current_data_files(table):
+            for data_file in removed:
                 overwrite.delete_data_file(data_file)
-            # Chunk by chunk: write_file hands every task of one call to a thread pool at once,
-            # so one call per chunk is what bounds the rows held to one chunk.
-            for chunk in arrow_chunks(reader, target_bytes):
-                metadata = transaction.table_metadata
-                schema = pyarrow_to_schema(chunk.schema, name_mapping=metadata.schema().name_mapping,
-                                           format_version=metadata.format_version)
-                tasks = (WriteTask(write_uuid=overwrite.commit_uuid, task_id=next(counter), record_batches=batches,
-                                   schema=schema)
-                         for batches in bin_pack_arrow_table(chunk, target_bytes))
-                for data_file in write_file(io=table.io, table_metadata=metadata, tasks=tasks):
-                    overwrite.append_data_file(data_file)
-                    added.append(data_file)
+            for bucket, reader in readers:
+                # One counter per bucket: the bucket is in each file's name (its task id).
+                counter = itertools.count(0)
+                # Chunk by chunk: write_file hands every task of one call to a thread pool at
+                # once, so one call per chunk is what bounds the rows held to one chunk.
+                for chunk in arrow_chunks(reader, target_bytes):
+                    metadata = transaction.table_metadata
+                    schema = pyarrow_to_schema(chunk.schema, name_mapping=metadata.schema().name_mapping,
+                                               format_version=metadata.format_version)
+                    tasks = (WriteTask(write_uuid=overwrite.commit_uuid, task_id=task_id(bucket, next(counter)),
+                                       record_batches=batches, schema=schema)
+                             for batches in bin_pack_arrow_table(chunk, target_bytes))
+                    for data_file in write_file(io=table.io, table_metadata=metadata, tasks=tasks):
+                        overwrite.append_data_file(data_file)
+                        added.append(data_file)
             snapshot_id = overwrite.snapshot_id
     except BaseException as exc:
         # A read or write failed (a damaged run file, a full disk, the store): nothing was committed.
