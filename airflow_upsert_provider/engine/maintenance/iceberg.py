@@ -1,8 +1,11 @@
 """Publishing a shard's table as an Apache Iceberg snapshot, through PyIceberg.
 
 ``publish_iceberg`` writes the table as of the shard's ``since`` (the state the last
-compaction fixed) as ONE new snapshot of an Iceberg table: an overwrite of the whole table
-whose summary carries ``upsert.shard``, ``upsert.since`` and ``upsert.upper``. Any engine
+compaction fixed) as ONE new snapshot of an Iceberg table: an overwrite of the buckets whose
+live runs changed since the last publish, keeping the other buckets' data files
+(:mod:`iceberg_buckets`), whose summary carries ``upsert.shard``, ``upsert.since``,
+``upsert.upper`` and ``upsert.buckets``. After it, snapshots beyond a retention are expired
+with the files only they used (:mod:`iceberg_expiry`). Any engine
 that reads Iceberg (Spark, Trino, DuckDB, Snowflake, PyIceberg) reads it, and time travel
 to an earlier snapshot gives the table as of an earlier compaction.
 
@@ -30,14 +33,12 @@ does not delete them; an orphan-file removal of the Iceberg table, e.g. Spark's
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
-from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     IntegrityError,
@@ -63,7 +64,8 @@ from airflow_upsert_provider.engine.maintenance.iceberg_catalog import (
 )
 from airflow_upsert_provider.engine.maintenance.iceberg_expiry import ExpiryResult, Retention, expire_snapshots
 from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
-from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow
+from airflow_upsert_provider.engine.maintenance.iceberg_schema import iceberg_schema, schema_mismatch
+from airflow_upsert_provider.engine.table.arrow_reader import read_runs_arrow
 from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
@@ -71,7 +73,6 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
-    from pyiceberg.types import IcebergType
 
 # Keys of the snapshot summary a publish writes.
 SUMMARY_SHARD = "upsert.shard"
@@ -94,25 +95,6 @@ DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
 # A lost commit race means another publish committed first; a few rounds settle it.
 MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
-
-_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
-_STRING_LIKE = re.compile(r"(?:var)?char\(\d+\)")
-_PRIMITIVES = {
-    "boolean": "BooleanType",
-    "byte": "IntegerType",
-    "short": "IntegerType",
-    "integer": "IntegerType",
-    "long": "LongType",
-    "float": "FloatType",
-    "double": "DoubleType",
-    "string": "StringType",
-    "binary": "BinaryType",
-    "date": "DateType",
-    # Spark's TIMESTAMP is an instant (Arrow: timestamp[us, tz=UTC]); TIMESTAMP_NTZ is not.
-    "timestamp": "TimestamptzType",
-    "timestamp_ntz": "TimestampType",
-}
-
 
 # -- pure ------------------------------------------------------------------------------------
 
@@ -197,95 +179,6 @@ def _current_summary(table: "Table") -> dict[str, str]:
     if snapshot is None or snapshot.summary is None:
         return {}
     return dict(snapshot.summary.additional_properties)
-
-
-def iceberg_type(spark_type: Any, column: str, counter: Iterator[int]) -> "IcebergType":
-    """The Iceberg type of a column of Spark type ``spark_type`` (its JSON form, as the
-    shard's schema stores it); nested fields take their ids from ``counter`` (placeholders,
-    unique in the schema: the catalog assigns fresh ones when it creates the table). Every
-    field is optional: the engine does not enforce NOT NULL. A type Iceberg has none for is a
-    :class:`ConfigurationError` naming the column."""
-    from pyiceberg import types as t
-
-    def convert(node: Any, path: str) -> "IcebergType":
-        if isinstance(node, str):
-            name = _PRIMITIVES.get(node)
-            if name is not None:
-                return getattr(t, name)()
-            decimal = _DECIMAL.fullmatch(node)
-            if decimal:
-                return t.DecimalType(int(decimal.group(1)), int(decimal.group(2)))
-            if _STRING_LIKE.fullmatch(node):
-                return t.StringType()
-        elif isinstance(node, dict) and node.get("type") == "array":
-            return t.ListType(next(counter), convert(node["elementType"], f"{path}.element"), element_required=False)
-        elif isinstance(node, dict) and node.get("type") == "map":
-            return t.MapType(
-                next(counter), convert(node["keyType"], f"{path}.key"),
-                next(counter), convert(node["valueType"], f"{path}.value"), value_required=False,
-            )
-        elif isinstance(node, dict) and node.get("type") == "struct":
-            return t.StructType(*[
-                t.NestedField(next(counter), f["name"], convert(f["type"], f"{path}.{f['name']}"), required=False)
-                for f in node["fields"]
-            ])
-        shown = node if isinstance(node, str) else node.get("type") if isinstance(node, dict) else repr(node)
-        raise ConfigurationError(
-            f"column {path!r} has type {shown}, which Iceberg has no type for: it cannot be published",
-            field="schema",
-            column=path,
-        )
-
-    return convert(spark_type, column)
-
-
-def iceberg_schema(config: ShardConfig) -> "Schema":
-    """The Iceberg schema of the shard's table: the columns a read returns (keys first, the
-    delete marker left out), each optional. Pure."""
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import NestedField
-
-    types = {f["name"]: f["type"] for f in config.schema_fields()}
-    columns = output_columns(config, None)
-    nested_ids = itertools.count(len(columns) + 1)
-    return Schema(*[
-        NestedField(position, name, iceberg_type(types[name], name, nested_ids), required=False)
-        for position, name in enumerate(columns, start=1)
-    ])
-
-
-def schema_mismatch(expected: "Schema", actual: "Schema", table: str) -> str | None:
-    """Why an existing table whose schema is ``actual`` cannot take the shard's table
-    (``expected``): the first field missing, extra or of another type, by name, named with
-    both types; None when they agree (field ids and optionality aside). Pure."""
-    wanted = {f.name: f for f in expected.fields}
-    have = {f.name: f for f in actual.fields}
-    for name, field in wanted.items():
-        if name not in have:
-            return f"Iceberg table {table} has no column {name!r} (shard column of type {field.field_type})"
-        if not _same_type(field.field_type, have[name].field_type):
-            return (f"Iceberg table {table}: column {name!r} is {have[name].field_type}, the shard's is "
-                    f"{field.field_type}")
-    extra = [name for name in have if name not in wanted]
-    if extra:
-        return (f"Iceberg table {table} has column {extra[0]!r}, which the shard's table does not have "
-                f"(the shard's columns: {', '.join(wanted)})")
-    return None
-
-
-def _same_type(a: "IcebergType", b: "IcebergType") -> bool:
-    """Equal types, nested field ids and optionality aside."""
-    from pyiceberg import types as t
-
-    if isinstance(a, t.StructType) and isinstance(b, t.StructType):
-        return [f.name for f in a.fields] == [f.name for f in b.fields] and all(
-            _same_type(x.field_type, y.field_type) for x, y in zip(a.fields, b.fields)
-        )
-    if isinstance(a, t.ListType) and isinstance(b, t.ListType):
-        return _same_type(a.element_type, b.element_type)
-    if isinstance(a, t.MapType) and isinstance(b, t.MapType):
-        return _same_type(a.key_type, b.key_type) and _same_type(a.value_type, b.value_type)
-    return a == b
 
 
 # -- effects ---------------------------------------------------------------------------------
