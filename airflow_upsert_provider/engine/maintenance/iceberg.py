@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
 
 # Keys of the snapshot summary a publish writes.
 SUMMARY_SHARD = "upsert.shard"
@@ -239,6 +240,7 @@ def publish_iceberg(
     catalog_name: str | None = None,
     on_step: Callable[[str], None] | None = None,
     retention: Retention | None = Retention(),
+    spark: "SparkSession | None" = None,
 ) -> PublishResult:
     """Publish ``shard``'s table as of its since to the Iceberg table ``table_identifier``
     (``NAMESPACE.TABLE``) of ``catalog``, as one snapshot (module docstring). Idempotent:
@@ -252,6 +254,9 @@ def publish_iceberg(
         it, and with ``"written"`` once the data files and manifests are written, before the
         catalog's commit (tests force races and crashes there); then as
         :func:`iceberg_expiry.expire_snapshots` calls it.
+    :param spark: a session whose executors merge and write the data files
+        (:mod:`iceberg_spark`; the table must be on a filesystem path they reach); None: the
+        Arrow reader and PyIceberg's writer, in this process.
     :param retention: the snapshots kept after the publish (also after one with nothing to
         publish: it finishes an interrupted expiry); the older ones and the files only they
         referenced are deleted (:mod:`iceberg_expiry`). None: no expiry.
@@ -303,11 +308,11 @@ def publish_iceberg(
         plan = plan_buckets(digests, published_digests(_current_summary(table)), [f.file_path for f in current])
         summary_properties[SUMMARY_BUCKETS] = summary_digests(digests)
         removed = [f for f in current if f.file_path in set(plan.delete)]
-        readers = (
-            (key, read_runs_arrow(shard.config, shard.blob, [{"files": by_bucket[key]}], shard_id=shard.shard_id))
-            for key in plan.rewrite
-        )
-        committed = _commit_overwrite(table, readers, removed, summary_properties, shard.shard_id, since, table_name,
+        if spark is None:
+            write_data = _arrow_data_files(shard, by_bucket, plan.rewrite)
+        else:
+            write_data = _spark_data_files(spark, shard, by_bucket, plan.rewrite)
+        committed = _commit_overwrite(table, write_data, removed, summary_properties, shard.shard_id, since, table_name,
                                       where, step)
         if committed is None:
             continue  # another commit landed first: decide again on the table it left
@@ -490,46 +495,84 @@ def current_data_files(table: "Table") -> Iterator[Any]:
                 yield entry.data_file
 
 
-def _commit_overwrite(
-    table: "Table", readers: "Iterable[tuple[str, pyarrow.RecordBatchReader]]", removed: list[Any],
-    summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
-    on_step: Callable[[str], None],
-) -> "tuple[Any, list[Any]] | None":
-    """Write each bucket's rows (``readers``: bucket key, its reader) as new data files of
-    ``table`` and commit ONE snapshot that removes the ``removed`` data files of the current
-    one and keeps its others (an OVERWRITE; an APPEND on a table without a snapshot), its
-    summary carrying ``summary``. The commit requires the table's current
-    snapshot to be the one this started from: None when another commit landed first (the
-    files written are then referenced by nothing). Returns the new snapshot and the files
-    it added."""
-    from pyiceberg.exceptions import CommitFailedException, ValidationException
-    # The public overwrite() commits a DELETE and an APPEND snapshot; one snapshot per
-    # publish feeds the transaction's snapshot producer with files written by write_file.
+# How a publish writes its data files: given the table, the transaction and the attempt's
+# commit uuid (in every file's name), the data files written, as they are written.
+DataFileWriter = Callable[["Table", Any, Any], Iterator[Any]]
+
+
+def _arrow_data_files(shard: Shard, by_bucket: dict[str, list[dict[str, Any]]], rewrite: tuple[str, ...]
+                      ) -> DataFileWriter:
+    """The ``rewrite`` buckets read by the Arrow reader and written by PyIceberg here."""
     from pyiceberg.io.pyarrow import bin_pack_arrow_table, pyarrow_to_schema, write_file
     from pyiceberg.table import WriteTask
 
+    def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
+        target_bytes = target_file_bytes(transaction.table_metadata.properties)
+        for bucket in rewrite:
+            reader = read_runs_arrow(shard.config, shard.blob, [{"files": by_bucket[bucket]}], shard_id=shard.shard_id)
+            # One counter per bucket: the bucket is in each file's name (its task id).
+            counter = itertools.count(0)
+            # Chunk by chunk: write_file hands every task of one call to a thread pool at
+            # once, so one call per chunk is what bounds the rows held to one chunk.
+            for chunk in arrow_chunks(reader, target_bytes):
+                metadata = transaction.table_metadata
+                schema = pyarrow_to_schema(chunk.schema, name_mapping=metadata.schema().name_mapping,
+                                           format_version=metadata.format_version)
+                tasks = (WriteTask(write_uuid=commit_uuid, task_id=task_id(bucket, next(counter)),
+                                   record_batches=batches, schema=schema)
+                         for batches in bin_pack_arrow_table(chunk, target_bytes))
+                yield from write_file(io=table.io, table_metadata=metadata, tasks=tasks)
+
+    return write
+
+
+def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, list[dict[str, Any]]],
+                      rewrite: tuple[str, ...]) -> DataFileWriter:
+    """The ``rewrite`` buckets merged and written by Spark's executors (:mod:`iceberg_spark`);
+    each file's entry from its footer, read here. Files a failed attempt's executors wrote
+    are deleted (the driver may not know them all)."""
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+    from airflow_upsert_provider.engine.maintenance import iceberg_spark
+
+    def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
+        try:
+            paths = iceberg_spark.write_on_executors(
+                spark, shard, table, by_bucket, rewrite, target_file_bytes(transaction.table_metadata.properties),
+                write_uuid=str(commit_uuid))
+            for path in paths:
+                yield parquet_file_to_data_file(table.io, transaction.table_metadata, path)
+        except BaseException:
+            iceberg_spark.remove_attempt(table, str(commit_uuid))
+            raise
+
+    return write
+
+
+def _commit_overwrite(
+    table: "Table", write_data: DataFileWriter, removed: list[Any],
+    summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
+    on_step: Callable[[str], None],
+) -> "tuple[Any, list[Any]] | None":
+    """Write the data files (``write_data``) of ``table``'s new snapshot and commit it as ONE
+    snapshot that removes the ``removed`` data files of the current one and keeps its others
+    (an OVERWRITE; an APPEND on a table without a snapshot), its summary carrying
+    ``summary``. The commit requires the table's current snapshot to be the one this
+    started from: None when another commit landed first (the files written are then
+    referenced by nothing). Returns the new snapshot and the files it added."""
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    # The public overwrite() commits a DELETE and an APPEND snapshot; one snapshot per
+    # publish feeds the transaction's snapshot producer with the files written.
     transaction = _without_commit_retries(table).transaction()
     added: list[Any] = []
-    target_bytes = target_file_bytes(table.metadata.properties)
     try:
         with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
             for data_file in removed:
                 overwrite.delete_data_file(data_file)
-            for bucket, reader in readers:
-                # One counter per bucket: the bucket is in each file's name (its task id).
-                counter = itertools.count(0)
-                # Chunk by chunk: write_file hands every task of one call to a thread pool at
-                # once, so one call per chunk is what bounds the rows held to one chunk.
-                for chunk in arrow_chunks(reader, target_bytes):
-                    metadata = transaction.table_metadata
-                    schema = pyarrow_to_schema(chunk.schema, name_mapping=metadata.schema().name_mapping,
-                                               format_version=metadata.format_version)
-                    tasks = (WriteTask(write_uuid=overwrite.commit_uuid, task_id=task_id(bucket, next(counter)),
-                                       record_batches=batches, schema=schema)
-                             for batches in bin_pack_arrow_table(chunk, target_bytes))
-                    for data_file in write_file(io=table.io, table_metadata=metadata, tasks=tasks):
-                        overwrite.append_data_file(data_file)
-                        added.append(data_file)
+            for data_file in write_data(table, transaction, overwrite.commit_uuid):
+                overwrite.append_data_file(data_file)
+                added.append(data_file)
             snapshot_id = overwrite.snapshot_id
     except BaseException as exc:
         # A read or write failed (a damaged run file, a full disk, the store): nothing was committed.
