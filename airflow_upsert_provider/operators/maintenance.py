@@ -289,6 +289,11 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         the files only they used are deleted (docs/readers.md, "Snapshot expiry").
     :param keep_within: also keep snapshots younger than this many seconds (default 0).
     :param expire: False keeps every snapshot (an expiry elsewhere bounds the storage).
+    :param spark: True: the data files are merged and written by Spark's executors (the
+        connection's master; the table must be on a filesystem path every executor reaches),
+        committed as one snapshot here; False (default): read and written in this process,
+        without Spark.
+    :param spark_conf: Spark settings for the session when ``spark`` is True.
     :param upsert_conn_id: the `upsert` connection.
     """
 
@@ -304,11 +309,15 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         keep_last: int | None = None,
         keep_within: float | None = None,
         expire: bool = True,
+        spark: bool = False,
+        spark_conf: dict[str, str] | None = None,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.table = table
+        self.spark = spark
+        self.spark_conf = spark_conf or {}
         self.iceberg_conn_id = iceberg_conn_id
         self.catalog_uri = catalog_uri
         self.keep_last = keep_last
@@ -331,9 +340,22 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
 
             properties = IcebergCatalogHook(self.iceberg_conn_id).catalog_properties(
                 hook.settings.consensus_url, hook.settings.blob_root)
-        result = publish_to_catalog(
-            hook.open_shard(self.shard), self.table, consensus_url=hook.settings.consensus_url,
-            blob_root=hook.settings.blob_root, catalog_uri=self.catalog_uri or None, properties=properties,
-            retention=policy if self.expire else None,
-        )
-        return result.to_dict()
+        shard = hook.open_shard(self.shard)
+        if not self.spark:
+            return publish_to_catalog(
+                shard, self.table, consensus_url=hook.settings.consensus_url, blob_root=hook.settings.blob_root,
+                catalog_uri=self.catalog_uri or None, properties=properties, retention=policy if self.expire else None,
+            ).to_dict()
+        from pyspark.sql import SparkSession
+
+        owned = SparkSession.getActiveSession() is None
+        spark = hook.get_spark(app_name=f"publish-{self.shard}", conf=self.spark_conf)
+        try:
+            return publish_to_catalog(
+                shard, self.table, consensus_url=hook.settings.consensus_url, blob_root=hook.settings.blob_root,
+                catalog_uri=self.catalog_uri or None, properties=properties, retention=policy if self.expire else None,
+                spark=spark,
+            ).to_dict()
+        finally:
+            if owned:
+                spark.stop()

@@ -114,3 +114,32 @@ def test_a_table_on_object_storage_is_refused_for_executor_writes_naming_it():
     with pytest.raises(ConfigurationError, match="s3://lake/warehouse/analytics/orders: Spark executors") as raised:
         iceberg_spark.data_directory(Remote())
     assert raised.value.details["field"] == "spark"
+
+
+@sqlite_only
+def test_the_operator_publishes_through_executors(spark, consensus, blob, tmp_path, catalog, monkeypatch):
+    import json
+
+    from airflow_upsert_provider.operators.maintenance import PublishIcebergOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
+        {"conn_type": "upsert", "extra": {"consensus_url": consensus.url, "blob_root": blob.root}}))
+    shard = make_shard(consensus, blob, tmp_path, buckets=BUCKETS)
+    history: list[dict] = []
+    spark_batch(spark, shard, history, updates(random.Random(3), list(range(30))))
+    compact(spark, shard)
+    calls = []
+    monkeypatch.setattr(iceberg_spark, "write_on_executors", _counting(iceberg_spark.write_on_executors, calls))
+    result = PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE, spark=True).execute({})
+    assert (result["outcome"], result["buckets_rewritten"], len(calls)) == (PUBLISHED, BUCKETS, 1)
+    assert by_key(catalog.load_table(TABLE).scan().to_arrow()) == expected_table(
+        shard.config, history, shard.state().since)
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the session it did not start stays
+
+
+def _counting(function, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+
+    return counted

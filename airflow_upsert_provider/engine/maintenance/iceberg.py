@@ -215,18 +215,19 @@ class PublishResult:
 def publish_to_catalog(
     shard: Shard, table_identifier: str, *, consensus_url: str, blob_root: str, catalog_uri: str | None = None,
     properties: Mapping[str, str] | None = None, retention: Retention | None = Retention(),
+    spark: "SparkSession | None" = None,
 ) -> PublishResult:
     """:func:`publish_iceberg` through the catalog of ``properties`` (an Iceberg catalog
     connection's: :func:`connection_catalog_properties`), else the one :func:`catalog_properties`
     gives for the shard's store URL, blob root and ``catalog_uri``; opened for this publish
-    and closed after; ``retention`` as :func:`publish_iceberg` takes it."""
+    and closed after; ``retention`` and ``spark`` as :func:`publish_iceberg` takes them."""
     parse_table_identifier(table_identifier)  # a usage error before the catalog is opened
     if properties is None:
         properties = catalog_properties(consensus_url, blob_root, catalog_uri)
     catalog = open_catalog(properties)
     try:
         return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties),
-                               retention=retention)
+                               retention=retention, spark=spark)
     finally:
         close_catalog(catalog)
 
