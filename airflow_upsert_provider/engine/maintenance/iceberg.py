@@ -537,6 +537,7 @@ def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, 
     from airflow_upsert_provider.engine.maintenance import iceberg_spark
 
     def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
+        iceberg_spark.data_directory(table)  # a table on object storage: refused before anything is written
         try:
             paths = iceberg_spark.write_on_executors(
                 spark, shard, table, by_bucket, rewrite, target_file_bytes(transaction.table_metadata.properties),
