@@ -16,7 +16,7 @@ a thin shell around it.
 
 Files: the publish writes its own Parquet files, under the Iceberg table's location (by
 default ``<blob root>/_iceberg/<namespace>/<table>/``), from the table read without Spark
-(``arrow_reader``). It never registers the shard's run files: a read merges several runs per
+(``arrow_reader``), or merged and written by Spark's executors (:mod:`iceberg_spark`). It never registers the shard's run files: a read merges several runs per
 bucket (latest row per key, tombstones removed), so no run file is the table, and GC deletes
 run files once a compaction replaced them. The published files are outside every shard's
 directories (``<shard>/runs``, ``<shard>/checkpoints``, ``<shard>/rejects``), the only places
