@@ -161,12 +161,12 @@ def unreferenced_files(
 
 @dataclass
 class ExpiryResult:
+    """Snapshot ids expired and kept, and the files deleted."""
+
     expired: list[int]
     kept: list[int]
+    # Files deleted per level (data, manifests, manifest_lists, metadata).
     deleted: dict[str, int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"expired": list(self.expired), "kept": list(self.kept), "deleted": dict(self.deleted)}
 
 
 def snapshot_entries(metadata: "TableMetadata") -> list[SnapshotEntry]:
