@@ -72,6 +72,13 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
                               "UPSERT_ICEBERG_CATALOG_URI (where a URL with a password belongs: argv is visible "
                               "to ps), else the SQL catalog in the consensus store, tables under "
                               "<blob root>/_iceberg (docs/readers.md)")
+    publish.add_argument("--keep-last", type=int, default=None, metavar="N",
+                         help="after the publish, keep the newest N snapshots of the table (default 10) and "
+                              "those younger than --keep-within; delete the others and the files only they used")
+    publish.add_argument("--keep-within", type=float, default=None, metavar="SECONDS",
+                         help="also keep snapshots younger than this (default 0: by --keep-last only)")
+    publish.add_argument("--no-expire", action="store_true",
+                         help="keep every snapshot (an expiry elsewhere bounds the table's storage)")
     publish.add_argument("--json", action="store_true")
 
 
@@ -180,10 +187,14 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.cli.context import consensus_url
     from airflow_upsert_provider.engine.maintenance import iceberg
+    from airflow_upsert_provider.engine.maintenance.iceberg_expiry import retention
 
+    # Checked before the shard is opened, also under --no-expire: a bad value is a mistake.
+    policy = retention(args.keep_last, args.keep_within)
     result = iceberg.publish_to_catalog(
         ctx.shard(args.shard), args.iceberg, consensus_url=consensus_url(args), blob_root=ctx.blob.root,
         catalog_uri=args.catalog_uri or os.environ.get("UPSERT_ICEBERG_CATALOG_URI") or None,
+        retention=None if args.no_expire else policy,
     )
     if args.json:
         return result.to_dict()
@@ -192,4 +203,6 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
               f"({result.rows} rows, {result.files} files, {result.bytes} bytes)")
     else:
         print(f"nothing to publish ({printable(result.reason)})")
+    if result.expired or result.deleted_files:
+        print(f"expired {result.expired} snapshots, deleted {result.deleted_files} files")
     return {}

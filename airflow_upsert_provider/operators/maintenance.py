@@ -284,6 +284,16 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
     :param catalog_uri: a REST catalog's URL (``http[s]://...``) or a SQL catalog's database
         URL without a password (one that needs a secret belongs in ``iceberg_conn_id``); not
         with ``iceberg_conn_id``. Not templated, and never logged.
+    :param keep_last: after the publish, keep the newest this many snapshots of the table
+        (default 10, at least 1) and those younger than ``keep_within``; the older ones and
+        the files only they used are deleted (docs/readers.md, "Snapshot expiry").
+    :param keep_within: also keep snapshots younger than this many seconds (default 0).
+    :param expire: False keeps every snapshot (an expiry elsewhere bounds the storage).
+    :param spark: True: the data files are merged and written by Spark's executors (the
+        connection's master; the table must be on a filesystem path every executor reaches),
+        committed as one snapshot here; False (default): read and written in this process,
+        without Spark.
+    :param spark_conf: Spark settings for the session when ``spark`` is True.
     :param upsert_conn_id: the `upsert` connection.
     """
 
@@ -296,19 +306,31 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
         table: str,
         iceberg_conn_id: str | None = None,
         catalog_uri: str | None = None,
+        keep_last: int | None = None,
+        keep_within: float | None = None,
+        expire: bool = True,
+        spark: bool = False,
+        spark_conf: dict[str, str] | None = None,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
         super().__init__(shard=shard, upsert_conn_id=upsert_conn_id, **kwargs)
         self.table = table
+        self.spark = spark
+        self.spark_conf = spark_conf or {}
         self.iceberg_conn_id = iceberg_conn_id
         self.catalog_uri = catalog_uri
+        self.keep_last = keep_last
+        self.keep_within = keep_within
+        self.expire = expire
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.maintenance.iceberg import publish_to_catalog
+        from airflow_upsert_provider.engine.maintenance.iceberg_expiry import retention
         from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
 
         parse_table_identifier(self.table)  # before the shard is opened: a typo is the likely failure
+        policy = retention(self.keep_last, self.keep_within)
         if self.iceberg_conn_id and self.catalog_uri:
             raise ConfigurationError("give the Iceberg catalog once: iceberg_conn_id or catalog_uri, not both",
                                      field="catalog_uri")
@@ -318,8 +340,22 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
 
             properties = IcebergCatalogHook(self.iceberg_conn_id).catalog_properties(
                 hook.settings.consensus_url, hook.settings.blob_root)
-        result = publish_to_catalog(
-            hook.open_shard(self.shard), self.table, consensus_url=hook.settings.consensus_url,
-            blob_root=hook.settings.blob_root, catalog_uri=self.catalog_uri or None, properties=properties,
-        )
-        return result.to_dict()
+        shard = hook.open_shard(self.shard)
+        if not self.spark:
+            return publish_to_catalog(
+                shard, self.table, consensus_url=hook.settings.consensus_url, blob_root=hook.settings.blob_root,
+                catalog_uri=self.catalog_uri or None, properties=properties, retention=policy if self.expire else None,
+            ).to_dict()
+        from pyspark.sql import SparkSession
+
+        owned = SparkSession.getActiveSession() is None
+        spark = hook.get_spark(app_name=f"publish-{self.shard}", conf=self.spark_conf)
+        try:
+            return publish_to_catalog(
+                shard, self.table, consensus_url=hook.settings.consensus_url, blob_root=hook.settings.blob_root,
+                catalog_uri=self.catalog_uri or None, properties=properties, retention=policy if self.expire else None,
+                spark=spark,
+            ).to_dict()
+        finally:
+            if owned:
+                spark.stop()

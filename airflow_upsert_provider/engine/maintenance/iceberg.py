@@ -1,8 +1,11 @@
 """Publishing a shard's table as an Apache Iceberg snapshot, through PyIceberg.
 
 ``publish_iceberg`` writes the table as of the shard's ``since`` (the state the last
-compaction fixed) as ONE new snapshot of an Iceberg table: an overwrite of the whole table
-whose summary carries ``upsert.shard``, ``upsert.since`` and ``upsert.upper``. Any engine
+compaction fixed) as ONE new snapshot of an Iceberg table: an overwrite of the buckets whose
+live runs changed since the last publish, keeping the other buckets' data files
+(:mod:`iceberg_buckets`), whose summary carries ``upsert.shard``, ``upsert.since``,
+``upsert.upper`` and ``upsert.buckets``. After it, snapshots beyond a retention are expired
+with the files only they used (:mod:`iceberg_expiry`). Any engine
 that reads Iceberg (Spark, Trino, DuckDB, Snowflake, PyIceberg) reads it, and time travel
 to an earlier snapshot gives the table as of an earlier compaction.
 
@@ -13,7 +16,7 @@ a thin shell around it.
 
 Files: the publish writes its own Parquet files, under the Iceberg table's location (by
 default ``<blob root>/_iceberg/<namespace>/<table>/``), from the table read without Spark
-(``arrow_reader``). It never registers the shard's run files: a read merges several runs per
+(``arrow_reader``), or merged and written by Spark's executors (:mod:`iceberg_spark`). It never registers the shard's run files: a read merges several runs per
 bucket (latest row per key, tombstones removed), so no run file is the table, and GC deletes
 run files once a compaction replaced them. The published files are outside every shard's
 directories (``<shard>/runs``, ``<shard>/checkpoints``, ``<shard>/rejects``), the only places
@@ -30,20 +33,27 @@ does not delete them; an orphan-file removal of the Iceberg table, e.g. Spark's
 from __future__ import annotations
 
 import itertools
-import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
-from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     IntegrityError,
     OutcomeUnknown,
     UpsertError,
     first_line,
+)
+from airflow_upsert_provider.engine.maintenance.iceberg_buckets import (
+    SUMMARY_BUCKETS,
+    bucket_digests,
+    bucket_files,
+    plan_buckets,
+    published_digests,
+    summary_digests,
+    task_id,
 )
 from airflow_upsert_provider.engine.maintenance.iceberg_catalog import (
     catalog_properties,
@@ -52,8 +62,10 @@ from airflow_upsert_provider.engine.maintenance.iceberg_catalog import (
     describe_catalog,
     open_catalog,
 )
+from airflow_upsert_provider.engine.maintenance.iceberg_expiry import ExpiryResult, Retention, expire_snapshots
 from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
-from airflow_upsert_provider.engine.table.arrow_reader import output_columns, read_runs_arrow
+from airflow_upsert_provider.engine.maintenance.iceberg_schema import iceberg_schema, schema_mismatch
+from airflow_upsert_provider.engine.table.arrow_reader import read_runs_arrow
 from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
@@ -61,7 +73,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
-    from pyiceberg.types import IcebergType
+    from pyspark.sql import SparkSession
 
 # Keys of the snapshot summary a publish writes.
 SUMMARY_SHARD = "upsert.shard"
@@ -84,25 +96,6 @@ DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
 # A lost commit race means another publish committed first; a few rounds settle it.
 MAX_ATTEMPTS = CAS_CONTENTION.max_attempts
-
-_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
-_STRING_LIKE = re.compile(r"(?:var)?char\(\d+\)")
-_PRIMITIVES = {
-    "boolean": "BooleanType",
-    "byte": "IntegerType",
-    "short": "IntegerType",
-    "integer": "IntegerType",
-    "long": "LongType",
-    "float": "FloatType",
-    "double": "DoubleType",
-    "string": "StringType",
-    "binary": "BinaryType",
-    "date": "DateType",
-    # Spark's TIMESTAMP is an instant (Arrow: timestamp[us, tz=UTC]); TIMESTAMP_NTZ is not.
-    "timestamp": "TimestamptzType",
-    "timestamp_ntz": "TimestampType",
-}
-
 
 # -- pure ------------------------------------------------------------------------------------
 
@@ -177,98 +170,16 @@ def decide_on_table(shard_id: str, since: int, table_name: str, table: "Table | 
     snapshot = table.current_snapshot() if table is not None else None
     if snapshot is None:
         return decide_publish(shard_id, since, table_name, None, None)
-    # A snapshot without a summary is not ours either: {} is refused, never None.
-    summary = dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
-    return decide_publish(shard_id, since, table_name, snapshot.snapshot_id, summary)
+    return decide_publish(shard_id, since, table_name, snapshot.snapshot_id, _current_summary(table))
 
 
-def iceberg_type(spark_type: Any, column: str, counter: Iterator[int]) -> "IcebergType":
-    """The Iceberg type of a column of Spark type ``spark_type`` (its JSON form, as the
-    shard's schema stores it); nested fields take their ids from ``counter`` (placeholders,
-    unique in the schema: the catalog assigns fresh ones when it creates the table). Every
-    field is optional: the engine does not enforce NOT NULL. A type Iceberg has none for is a
-    :class:`ConfigurationError` naming the column."""
-    from pyiceberg import types as t
-
-    def convert(node: Any, path: str) -> "IcebergType":
-        if isinstance(node, str):
-            name = _PRIMITIVES.get(node)
-            if name is not None:
-                return getattr(t, name)()
-            decimal = _DECIMAL.fullmatch(node)
-            if decimal:
-                return t.DecimalType(int(decimal.group(1)), int(decimal.group(2)))
-            if _STRING_LIKE.fullmatch(node):
-                return t.StringType()
-        elif isinstance(node, dict) and node.get("type") == "array":
-            return t.ListType(next(counter), convert(node["elementType"], f"{path}.element"), element_required=False)
-        elif isinstance(node, dict) and node.get("type") == "map":
-            return t.MapType(
-                next(counter), convert(node["keyType"], f"{path}.key"),
-                next(counter), convert(node["valueType"], f"{path}.value"), value_required=False,
-            )
-        elif isinstance(node, dict) and node.get("type") == "struct":
-            return t.StructType(*[
-                t.NestedField(next(counter), f["name"], convert(f["type"], f"{path}.{f['name']}"), required=False)
-                for f in node["fields"]
-            ])
-        shown = node if isinstance(node, str) else node.get("type") if isinstance(node, dict) else repr(node)
-        raise ConfigurationError(
-            f"column {path!r} has type {shown}, which Iceberg has no type for: it cannot be published",
-            field="schema",
-            column=path,
-        )
-
-    return convert(spark_type, column)
-
-
-def iceberg_schema(config: ShardConfig) -> "Schema":
-    """The Iceberg schema of the shard's table: the columns a read returns (keys first, the
-    delete marker left out), each optional. Pure."""
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import NestedField
-
-    types = {f["name"]: f["type"] for f in config.schema_fields()}
-    columns = output_columns(config, None)
-    nested_ids = itertools.count(len(columns) + 1)
-    return Schema(*[
-        NestedField(position, name, iceberg_type(types[name], name, nested_ids), required=False)
-        for position, name in enumerate(columns, start=1)
-    ])
-
-
-def schema_mismatch(expected: "Schema", actual: "Schema", table: str) -> str | None:
-    """Why an existing table whose schema is ``actual`` cannot take the shard's table
-    (``expected``): the first field missing, extra or of another type, by name, named with
-    both types; None when they agree (field ids and optionality aside). Pure."""
-    wanted = {f.name: f for f in expected.fields}
-    have = {f.name: f for f in actual.fields}
-    for name, field in wanted.items():
-        if name not in have:
-            return f"Iceberg table {table} has no column {name!r} (shard column of type {field.field_type})"
-        if not _same_type(field.field_type, have[name].field_type):
-            return (f"Iceberg table {table}: column {name!r} is {have[name].field_type}, the shard's is "
-                    f"{field.field_type}")
-    extra = [name for name in have if name not in wanted]
-    if extra:
-        return (f"Iceberg table {table} has column {extra[0]!r}, which the shard's table does not have "
-                f"(the shard's columns: {', '.join(wanted)})")
-    return None
-
-
-def _same_type(a: "IcebergType", b: "IcebergType") -> bool:
-    """Equal types, nested field ids and optionality aside."""
-    from pyiceberg import types as t
-
-    if isinstance(a, t.StructType) and isinstance(b, t.StructType):
-        return [f.name for f in a.fields] == [f.name for f in b.fields] and all(
-            _same_type(x.field_type, y.field_type) for x, y in zip(a.fields, b.fields)
-        )
-    if isinstance(a, t.ListType) and isinstance(b, t.ListType):
-        return _same_type(a.element_type, b.element_type)
-    if isinstance(a, t.MapType) and isinstance(b, t.MapType):
-        return _same_type(a.key_type, b.key_type) and _same_type(a.value_type, b.value_type)
-    return a == b
+def _current_summary(table: "Table") -> dict[str, str]:
+    """The current snapshot's summary properties ({} for none, or a snapshot without a
+    summary: never None, which means no snapshot)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return {}
+    return dict(snapshot.summary.additional_properties)
 
 
 # -- effects ---------------------------------------------------------------------------------
@@ -288,6 +199,12 @@ class PublishResult:
     attempts: int = 0
     seconds: float = 0.0
     reason: str = ""
+    # Buckets whose data files were written again, and kept from the previous snapshot.
+    buckets_rewritten: int = 0
+    buckets_kept: int = 0
+    # Snapshot expiry after the publish (iceberg_expiry): snapshots removed, files deleted.
+    expired: int = 0
+    deleted_files: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -297,18 +214,20 @@ class PublishResult:
 
 def publish_to_catalog(
     shard: Shard, table_identifier: str, *, consensus_url: str, blob_root: str, catalog_uri: str | None = None,
-    properties: Mapping[str, str] | None = None,
+    properties: Mapping[str, str] | None = None, retention: Retention | None = Retention(),
+    spark: "SparkSession | None" = None,
 ) -> PublishResult:
     """:func:`publish_iceberg` through the catalog of ``properties`` (an Iceberg catalog
     connection's: :func:`connection_catalog_properties`), else the one :func:`catalog_properties`
     gives for the shard's store URL, blob root and ``catalog_uri``; opened for this publish
-    and closed after."""
+    and closed after; ``retention`` and ``spark`` as :func:`publish_iceberg` takes them."""
     parse_table_identifier(table_identifier)  # a usage error before the catalog is opened
     if properties is None:
         properties = catalog_properties(consensus_url, blob_root, catalog_uri)
     catalog = open_catalog(properties)
     try:
-        return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties))
+        return publish_iceberg(shard, catalog, table_identifier, catalog_name=describe_catalog(properties),
+                               retention=retention, spark=spark)
     finally:
         close_catalog(catalog)
 
@@ -321,6 +240,8 @@ def publish_iceberg(
     max_attempts: int = MAX_ATTEMPTS,
     catalog_name: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    retention: Retention | None = Retention(),
+    spark: "SparkSession | None" = None,
 ) -> PublishResult:
     """Publish ``shard``'s table as of its since to the Iceberg table ``table_identifier``
     (``NAMESPACE.TABLE``) of ``catalog``, as one snapshot (module docstring). Idempotent:
@@ -332,7 +253,14 @@ def publish_iceberg(
     :param catalog_name: how errors name the catalog (no secret), e.g. :func:`describe_catalog`.
     :param on_step: called with ``"create"`` before a publish that found no table creates
         it, and with ``"written"`` once the data files and manifests are written, before the
-        catalog's commit (tests force races and crashes there).
+        catalog's commit (tests force races and crashes there); then as
+        :func:`iceberg_expiry.expire_snapshots` calls it.
+    :param spark: a session whose executors merge and write the data files
+        (:mod:`iceberg_spark`; the table must be on a filesystem path they reach); None: the
+        Arrow reader and PyIceberg's writer, in this process.
+    :param retention: the snapshots kept after the publish (also after one with nothing to
+        publish: it finishes an interrupted expiry); the older ones and the files only they
+        referenced are deleted (:mod:`iceberg_expiry`). None: no expiry.
     """
     started = time.monotonic()
     identifier = parse_table_identifier(table_identifier)
@@ -360,8 +288,10 @@ def publish_iceberg(
             raise ConfigurationError(decision.reason, shard=shard.shard_id, table=table_name, field="iceberg")
         if decision.action == NOTHING:
             snapshot = table.current_snapshot() if table is not None else None
+            expiry = _expire(table, retention, step, where) if snapshot is not None else None
             return PublishResult(outcome=NOTHING_TO_PUBLISH, snapshot_id=snapshot.snapshot_id if snapshot else None,
-                                 seconds=time.monotonic() - started, reason=decision.reason, **base)
+                                 seconds=time.monotonic() - started, reason=decision.reason, **base,
+                                 **_expiry_counts(expiry))
         problem = schema_mismatch(expected, table.schema(), table_name)
         if problem is not None:
             raise ConfigurationError(f"{problem}: nothing was published", shard=shard.shard_id, table=table_name,
@@ -371,21 +301,36 @@ def publish_iceberg(
             SUMMARY_SINCE: str(since),
             SUMMARY_UPPER: str(view.record.upper),
         }
-        reader = read_runs_arrow(shard.config, shard.blob, view.runs, shard_id=shard.shard_id)
-        committed = _commit_overwrite(table, reader, summary_properties, shard.shard_id, since, table_name, where,
-                                      step)
+        # Buckets whose live run files are the ones the current snapshot was written from
+        # keep their data files (iceberg_buckets); the others are read and written again.
+        by_bucket = bucket_files([f for run in view.runs for f in run["files"]])
+        digests = bucket_digests(by_bucket)
+        current = list(current_data_files(table))
+        plan = plan_buckets(digests, published_digests(_current_summary(table)), [f.file_path for f in current])
+        summary_properties[SUMMARY_BUCKETS] = summary_digests(digests)
+        removed = [f for f in current if f.file_path in set(plan.delete)]
+        if spark is None:
+            write_data = _arrow_data_files(shard, by_bucket, plan.rewrite)
+        else:
+            write_data = _spark_data_files(spark, shard, by_bucket, plan.rewrite)
+        committed = _commit_overwrite(table, write_data, removed, summary_properties, shard.shard_id, since, table_name,
+                                      where, step)
         if committed is None:
             continue  # another commit landed first: decide again on the table it left
         snapshot, added = committed
+        expiry = _expire(table, retention, step, where)
         return PublishResult(
             outcome=PUBLISHED,
             snapshot_id=snapshot.snapshot_id,
             rows=sum(f.record_count for f in added),
             files=len(added),
             bytes=sum(f.file_size_in_bytes for f in added),
+            buckets_rewritten=len(plan.rewrite),
+            buckets_kept=len(digests) - len(plan.rewrite),
             seconds=time.monotonic() - started,
             reason=decision.reason,
             **base,
+            **_expiry_counts(expiry),
         )
     raise UpsertError(
         f"publishing shard {shard.shard_id!r} to Iceberg table {table_name} lost the race {max_attempts} times; "
@@ -393,6 +338,28 @@ def publish_iceberg(
         shard=shard.shard_id,
         table=table_name,
     )
+
+
+def _expire(
+    table: "Table", retention: Retention | None, step: Callable[[str], None], where: str
+) -> ExpiryResult | None:
+    """Snapshot expiry after a publish (None: not asked for), on the table as the catalog has
+    it now. A failure is the store's or the catalog's error; what the publish committed stays."""
+    if retention is None:
+        return None
+    try:
+        return expire_snapshots(table.refresh(), retention, now_ms=int(time.time() * 1000), on_step=step)
+    except UpsertError:
+        raise
+    except Exception as exc:
+        mapped = store_error(table.location(), exc, "delete")
+        raise mapped or catalog_unavailable(where, exc) from None
+
+
+def _expiry_counts(expiry: ExpiryResult | None) -> dict[str, int]:
+    if expiry is None:
+        return {}
+    return {"expired": len(expiry.expired), "deleted_files": sum(expiry.deleted.values())}
 
 
 def _load_table(catalog: "Catalog", identifier: tuple[str, ...], where: str) -> "Table | None":
@@ -529,44 +496,85 @@ def current_data_files(table: "Table") -> Iterator[Any]:
                 yield entry.data_file
 
 
-def _commit_overwrite(
-    table: "Table", reader: "pyarrow.RecordBatchReader", summary: dict[str, str], shard_id: str, since: int,
-    table_name: str, where: str,
-    on_step: Callable[[str], None],
-) -> "tuple[Any, list[Any]] | None":
-    """Write ``reader``'s rows as new data files of ``table`` and commit ONE snapshot that
-    replaces every data file of the current one (an OVERWRITE; an APPEND on a table without
-    a snapshot), its summary carrying ``summary``. The commit requires the table's current
-    snapshot to be the one this started from: None when another commit landed first (the
-    files written are then referenced by nothing). Returns the new snapshot and the files
-    it added."""
-    from pyiceberg.exceptions import CommitFailedException, ValidationException
-    # The public overwrite() commits a DELETE and an APPEND snapshot; one snapshot per
-    # publish feeds the transaction's snapshot producer with files written by write_file.
+# How a publish writes its data files: given the table, the transaction and the attempt's
+# commit uuid (in every file's name), the data files written, as they are written.
+DataFileWriter = Callable[["Table", Any, Any], Iterator[Any]]
+
+
+def _arrow_data_files(shard: Shard, by_bucket: dict[str, list[dict[str, Any]]], rewrite: tuple[str, ...]
+                      ) -> DataFileWriter:
+    """The ``rewrite`` buckets read by the Arrow reader and written by PyIceberg here."""
     from pyiceberg.io.pyarrow import bin_pack_arrow_table, pyarrow_to_schema, write_file
     from pyiceberg.table import WriteTask
 
-    transaction = _without_commit_retries(table).transaction()
-    added: list[Any] = []
-    target_bytes = target_file_bytes(table.metadata.properties)
-    # One counter: the files of every chunk get distinct names.
-    counter = itertools.count(0)
-    try:
-        with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
-            for data_file in current_data_files(table):
-                overwrite.delete_data_file(data_file)
-            # Chunk by chunk: write_file hands every task of one call to a thread pool at once,
-            # so one call per chunk is what bounds the rows held to one chunk.
+    def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
+        target_bytes = target_file_bytes(transaction.table_metadata.properties)
+        for bucket in rewrite:
+            reader = read_runs_arrow(shard.config, shard.blob, [{"files": by_bucket[bucket]}], shard_id=shard.shard_id)
+            # One counter per bucket: the bucket is in each file's name (its task id).
+            counter = itertools.count(0)
+            # Chunk by chunk: write_file hands every task of one call to a thread pool at
+            # once, so one call per chunk is what bounds the rows held to one chunk.
             for chunk in arrow_chunks(reader, target_bytes):
                 metadata = transaction.table_metadata
                 schema = pyarrow_to_schema(chunk.schema, name_mapping=metadata.schema().name_mapping,
                                            format_version=metadata.format_version)
-                tasks = (WriteTask(write_uuid=overwrite.commit_uuid, task_id=next(counter), record_batches=batches,
-                                   schema=schema)
+                tasks = (WriteTask(write_uuid=commit_uuid, task_id=task_id(bucket, next(counter)),
+                                   record_batches=batches, schema=schema)
                          for batches in bin_pack_arrow_table(chunk, target_bytes))
-                for data_file in write_file(io=table.io, table_metadata=metadata, tasks=tasks):
-                    overwrite.append_data_file(data_file)
-                    added.append(data_file)
+                yield from write_file(io=table.io, table_metadata=metadata, tasks=tasks)
+
+    return write
+
+
+def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, list[dict[str, Any]]],
+                      rewrite: tuple[str, ...]) -> DataFileWriter:
+    """The ``rewrite`` buckets merged and written by Spark's executors (:mod:`iceberg_spark`);
+    each file's entry from its footer, read here. Files a failed attempt's executors wrote
+    are deleted (the driver may not know them all)."""
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+    from airflow_upsert_provider.engine.maintenance import iceberg_spark
+
+    def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
+        iceberg_spark.data_directory(table)  # a table on object storage: refused before anything is written
+        try:
+            paths = iceberg_spark.write_on_executors(
+                spark, shard, table, by_bucket, rewrite, target_file_bytes(transaction.table_metadata.properties),
+                write_uuid=str(commit_uuid))
+            for path in paths:
+                yield parquet_file_to_data_file(table.io, transaction.table_metadata, path)
+        except BaseException:
+            iceberg_spark.remove_attempt(table, str(commit_uuid))
+            raise
+
+    return write
+
+
+def _commit_overwrite(
+    table: "Table", write_data: DataFileWriter, removed: list[Any],
+    summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
+    on_step: Callable[[str], None],
+) -> "tuple[Any, list[Any]] | None":
+    """Write the data files (``write_data``) of ``table``'s new snapshot and commit it as ONE
+    snapshot that removes the ``removed`` data files of the current one and keeps its others
+    (an OVERWRITE; an APPEND on a table without a snapshot), its summary carrying
+    ``summary``. The commit requires the table's current snapshot to be the one this
+    started from: None when another commit landed first (the files written are then
+    referenced by nothing). Returns the new snapshot and the files it added."""
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    # The public overwrite() commits a DELETE and an APPEND snapshot; one snapshot per
+    # publish feeds the transaction's snapshot producer with the files written.
+    transaction = _without_commit_retries(table).transaction()
+    added: list[Any] = []
+    try:
+        with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+            for data_file in removed:
+                overwrite.delete_data_file(data_file)
+            for data_file in write_data(table, transaction, overwrite.commit_uuid):
+                overwrite.append_data_file(data_file)
+                added.append(data_file)
             snapshot_id = overwrite.snapshot_id
     except BaseException as exc:
         # A read or write failed (a damaged run file, a full disk, the store): nothing was committed.
