@@ -39,12 +39,16 @@ ids are params; left empty, the page is only logged and the task still fails.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG, Param, task
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.params import number_param, optional_text_param
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+
+if TYPE_CHECKING:
+    from airflow_upsert_provider.engine.frontier.blind import BlindState
 
 # An Airflow connection id; empty (or null, the form's empty field) is none.
 CONN_ID_PATTERN = r"^$|^[A-Za-z0-9_.-]{1,250}$"
@@ -55,7 +59,7 @@ NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 LIST_RETRIES = 2
 
 
-def open_blind_monitor_page(namespace: str):
+def open_blind_monitor_page(namespace: str) -> BlindState | None:
     """The monitor's own page an earlier run sent because the store could not be listed
     (frontier.blind's record, kept in an Airflow Variable: the store was what failed), or None."""
     import logging
@@ -80,7 +84,8 @@ def open_blind_monitor_page(namespace: str):
     return recorded
 
 
-def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None, recorded=None) -> None:
+def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None,
+                       recorded: BlindState | None = None) -> None:
     """Send the monitor's own page (frontier.blind_page_event): the store cannot be listed.
     Once sent it is recorded (``recorded``: the page an earlier run sent, which is not sent
     again while the store stays unlisted), so that the next run that lists the store resolves it."""
@@ -124,7 +129,7 @@ def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None,
                     type(exc).__name__, exc)
 
 
-def resolve_blind_monitor(params: dict, recorded) -> None:
+def resolve_blind_monitor(params: dict, recorded: BlindState | None) -> None:
     """The store was listed: resolve the monitor's page ``recorded`` (sent by an earlier run)
     and delete its record. A resolve that is not delivered keeps the record for the next run,
     and fails nothing: the watches must run."""
