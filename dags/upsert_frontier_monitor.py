@@ -27,7 +27,9 @@ and pages. Each shard has its own watch task: one that cannot be observed hides 
 A watch whose evaluations keep failing (the store is down) pages that under the monitor's own
 dedup key after `blind_page_seconds` (default: the stale limit) and resolves it when an
 evaluation works again; when the store cannot even be listed, `shards` pages the same way on
-its last try.
+its last try (once: later runs that cannot list it do not page again), and the next run that
+lists the store resolves that page (kept meanwhile in an Airflow Variable named
+`airflow-upsert-monitor-blind:<namespace>:`).
 
 Connections: `upsert_default` (embedded defaults when it is not defined); the PagerDuty
 (`pagerduty_events`, integration key in the password) and Slack (`slackwebhook`) connection
@@ -37,12 +39,16 @@ ids are params; left empty, the page is only logged and the task still fails.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG, Param, task
 
 from airflow_upsert_provider.engine.config import SHARD_ID_PATTERN
 from airflow_upsert_provider.operators.params import number_param, optional_text_param
 from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
+
+if TYPE_CHECKING:
+    from airflow_upsert_provider.engine.frontier.blind import BlindState
 
 # An Airflow connection id; empty (or null, the form's empty field) is none.
 CONN_ID_PATTERN = r"^$|^[A-Za-z0-9_.-]{1,250}$"
@@ -53,24 +59,111 @@ NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 LIST_RETRIES = 2
 
 
-def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None) -> None:
-    """Send the monitor's own page (frontier.blind_page_event): the store cannot be listed."""
+def open_blind_monitor_page(namespace: str) -> BlindState | None:
+    """The monitor's own page an earlier run sent because the store could not be listed
+    (frontier.blind's record, kept in an Airflow Variable: the store was what failed), or None."""
+    import logging
+
+    from airflow.sdk import Variable
+
+    from airflow_upsert_provider.engine.frontier.blind import blind_record_key, parse_blind_record
+
+    log = logging.getLogger(__name__)
+    key = blind_record_key(namespace)
+    try:
+        text = Variable.get(key, default=None)
+    except Exception as exc:  # noqa: BLE001 - a record that cannot be read costs a repeated page, not a lost one
+        log.warning("Airflow Variable %r (the monitor's open page, if any) could not be read (%s: %s)",
+                    key, type(exc).__name__, exc)
+        return None
+    if text is None:
+        return None
+    recorded, problem = parse_blind_record(text, f"Airflow Variable {key!r}")
+    if problem:
+        log.warning("%s", problem)
+    return recorded
+
+
+def page_blind_monitor(params: dict, exc: BaseException, *, since: float | None,
+                       recorded: BlindState | None = None) -> None:
+    """Send the monitor's own page (frontier.blind_page_event): the store cannot be listed.
+    Once sent it is recorded (``recorded``: the page an earlier run sent, which is not sent
+    again while the store stays unlisted), so that the next run that lists the store resolves it."""
     import logging
     import time
 
-    from airflow_upsert_provider.engine.frontier.blind import BlindState, blind_page_event
+    from airflow.sdk import Variable
+
+    from airflow_upsert_provider.engine.frontier.blind import (
+        BlindState,
+        advance_blind,
+        blind_page_event,
+        blind_record,
+        blind_record_key,
+    )
     from airflow_upsert_provider.notifications.frontier import send_page
 
     now = time.time()
     text = getattr(exc, "message", None) or (str(exc).splitlines() or [""])[0]
-    state = BlindState(since if since is not None else now, True, f"{type(exc).__name__}: {text[:300]}")
-    event = blind_page_event(state, "trigger", now, namespace=params.get("namespace") or "")
+    error = f"{type(exc).__name__}: {text[:300]}"
+    namespace = params.get("namespace") or ""
+    # A run's last try pages at once (limit 0) unless an earlier run's page is still open.
+    state, action = advance_blind(recorded or BlindState(since if since is not None else now), now, error, 0.0)
+    log = logging.getLogger(__name__)
+    if action is None:
+        log.warning("the store still cannot be listed (%s); the monitor's page sent at %s stays open", error,
+                    state.since)
+        return
+    event = blind_page_event(state, action, now, namespace=namespace)
     pagerduty, slack = params.get("pagerduty_conn_id") or None, params.get("slack_conn_id") or None
     if not (pagerduty or slack):
-        logging.getLogger(__name__).warning("%s, but no PagerDuty or Slack connection is configured",
-                                            event["summary"])
+        log.warning("%s, but no PagerDuty or Slack connection is configured", event["summary"])
         return
     send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+    key = blind_record_key(namespace)
+    try:
+        Variable.set(key, blind_record(state), description="the frontier monitor's open 'monitor blind' page (the "
+                     "store could not be listed): the next run that lists the store resolves it and deletes this")
+    except Exception as exc:  # noqa: BLE001 - the page is sent; unrecorded, a later run sends it again
+        log.warning("the monitor's page could not be recorded in Airflow Variable %r (%s: %s)", key,
+                    type(exc).__name__, exc)
+
+
+def resolve_blind_monitor(params: dict, recorded: BlindState | None) -> None:
+    """The store was listed: resolve the monitor's page ``recorded`` (sent by an earlier run)
+    and delete its record. A resolve that is not delivered keeps the record for the next run,
+    and fails nothing: the watches must run."""
+    import logging
+    import time
+
+    from airflow.sdk import Variable
+
+    from airflow_upsert_provider.engine.frontier.blind import advance_blind, blind_page_event, blind_record_key
+    from airflow_upsert_provider.notifications.frontier import send_page
+
+    if recorded is None:
+        return
+    now = time.time()
+    log = logging.getLogger(__name__)
+    namespace = params.get("namespace") or ""
+    _, action = advance_blind(recorded, now, None, 0.0)
+    event = blind_page_event(recorded, action, now, namespace=namespace)
+    pagerduty, slack = params.get("pagerduty_conn_id") or None, params.get("slack_conn_id") or None
+    if pagerduty or slack:
+        try:
+            send_page(event, pagerduty_events_conn_id=pagerduty, slack_webhook_conn_id=slack)
+        except Exception as exc:  # noqa: BLE001 - kept for the next run; the watches go on
+            log.warning("%s: the resolve was NOT delivered (%s: %s); the next run that lists the store sends it",
+                        event["summary"], type(exc).__name__, exc)
+            return
+    else:
+        log.warning("%s, but no PagerDuty or Slack connection is configured", event["summary"])
+    key = blind_record_key(namespace)
+    try:
+        Variable.delete(key)
+    except Exception as exc:  # noqa: BLE001 - a record left behind costs one more resolve, not a lost page
+        log.info("Airflow Variable %r was not deleted (%s: %s)", key, type(exc).__name__, exc)
+    log.info("%s: resolve sent (dedup key %s)", event["summary"], event["dedup_key"])
 
 
 with DAG(
@@ -155,15 +248,19 @@ with DAG(
         chosen = list(params.get("shards") or [])
         if chosen:
             return chosen
+        recorded = open_blind_monitor_page(params.get("namespace") or "")
         hook = UpsertShardHook()
         try:
-            return [record.shard_id for record in hook.get_consensus().list_shards()]
+            listed = [record.shard_id for record in hook.get_consensus().list_shards()]
         except Exception as exc:
             if ti is not None and ti.try_number > LIST_RETRIES:
-                page_blind_monitor(params, exc, since=dag_run.start_date.timestamp() if dag_run else None)
+                page_blind_monitor(params, exc, since=dag_run.start_date.timestamp() if dag_run else None,
+                                   recorded=recorded)
             raise
         finally:
             hook.close()
+        resolve_blind_monitor(params, recorded)
+        return listed
 
     @task
     def prune_history() -> dict[str, int]:

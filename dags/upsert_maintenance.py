@@ -4,7 +4,8 @@ Apache Iceberg table `upsert.<shard>` ([docs/readers.md, "Iceberg"](upsert-provi
 
 Compaction advances since to the upper (reads as of an older ts fail afterwards) and leaves
 the replaced runs behind; the checkpoint then records the compacted state, reading only the
-files no earlier checkpoint read. On Sundays (the slower schedule) it reads every file whole,
+files no earlier checkpoint read. On Sundays (the slower schedule: a run whose logical date,
+or for a run without one the time it is due, is a Sunday) it reads every file whole,
 a full verify that catches a file damaged after an earlier checkpoint read it, and then
 retention drops old checkpoints (that checkpoint was read whole, so retention need not read
 it again). Only then does GC delete what neither the live state nor a retained
@@ -33,8 +34,19 @@ from airflow_upsert_provider.operators.maintenance import (
     PublishIcebergOperator,
 )
 
-# Jinja: whether this run is the weekly one that reads every file (Sunday, by when it runs).
-FULL_VERIFY_DAY = "dag_run.run_after.weekday() == 6"
+# The weekday of the full verify (datetime.weekday(): Monday is 0).
+FULL_VERIFY_WEEKDAY = 6
+
+
+def full_verify_due(logical_date: datetime | None, run_after: datetime) -> bool:
+    """Whether this run is the weekly one that reads every file: its day (the logical date,
+    or when it runs for a run without one, such as a manual trigger) is a Sunday, in the
+    date's own time zone (UTC for scheduled runs)."""
+    return (logical_date or run_after).weekday() == FULL_VERIFY_WEEKDAY
+
+
+# Jinja: the chooser applied to this run.
+FULL_VERIFY_DAY = "full_verify_due(dag_run.logical_date, dag_run.run_after)"
 
 with DAG(
     dag_id="upsert_maintenance",
@@ -69,6 +81,7 @@ with DAG(
         ),
     },
     render_template_as_native_obj=True,
+    user_defined_macros={"full_verify_due": full_verify_due},
     tags=["upsert", "example", "maintenance"],
     doc_md=__doc__,
 ) as dag:

@@ -9,7 +9,6 @@ from typing import Any
 from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.cli.options import actor_of, finite_number, integer_option
 from airflow_upsert_provider.cli.output import printable
-from airflow_upsert_provider.cli.shard import refuse_missing_run_files
 from airflow_upsert_provider.engine.maintenance.compaction_policy import DEFAULT_MAX_RUNS
 
 
@@ -86,12 +85,12 @@ def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.maintenance.compaction import check_target, compact
 
     shard = ctx.shard(args.shard)
-    # What can be refused without Spark is refused before it starts (seconds); compact checks
-    # again on the snapshot it works from.
+    # What can be refused without Spark is refused before it starts (seconds; a missing run
+    # file from one listing, not a request per file); compact checks again on its snapshot.
     view = ctx.consensus.live_view(shard.shard_id, args.since)
     check_target(shard.shard_id, view.as_of, view.record.upper)
     if view.as_of > view.record.since:
-        refuse_missing_run_files(shard, view.runs)
+        shard.check_run_files_listed(view.runs)
     return compact(ctx.spark(), shard, since=args.since, full=args.full, max_runs=args.max_runs).to_dict()
 
 

@@ -132,20 +132,11 @@ def _kafka_init_options(args: argparse.Namespace, is_kafka: bool) -> dict[str, A
     ).to_extra()
 
 
-def refuse_missing_run_files(shard, runs: list[dict[str, Any]]) -> None:
-    """Before Spark starts (seconds) to read ``runs``: a file of them that is missing is
-    reported as the read would report it (exit 4 naming it), through the same check."""
-    if all(shard.blob.exists(shard.blob.path(f["path"])) for run in runs for f in run["files"]):
-        return
-    with shard.reading(runs):
-        # shard.reading explains a failed read by checking every file of the runs.
-        raise RuntimeError("a file of the committed runs is missing")
-
-
 def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     shard = ctx.shard(args.shard)
     if not args.no_rows:
-        refuse_missing_run_files(shard, shard.live_runs())
+        # Before Spark starts (seconds): a missing run file, from one listing of the runs.
+        shard.check_run_files_listed(shard.live_runs())
     out = shard.status(None if args.no_rows else ctx.spark()).to_dict()
     if shard.is_kafka:
         from airflow_upsert_provider.engine.lifecycle.group_offsets import group_status

@@ -63,14 +63,49 @@ def _submit_hook_class() -> type[SparkSubmitHook]:
     return EnvironmentSubmitHook
 
 
-def submit_env_vars() -> dict[str, str]:
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+# The Spark provider's master when the Spark connection is not defined.
+PROVIDER_DEFAULT_MASTER = "yarn"
+
+
+def driver_on_loopback(master: str) -> bool:
+    """Whether a client-mode driver of ``master`` runs where only loopback must be used: a
+    local master, or a standalone master (``spark://``, possibly several) on this machine's
+    loopback. A YARN, Kubernetes or remote standalone cluster reaches the driver over the
+    network, so it must not bind to loopback there."""
+    if master.startswith("local"):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    addresses = master[len("spark://"):].split(",")
+    # host[:port], or [IPv6][:port]
+    hosts = [address[:address.index("]") + 1] if address.startswith("[") and "]" in address
+             else address.split(":")[0] for address in addresses]
+    return all(host in LOOPBACK_HOSTS for host in hosts)
+
+
+def submit_env_vars(master: str) -> dict[str, str]:
     """The variables spark-submit's driver (and, on YARN and Kubernetes, the Spark provider's
-    ``--conf`` arguments) get in submit mode. Nothing secret: on those masters they are
-    command-line arguments."""
-    return {
-        "PYSPARK_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-    }
+    ``--conf`` arguments) get in submit mode on ``master``. Nothing secret: on those masters
+    they are command-line arguments. ``SPARK_LOCAL_IP`` only where the driver runs on loopback
+    (:func:`driver_on_loopback`): on a cluster it would bind the driver (and the YARN
+    application master) where no executor reaches it."""
+    env_vars = {"PYSPARK_PYTHON": sys.executable}
+    if driver_on_loopback(master):
+        env_vars["SPARK_LOCAL_IP"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+    return env_vars
+
+
+def submit_master(hook: UpsertShardHook) -> str:
+    """The master spark-submit runs on: the Spark connection's, or, when that connection is
+    not defined, the Spark provider's own fallback (YARN), not the in-process default."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        hook.get_connection(hook.settings.spark_conn_id)
+    except AirflowNotFoundException:
+        return PROVIDER_DEFAULT_MASTER
+    return hook.spark_master()
 
 
 # connect mode without a connection: the server `upsertctl spark-server start` runs by default.
@@ -271,6 +306,7 @@ class MicroBatchUpsertOperator(BaseOperator):
                 self.outlets = [*self.outlets, asset]
         self._spark = None
         self._submit_hook = None
+        self._submit_env_vars: dict[str, str] = {}
         self._killed = False
         # The tag of this task's Spark Connect operations (connect mode).
         self._connect_tag = f"upsert-task-{uuid.uuid4().hex}"
@@ -491,7 +527,7 @@ class MicroBatchUpsertOperator(BaseOperator):
                 # spark-submit (and the driver beside this task) get the aws connection's
                 # credentials in their own environment; this process's stays as it is.
                 self._submit_hook.submit(application=os.path.abspath(spark_job.__file__),
-                                         env=hook.child_environment(submit_env_vars()))
+                                         env=hook.child_environment(self._submit_env_vars))
             except AirflowException as exc:
                 failure = exc
             submit_seconds = time.monotonic() - submit_started
@@ -556,12 +592,14 @@ class MicroBatchUpsertOperator(BaseOperator):
             args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
         conf.update(self.spark_conf)
+        # spark-submit's own environment gets the same variables (_run_submit).
+        self._submit_env_vars = submit_env_vars(submit_master(hook))
         return _submit_hook_class()(
             conf=conf,
             conn_id=hook.settings.spark_conn_id,
             py_files=package_zip(workdir),
             application_args=args,
-            env_vars=submit_env_vars(),
+            env_vars=self._submit_env_vars,
             deploy_mode=deploy_mode,
             **options,
         )

@@ -231,6 +231,11 @@ class LocalBlob:
                     continue
                 yield BlobFile(entry.path, st.st_size, st.st_mtime)
 
+    def list_files(self, path: str) -> Iterator[BlobFile]:
+        """Every file below ``path``, in no particular order: :meth:`walk_files` (a local
+        directory tree has no flat listing to gain from)."""
+        return self.walk_files(path)
+
     def walk_dirs(self, path: str) -> Iterator[BlobFile]:
         """Every directory below ``path`` (recursively, ``path`` itself excluded), with its
         mtime: a directory's age says when an entry was last added to or removed from it

@@ -430,6 +430,24 @@ class ObjectBlob:
                 yield entry
 
     @_store_requests("list")
+    def list_files(self, path: str) -> Iterator[BlobFile]:
+        """Every object below ``path`` with its size and last-modified time, in key order,
+        from one flat listing: one request per page of keys (1,000 on S3), however many
+        prefixes they are under (:meth:`walk_files` sends one per prefix)."""
+        import pyarrow.fs as pafs
+
+        filesystem, inner = filesystem_for(path, self.credentials)
+        uri, inner = path.rstrip("/"), inner.rstrip("/")
+        try:
+            # pyarrow lists a recursive selector without a delimiter (ListObjectsV2, every page).
+            infos = filesystem.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for info in infos:
+            if info.type == pafs.FileType.File:
+                yield BlobFile(uri + info.path[len(inner):], info.size, _seconds(info))
+
+    @_store_requests("list")
     def walk_dirs(self, path: str) -> Iterator[BlobFile]:
         """Every prefix below ``path`` (``path`` itself excluded) that holds an object, with
         the last-modified time of the newest object below it as its mtime: a prefix's own

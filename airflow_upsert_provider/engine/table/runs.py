@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.blob.interface import Blob
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.errors import IntegrityError, first_line
+from airflow_upsert_provider.engine.errors import first_line
 from airflow_upsert_provider.engine.table import run_io
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ def merge_runs(spark: "SparkSession", config: ShardConfig, blob: Blob, runs: lis
     Nothing is checked before reading (no request per listed file): a read that fails is
     explained afterwards by :meth:`Shard.reading` around its action (a missing or damaged
     file an :class:`IntegrityError` naming it, files replaced meanwhile ``ReadOutdated``);
-    a caller that hands the frame on checks first (:func:`check_present`).
+    a caller that hands the frame on checks first (``Shard.check_run_files_listed``).
     """
     schema = run_schema(config)
     files = [f for run in runs for f in run["files"]]
@@ -198,24 +198,6 @@ def merge_rows(rows: "DataFrame", config: ShardConfig) -> "DataFrame":
     winner = F.max_by(F.struct(*values, "_deleted", "_ts"), rank).alias("_w")
     merged = rows.groupBy(*keys).agg(winner)
     return merged.select(*keys, *[F.col(f"_w.{v}").alias(v) for v in values + ["_deleted", "_ts"]])
-
-
-# How many missing files an error lists.
-MAX_LISTED_MISSING = 20
-
-
-def check_present(blob: Blob, paths: list[str]) -> None:
-    """Raise :class:`IntegrityError` naming the first missing file (one stat per file), so
-    that a committed run whose file was deleted fails as corruption, not inside Spark."""
-    missing = [p for p in paths if not blob.exists(p)]
-    if missing:
-        raise IntegrityError(
-            f"{len(missing)} file(s) of the shard's committed runs are missing; first: {missing[0]} "
-            "(restore the shard from a checkpoint: `upsertctl checkpoint restore`)",
-            file=missing[0],
-            records=[{"file": p, "reason": "missing"} for p in missing[:MAX_LISTED_MISSING]],
-            count=len(missing),
-        )
 
 
 def file_problem(

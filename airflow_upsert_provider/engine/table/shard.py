@@ -26,7 +26,7 @@ from airflow_upsert_provider.engine.errors import (
     ReadOutdated,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.runs import check_present, file_problem, read_runs
+from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
 from airflow_upsert_provider.engine.table.binding_planner import (
     anchor_source_index,
     plan_binding,
@@ -321,13 +321,13 @@ class Shard:
 
     def read(self, spark: "SparkSession", as_of: int | None = None) -> "DataFrame":
         """The table as of ``as_of`` (default: the upper): latest record per key, tombstones
-        removed, user columns only. A listed file that is missing is an
-        :class:`IntegrityError` naming it now (one request per file): the frame is read by
-        whoever collects it, where no :meth:`reading` explains a failure. The engine's own
-        reads (:meth:`count_rows`, ``upsertctl read``) run inside :meth:`reading` instead and
-        check nothing first."""
+        removed, user columns only. A listed file that is missing or not of its recorded size
+        is an :class:`IntegrityError` naming it now (:meth:`check_run_files_listed`: one
+        listing, no request per file): the frame is read by whoever collects it, where no
+        :meth:`reading` explains a failure. The engine's own reads (:meth:`count_rows`,
+        ``upsertctl read``) run inside :meth:`reading` instead and check nothing first."""
         runs = self.live_runs(as_of)
-        check_present(self.blob, [self.blob.path(f["path"]) for run in runs for f in run["files"]])
+        self.check_run_files_listed(runs)
         return read_runs(spark, self.config, self.blob, runs)
 
     def count_rows(self, spark: "SparkSession") -> int:
@@ -366,7 +366,24 @@ class Shard:
         """Raise an :class:`IntegrityError` naming the first file of ``runs`` that is missing
         or not what was recorded when it was written (size, SHA-256, Parquet footer), or
         :class:`ReadOutdated` when every such file has left the shard's state meanwhile."""
-        damaged = damaged_run_files(self.blob, runs)
+        self.refuse_damaged(damaged_run_files(self.blob, runs))
+
+    def check_run_files_listed(self, runs: list[dict[str, Any]]) -> None:
+        """What a read can check before it starts without a request per file: each file of
+        ``runs`` is in one flat listing of its run prefix (:func:`run_listing_prefixes`,
+        one request per page of keys on object storage) with its recorded size. Raises as
+        :meth:`check_run_files` does, naming the first file missing or of another size; a
+        file damaged in place at its size is found by the read's own failure."""
+        listed: dict[str, int] = {}
+        for prefix in run_listing_prefixes(runs):
+            listed.update((self.blob.relative(f.path), f.size) for f in self.blob.list_files(self.blob.path(prefix)))
+        self.refuse_damaged([{"file": self.blob.path(d["path"]), "reason": d["reason"]}
+                             for d in unlisted_run_files(runs, listed)])
+
+    def refuse_damaged(self, damaged: list[dict[str, str]]) -> None:
+        """Raise for ``damaged`` (``{file, reason}`` of files of the shard's runs, in order):
+        :class:`ReadOutdated` when every one has left the shard's state meanwhile, else an
+        :class:`IntegrityError` naming the first; nothing when it is empty."""
         if not damaged:
             return
         outdated = self.outdated_read([d["file"] for d in damaged])
@@ -487,6 +504,34 @@ def files_replaced(files: list[str | None], live: set[str]) -> list[str]:
     if not files or any(f is None or f in live for f in files):
         return []
     return [f for f in files if f is not None]
+
+
+def run_listing_prefixes(runs: list[dict[str, Any]]) -> list[str]:
+    """Pure: the prefixes (relative to the blob root) whose flat listings hold every file of
+    ``runs``: the first two levels of each file's path (``<shard>/runs``, where a shard's
+    batches and compactions write), or its directory when it is shallower. One prefix for a
+    shard's own runs, whatever their number."""
+    prefixes = set()
+    for run in runs:
+        for f in run["files"]:
+            parts = f["path"].split("/")
+            prefixes.add("/".join(parts[:2] if len(parts) > 2 else parts[:-1]))
+    return sorted(prefixes)
+
+
+def unlisted_run_files(runs: list[dict[str, Any]], listed: dict[str, int]) -> list[dict[str, str]]:
+    """Pure: ``{path, reason}`` of every file of ``runs`` that ``listed`` (relative path →
+    size, a listing of :func:`run_listing_prefixes`) does not hold (``missing``) or holds at
+    another size than the state records, in the order of ``runs``."""
+    found = []
+    for run in runs:
+        for f in run["files"]:
+            size = listed.get(f["path"])
+            if size is None:
+                found.append({"path": f["path"], "reason": "missing"})
+            elif size != f["bytes"]:
+                found.append({"path": f["path"], "reason": f"size {size} bytes, the shard's state says {f['bytes']}"})
+    return found
 
 
 def damaged_run_files(blob: Blob, runs: list[dict[str, Any]]) -> list[dict[str, str]]:
