@@ -22,13 +22,10 @@ from airflow_upsert_provider.engine.write.writer import Writer
 from airflow_upsert_provider.operators.maintenance import CompactShardOperator
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard, run_cli, spark_table, table
-from tests.maintenance.support import SPEC, age_files, oracle, reads_at_every_ts
+from tests.maintenance.crashfs import Crash
+from tests.maintenance.support import SPEC, age_files, crash_after_written, oracle, reads_at_every_ts
 from tests.maintenance.test_operators import store  # noqa: F401 - the fixture
 from tests.test_arrow_reader import cli_shard  # noqa: F401 - the fixture
-
-
-class Crash(Exception):
-    """The process dies here."""
 
 
 def shard_with_batches(spark, consensus, blob, tmp_path, batches: int, **overrides):
@@ -141,14 +138,8 @@ def test_a_crash_between_a_rebucket_and_its_swap_leaves_the_shard_valid_with_the
     expected = reads_at_every_ts(shard, 4)
     crashed: list[str] = []
 
-    def die_after_writing(step: str) -> None:
-        assert step == "written"
-        outputs = blob.path(shard.shard_id, "runs", "since=000000000005")
-        crashed.extend(os.path.join(outputs, name) for name in os.listdir(outputs))
-        raise Crash()
-
     with pytest.raises(Crash):
-        compact(spark, shard, since=5, buckets=4, on_step=die_after_writing)
+        compact(spark, shard, since=5, buckets=4, on_step=crash_after_written(blob, shard.shard_id, 5, crashed))
     assert len(crashed) == 1
     written = sorted(name for name in os.listdir(crashed[0]) if name.startswith("_bucket="))
     assert written == [f"_bucket={b}" for b in range(4)]  # the output was written, in 4 buckets
