@@ -24,9 +24,14 @@ the whole-bucket merge the reader used before (the baseline, patched in) and onc
 k-way streamed merge, and another runs ``upsertctl read --format parquet``; each one's peak
 resident memory is printed beside the table's size in Arrow memory.
 
+``--rebucket ROWS`` builds such a shard, compacts it (same count) and reads it, then commits a
+batch of 1,000 updates, doubles the count with ``upsertctl compact --buckets`` and reads it
+again: each read's seconds and peak memory, and each compaction's seconds.
+
     .venv/bin/python bench/bench_readers.py                   # 5M rows
     .venv/bin/python bench/bench_readers.py --rows 200000     # quick
     .venv/bin/python bench/bench_readers.py --memory 2000000 8000000 --buckets 8
+    .venv/bin/python bench/bench_readers.py --rebucket 4000000 --buckets 8
 """
 
 from __future__ import annotations
@@ -84,7 +89,13 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="default: a temporary directory, removed at the end")
     parser.add_argument("--memory", type=int, nargs="+", default=[], metavar="ROWS",
                         help="measure the Arrow reader's memory on tables of ROWS keys instead (one or more sizes)")
+    parser.add_argument("--rebucket", type=int, default=None, metavar="ROWS",
+                        help="measure a read and the Arrow reader's memory before and after doubling --buckets "
+                             "on a table of ROWS keys, and the rebucketing compaction, instead")
     args = parser.parse_args()
+    if args.rebucket:
+        rebucket(args.rebucket, args.buckets, args.workdir)
+        return
     if args.memory:
         for rows in args.memory:
             memory(rows, args.buckets, args.workdir and os.path.join(args.workdir, str(rows)))
@@ -159,8 +170,10 @@ print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 
-def memory(rows: int, buckets: int, workdir: str | None) -> None:
-    """The Arrow reader's peak memory on a table of ``rows`` keys against the table's size."""
+def committed_table(rows: int, buckets: int, workdir: str, env: dict[str, str]) -> float:
+    """A shard of ``rows`` distinct keys in ``buckets`` buckets, one committed run written straight
+    with pyarrow (a bucket per key % buckets: each key once, so any split merges alike), in the
+    store and blob root ``env`` names; the table's size in Arrow memory (bytes)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -173,38 +186,45 @@ def memory(rows: int, buckets: int, workdir: str | None) -> None:
     from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL
     from tests.arrow_runs import arrow_run_schema
 
+    url, root = env["UPSERT_CONSENSUS_URL"], env["UPSERT_BLOB_ROOT"]
+    os.makedirs(os.path.join(workdir, "landing"), exist_ok=True)
+    subprocess.run([*UPSERTCTL, "init", SHARD, "--source", f"dir:{workdir}/landing", "--key", "id",
+                    "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL,
+                    "--buckets", str(buckets)], env=env, check=True, stdout=subprocess.DEVNULL)
+    shard = Shard.open(open_consensus(url), open_blob(root), SHARD)
+    schema = arrow_run_schema(shard.config)
+    blob, run_dir = shard.blob, shard.blob.path(SHARD, "runs", "ts=000000000000", "w-bench")
+    files, arrow_bytes, started = [], 0, time.monotonic()
+    for bucket in range(buckets):
+        ids = pa.array(np.arange(bucket, rows, buckets, dtype=np.int64))
+        table = pa.Table.from_arrays([
+            ids, pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), ""),
+            pc.multiply(pc.cast(ids, pa.float64()), 0.5), ids,
+            pa.nulls(len(ids), pa.bool_()).fill_null(False), pa.array(np.zeros(len(ids), dtype=np.int64)),
+        ], schema=schema)
+        arrow_bytes += table.nbytes
+        path = blob.join(run_dir, f"_bucket={bucket}", "part-00000.parquet")
+        blob.make_dirs(blob.parent(path))
+        pq.write_table(table, path)
+        files.append({"path": blob.relative(path), "bytes": os.path.getsize(path), "sha256": blob.checksum(path)})
+    run = {"path": blob.relative(run_dir), "files": files, "rows": rows}
+    shard.compare_and_append(0, 1, BatchRecord(ts=0, writer_id="bench", token="bench", run=run, stats={}))
+    parquet_bytes = sum(f["bytes"] for f in files)
+    print(f"table: {rows:,} rows in {buckets} buckets, {arrow_bytes / 2**20:,.0f} MiB in Arrow memory, "
+          f"{parquet_bytes / 2**20:,.0f} MiB of Parquet; written in {time.monotonic() - started:.0f} s",
+          flush=True)
+    return arrow_bytes
+
+
+def memory(rows: int, buckets: int, workdir: str | None) -> None:
+    """The Arrow reader's peak memory on a table of ``rows`` keys against the table's size."""
     given = workdir is not None
     workdir = workdir or tempfile.mkdtemp(prefix="bench-readers-")
     os.makedirs(workdir, exist_ok=True)
     url, root = f"sqlite:///{workdir}/consensus.db", os.path.join(workdir, "blob")
     env = dict(os.environ, UPSERT_CONSENSUS_URL=url, UPSERT_BLOB_ROOT=root, PYTHONPATH=REPO)
     try:
-        os.makedirs(os.path.join(workdir, "landing"), exist_ok=True)
-        subprocess.run([*UPSERTCTL, "init", SHARD, "--source", f"dir:{workdir}/landing", "--key", "id",
-                        "--order-by", "updated_at", "--delete-marker", "deleted", "--schema", SAMPLE_SCHEMA_DDL,
-                        "--buckets", str(buckets)], env=env, check=True, stdout=subprocess.DEVNULL)
-        shard = Shard.open(open_consensus(url), open_blob(root), SHARD)
-        schema = arrow_run_schema(shard.config)
-        blob, run_dir = shard.blob, shard.blob.path(SHARD, "runs", "ts=000000000000", "w-bench")
-        files, arrow_bytes, started = [], 0, time.monotonic()
-        for bucket in range(buckets):  # a bucket per key % buckets: each key once, so any split merges alike
-            ids = pa.array(np.arange(bucket, rows, buckets, dtype=np.int64))
-            table = pa.Table.from_arrays([
-                ids, pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), ""),
-                pc.multiply(pc.cast(ids, pa.float64()), 0.5), ids,
-                pa.nulls(len(ids), pa.bool_()).fill_null(False), pa.array(np.zeros(len(ids), dtype=np.int64)),
-            ], schema=schema)
-            arrow_bytes += table.nbytes
-            path = blob.join(run_dir, f"_bucket={bucket}", "part-00000.parquet")
-            blob.make_dirs(blob.parent(path))
-            pq.write_table(table, path)
-            files.append({"path": blob.relative(path), "bytes": os.path.getsize(path), "sha256": blob.checksum(path)})
-        run = {"path": blob.relative(run_dir), "files": files, "rows": rows}
-        shard.compare_and_append(0, 1, BatchRecord(ts=0, writer_id="bench", token="bench", run=run, stats={}))
-        parquet_bytes = sum(f["bytes"] for f in files)
-        print(f"table: {rows:,} rows in {buckets} buckets, {arrow_bytes / 2**20:,.0f} MiB in Arrow memory, "
-              f"{parquet_bytes / 2**20:,.0f} MiB of Parquet; written in {time.monotonic() - started:.0f} s",
-              flush=True)
+        arrow_bytes = committed_table(rows, buckets, workdir, env)
 
         for merge, label in (("whole", "whole-bucket merge (before)"), ("streamed", "k-way streamed merge")):
             started = time.monotonic()
@@ -218,6 +238,52 @@ def memory(rows: int, buckets: int, workdir: str | None) -> None:
                             os.path.join(workdir, "out.parquet")], env)
         print(f"| upsertctl read --format parquet | {wall:.1f} s | {peak / 2**20:,.0f} MiB | "
               f"{peak / arrow_bytes:.2f}x the table |")
+    finally:
+        if not given:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def rebucket(rows: int, buckets: int, workdir: str | None) -> None:
+    """A read's time and the Arrow reader's peak memory before and after doubling the bucket
+    count, and the compactions' time: a shard of ``rows`` keys in ``buckets`` buckets compacted
+    (``upsertctl compact``, the same count), read; a batch of 1,000 updates; ``upsertctl
+    compact --buckets 2*buckets`` (the rebucket, a full merge), read again."""
+    from airflow_upsert_provider.engine.blob.files import open_blob
+    from airflow_upsert_provider.engine.store.registry import open_consensus
+    from airflow_upsert_provider.engine.table.shard import Shard
+    from tests.arrow_runs import commit_batch
+
+    given = workdir is not None
+    workdir = workdir or tempfile.mkdtemp(prefix="bench-readers-")
+    os.makedirs(workdir, exist_ok=True)
+    url, root = f"sqlite:///{workdir}/consensus.db", os.path.join(workdir, "blob")
+    env = dict(os.environ, UPSERT_CONSENSUS_URL=url, UPSERT_BLOB_ROOT=root, PYTHONPATH=REPO)
+
+    def read() -> tuple[float, int]:
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", STREAM, url, root, SHARD, "streamed"], env=env, check=True,
+                              capture_output=True, text=True)
+        counted, peak = map(int, done.stdout.split())
+        assert counted == rows, (counted, rows)
+        return time.monotonic() - started, peak
+
+    try:
+        arrow_bytes = committed_table(rows, buckets, workdir, env)
+        compacted, _ = timed([*UPSERTCTL, "compact", SHARD], env)
+        before = read()
+        shard = Shard.open(open_consensus(url), open_blob(root), SHARD)
+        commit_batch(shard, [{"id": key, "name": f"updated-{key}", "amount": 1.0, "updated_at": rows + key,
+                              "_deleted": False} for key in range(0, rows, max(1, rows // 1000))])
+        rebucketed, _ = timed([*UPSERTCTL, "compact", SHARD, "--buckets", str(2 * buckets)], env)
+        assert shard.bucket_count() == 2 * buckets
+        after = read()
+        print(f"\n{rows:,} rows, a fresh process each (the JVM's start included in a compaction):")
+        print("| buckets | compaction | streamed read_table | Arrow reader peak memory |")
+        print("|---:|---|---:|---:|")
+        print(f"| {buckets} | {compacted:.1f} s (full, same count) | {before[0]:.1f} s | {before[1] / 2**20:,.0f} MiB "
+              f"({before[1] / arrow_bytes:.2f}x the table) |")
+        print(f"| {2 * buckets} | {rebucketed:.1f} s (`--buckets {2 * buckets}`: full, new count) | "
+              f"{after[0]:.1f} s | {after[1] / 2**20:,.0f} MiB ({after[1] / arrow_bytes:.2f}x the table) |")
     finally:
         if not given:
             shutil.rmtree(workdir, ignore_errors=True)

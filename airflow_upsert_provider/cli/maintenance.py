@@ -9,6 +9,7 @@ from typing import Any
 from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.cli.options import actor_of, finite_number, integer_option
 from airflow_upsert_provider.cli.output import printable
+from airflow_upsert_provider.engine.config import MAX_BUCKETS
 from airflow_upsert_provider.engine.maintenance.compaction_policy import DEFAULT_MAX_RUNS
 
 
@@ -22,6 +23,10 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
     compact.add_argument("--max-runs", type=integer_option("--max-runs", 1), default=DEFAULT_MAX_RUNS, metavar="N",
                          help="at most N compacted runs stay below since for a read to merge "
                               f"(default {DEFAULT_MAX_RUNS})")
+    compact.add_argument("--buckets", type=integer_option("--buckets", 1, MAX_BUCKETS), default=None, metavar="N",
+                         help="write with N hash buckets, a multiple of the current count (e.g. double it); "
+                              "rewrites every compacted run (default: the current count, doubled when the shard's "
+                              "target_bucket_bytes is exceeded)")
     compact.add_argument("--json", action="store_true")
 
     checkpoint = commands.add_parser("checkpoint", parents=[common], help="create, list, verify or restore checkpoints")
@@ -83,15 +88,21 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
 
 def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.maintenance.compaction import check_target, compact
+    from airflow_upsert_provider.engine.maintenance.compaction_policy import check_bucket_count
+    from airflow_upsert_provider.engine.table.runs import current_buckets
 
     shard = ctx.shard(args.shard)
     # What can be refused without Spark is refused before it starts (seconds; a missing run
     # file from one listing, not a request per file); compact checks again on its snapshot.
     view = ctx.consensus.live_view(shard.shard_id, args.since)
     check_target(shard.shard_id, view.as_of, view.record.upper)
+    if args.buckets is not None:
+        check_bucket_count(args.buckets, current_buckets(shard.config, view.compaction.run if view.compaction else None),
+                           "--buckets")
     if view.as_of > view.record.since:
         shard.check_run_files_listed(view.runs)
-    return compact(ctx.spark(), shard, since=args.since, full=args.full, max_runs=args.max_runs).to_dict()
+    return compact(ctx.spark(), shard, since=args.since, full=args.full, max_runs=args.max_runs,
+                   buckets=args.buckets).to_dict()
 
 
 def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:

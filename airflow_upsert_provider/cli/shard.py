@@ -31,6 +31,9 @@ def add_shard_commands(commands, common: argparse.ArgumentParser, spark_conf: ar
     init.add_argument("--delete-marker", help="boolean column: true deletes the key")
     init.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", dest="source_format")
     init.add_argument("--buckets", type=integer_option("--buckets", 1, 4096), default=None)
+    init.add_argument("--target-bucket-bytes", type=integer_option("--target-bucket-bytes", 1), default=None,
+                      metavar="BYTES", help="a compaction doubles the bucket count when the runs below its since "
+                                            "hold more than this per bucket on average (default: never by size)")
     init.add_argument("--max-files-per-batch", type=integer_option("--max-files-per-batch", 1), default=None)
     init.add_argument("--schema", help="column types as DDL ('id BIGINT, name STRING'); inferred from the source if omitted")
     init.add_argument("--envelope", choices=("json", "debezium"), default=None,
@@ -107,6 +110,7 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             DEFAULT_MAX_FILES_PER_BATCH if args.max_files_per_batch is None else args.max_files_per_batch
         ),
         extra=extra,
+        target_bucket_bytes=args.target_bucket_bytes,
     )
     shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config,
                          kafka_config=ctx.kafka_config() if is_kafka_uri(source.uri) else None)

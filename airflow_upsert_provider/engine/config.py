@@ -12,6 +12,8 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 SHARD_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SOURCE_FORMATS = ("jsonl", "parquet")
 DEFAULT_BUCKETS = 8
+# The most hash buckets a shard's runs are split into (at init, and after its count grew).
+MAX_BUCKETS = 4096
 DEFAULT_MAX_FILES_PER_BATCH = 64
 # Columns the engine adds to runs or uses while staging; user columns may not use these names.
 INTERNAL_COLUMNS = (
@@ -42,7 +44,10 @@ class ShardConfig:
         (partition, offset, line).
     :param delete_marker: optional boolean column; a record with it true deletes the key.
     :param source_format: ``jsonl`` or ``parquet`` segment files.
-    :param buckets: number of hash buckets runs are split into.
+    :param buckets: number of hash buckets runs are split into at first; a compaction may
+        multiply it (the count now is the compacted run's, ``runs.current_buckets``).
+    :param target_bucket_bytes: when a compaction finds the runs below its since above this
+        many bytes per bucket on average, it doubles the bucket count (None: never by size).
     :param max_files_per_batch: how many segment files one batch binds at most.
     :param extra: further options; a Kafka shard's are under ``"kafka"`` (``KafkaShardOptions``).
     """
@@ -56,6 +61,7 @@ class ShardConfig:
     buckets: int = DEFAULT_BUCKETS
     max_files_per_batch: int = DEFAULT_MAX_FILES_PER_BATCH
     extra: dict[str, Any] = field(default_factory=dict)
+    target_bucket_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -65,8 +71,16 @@ class ShardConfig:
                 f"unknown source format {self.source_format!r}; expected one of {SOURCE_FORMATS}",
                 field="format",
             )
-        if not 1 <= self.buckets <= 4096:
-            raise ConfigurationError("buckets must be between 1 and 4096", field="buckets")
+        if not 1 <= self.buckets <= MAX_BUCKETS:
+            raise ConfigurationError(f"buckets must be between 1 and {MAX_BUCKETS}", field="buckets")
+        if self.target_bucket_bytes is not None and (
+            isinstance(self.target_bucket_bytes, bool) or not isinstance(self.target_bucket_bytes, int)
+            or self.target_bucket_bytes < 1
+        ):
+            raise ConfigurationError(
+                f"target_bucket_bytes must be a whole number of bytes >= 1, got {self.target_bucket_bytes!r}",
+                field="target_bucket_bytes",
+            )
         if self.max_files_per_batch < 1:
             raise ConfigurationError("max files per batch must be >= 1", field="max_files_per_batch")
         columns = self.column_names()

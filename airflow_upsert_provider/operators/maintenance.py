@@ -65,11 +65,14 @@ class CompactShardOperator(_ShardMaintenanceOperator):
         the table (templated; default False).
     :param max_runs: at most this many compacted runs stay below since for a read to merge
         (templated; default 10).
+    :param buckets: write with this many hash buckets, a whole multiple of the shard's current
+        count (a full merge when it grows; templated); default the current count, doubled when
+        the shard's ``target_bucket_bytes`` is exceeded.
     :param upsert_conn_id: the `upsert` connection.
     :param spark_conf: Spark settings for the in-process session (templated).
     """
 
-    template_fields: Sequence[str] = ("shard", "since", "full", "max_runs", "spark_conf")
+    template_fields: Sequence[str] = ("shard", "since", "full", "max_runs", "buckets", "spark_conf")
     template_fields_renderers = {"spark_conf": "json"}
 
     def __init__(
@@ -79,6 +82,7 @@ class CompactShardOperator(_ShardMaintenanceOperator):
         since: int | str | None = None,
         full: bool | str = False,
         max_runs: int | str | None = None,
+        buckets: int | str | None = None,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         spark_conf: dict[str, str] | None = None,
         **kwargs: Any,
@@ -87,6 +91,7 @@ class CompactShardOperator(_ShardMaintenanceOperator):
         self.since = since
         self.full = full
         self.max_runs = max_runs
+        self.buckets = buckets
         self.spark_conf = spark_conf or {}
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
@@ -98,12 +103,13 @@ class CompactShardOperator(_ShardMaintenanceOperator):
         since = parse_int(self.since, "since")
         full = parse_bool(self.full, "full")
         max_runs = parse_int(self.max_runs, "max_runs")
+        buckets = parse_int(self.buckets, "buckets")
         shard = hook.open_shard(self.shard)
         owned = SparkSession.getActiveSession() is None
         spark = hook.get_spark(app_name=f"compact-{self.shard}", conf=self.spark_conf)
         try:
             return compact(spark, shard, since=since, full=full,
-                           max_runs=DEFAULT_MAX_RUNS if max_runs is None else max_runs).to_dict()
+                           max_runs=DEFAULT_MAX_RUNS if max_runs is None else max_runs, buckets=buckets).to_dict()
         finally:
             if owned:
                 spark.stop()

@@ -48,6 +48,21 @@ def tree(root: str) -> dict[str, bytes]:
     return out
 
 
+def crash_after_written(blob, shard_id: str, since: int, crashed: list[str]):
+    """A compaction's ``on_step`` that dies (:class:`crashfs.Crash`) once the output of a
+    compaction to ``since`` is written, before its swap, adding the output directories to
+    ``crashed``."""
+    from tests.maintenance.crashfs import Crash
+
+    def die_after_writing(step: str) -> None:
+        assert step == "written"
+        outputs = blob.path(shard_id, "runs", f"since={since:012d}")
+        crashed.extend(os.path.join(outputs, name) for name in os.listdir(outputs))
+        raise Crash("after the compaction's output was written")
+
+    return die_after_writing
+
+
 def age_files(root: str, seconds: float = 3 * 3600) -> None:
     """Make every file and directory below ``root`` look ``seconds`` old (older than a
     test's grace: GC measures a directory's age too)."""

@@ -18,13 +18,10 @@ from airflow_upsert_provider.engine.write.writer import Writer
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard, run_cli, spark_table, table
 from airflow_upsert_provider.operators.maintenance import CompactShardOperator
-from tests.maintenance.support import SPEC, age_files, oracle
+from tests.maintenance.crashfs import Crash
+from tests.maintenance.support import SPEC, age_files, crash_after_written, oracle
 from tests.maintenance.test_operators import store  # noqa: F401 - the fixture
 from tests.test_arrow_reader import cli_shard  # noqa: F401 - the fixture
-
-
-class Crash(Exception):
-    """The process dies here."""
 
 
 def one_file_batches(spark, consensus, blob, tmp_path, batches: int, shard_id: str = "orders"):
@@ -93,14 +90,8 @@ def test_a_crash_between_a_tier_merge_and_its_swap_leaves_the_shard_valid(spark,
     expected = table(shard)
     crashed: list[str] = []
 
-    def die_after_writing(step: str) -> None:
-        assert step == "written"
-        outputs = blob.path(shard.shard_id, "runs", "since=000000000009")
-        crashed.extend(os.path.join(outputs, name) for name in os.listdir(outputs))
-        raise Crash()
-
     try:
-        compact(spark, shard, since=9, on_step=die_after_writing)
+        compact(spark, shard, since=9, on_step=crash_after_written(blob, shard.shard_id, 9, crashed))
     except Crash:
         pass
     assert len(crashed) == 1 and os.listdir(crashed[0])  # the output was written

@@ -17,6 +17,13 @@ replaced). Writers only move ``upper`` and compaction only reads batches below t
 which are immutable, so a writer never makes a compaction lose and a compaction never touches
 a batch at ts >= since. Two compactions race on since: the loser deletes its own output
 (nobody can reference it) and retries against the new state, choosing its merge again.
+
+A compaction can grow the bucket count (``buckets``, or the shard's ``target_bucket_bytes``):
+it then merges fully and writes with the new count, and the swap records the count in the
+compaction record with the new run, so the count changes exactly when the runs do. A writer
+that read the old count and commits after the swap is not refused: its run records the count
+it was written with, and reads merge runs of both counts by the old count's buckets
+(``runs.read_group_count``); the next compaction rewrites it with the new count.
 """
 
 from __future__ import annotations
@@ -37,14 +44,22 @@ from airflow_upsert_provider.engine.errors import (
 from airflow_upsert_provider.engine.maintenance.compaction_policy import (
     DEFAULT_MAX_RUNS,
     TierRun,
+    check_bucket_count,
     check_max_runs,
     compaction_run,
     drops_tombstones,
     merge_count,
     merged_tier,
+    next_bucket_count,
     tier_runs,
 )
-from airflow_upsert_provider.engine.table.runs import bucket_column, merge_runs, order_column, write_bucketed
+from airflow_upsert_provider.engine.table.runs import (
+    bucket_column,
+    current_buckets,
+    merge_runs,
+    order_column,
+    write_bucketed,
+)
 from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
@@ -73,6 +88,9 @@ class CompactionResult:
     attempts: int = 0
     seconds: float = 0.0
     run_path: str | None = None
+    # The bucket count before and after (they differ when this compaction grew it).
+    buckets_before: int | None = None
+    buckets: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -100,6 +118,7 @@ def compact(
     since: int | None = None,
     full: bool = False,
     max_runs: int = DEFAULT_MAX_RUNS,
+    buckets: int | None = None,
     on_step: Callable[[str], None] | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> CompactionResult:
@@ -110,6 +129,9 @@ def compact(
     :param full: merge every compacted run and batch below since into one run (a rewrite of
         the table) instead of the newest runs of similar size.
     :param max_runs: at most this many compacted runs stay below since (>= 1).
+    :param buckets: the bucket count to write, a whole multiple of the current one (a full
+        merge when it grows); default: the current one, doubled when the runs below since
+        exceed the shard's ``target_bucket_bytes`` per bucket.
     :param on_step: called with ``"written"`` after the output is written and before the
         swap (tests force races there).
     :param max_attempts: how many lost races to retry before giving up.
@@ -125,14 +147,25 @@ def compact(
         state, target = view.record, view.as_of
         check_target(shard.shard_id, target, state.upper)
         if target <= state.since:
+            current = current_buckets(shard.config, view.compaction.run if view.compaction else None)
+            if buckets is not None:
+                check_bucket_count(buckets, current)
             return CompactionResult(
                 shard.shard_id, NOTHING_TO_DO, state.since, state.since, state.upper,
-                attempts=attempt, seconds=time.monotonic() - started,
+                attempts=attempt, seconds=time.monotonic() - started, buckets_before=current, buckets=current,
             )
-        tiers = tier_runs(view.compaction.run if view.compaction else None, state.since)
+        compacted = view.compaction.run if view.compaction else None
+        tiers = tier_runs(compacted, state.since)
         batch_runs = [b.run for b in view.batches if state.since <= b.ts < target]
+        buckets_before = current_buckets(shard.config, compacted)
+        run_bytes = sum(f["bytes"] for t in tiers for f in t.files) + sum(
+            f["bytes"] for r in batch_runs for f in r["files"])
+        bucket_count = next_bucket_count(buckets_before, requested=buckets,
+                                         target_bucket_bytes=shard.config.target_bucket_bytes, run_bytes=run_bytes)
+        # Every compacted run keeps one bucket count: a count that grows rewrites them all.
+        rebucket = bucket_count != buckets_before
         count = merge_count([t.tier for t in tiers], sum(r.get("rows", 0) for r in batch_runs),
-                            max_runs=max_runs, full=full)
+                            max_runs=max_runs, full=full or rebucket)
         kept, merging = tiers[: len(tiers) - count], tiers[len(tiers) - count :]
         runs = [t.run() for t in merging] + batch_runs
         # Every input is checked against its recorded size and SHA-256 first: a bit flipped in
@@ -148,12 +181,12 @@ def compact(
             survivors = survivors.where(~F.col("_deleted"))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         with shard.reading(runs):  # a run file damaged in place: exit 4 naming it
-            written = write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config)), shard.config,
-                                     blob, run_dir)
+            written = write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config, bucket_count)),
+                                     shard.config, blob, run_dir, buckets=bucket_count)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
         tier = merged_tier([t.tier for t in tiers], count, state.since, target, written["rows"])
         run = compaction_run([*kept, TierRun(tier, written["path"], tuple(written["files"]))],
-                             [r["path"] for r in runs])
+                             [r["path"] for r in runs], bucket_count)
         if on_step is not None:
             on_step("written")
         try:
@@ -185,13 +218,15 @@ def compact(
                 upper=state.upper,
                 runs_merged=len(runs),
                 runs_below_since=len(kept) + 1,
-                full=full,
+                full=full or rebucket,
                 rows=written["rows"],
                 files=len(written["files"]),
                 bytes=sum(f["bytes"] for f in written["files"]),
                 attempts=attempt,
                 seconds=time.monotonic() - started,
                 run_path=run["path"],
+                buckets_before=buckets_before,
+                buckets=bucket_count,
             )
         # Another compaction advanced since first: this output provably lost.
         blob.delete_tree(run_dir)

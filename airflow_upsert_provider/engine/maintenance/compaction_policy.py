@@ -15,6 +15,11 @@ when there would be more (a table beyond about 2^max_runs times a cycle's change
 merge until there are ``max_runs``.
 
 A full compaction merges every tier and batch into one run: the compaction before tiers.
+
+A compaction may also grow the shard's bucket count (:func:`next_bucket_count`): by a whole
+factor, so that each old bucket splits into known new ones (a key of bucket b among N is in
+bucket b mod M among every divisor M of N). It then merges fully, so every compacted run has the
+new count; batches written with the old count stay readable (``runs.read_group_count``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from airflow_upsert_provider.engine.config import MAX_BUCKETS
 from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError
 
 # A read merges at most this many compacted runs (plus the batches from since on): 10 tiers
@@ -60,6 +66,34 @@ def check_max_runs(value: Any, name: str = "max_runs") -> int:
         raise ConfigurationError(f"{name} must be an integer >= 1 (the compacted runs a read merges), got {value!r}",
                                  field=name)
     return value
+
+
+def check_bucket_count(value: Any, current: int, name: str = "buckets") -> int:
+    """``value`` if the bucket count may become it: an integer that is a whole multiple of the
+    ``current`` count (each old bucket splits into known new ones), at most ``MAX_BUCKETS``;
+    else a :class:`ConfigurationError` naming ``name``, the value and what is allowed."""
+    if (isinstance(value, bool) or not isinstance(value, int) or value < current or value % current
+            or value > MAX_BUCKETS):
+        largest = MAX_BUCKETS // current * current
+        allowed = (f"a multiple of the current count {current} up to {MAX_BUCKETS} ({current}, {2 * current}, ..., "
+                   f"{largest})" if 2 * current <= MAX_BUCKETS else f"only the current count {current}")
+        raise ConfigurationError(f"{name} {value!r} is not allowed: the bucket count can only grow, to {allowed}",
+                                 field=name)
+    return value
+
+
+def next_bucket_count(
+    current: int, *, requested: int | None = None, target_bucket_bytes: int | None = None, run_bytes: int = 0
+) -> int:
+    """The bucket count a compaction writes: ``requested`` if given (checked by
+    :func:`check_bucket_count`); else double the ``current`` one when the ``run_bytes`` of the runs
+    it compacts (every run below its since) exceed ``target_bucket_bytes`` per bucket on average
+    and doubling stays within ``MAX_BUCKETS``; else the current one. Pure."""
+    if requested is not None:
+        return check_bucket_count(requested, current)
+    if target_bucket_bytes is not None and run_bytes > target_bucket_bytes * current and 2 * current <= MAX_BUCKETS:
+        return 2 * current
+    return current
 
 
 def merge_count(tiers: Sequence[Tier], new_rows: int, *, max_runs: int, full: bool = False) -> int:
@@ -109,11 +143,16 @@ def tier_runs(run: dict[str, Any] | None, since: int) -> list[TierRun]:
     ]
 
 
-def compaction_run(tiers: Sequence[TierRun], replaces: Sequence[str]) -> dict[str, Any]:
-    """The compaction record's run for ``tiers`` (oldest first): a run like any other to a
-    read (``path``: the newest tier's directory, ``files``: every tier's), with the ``tiers``
-    and what the swap ``replaces`` (the merged runs' directories, for GC)."""
+def compaction_run(
+    tiers: Sequence[TierRun], replaces: Sequence[str], buckets: int | None = None
+) -> dict[str, Any]:
+    """The compaction record's run for ``tiers`` (oldest first, every one written with
+    ``buckets`` buckets): a run like any other to a read (``path``: the newest tier's directory,
+    ``files``: every tier's, ``buckets``: the shard's count from this swap on; without it, the
+    count of ``init``), with the ``tiers`` and what the swap ``replaces`` (the merged runs'
+    directories, for GC)."""
     return {
+        **({} if buckets is None else {"buckets": buckets}),
         "path": tiers[-1].path,
         "files": [f for t in tiers for f in t.files],
         "rows": sum(t.tier.rows for t in tiers),

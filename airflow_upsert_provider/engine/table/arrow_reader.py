@@ -13,6 +13,9 @@ of at most ``batch_rows`` rows: never the table. A shard of R rows in B buckets 
 C columns holds about R/B rows of C columns at a time (20M rows in 64 buckets: about 310k),
 so a large shard is read in bounded memory by giving it enough buckets (``--buckets``). Runs
 whose files are not laid out by bucket (none the engine writes) are merged as one bucket.
+When the shard's bucket count grew (a compaction with ``--buckets``), runs written with the
+old count and with the new one are merged by the old count's buckets (each one the union of
+the new buckets it split into) until a compaction has rewritten every old-count run.
 
 Files are read through the blob's filesystem (local disk or object storage) with the same
 reader the executors use (:func:`run_io.read_files`). A listed file that is missing is an
@@ -33,6 +36,7 @@ from airflow_upsert_provider.engine.table import run_io
 from airflow_upsert_provider.engine.table.runs import (
     file_problem,
     order_column,
+    read_group_count,
     run_schema,
     table_columns,
 )
@@ -157,6 +161,9 @@ def read_runs_arrow(
     if filter is not None:
         check_filter(filter, pa.schema([full_schema.field(name) for name in merged]))
     files = [f for run in runs for f in run["files"]]
+    # Runs written before and after the bucket count grew are merged by the groups every count
+    # refines: a key's rows are all in one group of every run.
+    groups = read_group_count(config, runs)
     reader = read_file or _read_run_file
 
     streamed = not any(pa.types.is_floating(read_schema.field(k).type) for k in config.keys)
@@ -165,7 +172,7 @@ def read_runs_arrow(
         return winners if filter is None else winners.filter(filter).select(output)
 
     def batches() -> Iterator["pyarrow.RecordBatch"]:
-        for _bucket, listed in bucket_groups(files):
+        for _group, listed in bucket_groups(files, groups):
             if not streamed:
                 rows = _read_bucket(blob, listed, read_schema, reader, shard_id)
                 winners = merge_bucket(rows, config, merged)
@@ -232,16 +239,20 @@ def output_columns(config: ShardConfig, columns: Sequence[str] | None) -> list[s
     return list(columns)
 
 
-def bucket_groups(files: list[dict[str, Any]]) -> list[tuple[int | None, list[dict[str, Any]]]]:
+def bucket_groups(
+    files: list[dict[str, Any]], group_count: int | None = None
+) -> list[tuple[int | None, list[dict[str, Any]]]]:
     """The listed run files grouped by their bucket (from the ``_bucket=<n>`` directory every
-    run writer puts a file in), by bucket number; one group of all files (bucket None) if any
-    file is outside such a directory, since its keys could then be in any bucket."""
+    run writer puts a file in) modulo ``group_count`` (``runs.read_group_count``; None: by
+    bucket), by group number; one group of all files (None) if any file is outside such a
+    directory, since its keys could then be in any bucket."""
     groups: dict[int, list[dict[str, Any]]] = {}
     for f in files:
         match = _BUCKET_DIR.search(f["path"])
         if match is None:
             return [(None, list(files))] if files else []
-        groups.setdefault(int(match.group(1)), []).append(f)
+        bucket = int(match.group(1))
+        groups.setdefault(bucket if group_count is None else bucket % group_count, []).append(f)
     return sorted(groups.items())
 
 

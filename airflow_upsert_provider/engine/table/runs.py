@@ -16,6 +16,7 @@ Everything here takes a shard's config and its blob, never a Shard, so the batch
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,11 +64,35 @@ def order_column(config: ShardConfig) -> str | None:
     return "_deleted" if config.order_by == config.delete_marker else config.order_by
 
 
-def bucket_column(config: ShardConfig) -> "Column":
-    """The hash bucket of a row's key: the same function for batches and compaction."""
+def bucket_column(config: ShardConfig, buckets: int | None = None) -> "Column":
+    """The hash bucket of a row's key among ``buckets`` (default: the count the shard was
+    created with): the same function for batches and compaction. A key's bucket among N is
+    its bucket among any divisor M of N taken modulo M, which is what lets a shard's count
+    grow by a factor (:func:`read_group_count`)."""
     from pyspark.sql import functions as F
 
-    return F.pmod(F.xxhash64(*config.keys), F.lit(config.buckets))
+    return F.pmod(F.xxhash64(*config.keys), F.lit(config.buckets if buckets is None else buckets))
+
+
+def run_buckets(run: dict[str, Any], config: ShardConfig) -> int:
+    """The bucket count ``run`` was written with: what it records, or (a run written before
+    counts were recorded, when no shard's count could change) the count of the shard's ``init``."""
+    return int(run.get("buckets", config.buckets))
+
+
+def current_buckets(config: ShardConfig, compacted_run: dict[str, Any] | None) -> int:
+    """The shard's bucket count now: its compacted run's (a compaction changes it, in the swap
+    that installs that run), else the count of ``init``."""
+    return config.buckets if compacted_run is None else run_buckets(compacted_run, config)
+
+
+def read_group_count(config: ShardConfig, runs: list[dict[str, Any]]) -> int:
+    """How many key groups a bucket-by-bucket read of ``runs`` merges apart: the greatest
+    common divisor of their bucket counts (the count of ``init`` for no runs). Every count is
+    the previous one times a whole factor, so a key of bucket b among N is in group b mod G of
+    every run: a group holds every row of its keys, whichever count each run was written with.
+    Pure."""
+    return math.gcd(*[run_buckets(run, config) for run in runs]) if runs else config.buckets
 
 
 def write_bucketed(
@@ -78,10 +103,12 @@ def write_bucketed(
     *,
     partitioned: bool = False,
     timings: dict[str, float] | None = None,
+    buckets: int | None = None,
 ) -> dict[str, Any]:
-    """Write ``rows`` (run columns plus ``_bucket``) under ``run_dir``: one Parquet file per
-    bucket, sorted by key, durable when this returns; return the run as consensus records it
-    (its path, files and row count). Batches and compaction write runs the same way.
+    """Write ``rows`` (run columns plus ``_bucket`` among ``buckets``, default the count of
+    ``init``) under ``run_dir``: one Parquet file per bucket, sorted by key, durable when this
+    returns; return the run as consensus records it (its path, files, row count and bucket
+    count). Batches and compaction write runs the same way.
     ``partitioned`` says the rows are already hash-partitioned by ``_bucket``, so they are
     not shuffled again. ``timings`` gets "describe" added: the seconds the driver spent
     describing the written files (reading a batch, reducing and writing it are one fused
@@ -90,8 +117,9 @@ def write_bucketed(
     Where :func:`run_io.executor_io` says so, the executors write through pyarrow and report
     what they wrote; elsewhere Spark's Parquet writer writes and the driver describes the
     files (:func:`describe_run`)."""
+    count = config.buckets if buckets is None else buckets
     if not partitioned:
-        rows = rows.repartition(config.buckets, "_bucket")
+        rows = rows.repartition(count, "_bucket")
     rows = rows.sortWithinPartitions("_bucket", *config.keys)
     described = 0.0
     if run_io.executor_io(blob.root):
@@ -105,7 +133,7 @@ def write_bucketed(
         described = time.monotonic() - started
     if timings is not None:
         timings["describe"] = timings.get("describe", 0.0) + described
-    return run
+    return {**run, "buckets": count}
 
 
 def describe_run(blob: Blob, run_dir: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from airflow_upsert_provider.engine.errors import (
     ReadOutdated,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.runs import file_problem, read_runs
+from airflow_upsert_provider.engine.table.runs import current_buckets, file_problem, read_runs
 from airflow_upsert_provider.engine.table.binding_planner import (
     anchor_source_index,
     plan_binding,
@@ -207,6 +207,13 @@ class Shard:
 
     def state(self) -> ShardRecord:
         return self.consensus.get_shard(self.shard_id)
+
+    def bucket_count(self) -> int:
+        """The bucket count a run written now uses: the one the compacted run records (a
+        compaction may have grown it), else the count of ``init``. A run written with a count
+        a compaction has grown since stays readable (``runs.read_group_count``)."""
+        record = self.consensus.get_compaction(self.shard_id)
+        return current_buckets(self.config, record.run if record else None)
 
     # -- paths ------------------------------------------------------------------------------
 

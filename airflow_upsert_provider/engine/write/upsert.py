@@ -259,9 +259,10 @@ def _write_run(
         # One entry list per slice batch that holds such a field (null elsewhere): a few rows.
         measures.append(F.collect_list("_unknown").alias("unknown"))
     observed = records.observe(totals, *measures)
+    buckets = shard.bucket_count()
     latest = _latest_per_key(observed.where(F.col("_reason").isNull()), config, ts,
-                             change_events=batch.change_events)
-    run = write_bucketed(latest, config, shard.blob, run_dir, partitioned=True, timings=timings)
+                             change_events=batch.change_events, buckets=buckets)
+    run = write_bucketed(latest, config, shard.blob, run_dir, partitioned=True, timings=timings, buckets=buckets)
     try:
         metrics = totals.get
         if "rows_in" not in metrics:
@@ -283,7 +284,9 @@ def _write_run(
     return int(metrics["rows_in"]), int(metrics["rejected"]), run
 
 
-def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int, *, change_events: bool) -> "DataFrame":
+def _latest_per_key(
+    good: "DataFrame", config: ShardConfig, ts: int, *, change_events: bool, buckets: int | None = None
+) -> "DataFrame":
     """Within a key the latest record wins by (order column, partition, offset, line):
     the same total order on every writer (invariant 5). A record whose order column is null
     is older than one that has a value. ``change_events``: the records carry ``_delete`` and
@@ -313,7 +316,7 @@ def _latest_per_key(good: "DataFrame", config: ShardConfig, ts: int, *, change_e
     # one), as many as the cluster's parallelism asks for.
     # A window over rows sorted by rank, not max_by on a struct, which has no hash aggregate
     # and sorted the batch twice: 17% less for a warm batch (docs/performance.md).
-    by_bucket = good.withColumn("_bucket", bucket_column(config)).repartition("_bucket")
+    by_bucket = good.withColumn("_bucket", bucket_column(config, buckets)).repartition("_bucket")
     newest_first = Window.partitionBy("_bucket", *keys).orderBy(*[c.desc_nulls_last() for c in rank])
     latest = by_bucket.withColumn("_newest", F.row_number().over(newest_first)).where(F.col("_newest") == 1)
     return latest.select(
