@@ -18,10 +18,11 @@ def arrow_run_schema(config):
     return to_arrow_schema(run_schema(config), timezone="UTC")
 
 
-def write_run(shard: Shard, group: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def write_run(shard: Shard, group: str, rows: list[dict[str, Any]], buckets: int | None = None) -> dict[str, Any]:
     """Write ``rows`` (run columns; ``id`` is the key) as a run under ``<shard>/runs/<group>/``:
-    one Parquet file per bucket (``id % buckets``, standing in for the key hash), sorted by
-    key, as consensus records a run."""
+    one Parquet file per bucket (``id % buckets``, standing in for the key hash; default the
+    count of ``init``, else recorded in the run as a rebucketed one is), sorted by key, as
+    consensus records a run."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -31,7 +32,7 @@ def write_run(shard: Shard, group: str, rows: list[dict[str, Any]]) -> dict[str,
     files = []
     by_bucket: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
-        by_bucket.setdefault(row["id"] % config.buckets, []).append(row)
+        by_bucket.setdefault(row["id"] % (buckets or config.buckets), []).append(row)
     for bucket, members in sorted(by_bucket.items()):
         members.sort(key=lambda r: r["id"])
         table = pa.Table.from_pylist(members, schema=schema)
@@ -41,28 +42,31 @@ def write_run(shard: Shard, group: str, rows: list[dict[str, Any]]) -> dict[str,
         blob.make_dirs(blob.parent(path))
         blob.write_file(path, sink.getvalue(), sync=False)
         files.append({"path": blob.relative(path), "bytes": len(sink.getvalue()), "sha256": blob.checksum(path)})
-    return {"path": blob.relative(run_dir), "files": files, "rows": len(rows)}
+    run = {"path": blob.relative(run_dir), "files": files, "rows": len(rows)}
+    return run if buckets is None else {**run, "buckets": buckets}
 
 
-def commit_batch(shard: Shard, rows: list[dict[str, Any]]) -> int:
-    """Commit ``rows`` (table columns and ``_deleted``) as the batch at the shard's upper; its ts."""
+def commit_batch(shard: Shard, rows: list[dict[str, Any]], buckets: int | None = None) -> int:
+    """Commit ``rows`` (table columns and ``_deleted``) as the batch at the shard's upper,
+    written with ``buckets`` (:func:`write_run`); its ts."""
     ts = shard.state().upper
     stamped = [{**row, "_ts": ts} for row in rows]
-    run = write_run(shard, f"ts={ts:012d}", stamped)
+    run = write_run(shard, f"ts={ts:012d}", stamped, buckets)
     result = shard.compare_and_append(ts, ts + 1, BatchRecord(ts=ts, writer_id="w", token=f"t{ts}", run=run, stats={}))
     assert result.upper == ts + 1, result
     return ts
 
 
-def compact_batches(shard: Shard, history: list[dict[str, Any]], since: int) -> None:
+def compact_batches(shard: Shard, history: list[dict[str, Any]], since: int, buckets: int | None = None) -> None:
     """Compact as the engine does, from the rows ``history`` holds (every committed row, with
-    ``_ts``): per key the winner below ``since``, tombstones kept with an order column."""
+    ``_ts``): per key the winner below ``since``, tombstones kept with an order column;
+    ``buckets`` rebuckets, as ``compact(buckets=...)`` does."""
     state = shard.state()
     view = shard.consensus.live_view(shard.shard_id, since)
     survivors = merged(shard.config, [r for r in history if r["_ts"] < since], keep_tombstones=True)
     if order_column(shard.config) is None:
         survivors = [r for r in survivors if not r["_deleted"]]
-    run = write_run(shard, f"since={since:012d}", survivors)
+    run = write_run(shard, f"since={since:012d}", survivors, buckets)
     assert shard.consensus.compare_and_set_since(
         shard.shard_id, state.since, since, {**run, "replaces": [r["path"] for r in view.runs]}
     )

@@ -18,6 +18,7 @@ from airflow_upsert_provider.engine.maintenance.iceberg_buckets import (
     TASKS_PER_BUCKET,
     WHOLE,
     bucket_digests,
+    bucket_files,
     bucket_of_data_file,
     plan_buckets,
     published_digests,
@@ -50,10 +51,10 @@ def test_a_data_files_bucket_is_read_back_from_its_name_for_every_bucket_and_tas
 
 def test_digests_follow_the_files_not_their_order_and_round_trip_through_the_summary():
     files = [{"path": f"s/runs/ts=1/w/_bucket={b}/part-{i}.parquet", "bytes": 10 + i} for b in range(3) for i in range(2)]
-    digests = bucket_digests({"0": files[:2], "1": files[2:4]})
-    assert digests == bucket_digests({"1": files[3:1:-1], "0": files[1::-1]})
-    assert digests["0"] != bucket_digests({"0": [files[0]]})["0"]
-    assert digests["0"] != bucket_digests({"0": [files[0], {**files[1], "bytes": 99}]})["0"]
+    digests = bucket_digests({"0": files[:2], "1": files[2:4]}, 3)
+    assert digests == bucket_digests({"1": files[3:1:-1], "0": files[1::-1]}, 3)
+    assert digests["0"] != bucket_digests({"0": [files[0]]}, 3)["0"]
+    assert digests["0"] != bucket_digests({"0": [files[0], {**files[1], "bytes": 99}]}, 3)["0"]
     assert published_digests({SUMMARY_BUCKETS: summary_digests(digests)}) == digests
     for bad in (None, {}, {SUMMARY_BUCKETS: "{"}, {SUMMARY_BUCKETS: "[1]"}, {SUMMARY_BUCKETS: '{"0": 1}'}):
         assert published_digests(bad) is None
@@ -182,3 +183,34 @@ def test_a_publish_rewrites_only_the_buckets_that_changed_and_equals_the_shards_
     table = catalog.load_table(TABLE)
     for snapshot_id, since in since_of.items():
         assert by_key(table.scan(snapshot_id=snapshot_id).to_arrow()) == expected_table(shard.config, history, since)
+
+
+@sqlite_only
+def test_publishes_across_rebuckets_and_a_batch_of_the_old_count_hold_each_key_once(consensus, blob, tmp_path,
+                                                                                      catalog):
+    # 4 buckets, a compaction to 8, a batch of a writer that planned with 4 (a key of bucket
+    # 5 among 8 is in its bucket 1) compacted at 8, then a compaction to 16: every publish
+    # is the shard's table with each key once, whatever the data files' groups were before.
+    shard = make_shard(consensus, blob, tmp_path, buckets=4)
+    rng = random.Random(36)
+    history: list[dict] = []
+    for batch_buckets, compact_to in [(None, 4), (None, 8), (4, 8), (8, 16), (16, 16)]:
+        rows = [{"id": key, "name": f"n{key}-{rng.randrange(100)}", "amount": float(rng.randrange(1000)),
+                 "updated_at": 3, "_deleted": False} for key in rng.sample(range(64), 20)]
+        ts = commit_batch(shard, rows, batch_buckets)
+        history += [{**r, "_ts": ts} for r in rows]
+        compact_batches(shard, history, shard.state().upper, compact_to)
+        result = publish_iceberg(shard, catalog, TABLE, retention=None)
+        assert result.outcome == PUBLISHED
+        scanned = catalog.load_table(TABLE).scan().to_arrow()
+        expected = expected_table(shard.config, history, result.since)
+        # No key twice: a dictionary by key would hide a second row.
+        assert scanned.num_rows == len(expected), (batch_buckets, compact_to)
+        assert by_key(scanned) == expected == arrow_table(read_table(shard, as_of=result.since))
+
+
+def test_a_groups_digest_changes_with_the_count_its_files_were_grouped_by():
+    files = [{"path": f"s/runs/ts=1/w/_bucket={b}/part-0.parquet", "bytes": 10} for b in (1, 5)]
+    assert bucket_files(files, 4) == {"1": files}
+    assert bucket_files(files, 8) == {"1": files[:1], "5": files[1:]}
+    assert bucket_digests({"1": files[:1]}, 8) != bucket_digests({"1": files[:1]}, 4)

@@ -103,6 +103,42 @@ def test_executors_write_the_data_files_of_one_snapshot_equal_to_the_shards_read
     assert by_key(table.scan(snapshot_id=result.snapshot_id).to_arrow()) == expected
 
 
+@sqlite_only
+def test_after_a_rebucket_the_executors_write_the_new_counts_buckets_and_keep_them_apart(spark, consensus, blob,
+                                                                                        tmp_path, catalog):
+    shard = make_shard(consensus, blob, tmp_path, buckets=BUCKETS)
+    rng = random.Random(8)
+    history: list[dict] = []
+    spark_batch(spark, shard, history, updates(rng, rng.sample(range(80), 50)))
+    compact(spark, shard)
+    publish_iceberg(shard, catalog, TABLE, spark=spark, retention=None)
+    spark_batch(spark, shard, history, updates(rng, rng.sample(range(80), 20)))
+    compact(spark, shard, buckets=2 * BUCKETS)
+    frame = spark.createDataFrame([(k,) for k in range(80)], "id long")
+    bucket_of = {r["id"]: r["b"] for r in frame.select("id", bucket_column(shard.config, 2 * BUCKETS).alias("b"))
+                 .collect()}
+
+    for touched in (None, rng.randrange(2 * BUCKETS)):
+        if touched is not None:  # a batch in one bucket of the new count
+            spark_batch(spark, shard, history,
+                        updates(rng, [k for k in range(80) if bucket_of[k] == touched][:5]))
+            compact(spark, shard)
+        result = publish_iceberg(shard, catalog, TABLE, spark=spark, retention=None)
+        rewritten = 2 * BUCKETS if touched is None else 1
+        assert (result.outcome, result.buckets_rewritten, result.buckets_kept) == (
+            PUBLISHED, rewritten, 2 * BUCKETS - rewritten)
+        table = catalog.load_table(TABLE)
+        scanned = table.scan().to_arrow()
+        expected = expected_table(shard.config, history, shard.state().since)
+        assert scanned.num_rows == len(expected)  # no key twice
+        assert by_key(scanned) == expected == arrow_table(read_table(shard, as_of=shard.state().since))
+        for data_file in current_data_files(table):
+            path = data_file.file_path.removeprefix("file://")
+            ids = pq.read_table(path, columns=["id"]).column("id").to_pylist()
+            # One bucket's rows among the new count, the bucket its name says.
+            assert {str(bucket_of[i]) for i in ids} == {bucket_of_data_file(path)}
+
+
 def test_a_table_on_object_storage_is_refused_for_executor_writes_naming_it():
     class Remote:
         def location(self):

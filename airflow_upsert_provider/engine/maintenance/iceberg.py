@@ -66,6 +66,7 @@ from airflow_upsert_provider.engine.maintenance.iceberg_expiry import ExpiryResu
 from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
 from airflow_upsert_provider.engine.maintenance.iceberg_schema import iceberg_schema, schema_mismatch
 from airflow_upsert_provider.engine.table.arrow_reader import read_runs_arrow
+from airflow_upsert_provider.engine.table.runs import read_group_count
 from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
@@ -303,8 +304,9 @@ def publish_iceberg(
         }
         # Buckets whose live run files are the ones the current snapshot was written from
         # keep their data files (iceberg_buckets); the others are read and written again.
-        by_bucket = bucket_files([f for run in view.runs for f in run["files"]])
-        digests = bucket_digests(by_bucket)
+        groups = read_group_count(shard.config, view.runs)
+        by_bucket = bucket_files([f for run in view.runs for f in run["files"]], groups)
+        digests = bucket_digests(by_bucket, groups)
         current = list(current_data_files(table))
         plan = plan_buckets(digests, published_digests(_current_summary(table)), [f.file_path for f in current])
         summary_properties[SUMMARY_BUCKETS] = summary_digests(digests)
@@ -312,7 +314,7 @@ def publish_iceberg(
         if spark is None:
             write_data = _arrow_data_files(shard, by_bucket, plan.rewrite)
         else:
-            write_data = _spark_data_files(spark, shard, by_bucket, plan.rewrite)
+            write_data = _spark_data_files(spark, shard, by_bucket, plan.rewrite, groups)
         committed = _commit_overwrite(table, write_data, removed, summary_properties, shard.shard_id, since, table_name,
                                       where, step)
         if committed is None:
@@ -528,8 +530,8 @@ def _arrow_data_files(shard: Shard, by_bucket: dict[str, list[dict[str, Any]]], 
 
 
 def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, list[dict[str, Any]]],
-                      rewrite: tuple[str, ...]) -> DataFileWriter:
-    """The ``rewrite`` buckets merged and written by Spark's executors (:mod:`iceberg_spark`);
+                      rewrite: tuple[str, ...], group_count: int) -> DataFileWriter:
+    """The ``rewrite`` buckets (of ``group_count``) merged and written by Spark's executors (:mod:`iceberg_spark`);
     each file's entry from its footer, read here. Files a failed attempt's executors wrote
     are deleted (the driver may not know them all)."""
     from pyiceberg.io.pyarrow import parquet_file_to_data_file
@@ -541,7 +543,7 @@ def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, 
         try:
             paths = iceberg_spark.write_on_executors(
                 spark, shard, table, by_bucket, rewrite, target_file_bytes(transaction.table_metadata.properties),
-                write_uuid=str(commit_uuid))
+                group_count, write_uuid=str(commit_uuid))
             for path in paths:
                 yield parquet_file_to_data_file(table.io, transaction.table_metadata, path)
         except BaseException:

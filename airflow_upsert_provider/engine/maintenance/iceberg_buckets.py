@@ -36,16 +36,21 @@ TASKS_PER_BUCKET = 1_000_000
 _DATA_FILE_NAME = re.compile(r"(?:^|-)\d{5}-(\d+)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet$")
 
 
-def bucket_files(files: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The live run files by bucket key (``str(n)``, or :data:`WHOLE`)."""
-    return {WHOLE if bucket is None else str(bucket): listed for bucket, listed in bucket_groups(list(files))}
+def bucket_files(files: Sequence[dict[str, Any]], group_count: int) -> dict[str, list[dict[str, Any]]]:
+    """The live run files by bucket key (``str(n)``, or :data:`WHOLE`): their bucket modulo
+    ``group_count`` (``runs.read_group_count`` of the runs they come from), so that a key's
+    rows are in one group whichever bucket count each run was written with."""
+    return {WHOLE if bucket is None else str(bucket): listed
+            for bucket, listed in bucket_groups(list(files), group_count)}
 
 
-def bucket_digests(by_bucket: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, str]:
-    """Per bucket key, a digest of its live run files (paths and sizes, in any order)."""
+def bucket_digests(by_bucket: Mapping[str, Sequence[dict[str, Any]]], group_count: int) -> dict[str, str]:
+    """Per bucket key, a digest of its live run files (paths and sizes, in any order) and of
+    the ``group_count`` they were grouped by: a group of another count holds other keys, so
+    its data files are never kept for it."""
     digests = {}
     for key, listed in by_bucket.items():
-        text = "\n".join(sorted(f"{f['path']}\t{f['bytes']}" for f in listed))
+        text = "\n".join([f"groups\t{group_count}", *sorted(f"{f['path']}\t{f['bytes']}" for f in listed)])
         digests[key] = hashlib.sha256(text.encode()).hexdigest()[:32]
     return digests
 

@@ -50,11 +50,12 @@ def data_directory(table: "Table") -> str:
 
 def write_on_executors(
     spark: "SparkSession", shard: Shard, table: "Table", by_bucket: dict[str, list[dict[str, Any]]],
-    rewrite: Sequence[str], target_bytes: int, write_uuid: str | None = None,
+    rewrite: Sequence[str], target_bytes: int, group_count: int, write_uuid: str | None = None,
 ) -> list[str]:
     """Merge the ``rewrite`` buckets' live run files with Spark and write their rows as data
     files of ``table`` on the executors; the URIs of the files written (``file://``), each
-    holding rows of one bucket. ``target_bytes`` bounds a file's Arrow bytes."""
+    holding rows of one bucket among ``group_count`` (the key hash the runs' groups were
+    taken by, ``runs.read_group_count``). ``target_bytes`` bounds a file's Arrow bytes."""
     import pyarrow as pa
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyspark.sql import functions as F
@@ -66,7 +67,7 @@ def write_on_executors(
     files = [f for key in rewrite for f in by_bucket[key]]
     frame = read_runs(spark, shard.config, shard.blob, [{"files": files}])
     whole = list(rewrite) == [WHOLE]
-    frame = frame.withColumn("_bucket", F.lit(-1) if whole else bucket_column(shard.config))
+    frame = frame.withColumn("_bucket", F.lit(-1) if whole else bucket_column(shard.config, group_count))
     # One task per bucket (or a few): each writes its buckets' rows and nothing else.
     frame = frame.repartition(len(rewrite), "_bucket")
     target = schema_to_pyarrow(table.schema(), include_field_ids=True)
