@@ -248,7 +248,8 @@ def report(results: list[dict], load: tuple, args) -> None:
                       f"{requests_text([r['process_requests'][name]]) if store == 's3' and name in r['process_requests'] else ''} |")
         if len(rows) < 2:
             continue
-        print(f"\n| operation | {' | '.join(f'warm {r['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M' for r in rows[1:])} "
+        heads = " | ".join(f"warm {r['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M" for r in rows[1:])
+        print(f"\n| operation | {heads} "
               f"| process {rows[1]['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M | target: within "
               f"{TARGET_GROWTH}x at {rows[1]['rows'] / 1e6:g}M |")
         print("|---|" + "---:|" * (len(rows) - 1) + "---:|---|")
@@ -277,7 +278,7 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="also measure on local disk")
     parser.add_argument("--no-process", dest="process", action="store_false",
                         help="skip the cycle of upsertctl processes (and so the reader's peak memory)")
-    parser.add_argument("--out", help="also write the results as JSON here")
+    parser.add_argument("--out", help="also write the results as JSON here (after each size)")
     args = parser.parse_args()
     if args.cycles < 1 or args.change < 1 or any(size < args.change for size in args.sizes):
         parser.error("--cycles and --change must be positive and every size at least --change")
@@ -301,14 +302,15 @@ def main() -> None:
         for store in ("s3", "local") if args.local else ("s3",):
             for rows in args.sizes:
                 results.append(bench_size(spark, server, work, rows, store, args, extra))
+                if args.out:  # after each size: a long run that stops early keeps what it measured
+                    with open(args.out, "w") as handle:
+                        json.dump({"results": results, "cycles": args.cycles, "change": args.change}, handle,
+                                  indent=2)
     finally:
         spark.stop()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     report(results, (load_start, os.getloadavg()), args)
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump({"results": results, "cycles": args.cycles, "change": args.change}, handle, indent=2)
 
 
 if __name__ == "__main__":
