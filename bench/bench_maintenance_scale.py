@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -78,10 +79,11 @@ def note(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def cli_options(*command: str) -> str:
-    """The ``--help`` text of an ``upsertctl`` command: which options this version has."""
-    return subprocess.run([*UPSERTCTL, *command, "--help"], capture_output=True, text=True, check=True,
+def cli_options(*command: str) -> set[str]:
+    """The options an ``upsertctl`` command has in this version, from its ``--help``."""
+    text = subprocess.run([*UPSERTCTL, *command, "--help"], capture_output=True, text=True, check=True,
                           env=dict(os.environ, PYTHONPATH=REPO)).stdout
+    return set(re.findall(r"(?m)^\s+(--[a-z][a-z0-9-]*)", text))
 
 
 def in_process(argv: list[str]) -> None:
