@@ -208,12 +208,14 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
         for name, sample in cycle.warm_cycle().items():
             warm.setdefault(name, []).append(sample)
         note(f"{label} warm cycle {number}/{args.cycles}: " + ", ".join(
-            f"{name} {samples[-1][0]:.2f}s" for name, samples in warm.items()))
+            f"{name} {samples[-1][0]:.2f}s" + (f" ({requests_text([samples[-1][1]])})" if store == "s3" else "")
+            for name, samples in warm.items()))
     process = {}
     if args.process:
         process = cycle.process_cycle()
         note(f"{label} process cycle: " + ", ".join(
-            f"{name} {seconds:.1f}s" for name, (seconds, _, _) in process.items()))
+            f"{name} {seconds:.1f}s" + (f" ({requests_text([requests])})" if store == "s3" else "")
+            for name, (seconds, requests, _) in process.items()))
     cycle.consensus.dispose()
     if store == "s3":
         cycle.shard.blob.delete_tree(root)  # moto holds what it stores: free it for the next size
