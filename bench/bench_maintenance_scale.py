@@ -98,7 +98,7 @@ def in_process(argv: list[str]) -> None:
         finally:
             sys.stdout = stdout
     if code != 0:
-        raise SystemExit(f"upsertctl {' '.join(argv[4:])} exited {code}")
+        raise SystemExit(f"upsertctl {' '.join(argv[:2])} exited {code}")
 
 
 class Cycle:
@@ -138,16 +138,16 @@ class Cycle:
     def warm_operations(self) -> dict:
         """The cycle's operations as engine calls in this process, in the cycle's order."""
         shard = self.shard
-        global_options = ["--consensus", self.url, "--blob-root", self.root]
+        stores = ["--consensus", self.url, "--blob-root", self.root]  # upsertctl takes them after the command
         operations = {
             "batch": lambda: Writer(shard, f"bench-{self.landed}", spark_factory=lambda: self.spark).step(),
             "compact": lambda: compact(self.spark, shard),
             "checkpoint": lambda: create_checkpoint(shard, keep_last=KEEP_LAST),
             "gc": lambda: collect_garbage(self.consensus, shard.blob, shard.shard_id, grace_seconds=0),
-            "gc --sweep": lambda: in_process([*global_options, "gc", shard.shard_id, "--grace", "0", "--sweep"]),
+            "gc --sweep": lambda: in_process(["gc", shard.shard_id, *stores, "--grace", "0", "--sweep"]),
             "publish": self.publish,
-            "publish --spark": lambda: in_process([*global_options, "publish", shard.shard_id, "--iceberg",
-                                                   TABLE + "_spark", "--spark"]),
+            "publish --spark": lambda: in_process(["publish", shard.shard_id, *stores, "--iceberg", TABLE + "_spark",
+                                                   "--spark"]),
             "read": lambda: sum(batch.num_rows for batch in read_table(shard)),
         }
         return {name: run for name, run in operations.items() if self.extra.get(name, True)}
