@@ -8,7 +8,9 @@ least 4 for the targets), each of:
 
   batch       100,000 changes (``--change``) landed as JSON Lines, one ``Writer.step()``
   compact     the default (tiered) compaction
-  checkpoint  ``checkpoint create --keep-last 2`` (incremental; retention gives GC garbage)
+  checkpoint  ``checkpoint create`` (incremental, no retention: as the example DAG on a weekday;
+              ``--keep-last N`` applies retention at each cycle, which reads the newest
+              checkpoint whole, retention's rule, so its cost follows the table)
   gc          ``gc --grace 0`` (nothing else writes: everything unreferenced goes)
   publish     ``publish --iceberg bench.t`` (the table as of since, through the Arrow reader)
   read        the whole table through the Arrow reader (``read_table``), rows counted
@@ -69,7 +71,7 @@ from tests.s3server import S3Server  # noqa: E402
 
 UPSERTCTL = [sys.executable, "-m", "airflow_upsert_provider.cli"]
 TABLE = "bench.t"
-KEEP_LAST = 2
+KEEP_LAST: int | None = None  # --keep-last
 MAINTENANCE = ("compact", "checkpoint", "gc", "gc --sweep", "publish", "publish --spark")
 TARGET_GROWTH = 1.5  # a maintenance operation at the second size against the first
 TARGET_MEMORY = 2.0  # the Arrow reader's peak at the largest size against the first
@@ -158,7 +160,8 @@ class Cycle:
         commands = {
             "batch": ["run-batch", shard_id, "--writer-id", f"bench-cli-{self.landed}"],
             "compact": ["compact", shard_id],
-            "checkpoint": ["checkpoint", "create", shard_id, "--keep-last", str(KEEP_LAST)],
+            "checkpoint": ["checkpoint", "create", shard_id,
+                           *(["--keep-last", str(KEEP_LAST)] if KEEP_LAST is not None else [])],
             "gc": ["gc", shard_id, "--grace", "0"],
             "gc --sweep": ["gc", shard_id, "--grace", "0", "--sweep"],
             "publish": ["publish", shard_id, "--iceberg", TABLE],
@@ -283,7 +286,12 @@ def main() -> None:
     parser.add_argument("--no-process", dest="process", action="store_false",
                         help="skip the cycle of upsertctl processes (and so the reader's peak memory)")
     parser.add_argument("--out", help="also write the results as JSON here (after each size)")
+    parser.add_argument("--keep-last", type=int, default=None, metavar="N",
+                        help="apply retention at each cycle's checkpoint (default: none, as the example DAG's weekday "
+                             "runs; retention reads the newest checkpoint whole)")
     args = parser.parse_args()
+    global KEEP_LAST
+    KEEP_LAST = args.keep_last
     if args.cycles < 1 or args.change < 1 or any(size < args.change for size in args.sizes):
         parser.error("--cycles and --change must be positive and every size at least --change")
     if args.sizes != sorted(args.sizes):
