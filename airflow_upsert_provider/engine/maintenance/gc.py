@@ -338,7 +338,12 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
     _remove_empty_groups(blob, rejects_root, cutoff)
     report.delete_seconds = time.monotonic() - deleting
     step("deleted")
-    forget_replaced(consensus, [i.path for i in report.items if i.kind == RUN])
+    # Forget the replaced runs deleted now, and those the listing did not hold: a replaced
+    # run was committed before the listing began, so one it does not hold is gone already (a
+    # GC that stopped after deleting it).
+    listed_dirs = {run_dir_of_relative(f.path) for f in run_files} | {run_dir_of_relative(d.path) for d in run_dirs}
+    gone = [path for path, _ in replacements_of(consensus, shard_id) if path not in listed_dirs]
+    forget_replaced(consensus, [i.path for i in report.items if i.kind == RUN] + gone)
 
 
 @dataclass
