@@ -152,9 +152,11 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
 
 
 class GarbageCollectOperator(_ShardMaintenanceOperator):
-    """Delete the shard's files that no live state, no retained checkpoint and no in-flight
-    writer reference. Aborts before any deletion on unreadable checkpoint metadata. Returns
-    the GC report (what was, or would be, deleted and its bytes).
+    """Delete the runs the consensus store recorded as replaced that no live state, no
+    retained checkpoint and no read in the grace period reference; with ``sweep``, also list
+    the shard's directory and delete every file no state names. Aborts before any deletion on
+    unreadable checkpoint metadata. Returns the GC report (what was, or would be, deleted and
+    its bytes).
 
     :param shard: the shard id (templated).
     :param grace_seconds: files younger than this are kept (templated; seconds or a
@@ -163,10 +165,12 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         once older than this (templated; seconds or a timedelta; default 30 days; 0 keeps
         them forever).
     :param dry_run: only report what would be deleted (templated).
+    :param sweep: also run the orphan sweep, one listing of the shard's directory (templated;
+        run it on a slower cadence than plain GC: its requests grow with the directory).
     :param upsert_conn_id: the `upsert` connection.
     """
 
-    template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run")
+    template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run", "sweep")
 
     def __init__(
         self,
@@ -175,6 +179,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         grace_seconds: Any = None,
         rejects_retention_seconds: Any = None,
         dry_run: bool | str = False,
+        sweep: bool | str = False,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
@@ -182,6 +187,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         self.grace_seconds = grace_seconds
         self.rejects_retention_seconds = rejects_retention_seconds
         self.dry_run = dry_run
+        self.sweep = sweep
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.maintenance.gc import (
@@ -194,6 +200,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         retention = parse_seconds(self.rejects_retention_seconds, "rejects_retention_seconds")
         # Parsed before any engine call: a typo must not turn a dry run into deletions.
         dry_run = parse_bool(self.dry_run, "dry_run")
+        sweep = parse_bool(self.sweep, "sweep")
         report = collect_garbage(
             hook.get_consensus(),
             hook.get_blob(),
@@ -201,6 +208,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
             rejects_retention_seconds=DEFAULT_REJECTS_RETENTION_SECONDS if retention is None else retention,
             dry_run=dry_run,
+            sweep=sweep,
         )
         return report.to_dict()
 
