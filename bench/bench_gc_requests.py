@@ -7,9 +7,12 @@ committed batches, with the same garbage each time.
 
 For each history size a shard (1 bucket, one small run per batch, written with pyarrow in the
 writers' layout and committed through the engine's commit API: the state a writer makes,
-without Spark) gets its history: batches, a full compaction every ``--every`` batches, and a
-GC from state after each, as the maintenance DAG runs them. On S3 every deleted run leaves its
-``ts=`` prefix marker behind, as it does in production. Then, twice: one compaction's worth of
+without Spark) gets its history: batches, a full compaction every ``--every`` batches, and the
+replaced runs removed after each, as the maintenance DAG's GC does. To build 10,000 batches in
+minutes, the history's run objects are put into (and its garbage removed from) the in-process
+S3 server's store directly, leaving what a GC leaves on S3: each deleted run's ``ts=`` prefix
+marker (pyarrow's deletions write it, apache/arrow#36275), and no replacement rows. Every
+consensus commit is the engine's. Then, twice: one compaction's worth of
 garbage (``--every`` new batches and a compaction that replaces them and the previous compacted
 run), aged past the grace period, and one GC, counted by request kind (LIST, GET, HEAD,
 DELETE, PUT, other): first GC from state, then the sweep. Target (issue 35 item 6): GC from
@@ -34,7 +37,9 @@ sys.path.insert(0, REPO)
 from airflow_upsert_provider.engine.blob.files import open_blob  # noqa: E402
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage  # noqa: E402
 from airflow_upsert_provider.engine.store.registry import open_consensus  # noqa: E402
-from tests.arrow_runs import commit_batch, compact_batches  # noqa: E402
+from airflow_upsert_provider.engine.store.gc_claims import forget_replaced, replacements_of  # noqa: E402
+from airflow_upsert_provider.engine.store.records import BatchRecord  # noqa: E402
+from tests.arrow_runs import arrow_run_schema, commit_batch, compact_batches  # noqa: E402
 from tests.helpers import make_shard  # noqa: E402
 from tests.maintenance.support import age_compaction  # noqa: E402
 from tests.s3server import REQUEST_KINDS, S3Server, request_kind  # noqa: E402
@@ -66,13 +71,57 @@ class History:
         self.rows: list[dict] = []
         self.rng = random.Random(batches)
 
-    def commit(self, n: int) -> None:
+    def commit(self, n: int, *, direct: bool = False) -> None:
+        """``n`` batches of one row each; ``direct``: their objects put into the server's store
+        without a request (the history), else through the blob as a writer's are."""
         for _ in range(n):
             ts = self.shard.state().upper
             row = {"id": self.rng.randrange(KEYS), "name": f"n{ts}", "amount": float(ts), "updated_at": ts,
                    "_deleted": False}
-            commit_batch(self.shard, [row])
+            if direct:
+                self._commit_direct(ts, {**row, "_ts": ts})
+            else:
+                commit_batch(self.shard, [row])
             self.rows.append({**row, "_ts": ts})
+
+    def _commit_direct(self, ts: int, row: dict) -> None:
+        import hashlib
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        sink = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist([row], schema=arrow_run_schema(self.shard.config)), sink)
+        data = sink.getvalue()
+        run_dir = f"{self.shard.shard_id}/runs/ts={ts:012d}/w-{ts}"
+        path = f"{run_dir}/_bucket=0/part-00000.parquet"
+        self._store().put_object(self.bucket, f"upsert/{path}", data)
+        run = {"path": run_dir, "files": [{"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
+               "rows": 1}
+        result = self.shard.compare_and_append(ts, ts + 1, BatchRecord(ts=ts, writer_id="w", token=f"t{ts}", run=run,
+                                                                        stats={}))
+        assert result.upper == ts + 1, result
+
+    def collect_directly(self) -> None:
+        """Remove the replaced runs from the server's store as GC does (their objects, leaving
+        each group's prefix marker), and their replacement rows."""
+        store = self._store()
+        paths = [path for path, _ in replacements_of(self.consensus, self.shard.shard_id)]
+        keys = list(store.get_bucket(self.bucket).keys.keys())
+        for path in paths:
+            prefix = f"upsert/{path}/"
+            for key in [k for k in keys if k.startswith(prefix)]:
+                store.delete_object(self.bucket, key)
+            store.put_object(self.bucket, f"upsert/{path.rsplit('/', 1)[0]}/", b"")
+        forget_replaced(self.consensus, paths)
+
+    @staticmethod
+    def _store():
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        return s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
 
     def compact(self) -> None:
         """A full compaction to the upper, and the garbage aged past the grace period."""
@@ -95,9 +144,9 @@ def build(server: S3Server, work: str, batches: int, every: int) -> History:
     history = History(server, work, batches)
     started = time.perf_counter()
     while history.shard.state().upper < batches:
-        history.commit(min(every, batches - history.shard.state().upper))
+        history.commit(min(every, batches - history.shard.state().upper), direct=True)
         history.compact()
-        collect_garbage(history.consensus, history.blob, history.shard.shard_id, grace_seconds=GRACE, sweep=False)
+        history.collect_directly()
         done = history.shard.state().upper
         if done % max(every, batches // 10) == 0:
             print(f"  [{batches:>6} batches] {done} committed ({time.perf_counter() - started:.0f} s)", flush=True)
