@@ -1,5 +1,14 @@
-"""Garbage collection of a shard's blob files: the effect shell around the pure plan
-(``gc_plan.plan_gc``, which holds every rule below and is tested without a store).
+"""Garbage collection of a shard's blob files: the effect shell around the pure plans
+(``gc_plan.plan_gc`` for a sweep, ``gc_plan.plan_from_state`` for a GC from state; both are
+tested without a store).
+
+Two ways, one set of rules. A GC **from state** (``sweep=False``) deletes the runs the store
+recorded as replaced (``upsert_replaced_runs``) that nothing below references any more; it
+lists no directory of the shard, so its requests follow the garbage, not the history
+(``_collect_from_state``). A **sweep** (``sweep=True``) lists the shard's directory and also
+deletes what no state names: staged directories of writers that failed, files of killed task
+attempts, abandoned checkpoints, expired rejects. The rules below are the sweep's; GC from
+state applies the same ones to the runs it was told about.
 
 GC deletes a run directory (``<shard>/runs/<group>/<name>``, the unit a writer or a
 compaction writes) only if
