@@ -52,12 +52,13 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
     restore.add_argument("--actor", help="who is recorded in the stream's history (default upsertctl:<host>:<pid>)")
     restore.add_argument("--json", action="store_true")
 
-    gc = commands.add_parser("gc", parents=[common], help="delete the runs compactions replaced that nothing references")
+    gc = commands.add_parser("gc", parents=[common], help="delete files nothing references")
     gc.add_argument("shard")
-    gc.add_argument("--sweep", action="store_true",
-                    help="also list the shard's directory and delete what no state names (staged files of failed "
-                    "writers, task attempts' files, abandoned checkpoints, expired rejects); run it on a slower "
-                    "cadence, its requests grow with the shard's directory")
+    gc.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                    help="list the shard's directory and delete what no state names too (staged files of failed "
+                    "writers, task attempts' files, abandoned checkpoints, expired rejects), the default; "
+                    "--no-sweep deletes only the runs the store recorded as replaced, with requests that follow "
+                    "the garbage, not the history: run it each cycle and the sweep on a slower cadence")
     gc.add_argument("--dry-run", action="store_true", help="list what would go and its bytes; delete nothing")
     gc.add_argument("--grace", type=finite_number("--grace", above_zero=False), default=None, metavar="SECONDS",
                     help="keep files younger than this whatever references them (default 6 hours)")

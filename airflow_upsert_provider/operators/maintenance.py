@@ -152,11 +152,11 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
 
 
 class GarbageCollectOperator(_ShardMaintenanceOperator):
-    """Delete the runs the consensus store recorded as replaced that no live state, no
-    retained checkpoint and no read in the grace period reference; with ``sweep``, also list
-    the shard's directory and delete every file no state names. Aborts before any deletion on
-    unreadable checkpoint metadata. Returns the GC report (what was, or would be, deleted and
-    its bytes).
+    """Delete the shard's files that no live state, no retained checkpoint and no in-flight
+    writer reference: with ``sweep`` (the default) from a listing of the shard's directory,
+    without it only the runs the consensus store recorded as replaced. Aborts before any
+    deletion on unreadable checkpoint metadata. Returns the GC report (what was, or would be,
+    deleted and its bytes).
 
     :param shard: the shard id (templated).
     :param grace_seconds: files younger than this are kept (templated; seconds or a
@@ -165,8 +165,9 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         once older than this (templated; seconds or a timedelta; default 30 days; 0 keeps
         them forever).
     :param dry_run: only report what would be deleted (templated).
-    :param sweep: also run the orphan sweep, one listing of the shard's directory (templated;
-        run it on a slower cadence than plain GC: its requests grow with the directory).
+    :param sweep: list the shard's directory and delete every file no state names (templated;
+        default true). False deletes only the recorded replaced runs, with requests that follow
+        the garbage: run that each cycle and the sweep on a slower cadence.
     :param upsert_conn_id: the `upsert` connection.
     """
 
@@ -179,7 +180,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         grace_seconds: Any = None,
         rejects_retention_seconds: Any = None,
         dry_run: bool | str = False,
-        sweep: bool | str = False,
+        sweep: bool | str = True,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:

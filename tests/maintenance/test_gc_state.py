@@ -6,6 +6,7 @@ requests it sends on the S3 server as the history grows."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import random
 
@@ -219,3 +220,23 @@ def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_afte
             assert_intact(shard, history)
     assert requests[24, False] == requests[4, False], requests
     assert requests[4, False]["LIST"] < requests[4, True]["LIST"] < requests[24, True]["LIST"], requests
+
+
+@sqlite_only
+def test_upsertctl_gc_no_sweep_deletes_the_replaced_runs_and_reports_what_stays(
+        consensus, consensus_url, blob, tmp_path, monkeypatch, capsys):
+    from tests.helpers import run_cli
+
+    shard, history, replaced, orphan = compacted_shard(consensus, blob, tmp_path)
+    monkeypatch.setenv("UPSERT_CONSENSUS_URL", consensus_url)
+    monkeypatch.setenv("UPSERT_BLOB_ROOT", blob.root)
+    code, out, err = run_cli(capsys, "gc", "orders", "--no-sweep", "--grace", str(GRACE), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["swept"], report["deleted"]["items"], report["deleted"]["files"]) == (False, 4, 8)
+    assert sorted(i["path"] for i in report["items"]) == sorted(replaced) and os.path.exists(orphan)
+    code, out, err = run_cli(capsys, "gc", "orders", "--grace", str(GRACE))  # the default sweeps
+    assert code == 0, err
+    assert any(line.startswith("deleted run orders/runs/ts=000000000006/w-failed") for line in out.splitlines())
+    assert not os.path.exists(orphan)
+    assert_intact(shard, history)
