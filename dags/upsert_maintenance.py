@@ -10,7 +10,10 @@ a full verify that catches a file damaged after an earlier checkpoint read it, a
 retention drops old checkpoints (that checkpoint was read whole, so retention need not read
 it again). Only then does GC delete what neither the live state nor a retained
 checkpoint nor an in-flight writer or read references (the runs today's compaction replaced
-stay for the grace period, for reads planned before it, and go on a later run). Every step is
+stay for the grace period, for reads planned before it, and go on a later run). Daily GC works
+from what the consensus store recorded as replaced, so its cost follows the garbage; on
+Sundays it also sweeps (one listing of the shard's directory) for what no state names, such as
+the staged files of writers that failed. Every step is
 safe beside running writers (`upsert_microbatch`, `upsert_backfill`). A corrupt or missing checkpoint
 catalog fails the checkpoint and GC tasks without retry, and nothing is deleted. The publish
 writes its own files under `<blob root>/_iceberg/`, which GC never touches, and registers the
@@ -100,6 +103,8 @@ with DAG(
         shard="{{ params.shard }}",
         grace_seconds="{{ params.grace_seconds }}",
         dry_run="{{ params.dry_run }}",
+        # The orphan sweep lists the shard's directory: weekly, on the full verify's day.
+        sweep="{{ " + FULL_VERIFY_DAY + " }}",
     )
     publish = PublishIcebergOperator(
         task_id="publish_iceberg", shard="{{ params.shard }}", table="upsert.{{ params.shard }}"

@@ -58,6 +58,11 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
 
     gc = commands.add_parser("gc", parents=[common], help="delete files nothing references")
     gc.add_argument("shard")
+    gc.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                    help="list the shard's directory and delete what no state names too (staged files of failed "
+                    "writers, task attempts' files, abandoned checkpoints, expired rejects), the default; "
+                    "--no-sweep deletes only the runs the store recorded as replaced, with requests that follow "
+                    "the garbage, not the history: run it each cycle and the sweep on a slower cadence")
     gc.add_argument("--dry-run", action="store_true", help="list what would go and its bytes; delete nothing")
     gc.add_argument("--grace", type=finite_number("--grace", above_zero=False), default=None, metavar="SECONDS",
                     help="keep files younger than this whatever references them (default 6 hours)")
@@ -174,7 +179,7 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     grace = DEFAULT_GRACE_SECONDS if args.grace is None else args.grace
     retention = DEFAULT_REJECTS_RETENTION_SECONDS if args.rejects_retention is None else args.rejects_retention
     report = collect_garbage(ctx.consensus, ctx.blob, args.shard, grace_seconds=grace,
-                             rejects_retention_seconds=retention, dry_run=args.dry_run)
+                             rejects_retention_seconds=retention, dry_run=args.dry_run, sweep=args.sweep)
     if not args.json:
         verb = "would delete" if args.dry_run else "deleted"
         for item in report.items:
@@ -187,6 +192,8 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             print(f"skipped the catalog of {unreadable['path']} (no shard of this store): {unreadable['reason']}")
         print(f"{verb} {len(report.items)} item(s), {report.files} files, {report.bytes} bytes; "
               f"kept {report.kept_referenced} referenced and {report.kept_in_grace} in the grace period")
+        if not report.swept and report.pending:
+            print("left recorded for a later GC: " + ", ".join(f"{n} {reason}" for reason, n in report.pending.items()))
         if report.history.get("batches") or report.history.get("bindings"):
             print(f"rolled up and truncated {report.history['batches']} batch and {report.history['bindings']} "
                   f"binding rows below ts {report.history['kept_from']}")

@@ -159,8 +159,10 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
 
 class GarbageCollectOperator(_ShardMaintenanceOperator):
     """Delete the shard's files that no live state, no retained checkpoint and no in-flight
-    writer reference. Aborts before any deletion on unreadable checkpoint metadata. Returns
-    the GC report (what was, or would be, deleted and its bytes).
+    writer reference: with ``sweep`` (the default) from a listing of the shard's directory,
+    without it only the runs the consensus store recorded as replaced. Aborts before any
+    deletion on unreadable checkpoint metadata. Returns the GC report (what was, or would be,
+    deleted and its bytes).
 
     :param shard: the shard id (templated).
     :param grace_seconds: files younger than this are kept (templated; seconds or a
@@ -169,10 +171,13 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         once older than this (templated; seconds or a timedelta; default 30 days; 0 keeps
         them forever).
     :param dry_run: only report what would be deleted (templated).
+    :param sweep: list the shard's directory and delete every file no state names (templated;
+        default true). False deletes only the recorded replaced runs, with requests that follow
+        the garbage: run that each cycle and the sweep on a slower cadence.
     :param upsert_conn_id: the `upsert` connection.
     """
 
-    template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run")
+    template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run", "sweep")
 
     def __init__(
         self,
@@ -181,6 +186,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         grace_seconds: Any = None,
         rejects_retention_seconds: Any = None,
         dry_run: bool | str = False,
+        sweep: bool | str = True,
         upsert_conn_id: str = DEFAULT_CONN_ID,
         **kwargs: Any,
     ) -> None:
@@ -188,6 +194,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         self.grace_seconds = grace_seconds
         self.rejects_retention_seconds = rejects_retention_seconds
         self.dry_run = dry_run
+        self.sweep = sweep
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from airflow_upsert_provider.engine.maintenance.gc import (
@@ -200,6 +207,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         retention = parse_seconds(self.rejects_retention_seconds, "rejects_retention_seconds")
         # Parsed before any engine call: a typo must not turn a dry run into deletions.
         dry_run = parse_bool(self.dry_run, "dry_run")
+        sweep = parse_bool(self.sweep, "sweep")
         report = collect_garbage(
             hook.get_consensus(),
             hook.get_blob(),
@@ -207,6 +215,7 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
             rejects_retention_seconds=DEFAULT_REJECTS_RETENTION_SECONDS if retention is None else retention,
             dry_run=dry_run,
+            sweep=sweep,
         )
         return report.to_dict()
 

@@ -1,5 +1,14 @@
-"""Garbage collection of a shard's blob files: the effect shell around the pure plan
-(``gc_plan.plan_gc``, which holds every rule below and is tested without a store).
+"""Garbage collection of a shard's blob files: the effect shell around the pure plans
+(``gc_plan.plan_gc`` for a sweep, ``gc_plan.plan_from_state`` for a GC from state; both are
+tested without a store).
+
+Two ways, one set of rules. A GC **from state** (``sweep=False``) deletes the runs the store
+recorded as replaced (``upsert_replaced_runs``) that nothing below references any more; it
+lists no directory of the shard, so its requests follow the garbage, not the history
+(``_collect_from_state``). A **sweep** (``sweep=True``) lists the shard's directory and also
+deletes what no state names: staged directories of writers that failed, files of killed task
+attempts, abandoned checkpoints, expired rejects. The rules below are the sweep's; GC from
+state applies the same ones to the runs it was told about.
 
 GC deletes a run directory (``<shard>/runs/<group>/<name>``, the unit a writer or a
 compaction writes) only if
@@ -83,6 +92,7 @@ from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
 from airflow_upsert_provider.engine.maintenance.checkpoint_manifest import read_manifest
 from airflow_upsert_provider.engine.maintenance.gc_plan import (
     IN_GRACE,
+    PINNED,
     REFERENCED,
     REPLACED_IN_GRACE,
     RUN,
@@ -92,6 +102,8 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     GcInputs,
     GcItem,
     Listed,
+    Replaced,
+    plan_from_state,
     plan_gc,
     unreadable_catalog_stops_gc,
 )
@@ -102,7 +114,9 @@ from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityE
 from airflow_upsert_provider.engine.store.gc_claims import (
     check_blob_owner,
     claim_for_deletion,
+    forget_replaced,
     recently_replaced,
+    replacements_of,
     run_dir_of_relative,
 )
 
@@ -136,6 +150,9 @@ class GcReport:
     history: dict[str, int] = field(default_factory=dict)
     plan_seconds: float = 0.0
     delete_seconds: float = 0.0
+    # A GC from state: replacements left recorded for a later GC, by reason (gc_plan.py).
+    pending: dict[str, int] = field(default_factory=dict)
+    swept: bool = True
 
     @property
     def bytes(self) -> int:
@@ -161,6 +178,8 @@ class GcReport:
             "unreadable_catalogs": self.unreadable_catalogs[:MAX_LISTED],
             "rejects_retention_seconds": self.rejects_retention_seconds,
             "history": self.history,
+            "swept": self.swept,
+            "pending": self.pending,
             "plan_seconds": round(self.plan_seconds, 3),
             "delete_seconds": round(self.delete_seconds, 3),
         }
@@ -185,16 +204,23 @@ def collect_garbage(
     on_step: Callable[[str], None] | None = None,
     now: float | None = None,
     history_chunk: int = DEFAULT_CHUNK,
+    sweep: bool = True,
 ) -> GcReport:
     """Plan, then (unless ``dry_run``) delete the garbage of shard ``shard_id``, then roll up
     and truncate its batch history below since (``store/history.py``).
+
+    :param sweep: also list the shard's directory and delete what no state names (attempt
+        files, failed writers' staged directories, abandoned checkpoints, expired rejects);
+        False deletes only the runs the store recorded as replaced (``_collect_from_state``),
+        with requests that follow the garbage, not the shard's history.
 
     :param grace_seconds: files younger than this are kept whatever references them; batch
         rows committed inside it are kept too.
     :param rejects_retention_seconds: quarantined records of a batch below since are deleted
         once older than this; 0 keeps them forever.
-    :param on_step: called with ``"listed"``, ``"state"``, ``"checkpoints"``, ``"claimed"``,
-        ``"deleting"`` and ``"truncating"`` (tests force races there).
+    :param on_step: called with ``"listed"`` (a sweep only), ``"state"``, ``"checkpoints"``,
+        ``"claimed"``, ``"deleting"``, ``"deleted"`` and ``"truncating"`` (tests force races
+        and crashes there).
     :param history_chunk: batch rows truncated per transaction.
     """
     if grace_seconds < 0:
@@ -204,12 +230,30 @@ def collect_garbage(
     # A shard restored into another store sharing this blob root is that store's to collect.
     check_blob_owner(consensus, blob, shard_id, "collect garbage")
     step = on_step or (lambda _name: None)
-    started = time.monotonic()
     report = GcReport(shard=shard_id, dry_run=dry_run, grace_seconds=grace_seconds,
-                      rejects_retention_seconds=rejects_retention_seconds)
+                      rejects_retention_seconds=rejects_retention_seconds, swept=sweep)
     now = time.time() if now is None else now
     cutoff = now - grace_seconds
+    if not sweep:
+        _collect_from_state(consensus, blob, report, cutoff, step)
+    else:
+        _sweep(consensus, blob, report, now, cutoff, step)
+    if not dry_run:
+        # Consensus only, in short transactions of their own: no blob I/O under them.
+        step("truncating")
+        report.history = truncate_history(
+            consensus, shard_id, committed_before=cutoff,
+            source_partitions=_anchored_partitions(consensus, blob, shard_id), chunk=history_chunk,
+        ).to_dict()
+    return report
 
+
+def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutoff: float,
+           step: Callable[[str], None]) -> None:
+    """The full GC: list the shard's directory, plan on the listing (``gc_plan.plan_gc``),
+    claim, delete."""
+    shard_id, dry_run = report.shard, report.dry_run
+    started = time.monotonic()
     # 1. What exists now. Anything written after this listing is not a candidate. The walk
     # streams (on object storage one paged listing per prefix level). Directory ages count as
     # much as file ages: an attempt directory with no file yet is a writer about to stage into
@@ -230,76 +274,21 @@ def collect_garbage(
     rejects_root = blob.path(shard_id, "rejects")
     rejects_files: list[Listed] = []
     rejects_dirs: list[Listed] = []
-    if rejects_retention_seconds > 0:
+    if report.rejects_retention_seconds > 0:
         rejects_files = _listed(blob, blob.walk_files(rejects_root))
         rejects_dirs = _listed(blob, blob.walk_dirs(rejects_root))
     step("listed")
 
     # 2. Live state of every shard, read before any manifest (see the module docstring).
-    referenced_files: set[str] = set()
-    referenced_dirs: set[str] = set()
-    live_files: set[str] = set()  # this shard's own, below its runs/: for the listing check
-    # Runs a compaction replaced less than the grace period ago: a read planned before the
-    # swap may still be reading them.
-    replaced_in_grace = recently_replaced(consensus, cutoff)
-    planned_upper = planned_since = 0
-    own_runs = f"{shard_id}/runs/"
-    shard_ids: set[str] = set()
-    for record in consensus.list_shards():
-        shard_ids.add(record.shard_id)
-        # The live runs only: the batches from since on, not the shard's whole history.
-        view = consensus.live_view(record.shard_id)
-        if record.shard_id == shard_id:
-            planned_upper, planned_since = view.record.upper, view.record.since
-            live_files.update(f["path"] for run in view.runs for f in run["files"] if f["path"].startswith(own_runs))
-        for run in view.runs:
-            referenced_dirs.add(run["path"])
-            _reference(run["files"], referenced_files, referenced_dirs)
-        for batch in view.batches:
-            if batch.stats.get("rejects"):
-                referenced_dirs.add(run_dir_of_relative(batch.stats["rejects"]["path"]))
-        if view.compaction is not None and view.compaction.compacted_at >= cutoff:
-            replaced_in_grace.update(view.compaction.run.get("replaces", []))
+    refs = _live_references(consensus, shard_id, cutoff)
     step("state")
-
     # 3. Every retained checkpoint of every shard in the blob, and every checkpoint still
     # being written. Any unreadable manifest, or catalog of a shard of the store, raises here,
     # before any deletion.
-    ours_listed: set[str] = set()
-    for owner in _shards_with_checkpoints(blob, shard_id):
-        try:
-            entries, pin_every_checkpoint = Catalog.load(blob, owner, consensus).entries, False
-        except CheckpointCorrupt as exc:
-            if unreadable_catalog_stops_gc(owner, shard_id, shard_ids):
-                raise
-            # Not a shard of this store: reported, and every checkpoint in it pins its files.
-            report.unreadable_catalogs.append({"path": owner, "reason": first_line(exc)})
-            entries, pin_every_checkpoint = [], True
-        listed = {e.id for e in entries}
-        if owner == shard_id:
-            ours_listed = listed
-        for entry in entries:
-            manifest = _read_listed_manifest(consensus, blob, owner, entry)
-            if manifest is not None:
-                _reference(manifest["files"], referenced_files, referenced_dirs)
-                report.checkpoints_read += 1
-        for name in checkpoint_dirs(blob, owner):
-            if not pin_every_checkpoint and (name in listed or not any(
-                    f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name)))):
-                continue
-            # A checkpoint being written (or any, in a directory whose catalog cannot be read):
-            # its manifest, once on disk, pins its files.
-            manifest_path = blob.join(checkpoints_root(blob, owner), name, MANIFEST_NAME)
-            if blob.exists(manifest_path):
-                try:
-                    manifest = read_manifest(blob, owner, name)
-                except CheckpointCorrupt:
-                    if blob.exists(manifest_path):
-                        raise
-                    continue  # its writer gave up (a compaction overtook it) and deleted it
-                _reference(manifest["files"], referenced_files, referenced_dirs)
-                report.checkpoints_read += 1
+    ours_listed = _checkpoint_references(consensus, blob, refs, cutoff, report)
     step("checkpoints")
+    referenced_files, referenced_dirs, live_files = refs.files, refs.dirs, refs.live_files
+    replaced_in_grace, planned_upper, planned_since = refs.replaced_in_grace, refs.upper, refs.since
 
     # 4. Decide (gc_plan.py), then refuse a listing that does not hold what the store names.
     plan = plan_gc(GcInputs(
@@ -312,7 +301,7 @@ def collect_garbage(
             for name, files in ckpt_files.items()
         },
         catalog_listed=ours_listed, temporary_files=temporary, rejects_files=rejects_files,
-        rejects_dirs=rejects_dirs, rejects_cutoff=now - rejects_retention_seconds, since=planned_since,
+        rejects_dirs=rejects_dirs, rejects_cutoff=now - report.rejects_retention_seconds, since=planned_since,
     ))
     _check_listing(blob, shard_id, plan.missing_live)
     report.items = plan.delete
@@ -322,7 +311,7 @@ def collect_garbage(
     report.kept_in_grace = plan.kept_files(IN_GRACE, REPLACED_IN_GRACE)
     report.plan_seconds = time.monotonic() - started
     if dry_run:
-        return report
+        return
 
     # 5. Claim the run and checkpoint directories in consensus (invariant 16), then delete. A
     # run a commit named, or a checkpoint the catalog listed, since the plan was read is kept.
@@ -357,13 +346,149 @@ def collect_garbage(
     _remove_empty_groups(blob, runs_root, cutoff)
     _remove_empty_groups(blob, rejects_root, cutoff)
     report.delete_seconds = time.monotonic() - deleting
-    # Consensus only, in short transactions of their own: no blob I/O under them.
-    step("truncating")
-    report.history = truncate_history(
-        consensus, shard_id, committed_before=cutoff, source_partitions=_anchored_partitions(consensus, blob, shard_id),
-        chunk=history_chunk,
-    ).to_dict()
-    return report
+    step("deleted")
+    # Forget the replaced runs deleted now, and those the listing did not hold: a replaced
+    # run was committed before the listing began, so one it does not hold is gone already (a
+    # GC that stopped after deleting it).
+    listed_dirs = {run_dir_of_relative(f.path) for f in run_files} | {run_dir_of_relative(d.path) for d in run_dirs}
+    gone = [path for path, _ in replacements_of(consensus, shard_id) if path not in listed_dirs]
+    forget_replaced(consensus, [i.path for i in report.items if i.kind == RUN] + gone)
+
+
+@dataclass
+class _References:
+    """What live state names, read before any manifest (see the module docstring), and what
+    the checkpoints name once ``_checkpoint_references`` added theirs."""
+
+    shard_id: str
+    files: set[str] = field(default_factory=set)
+    dirs: set[str] = field(default_factory=set)
+    live_files: set[str] = field(default_factory=set)  # this shard's own, below its runs/
+    # Runs a compaction replaced less than the grace period ago: a read planned before the
+    # swap may still be reading them.
+    replaced_in_grace: set[str] = field(default_factory=set)
+    shard_ids: set[str] = field(default_factory=set)
+    upper: int = 0
+    since: int = 0
+
+
+def _live_references(consensus: Consensus, shard_id: str, cutoff: float) -> _References:
+    """The live runs (the compacted run and the batches from since on, not the history) of
+    every shard of the store, the rejects their batches name, and the runs replaced in grace."""
+    refs = _References(shard_id, replaced_in_grace=recently_replaced(consensus, cutoff))
+    own_runs = f"{shard_id}/runs/"
+    for record in consensus.list_shards():
+        refs.shard_ids.add(record.shard_id)
+        view = consensus.live_view(record.shard_id)
+        if record.shard_id == shard_id:
+            refs.upper, refs.since = view.record.upper, view.record.since
+            refs.live_files.update(
+                f["path"] for run in view.runs for f in run["files"] if f["path"].startswith(own_runs))
+        for run in view.runs:
+            refs.dirs.add(run["path"])
+            _reference(run["files"], refs.files, refs.dirs)
+        for batch in view.batches:
+            if batch.stats.get("rejects"):
+                refs.dirs.add(run_dir_of_relative(batch.stats["rejects"]["path"]))
+        if view.compaction is not None and view.compaction.compacted_at >= cutoff:
+            refs.replaced_in_grace.update(view.compaction.run.get("replaces", []))
+    return refs
+
+
+def _checkpoint_references(consensus: Consensus, blob: Blob, refs: _References, cutoff: float,
+                           report: GcReport) -> set[str]:
+    """Add to ``refs`` what every retained checkpoint of every shard in the blob names, and
+    every checkpoint still being written; return the ids the collected shard's catalog lists.
+    Any unreadable manifest, or catalog of a shard of the store, raises before any deletion."""
+    ours_listed: set[str] = set()
+    for owner in _shards_with_checkpoints(blob, refs.shard_id):
+        try:
+            entries, pin_every_checkpoint = Catalog.load(blob, owner, consensus).entries, False
+        except CheckpointCorrupt as exc:
+            if unreadable_catalog_stops_gc(owner, refs.shard_id, refs.shard_ids):
+                raise
+            # Not a shard of this store: reported, and every checkpoint in it pins its files.
+            report.unreadable_catalogs.append({"path": owner, "reason": first_line(exc)})
+            entries, pin_every_checkpoint = [], True
+        listed = {e.id for e in entries}
+        if owner == refs.shard_id:
+            ours_listed = listed
+        for entry in entries:
+            manifest = _read_listed_manifest(consensus, blob, owner, entry)
+            if manifest is not None:
+                _reference(manifest["files"], refs.files, refs.dirs)
+                report.checkpoints_read += 1
+        for name in checkpoint_dirs(blob, owner):
+            if not pin_every_checkpoint and (name in listed or not any(
+                    f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name)))):
+                continue
+            # A checkpoint being written (or any, in a directory whose catalog cannot be read):
+            # its manifest, once on disk, pins its files.
+            manifest_path = blob.join(checkpoints_root(blob, owner), name, MANIFEST_NAME)
+            if blob.exists(manifest_path):
+                try:
+                    manifest = read_manifest(blob, owner, name)
+                except CheckpointCorrupt:
+                    if blob.exists(manifest_path):
+                        raise
+                    continue  # its writer gave up (a compaction overtook it) and deleted it
+                _reference(manifest["files"], refs.files, refs.dirs)
+                report.checkpoints_read += 1
+    return ours_listed
+
+
+def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cutoff: float,
+                        step: Callable[[str], None]) -> None:
+    """GC from state: delete the runs the store recorded as replaced that nothing pins any
+    more (``gc_plan.plan_from_state``), without listing the shard's directory.
+
+    The same rules as a sweep hold: the live state of every shard and every checkpoint are
+    read before deciding, a run replaced inside the grace period is kept (a read planned
+    before the swap), and the runs are claimed in consensus before they are deleted (a commit
+    naming one since the plan is left out). A run is forgotten only after it was deleted: a
+    GC that stops anywhere in between leaves its row, and the next GC finishes the job. A
+    replaced run is a committed one: every file of it is older than its replacement, so no
+    writer is still filling it."""
+    shard_id = report.shard
+    started = time.monotonic()
+    refs = _live_references(consensus, shard_id, cutoff)
+    step("state")
+    _checkpoint_references(consensus, blob, refs, cutoff, report)
+    step("checkpoints")
+    replaced = [Replaced(path, at) for path, at in replacements_of(consensus, shard_id)]
+    plan = plan_from_state(shard_id, replaced, refs.dirs, cutoff)
+    report.items = [_run_item(blob, path) for path in plan.delete]
+    report.files_scanned = sum(i.files for i in report.items)
+    report.kept_referenced = plan.pending_count(PINNED)
+    report.kept_in_grace = plan.pending_count(REPLACED_IN_GRACE)
+    report.pending = {reason: len(paths) for reason, paths in sorted(plan.pending.items())}
+    report.plan_seconds = time.monotonic() - started
+    if report.dry_run:
+        return
+    check_blob_owner(consensus, blob, shard_id, "collect garbage")  # a restore while GC planned
+    claimed = set(claim_for_deletion(consensus, shard_id, plan.delete, refs.upper)[0])
+    report.items = [i for i in report.items if i.path in claimed]
+    step("claimed")
+    step("deleting")
+    deleting = time.monotonic()
+    deleted = []
+    for item in list(report.items):
+        reason = _delete_claimed_tree(blob, blob.path(item.path))
+        if reason is None:
+            deleted.append(item.path)
+        else:
+            report.items.remove(item)
+            report.skipped.append({"path": item.path, "reason": reason})
+    report.delete_seconds = time.monotonic() - deleting
+    step("deleted")
+    forget_replaced(consensus, deleted)
+
+
+def _run_item(blob: Blob, path: str) -> GcItem:
+    """A run directory to delete, with its files and bytes (one listing of it: the cost
+    follows the garbage)."""
+    files = list(blob.walk_files(blob.path(path)))
+    return GcItem(path, RUN, len(files), sum(f.size for f in files))
 
 
 def _listed(blob: Blob, entries: Iterable[BlobFile]) -> list[Listed]:

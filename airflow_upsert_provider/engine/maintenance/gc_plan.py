@@ -278,3 +278,59 @@ def _plan_live_dir(run_dir: str, found: _Dir, referenced_files: set[str], cutoff
             plan.kept.append(Kept(f.path, IN_GRACE, 1, f.size))
         else:
             plan.delete.append(GcItem(f.path, UNLISTED_FILE, 1, f.size))
+
+
+# -- GC from state: the runs the consensus store recorded as replaced ---------------------------
+
+# Why a recorded replacement stays pending (recorded, retried by a later GC).
+PINNED = "pinned"  # live state of some shard or a retained checkpoint still names it
+NOT_A_RUN = "not_a_run"  # not a run directory of this shard: left for the GC of its owner
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A run directory a compaction replaced (``upsert_replaced_runs``), and when."""
+
+    path: str
+    replaced_at: float
+
+
+@dataclass
+class StatePlan:
+    """What a GC from state deletes (run directories), and the replacements it leaves
+    pending, by reason (``PINNED``, ``REPLACED_IN_GRACE``, ``NOT_A_RUN``)."""
+
+    delete: list[str] = field(default_factory=list)
+    pending: dict[str, list[str]] = field(default_factory=dict)
+
+    def pending_count(self, *reasons: str) -> int:
+        return sum(len(self.pending.get(r, ())) for r in reasons or self.pending)
+
+
+def is_run_dir_of(path: str, shard_id: str) -> bool:
+    """Whether ``path`` is a run directory (``<shard>/runs/<group>/<name>``) of ``shard_id``."""
+    parts = path.split("/")
+    return len(parts) == 4 and parts[0] == shard_id and parts[1] == "runs" and all(parts[2:])
+
+
+def plan_from_state(
+    shard_id: str, replaced: Iterable[Replaced], referenced_dirs: Collection[str], cutoff: float
+) -> StatePlan:
+    """Which recorded replacements GC deletes now: a run directory of the shard that no live
+    state and no checkpoint names (``referenced_dirs``) and that was replaced before
+    ``cutoff`` (now minus the grace period: a read planned before the swap may still read
+    it). Every other replacement stays recorded, so a later GC finds it again: nothing is
+    lost behind what this GC handled. Nothing here lists the blob: the work is the garbage."""
+    plan = StatePlan()
+    for item in sorted(replaced, key=lambda r: r.path):
+        if not is_run_dir_of(item.path, shard_id):
+            reason = NOT_A_RUN
+        elif item.path in referenced_dirs:
+            reason = PINNED
+        elif item.replaced_at >= cutoff:
+            reason = REPLACED_IN_GRACE
+        else:
+            plan.delete.append(item.path)
+            continue
+        plan.pending.setdefault(reason, []).append(item.path)
+    return plan

@@ -33,7 +33,10 @@ refuse to touch the restored shard's files (``BlobOwnedElsewhere``, exit 4).
 
 Runs a compaction replaced are recorded here too (``upsert_replaced_runs``), in the swap's
 transaction: GC keeps every run replaced less than its grace period ago, whichever compaction
-replaced it (the compactions table holds only the latest).
+replaced it (the compactions table holds only the latest). The rows are also GC's work list:
+a GC from state deletes the replaced runs nothing pins any more and drops their rows only
+after deleting them (``forget_replaced``); a row pinned by a checkpoint stays until a later GC
+finds the run free. The rows are the garbage still to collect, never the shard's history.
 """
 
 from __future__ import annotations
@@ -166,6 +169,39 @@ def recently_replaced(consensus: Consensus, cutoff: float) -> set[str]:
     )
 
 
+def replacements_of(consensus: Consensus, shard_id: str) -> list[tuple[str, float]]:
+    """(path, replaced_at) of every recorded replacement of a run below ``<shard>/runs/``,
+    whichever shard's compaction replaced it (a shard restored under a new id compacts runs in
+    the original's directory). Rows stay until GC deleted the run (``forget_replaced``), so
+    this is the garbage still to collect and the runs a checkpoint pins: it never grows with
+    the shard's history."""
+    prefix = f"{shard_id}/runs/"
+    return [
+        (row.path, row.replaced_at)
+        for row in consensus.read_in_snapshot(
+            lambda conn: conn.execute(
+                sa.select(replaced_runs_table.c.path, replaced_runs_table.c.replaced_at).where(
+                    replaced_runs_table.c.path.startswith(prefix, autoescape=True)
+                )
+            ).all()
+        )
+    ]
+
+
+def forget_replaced(consensus: Consensus, paths: list[str]) -> None:
+    """Drop the replacement rows of run directories GC deleted, after deleting them: a GC
+    that stops between its deletion and this finds them again and deletes nothing more (a
+    missing directory is no error), so no replaced run is lost by a crash."""
+    paths = sorted(set(paths))
+
+    def txn(conn) -> None:
+        for start in range(0, len(paths), CHUNK):
+            conn.execute(sa.delete(replaced_runs_table).where(replaced_runs_table.c.path.in_(paths[start : start + CHUNK])))
+
+    if paths:
+        consensus.run_in_transaction(txn)
+
+
 def claim_for_deletion(
     consensus: Consensus,
     shard_id: str,
@@ -223,10 +259,6 @@ def claim_for_deletion(
         ]
         for start in range(0, len(expired), CHUNK):
             conn.execute(sa.delete(gc_claims_table).where(gc_claims_table.c.path.in_(expired[start : start + CHUNK])))
-        for start in range(0, len(doomed), CHUNK):
-            conn.execute(
-                sa.delete(replaced_runs_table).where(replaced_runs_table.c.path.in_(doomed[start : start + CHUNK]))
-            )
         checkpoints: list[str] = []
         if checkpoint_candidates:
             # Imported here: catalog_lock and this module are both loaded by consensus.
