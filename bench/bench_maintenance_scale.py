@@ -11,7 +11,8 @@ least 4 for the targets), each of:
   checkpoint  ``checkpoint create`` (incremental, no retention: as the example DAG on a weekday;
               ``--keep-last N`` applies retention at each cycle, which reads the newest
               checkpoint whole, retention's rule, so its cost follows the table)
-  gc          ``gc --grace 0`` (nothing else writes: everything unreferenced goes)
+  gc          ``gc --grace 0 --no-sweep`` (the daily GC, from the store's record; nothing else writes:
+              everything unreferenced goes); ``gc --sweep``, the weekly orphan sweep, beside it
   publish     ``publish --iceberg bench.t`` (the table as of since, through the Arrow reader)
   read        the whole table through the Arrow reader (``read_table``), rows counted
 
@@ -145,7 +146,8 @@ class Cycle:
             "batch": lambda: Writer(shard, f"bench-{self.landed}", spark_factory=lambda: self.spark).step(),
             "compact": lambda: compact(self.spark, shard),
             "checkpoint": lambda: create_checkpoint(shard, keep_last=KEEP_LAST),
-            "gc": lambda: collect_garbage(self.consensus, shard.blob, shard.shard_id, grace_seconds=0),
+            # The daily GC, from the store's record of replaced runs; the sweep is the weekly one.
+            "gc": lambda: collect_garbage(self.consensus, shard.blob, shard.shard_id, grace_seconds=0, sweep=False),
             "gc --sweep": lambda: in_process(["gc", shard.shard_id, *stores, "--grace", "0", "--sweep"]),
             "publish": self.publish,
             "publish --spark": lambda: in_process(["publish", shard.shard_id, *stores, "--iceberg", TABLE + "_spark",
@@ -162,7 +164,7 @@ class Cycle:
             "compact": ["compact", shard_id],
             "checkpoint": ["checkpoint", "create", shard_id,
                            *(["--keep-last", str(KEEP_LAST)] if KEEP_LAST is not None else [])],
-            "gc": ["gc", shard_id, "--grace", "0"],
+            "gc": ["gc", shard_id, "--grace", "0", "--no-sweep"],
             "gc --sweep": ["gc", shard_id, "--grace", "0", "--sweep"],
             "publish": ["publish", shard_id, "--iceberg", TABLE],
             "publish --spark": ["publish", shard_id, "--iceberg", TABLE + "_spark", "--spark"],
