@@ -34,6 +34,9 @@ SAMPLE_SCHEMA = "id BIGINT, name STRING, amount DOUBLE, updated_at BIGINT, delet
 class AirflowHome:
     path: str
     base_env: dict[str, str]
+    # The migrated metadata database every home of the run starts from; a clone copies it,
+    # not this home's database, which the worker's earlier tests filled with their runs.
+    template: str | None = None
 
     def env(self, consensus_url: str, blob_root: str, *, password: str | None = None,
             spark_master: str = "local[1]", spark_port: int | None = None, **extra: str) -> dict[str, str]:
@@ -55,10 +58,11 @@ class AirflowHome:
 
     def clone(self, directory: str) -> "AirflowHome":
         """A second home with a copy of the migrated metadata database, for a concurrent
-        Airflow process (SQLite metadata does not take two writers well)."""
+        Airflow process (SQLite metadata does not take two writers well): the run's
+        template, so no DAG run, Asset event or XCom of an earlier test is in it."""
         os.makedirs(directory, exist_ok=True)
-        shutil.copy(os.path.join(self.path, "airflow.db"), os.path.join(directory, "airflow.db"))
-        return AirflowHome(directory, home_env(self.base_env, directory))
+        shutil.copy(self.template or os.path.join(self.path, "airflow.db"), os.path.join(directory, "airflow.db"))
+        return AirflowHome(directory, home_env(self.base_env, directory), self.template)
 
     def dags_test_cmd(self, dag_id: str, conf: dict | None = None) -> list[str]:
         cmd = [os.path.join(VENV_BIN, "airflow"), "dags", "test", dag_id]
@@ -187,8 +191,9 @@ def airflow_home(tmp_path_factory) -> AirflowHome:
     )
     for var in ("AIRFLOW_CONN_UPSERT_DEFAULT", "AIRFLOW_CONN_SPARK_DEFAULT"):
         env.pop(var, None)
-    home = AirflowHome(path, env)
-    shutil.copy(_migrated_database(tmp_path_factory, env), os.path.join(path, "airflow.db"))
+    template = _migrated_database(tmp_path_factory, env)
+    home = AirflowHome(path, env, template)
+    shutil.copy(template, os.path.join(path, "airflow.db"))
     return home
 
 
