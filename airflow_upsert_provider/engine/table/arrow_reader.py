@@ -7,20 +7,21 @@ value and NaN above every number (Spark's ordering); without an order column the
 
 Memory: every run is split by the hash of the key into the same buckets
 (``<run>/_bucket=<n>/part-*.parquet``), so a key's rows are all in one bucket of every run,
-and each bucket is merged alone. The reader holds at most the rows the live runs have in one
-bucket (the columns read, before the merge) with their merged winners, plus one output batch
-of at most ``batch_rows`` rows: never the table. A shard of R rows in B buckets read with
-C columns holds about R/B rows of C columns at a time (20M rows in 64 buckets: about 310k),
-so a large shard is read in bounded memory by giving it enough buckets (``--buckets``). Runs
-whose files are not laid out by bucket (none the engine writes) are merged as one bucket.
+and each bucket is merged alone, as a stream: a k-way merge over the bucket's sorted run
+files that holds one record batch per file (:func:`merge_sorted_streams`), plus one output
+batch of at most ``batch_rows`` rows: memory follows the number of runs, not the size of a
+bucket. Shards with floating-point keys (Spark and Arrow order NaN differently) and runs whose
+files are not laid out by bucket (none the engine writes) are merged a whole bucket at a time.
 When the shard's bucket count grew (a compaction with ``--buckets``), runs written with the
 old count and with the new one are merged by the old count's buckets (each one the union of
 the new buckets it split into) until a compaction has rewritten every old-count run.
 
 Files are read through the blob's filesystem (local disk or object storage) with the same
-reader the executors use (:func:`run_io.read_files`). A listed file that is missing is an
-:class:`IntegrityError` naming it before anything is read; a file that fails to read and is
-not what the shard's state recorded (size, SHA-256, Parquet footer) is one too.
+reader the executors use (:func:`run_io.read_files`). Nothing is checked
+before reading (no request per file): a read that fails explains itself afterwards
+(``Shard.reading``): a listed file that is missing, or not what the shard's state recorded
+(size, SHA-256, Parquet footer), is an :class:`IntegrityError` naming it, one that GC removed
+after a compaction replaced it is the retryable :class:`ReadOutdated`.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def read_table(
     Which runs are read is decided now, on one snapshot of consensus (refused outside
     since <= as_of <= upper, as :meth:`Shard.live_runs` refuses it), and every listed file is
     checked to exist; the files are read while the reader is consumed. A file that compaction
-    replaced and GC deleted in between is :class:`ReadOutdated` (retryable), not damage. Memory: the rows of
-    one bucket of the live runs plus one output batch (module docstring)."""
+    replaced and GC deleted in between is :class:`ReadOutdated` (retryable), not damage. Memory: a record
+    batch per run file of one bucket plus one output batch (module docstring)."""
     import pyarrow as pa
 
     runs = shard.live_runs(as_of)
