@@ -92,20 +92,10 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
 
 
 def cmd_compact(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
-    from airflow_upsert_provider.engine.maintenance.compaction import check_target, compact
-    from airflow_upsert_provider.engine.maintenance.compaction_policy import check_bucket_count
-    from airflow_upsert_provider.engine.table.runs import current_buckets
+    from airflow_upsert_provider.engine.maintenance.compaction import check_before_spark, compact
 
     shard = ctx.shard(args.shard)
-    # What can be refused without Spark is refused before it starts (seconds; a missing run
-    # file from one listing, not a request per file); compact checks again on its snapshot.
-    view = ctx.consensus.live_view(shard.shard_id, args.since)
-    check_target(shard.shard_id, view.as_of, view.record.upper)
-    if args.buckets is not None:
-        check_bucket_count(args.buckets, current_buckets(shard.config, view.compaction.run if view.compaction else None),
-                           "--buckets")
-    if view.as_of > view.record.since:
-        shard.check_run_files_listed(view.runs)
+    check_before_spark(shard, since=args.since, buckets=args.buckets, buckets_name="--buckets")
     return compact(ctx.spark(), shard, since=args.since, full=args.full, max_runs=args.max_runs,
                    buckets=args.buckets).to_dict()
 

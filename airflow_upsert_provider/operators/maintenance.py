@@ -97,19 +97,23 @@ class CompactShardOperator(_ShardMaintenanceOperator):
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:
         from pyspark.sql import SparkSession
 
-        from airflow_upsert_provider.engine.maintenance.compaction import compact
-        from airflow_upsert_provider.engine.maintenance.compaction_policy import DEFAULT_MAX_RUNS
+        from airflow_upsert_provider.engine.maintenance.compaction import check_before_spark, compact
+        from airflow_upsert_provider.engine.maintenance.compaction_policy import DEFAULT_MAX_RUNS, check_max_runs
 
         since = parse_int(self.since, "since")
         full = parse_bool(self.full, "full")
         max_runs = parse_int(self.max_runs, "max_runs")
         buckets = parse_int(self.buckets, "buckets")
+        max_runs = DEFAULT_MAX_RUNS if max_runs is None else max_runs
+        check_max_runs(max_runs)
         shard = hook.open_shard(self.shard)
+        # A bad argument fails the task in seconds, not after a Spark session has started.
+        check_before_spark(shard, since=since, buckets=buckets)
         owned = SparkSession.getActiveSession() is None
         spark = hook.get_spark(app_name=f"compact-{self.shard}", conf=self.spark_conf)
         try:
             return compact(spark, shard, since=since, full=full,
-                           max_runs=DEFAULT_MAX_RUNS if max_runs is None else max_runs, buckets=buckets).to_dict()
+                           max_runs=max_runs, buckets=buckets).to_dict()
         finally:
             if owned:
                 spark.stop()

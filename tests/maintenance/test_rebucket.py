@@ -19,6 +19,7 @@ from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.maintenance.compaction import COMPACTED, compact
 from airflow_upsert_provider.engine.maintenance.gc import collect_garbage
 from airflow_upsert_provider.engine.write.writer import Writer
+from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 from airflow_upsert_provider.operators.maintenance import CompactShardOperator
 from tests.conftest import sqlite_only
 from tests.helpers import make_shard, run_cli, spark_table, table
@@ -199,11 +200,15 @@ def test_a_count_that_is_not_a_multiple_is_refused_naming_it_by_the_cli_before_s
     assert shard.consensus.get_compaction("orders") == compaction_before
 
 
-def test_the_operator_passes_buckets_and_refuses_a_bad_one(spark, store, blob):  # noqa: F811
+def test_the_operator_passes_buckets_and_refuses_a_bad_one_before_spark(spark, store, blob, monkeypatch):  # noqa: F811
     consensus, shard = store
     current = shard.config.buckets
+    sessions = []
+    get_spark = UpsertShardHook.get_spark
+    monkeypatch.setattr(UpsertShardHook, "get_spark", lambda hook, *a, **k: sessions.append(k) or get_spark(hook, *a, **k))
     with pytest.raises(AirflowFailException, match=rf"^configuration error: buckets {current + 1} is not allowed: .*current count {current} "):
         CompactShardOperator(task_id="compact", shard="orders", buckets=str(current + 1)).execute({})
+    assert sessions == [], "the operator asked for a Spark session before refusing its arguments"
     assert shard.state().since == 0
     report = CompactShardOperator(task_id="compact", shard="orders", buckets=str(2 * current)).execute({})
     assert (report["outcome"], report["buckets_before"], report["buckets"]) == (COMPACTED, current, 2 * current)

@@ -111,6 +111,24 @@ def check_target(shard_id: str, target: int, upper: int) -> None:
                                  shard=shard_id)
 
 
+def check_before_spark(shard: Shard, *, since: int | None = None, buckets: int | None = None,
+                       buckets_name: str = "buckets") -> None:
+    """Refuse what can be refused without Spark, before a caller starts it (seconds, and no
+    JVM for a bad argument): a since beyond the upper, a bucket count that is not a whole
+    multiple of the current one, a live run file missing from one listing. :func:`compact`
+    checks again on its own snapshot.
+
+    :param buckets_name: the argument's name in the caller's terms (``--buckets`` for the CLI).
+    """
+    view = shard.consensus.live_view(shard.shard_id, since)
+    check_target(shard.shard_id, view.as_of, view.record.upper)
+    if buckets is not None:
+        check_bucket_count(buckets, current_buckets(shard.config, view.compaction.run if view.compaction else None),
+                           buckets_name)
+    if view.as_of > view.record.since:
+        shard.check_run_files_listed(view.runs)
+
+
 def compact(
     spark: "SparkSession",
     shard: Shard,
