@@ -424,8 +424,13 @@ class UpsertShardHook(BaseHook):
         source_format: str = "jsonl",
         buckets: int | None = None,
         max_files_per_batch: int | None = None,
+        target_bucket_bytes: int | None = None,
     ) -> Shard:
-        """Create a shard; buckets and files per batch default to the connection's defaults."""
+        """Create a shard; buckets and files per batch default to the connection's defaults.
+
+        :param target_bucket_bytes: a compaction that finds more than this per bucket below
+            its since doubles the bucket count (default: the count stays as created).
+        """
         from airflow_upsert_provider.engine.config import (
             DEFAULT_BUCKETS,
             DEFAULT_MAX_FILES_PER_BATCH,
@@ -445,6 +450,7 @@ class UpsertShardHook(BaseHook):
             max_files_per_batch=max_files_per_batch
             or self.settings.default_max_files_per_batch
             or DEFAULT_MAX_FILES_PER_BATCH,
+            target_bucket_bytes=target_bucket_bytes,
         )
         return Shard.create(self.get_consensus(), self.get_blob(create=True), shard_id, config)
 

@@ -24,7 +24,7 @@ from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL
 landing = sys.argv[1]
 hook = UpsertShardHook()
 shard = hook.create_shard("created", source=f"dir:{landing}", keys=["id"], schema_ddl=SAMPLE_SCHEMA_DDL,
-                          order_by="updated_at", delete_marker="deleted")
+                          order_by="updated_at", delete_marker="deleted", target_bucket_bytes=64 << 20)
 try:
     UpsertShardHook("no_such_connection").settings
     undefined = None
@@ -33,6 +33,7 @@ except ConfigurationError as exc:
 print(json.dumps({
     "buckets": shard.config.buckets,
     "max_files": shard.config.max_files_per_batch,
+    "target_bucket_bytes": hook.open_shard("created").config.target_bucket_bytes,
     "upper": hook.open_shard("created").state().upper,
     "master": hook.spark_master(),
     "redacted": hook.settings.redacted_consensus_url,
@@ -67,6 +68,7 @@ def test_hook_builds_engine_objects_from_the_connection(airflow_home, tmp_path, 
     assert proc.returncode == 0, failure_text(proc)
     found = next(line for line in _json_lines(proc.stdout) if "buckets" in line)
     assert (found["buckets"], found["max_files"], found["upper"]) == (3, 5, 0)
+    assert found["target_bucket_bytes"] == 64 << 20, "the size target did not reach the stored config"
     assert found["master"] == "local[1]"
     assert found["has_password"] and "s3cret-pw" not in found["redacted"] and "***" in found["redacted"]
     assert "s3cret-pw" not in proc.stdout + proc.stderr
