@@ -68,20 +68,20 @@ def read_changes_spark(
     same_values = F.lit(True)
     for c in values:
         same_values = same_values & F.col(c).eqNullSafe(F.col(f"__from_{c}"))
-    kinds = [
-        (DELETE, in_from & ~in_to, "from"),
-        (UPDATE_PREIMAGE, in_from & in_to & ~(unchanged | same_values), "from"),
-        (UPDATE_POSTIMAGE, in_from & in_to & ~(unchanged | same_values), "to"),
-        (INSERT, ~in_from & in_to, "to"),
-    ]
-    parts = []
-    for kind, mask, side in kinds:
-        cols = [F.col(c) if c in keys or side == "to" else F.col(f"__from_{c}").alias(c) for c in out]
-        parts.append(joined.where(mask).select(*cols, F.lit(kind).alias(CHANGE_TYPE),
-                                               F.col("_ts").cast("long").alias(COMMIT_VERSION)))
-    feed = parts[0]
-    for part in parts[1:]:
-        feed = feed.unionByName(part)
+    deleted = in_from & ~in_to
+    updated = in_from & in_to & ~(unchanged | same_values)
+    inserted = ~in_from & in_to
+    # One pass over the join: each changed key's rows come out of one array (a pre-image before
+    # its post-image), each value taken from the side its change type shows.
+    kinds = (F.when(deleted, F.array(F.lit(DELETE)))
+             .when(updated, F.array(F.lit(UPDATE_PREIMAGE), F.lit(UPDATE_POSTIMAGE)))
+             .when(inserted, F.array(F.lit(INSERT))))
+    exploded = joined.where(kinds.isNotNull()).withColumn(CHANGE_TYPE, F.explode(kinds))
+    prior_side = F.col(CHANGE_TYPE).isin(DELETE, UPDATE_PREIMAGE)
+    feed = exploded.select(
+        *[F.col(c) if c in keys else F.when(prior_side, F.col(f"__from_{c}")).otherwise(F.col(c)).alias(c)
+          for c in out],
+        CHANGE_TYPE, F.col("_ts").cast("long").alias(COMMIT_VERSION))
     times = spark.createDataFrame(
         [(b.ts, float(b.committed_at)) for b in plan.batches],
         StructType([StructField(COMMIT_VERSION, LongType()), StructField("__at", DoubleType())]))
