@@ -5,14 +5,18 @@ incremental consumers (docs/changes.md).
   period in seconds. Compaction reads it and does not advance since past the batches committed
   within that period (table/change_rules.py ``retained_since``). No row: no retention.
 - ``upsert_change_cursors``: one row per (shard, consumer): the first ts the consumer has not
-  consumed, with a version. A consumer advances it by compare-and-set from the cursor it read
-  (one conditional UPDATE checked by its rowcount, or one INSERT that a peer's makes fail), so
-  two runs of one consumer that read the same range never both deliver it.
+  consumed, and the range a run claimed and is delivering. A run claims ``[position, B)`` by
+  compare-and-set (one conditional UPDATE checked by its rowcount, or one INSERT that a peer's
+  makes fail), delivers it (idempotently: the same range gives the same rows, under the same
+  name) and completes it by compare-and-set; a run that finds a claimed range delivers that
+  same range and completes it. So ranges are delivered one after the other, never two that
+  overlap, and a run that dies after its claim leaves the range to the next one.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -35,9 +39,21 @@ change_cursors_table = sa.Table(
     sa.Column("consumer", sa.String(250), primary_key=True),
     # The first ts this consumer has not consumed.
     sa.Column("position", sa.BigInteger, nullable=False),
+    # The end of the range [position, pending_to) a run claimed and is delivering; null when
+    # none is (every run that finds it set delivers that same range, then completes it).
+    sa.Column("pending_to", sa.BigInteger, nullable=True),
     sa.Column("version", sa.BigInteger, nullable=False),
     sa.Column("changed_at", sa.Float, nullable=False),
 )
+
+
+@dataclass(frozen=True)
+class ConsumerCursor:
+    """A consumer's cursor: ``position`` (the first ts not consumed) and the end of the range a
+    run claimed and is delivering (``pending_to``, None when none is)."""
+
+    position: int
+    pending_to: int | None
 
 
 def _known_shard(conn, shard_id: str) -> None:
@@ -75,36 +91,58 @@ def _check_consumer(consumer: str) -> str:
     return consumer
 
 
-def read_cursor(consensus: Consensus, shard_id: str, consumer: str) -> int | None:
-    """The cursor of ``consumer`` on ``shard_id`` (the first ts it has not consumed), None
-    before its first advance."""
+def read_cursor(consensus: Consensus, shard_id: str, consumer: str) -> ConsumerCursor | None:
+    """The cursor of ``consumer`` on ``shard_id``, None before its first claim."""
     _check_consumer(consumer)
-    return consensus.read_in_snapshot(
+    row = consensus.read_in_snapshot(
         lambda conn: conn.execute(
-            sa.select(change_cursors_table.c.position).where(
+            sa.select(change_cursors_table.c.position, change_cursors_table.c.pending_to).where(
                 change_cursors_table.c.shard_id == shard_id, change_cursors_table.c.consumer == consumer)
-        ).scalar()
+        ).first()
     )
+    return None if row is None else ConsumerCursor(row.position, row.pending_to)
 
 
-def advance_cursor(consensus: Consensus, shard_id: str, consumer: str, expected: int | None, position: int) -> bool:
-    """Move the cursor of ``consumer`` from ``expected`` (None: it has none yet) to
-    ``position``, iff it is still ``expected``; True if this call moved it. A cursor only
-    advances."""
+def claim_range(consensus: Consensus, shard_id: str, consumer: str, expected: ConsumerCursor | None,
+                from_ts: int, to_ts: int) -> bool:
+    """Claim the range ``[from_ts, to_ts)`` for delivery, iff the cursor is still ``expected``
+    with nothing pending (None: a consumer without a cursor yet, whose first range starts at
+    ``from_ts``); True if this call claimed it. One conditional UPDATE (or INSERT)."""
     _check_consumer(consumer)
-    if expected is not None and position <= expected:
-        raise ConfigurationError(f"a consumer cursor only advances: {expected} -> {position}", field="position")
+    if to_ts <= from_ts or (expected is not None and (expected.pending_to is not None
+                                                      or expected.position != from_ts)):
+        raise ConfigurationError(f"cannot claim [{from_ts}, {to_ts}) from cursor {expected}", field="position")
 
     def txn(conn):
         _known_shard(conn, shard_id)
         if expected is None:
-            return insert_ignore(conn, change_cursors_table, shard_id=shard_id, consumer=consumer,
-                                 position=position, version=1, changed_at=time.time())
-        return conn.execute(
-            sa.update(change_cursors_table)
-            .where(change_cursors_table.c.shard_id == shard_id, change_cursors_table.c.consumer == consumer,
-                   change_cursors_table.c.position == expected)
-            .values(position=position, version=change_cursors_table.c.version + 1, changed_at=time.time())
-        ).rowcount == 1
+            return insert_ignore(conn, change_cursors_table, shard_id=shard_id, consumer=consumer, position=from_ts,
+                                 pending_to=to_ts, version=1, changed_at=time.time())
+        return _update_cursor(conn, shard_id, consumer, expected, ConsumerCursor(expected.position, to_ts))
 
     return consensus.run_in_transaction(txn)
+
+
+def complete_range(consensus: Consensus, shard_id: str, consumer: str, claimed: ConsumerCursor) -> bool:
+    """Move the cursor past the delivered range of ``claimed`` (its ``pending_to``), iff it is
+    still ``claimed``; True if this call moved it."""
+    _check_consumer(consumer)
+    if claimed.pending_to is None:
+        raise ConfigurationError(f"cursor {claimed} has no claimed range to complete", field="position")
+
+    def txn(conn):
+        return _update_cursor(conn, shard_id, consumer, claimed, ConsumerCursor(claimed.pending_to, None))
+
+    return consensus.run_in_transaction(txn)
+
+
+def _update_cursor(conn, shard_id: str, consumer: str, expected: ConsumerCursor, new: ConsumerCursor) -> bool:
+    table = change_cursors_table
+    pending = table.c.pending_to.is_(None) if expected.pending_to is None else table.c.pending_to == expected.pending_to
+    return conn.execute(
+        sa.update(table)
+        .where(table.c.shard_id == shard_id, table.c.consumer == consumer, table.c.position == expected.position,
+               pending)
+        .values(position=new.position, pending_to=new.pending_to, version=table.c.version + 1,
+                changed_at=time.time())
+    ).rowcount == 1

@@ -143,12 +143,12 @@ def retained_since(target: int, batch_times: Iterable[tuple[int, float]], now: f
 
 @dataclass(frozen=True)
 class ConsumerRead:
-    """What a consumer run reads: the batches ``[from_ts, to_ts)`` (none when they are equal),
-    and the cursor it then sets, by compare-and-set from ``cursor``."""
+    """What a consumer run reads: the batches ``[from_ts, to_ts)`` (none when they are equal);
+    ``claimed`` when that range was claimed by an earlier run and is delivered again as it is."""
 
-    cursor: int | None
     from_ts: int
     to_ts: int
+    claimed: bool = False
 
     @property
     def empty(self) -> bool:
@@ -165,17 +165,23 @@ def event_range(extra: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def plan_consumer_read(cursor: int | None, events: Iterable[Mapping[str, Any]]) -> ConsumerRead:
-    """The range a consumer run reads, from its durable ``cursor`` (the first ts it has not
-    consumed; None before its first read) and the extras of the Asset events that triggered it.
+def plan_consumer_read(position: int | None, pending_to: int | None,
+                       events: Iterable[Mapping[str, Any]]) -> ConsumerRead:
+    """The range a consumer run reads, from its durable cursor (``position``: the first ts it
+    has not consumed, None before its first read; ``pending_to``: the end of a range a run
+    claimed and did not complete) and the extras of the Asset events that triggered it.
 
-    It reads from the cursor up to the highest ``to_ts`` any event names: events of
-    overlapping producers carry overlapping ranges, a retried producer's second event repeats
-    or extends the first, a backfill's may arrive late or out of order, and an event may be lost
-    (a producer that committed and failed before its event); reading from the cursor to the
-    newest end covers every one once. A first read starts at the lowest ``from_ts`` of its
-    events. Events wholly below the cursor add nothing: they were consumed."""
+    A claimed range is read again exactly (its delivery is idempotent: the same range gives the
+    same rows under the same name). Otherwise it reads from the cursor up to the highest
+    ``to_ts`` any event names: events of overlapping producers carry overlapping ranges, a
+    retried producer's event repeats or extends an earlier one, a backfill's may arrive late or
+    out of order, and an event may be lost (a producer that committed, then failed before its
+    event); reading from the cursor to the newest end covers every one exactly once. A first
+    read starts at the lowest ``from_ts`` of its events. Events wholly below the cursor add
+    nothing: they were consumed."""
+    if position is not None and pending_to is not None:
+        return ConsumerRead(position, pending_to, claimed=True)
     ranges = [r for r in (event_range(e) for e in events) if r is not None]
-    start = cursor if cursor is not None else min((low for low, _ in ranges), default=0)
+    start = position if position is not None else min((low for low, _ in ranges), default=0)
     end = max((high for _, high in ranges), default=start)
-    return ConsumerRead(cursor, start, max(start, end))
+    return ConsumerRead(start, max(start, end))

@@ -31,6 +31,7 @@ def upgrade() -> None:
             sa.Column("shard_id", sa.String(128), primary_key=True),
             sa.Column("consumer", sa.String(250), primary_key=True),
             sa.Column("position", sa.BigInteger, nullable=False),
+            sa.Column("pending_to", sa.BigInteger, nullable=True),
             sa.Column("version", sa.BigInteger, nullable=False),
             sa.Column("changed_at", sa.Float, nullable=False),
         )
