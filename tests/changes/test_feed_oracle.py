@@ -8,6 +8,7 @@ range, since and the retention setting. No Spark is started in this module."""
 from __future__ import annotations
 
 import datetime
+import math
 import random
 
 import pytest
@@ -20,6 +21,7 @@ from tests.conftest import sqlite_only
 from tests.helpers import make_shard
 
 VALUES = ("name", "amount", "updated_at")
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def random_rows(rng: random.Random, keys: int, *, order: bool) -> list[dict]:
@@ -74,7 +76,8 @@ def expected_feed(config, history: list[dict], from_ts: int, to_ts: int, committ
         else:
             kinds = [("update_preimage", old), ("update_postimage", new)]
         for kind, row in kinds:
-            at = datetime.datetime.fromtimestamp(round(committed_at[version] * 1e6) / 1e6, datetime.timezone.utc)
+            micros = math.floor(committed_at[version] * 1_000_000)
+            at = EPOCH + datetime.timedelta(microseconds=micros)
             rows.append((key[0], *(row[c] for c in VALUES), kind, version, at))
     return rows
 

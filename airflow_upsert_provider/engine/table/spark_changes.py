@@ -86,5 +86,5 @@ def read_changes_spark(
         [(b.ts, float(b.committed_at)) for b in plan.batches],
         StructType([StructField(COMMIT_VERSION, LongType()), StructField("__at", DoubleType())]))
     stamped = feed.join(F.broadcast(times), COMMIT_VERSION, "left").withColumn(
-        COMMIT_TIMESTAMP, F.timestamp_micros(F.round(F.col("__at") * 1_000_000).cast("long")))
+        COMMIT_TIMESTAMP, F.timestamp_micros(F.floor(F.col("__at") * 1_000_000).cast("long")))
     return stamped.select(*out, CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)
