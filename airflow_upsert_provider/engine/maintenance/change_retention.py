@@ -49,6 +49,8 @@ def retention_cost(consensus: Consensus, shard_id: str, now: float | None = None
     """The change retention of ``shard_id`` and what it holds now (one snapshot of the batches
     above since)."""
     keep = change_retention(consensus, shard_id)
+    if keep is None:
+        return RetentionCost(None, None, 0, 0)  # nothing held: the batches are not read
     batches = consensus.live_view(shard_id).batches
     start = retention_start([(b.ts, b.committed_at) for b in batches], time.time() if now is None else now, keep)
     held = [] if start is None else [b for b in batches if b.ts >= start]
