@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import NoReturn, Sequence
 
-from airflow_upsert_provider.cli import db, frontier, lifecycle, maintenance, shard, spark
+from airflow_upsert_provider.cli import changes, db, frontier, lifecycle, maintenance, shard, spark
 from airflow_upsert_provider.cli.connection import apply_connection
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS, Context
 from airflow_upsert_provider.cli.errors import (
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     shard.add_shard_commands(commands, common, spark_conf)
     maintenance.add_maintenance_commands(commands, common, spark_conf)
+    changes.add_changes_commands(commands, common)
     lifecycle.add_lifecycle_commands(commands, common)
     frontier.add_frontier_commands(commands, common)
     spark.add_spark_server_commands(commands, common)
@@ -81,6 +82,7 @@ COMMANDS = {
     "checkpoint": maintenance.cmd_checkpoint,
     "gc": maintenance.cmd_gc,
     "publish": maintenance.cmd_publish,
+    "changes": changes.cmd_changes,
     "stream": lifecycle.cmd_stream,
     "recover": lifecycle.cmd_recover,
     "source": lifecycle.cmd_source,

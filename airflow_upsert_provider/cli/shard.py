@@ -43,6 +43,8 @@ def add_shard_commands(commands, common: argparse.ArgumentParser, spark_conf: ar
     init.add_argument("--group-id", default=None,
                       help="kafka: consumer group whose offsets follow the shard (default: the config's group.id, "
                            "else upsert-SHARD)")
+    init.add_argument("--change-retention", metavar="PERIOD", default=None,
+                      help="keep the batches of this period (e.g. 7d) for the change feed (docs/changes.md)")
     init.add_argument("--json", action="store_true")
 
     status = commands.add_parser("status", parents=[common, spark_conf], help="frontier, source lag and row count")
@@ -82,9 +84,12 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     )
     from airflow_upsert_provider.engine.table.shard import Shard
     from airflow_upsert_provider.engine.sources import is_kafka_uri, open_source
+    from airflow_upsert_provider.engine.store.change_feed import set_change_retention
+    from airflow_upsert_provider.engine.table.change_rules import parse_keep
     from airflow_upsert_provider.engine.write.upsert import infer_schema, parse_schema
 
     validate_shard_id(args.shard)
+    keep = None if args.change_retention is None else parse_keep(args.change_retention, field="--change-retention")
     source = open_source(args.source, args.source_format,
                          kafka_config=ctx.kafka_config() if is_kafka_uri(args.source) else None)
     extra = _kafka_init_options(args, is_kafka_uri(source.uri))
@@ -114,7 +119,10 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     )
     shard = Shard.create(ctx.consensus, ctx.blob, args.shard, config,
                          kafka_config=ctx.kafka_config() if is_kafka_uri(source.uri) else None)
-    return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0}
+    if keep is not None:
+        set_change_retention(ctx.consensus, shard.shard_id, keep)
+    return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0,
+            **({"change_retention_seconds": keep} if keep is not None else {})}
 
 
 def _kafka_init_options(args: argparse.Namespace, is_kafka: bool) -> dict[str, Any]:
@@ -147,6 +155,12 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
         # What lag tools see: the consumer group against the shard's frontier.
         out["group"] = group_status(shard)
+    from airflow_upsert_provider.engine.maintenance.change_retention import retention_cost
+
+    # What the change retention holds above since (docs/changes.md); absent without one.
+    cost = retention_cost(shard.consensus, shard.shard_id)
+    if cost.keep_seconds is not None:
+        out["change_retention"] = cost.to_dict()
     return out
 
 

@@ -411,6 +411,12 @@ class MicroBatchUpsertOperator(BaseOperator):
             "committed": report.get("committed"),
             "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
             "rows_out": sum(int(b.get("rows_out") or 0) for b in own),
+            # The commit-event contract (docs/changes.md): the committed ts range [from_ts,
+            # to_ts), the upper before and after, which a change feed consumer reads.
+            "from_ts": upper_at_start,
+            "to_ts": report.get("upper"),
+            # The table's schema version at to_ts: null until shards have schema versions.
+            "schema_version": None,
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from airflow_upsert_provider.engine.errors import (
     ConsensusUnavailable,
     UpsertError,
 )
+from airflow_upsert_provider.engine.maintenance.change_retention import held_since
 from airflow_upsert_provider.engine.maintenance.compaction_policy import (
     DEFAULT_MAX_RUNS,
     TierRun,
@@ -164,6 +165,8 @@ def compact(
         view = consensus.live_view(shard.shard_id, since)
         state, target = view.record, view.as_of
         check_target(shard.shard_id, target, state.upper)
+        # A change retention keeps the batches of its period above since (change_retention.py).
+        target = held_since(consensus, shard.shard_id, view.batches, target)
         if target <= state.since:
             current = current_buckets(shard.config, view.compaction.run if view.compaction else None)
             if buckets is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
 from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
+from airflow_upsert_provider.engine.store.change_feed import change_cursors_table, change_retention_table
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.engines import open_store
 from airflow_upsert_provider.engine.store.records import StoreSchema
@@ -50,6 +51,8 @@ STORE_SCHEMA = StoreSchema(
         stream_history_table,
         observations_table,
         alerts_table,
+        change_retention_table,
+        change_cursors_table,
     ),
     # Run in this order: the schema revision (a store upgraded underneath this process), the
     # GC claim check, then the stream fence.

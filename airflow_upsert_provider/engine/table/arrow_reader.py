@@ -257,9 +257,12 @@ def bucket_groups(
     return sorted(groups.items())
 
 
-def merge_bucket(rows: "pyarrow.Table", config: ShardConfig, output: list[str]) -> "pyarrow.Table":
-    """Per key the winning row of ``rows`` (run columns of one bucket), tombstones removed,
-    ``output`` columns, sorted by key. Pure.
+def merge_bucket(
+    rows: "pyarrow.Table", config: ShardConfig, output: list[str], *, keep_tombstones: bool = False
+) -> "pyarrow.Table":
+    """Per key the winning row of ``rows`` (run columns of one bucket), tombstones removed
+    (kept with ``keep_tombstones``: the change feed compares winners), ``output`` columns,
+    sorted by key. Pure.
 
     The rank is :func:`runs.merge_rows`'s: the order value (null lowest, NaN highest), then
     ``_ts``; both descending so the first row of a key after the sort is its winner."""
@@ -293,6 +296,8 @@ def merge_bucket(rows: "pyarrow.Table", config: ShardConfig, output: list[str]) 
     firsts = by_key.group_by(keys, use_threads=False).aggregate([("_position", "min")])
     first_positions = pc.sort_indices(firsts.column("_position_min"))
     winners = rows.take(order_of_rows.take(firsts.column("_position_min").take(first_positions)))
+    if keep_tombstones:
+        return winners.select(output)
     return winners.filter(pc.invert(pc.fill_null(winners.column("_deleted"), False))).select(output)
 
 
@@ -433,6 +438,16 @@ def _file_batches(
         if error is None:
             raise
         raise error from exc
+
+
+def read_run_file_batches(
+    blob: Blob, listed: dict[str, Any], schema: "pyarrow.Schema", shard_id: str | None,
+    read_file: FileReader | None = None,
+) -> Iterator["pyarrow.RecordBatch"]:
+    """The record batches of the listed run file ``listed`` in ``schema``, read as they are
+    asked for (by ``read_file``, default the executors' reader); a failure is the engine error
+    it stands for, as in a read of the table."""
+    return _file_batches(blob, listed, schema, read_file or _read_run_file, shard_id)
 
 
 def _read_bucket(

@@ -1,0 +1,110 @@
+"""The change feed's rules, pure (engine/table/change_rules.py): which ranges are answerable,
+the net change of a key, the change retention's bound on since and its parsing, swept over
+their parameters."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError
+from airflow_upsert_provider.engine.table.change_rules import (
+    CHANGE_TYPES,
+    check_changes_range,
+    net_change,
+    parse_keep,
+    range_batches,
+    retained_since,
+    retention_start,
+)
+
+
+def test_a_range_is_answerable_exactly_when_since_le_from_le_to_le_upper():
+    for since, upper in itertools.product(range(5), range(5)):
+        if since > upper:
+            continue
+        for from_ts, to_ts in itertools.product(range(7), range(7)):
+            ok = since <= from_ts <= to_ts <= upper
+            if ok:
+                assert check_changes_range("s", from_ts, to_ts, since=since, upper=upper) == (from_ts, to_ts)
+                continue
+            with pytest.raises(ConfigurationError) as refused:
+                check_changes_range("s", from_ts, to_ts, since=since, upper=upper)
+            assert f"[{from_ts}, {to_ts})" in refused.value.message
+            assert refused.value.details["field"] in ("from_ts", "to_ts")
+            if from_ts < since and from_ts <= to_ts <= upper:
+                assert refused.value.details["since"] == since
+                assert "--keep" in refused.value.message
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, "1", None, True])
+def test_a_ts_that_is_not_a_whole_number_is_refused_naming_it(bad):
+    with pytest.raises(ConfigurationError, match="must be a batch ts") as refused:
+        check_changes_range("s", bad, 3, since=0, upper=3)
+    assert refused.value.details["field"] == "from_ts"
+
+
+def test_the_net_change_of_every_pair_of_rows():
+    rows = [None, {"v": 1}, {"v": 2}]
+    for before, after in itertools.product(rows, rows):
+        kinds = net_change(before, after)
+        assert set(kinds) <= set(CHANGE_TYPES)
+        if before == after:
+            assert kinds == ()
+        elif before is None:
+            assert kinds == ("insert",)
+        elif after is None:
+            assert kinds == ("delete",)
+        else:
+            assert kinds == ("update_preimage", "update_postimage")
+
+
+class Batch:
+    def __init__(self, ts: int) -> None:
+        self.ts = ts
+
+
+def test_the_range_s_batches_are_one_per_ts_and_a_gap_is_an_integrity_error():
+    batches = [Batch(ts) for ts in (0, 1, 2, 4)]
+    assert [b.ts for b in range_batches(batches, 1, 3, "s")] == [1, 2]
+    assert range_batches(batches, 2, 2, "s") == []
+    with pytest.raises(IntegrityError, match="no batch record for ts 3"):
+        range_batches(batches, 1, 5, "s")
+
+
+def test_the_retention_holds_since_at_the_first_batch_of_its_period():
+    rng = random.Random(3)
+    for _ in range(3000):
+        count = rng.randrange(0, 12)
+        times = sorted(rng.uniform(0, 100) for _ in range(count))
+        batches = list(enumerate(times))
+        now = rng.uniform(50, 150)
+        keep = rng.choice([None, rng.uniform(1, 120)])
+        target = rng.randrange(0, count + 1)
+        since = retained_since(target, batches, now, keep)
+        assert since <= target
+        if keep is None:
+            assert since == target
+            continue
+        # Every batch of the period stays at or above since; since is the highest such bound.
+        within = [ts for ts, at in batches if at >= now - keep]
+        assert since == min([target, *within])
+        assert all(ts >= since for ts in within)
+        assert retention_start(batches, now, keep) == (min(within) if within else None)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("7d", 7 * 86400), ("2w", 14 * 86400), ("36h", 36 * 3600), ("90m", 5400), ("3600", 3600), ("1h30m", 5400),
+    (" 1D ", 86400), (60, 60),
+])
+def test_a_retention_period_is_parsed(text, seconds):
+    assert parse_keep(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "0d", "7x", "-1d", "d", "1.5d", "nan", None, True, [7]])
+def test_a_bad_retention_period_is_refused_naming_the_option(text):
+    with pytest.raises(ConfigurationError) as refused:
+        parse_keep(text, field="--keep")
+    assert refused.value.details["field"] == "--keep" and "--keep" in refused.value.message
