@@ -1,0 +1,129 @@
+"""The OpenLineage objects of a :class:`~airflow_upsert_provider.lineage.Lineage`: datasets with
+the spec's schema and output-statistics facets, and this provider's two custom facets.
+
+Imported only when the OpenLineage provider reports a task (it brings ``openlineage-python``).
+The custom facets follow the spec's rules for them: a name with this provider's prefix
+(``upsert_``), ``_producer`` naming this provider's release, ``_schemaURL`` naming the facet's
+definition in :data:`FACET_SCHEMA` (docs/lineage.md shows it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from attrs import define
+from openlineage.client.event_v2 import InputDataset, OutputDataset
+from openlineage.client.facet_v2 import JobFacet, OutputDatasetFacet, output_statistics_output_dataset, schema_dataset
+
+from airflow_upsert_provider import DISTRIBUTION_NAME, __version__
+from airflow_upsert_provider.lineage import DatasetSpec, Lineage
+
+# Who produced the facets: this provider's release on the package index.
+PRODUCER = f"https://pypi.org/project/{DISTRIBUTION_NAME}/{__version__}/"
+SCHEMA_URL = f"{PRODUCER}lineage-facets.json"
+FRONTIER_FACET = "upsert_frontier"
+BATCHES_FACET = "upsert_batches"
+
+# The JSON schema of the custom facets (draft 2020-12, as the spec's own), one $defs entry each.
+FACET_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$defs": {
+        "UpsertFrontierJobFacet": {
+            "allOf": [
+                {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/JobFacet"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "shard": {"type": "string", "description": "the shard id"},
+                        "upper": {"type": "integer", "description": "the first ts not yet written, after the task"},
+                        "since": {"type": "integer", "description": "reads below this ts are compacted away"},
+                        "status": {"type": ["string", "null"],
+                                   "description": "the shard's stream: READY, STOPPING, STOPPED or RECOVERING"},
+                    },
+                    "required": ["shard", "upper", "since", "status"],
+                },
+            ],
+        },
+        "UpsertBatchesOutputDatasetFacet": {
+            "allOf": [
+                {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/OutputDatasetFacet"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "from_ts": {"type": "integer", "description": "the first batch this task committed"},
+                        "to_ts": {"type": "integer", "description": "one past the last batch it committed"},
+                        "rows_out": {"type": "integer", "description": "rows its batches wrote"},
+                        "schema_version": {"type": ["integer", "null"],
+                                           "description": "the table schema version at to_ts; null until "
+                                                          "the shard has schema versions"},
+                    },
+                    # A null schema_version is left out of the event, as every null is.
+                    "required": ["from_ts", "to_ts", "rows_out"],
+                },
+            ],
+        },
+    },
+}
+
+
+@define
+class UpsertFrontierJobFacet(JobFacet):
+    """The shard's frontier after the task."""
+
+    shard: str
+    upper: int
+    since: int
+    status: str | None
+
+    _additional_skip_redact: ClassVar[list[str]] = ["shard", "upper", "since", "status"]
+
+    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
+    @staticmethod
+    def _get_schema() -> str:
+        return f"{SCHEMA_URL}#/$defs/UpsertFrontierJobFacet"
+
+
+@define
+class UpsertBatchesOutputDatasetFacet(OutputDatasetFacet):
+    """The batches an upsert committed: ``to_ts`` exclusive, as the commit event's keys."""
+
+    from_ts: int
+    to_ts: int
+    rows_out: int
+    schema_version: int | None
+
+    _additional_skip_redact: ClassVar[list[str]] = ["from_ts", "to_ts", "rows_out", "schema_version"]
+
+    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
+    @staticmethod
+    def _get_schema() -> str:
+        return f"{SCHEMA_URL}#/$defs/UpsertBatchesOutputDatasetFacet"
+
+
+def _dataset_facets(spec: DatasetSpec) -> dict[str, Any]:
+    if not spec.fields:
+        return {}
+    return {"schema": schema_dataset.SchemaDatasetFacet(
+        fields=[schema_dataset.SchemaDatasetFacetFields(name=name, type=kind) for name, kind in spec.fields])}
+
+
+def _output(spec: DatasetSpec) -> OutputDataset:
+    facets: dict[str, Any] = {}
+    if (spec.rows, spec.bytes, spec.files) != (None, None, None):
+        facets["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+            rowCount=spec.rows, size=spec.bytes, fileCount=spec.files)
+    if spec.batches is not None:
+        facets[BATCHES_FACET] = UpsertBatchesOutputDatasetFacet(producer=PRODUCER, **spec.batches)
+    return OutputDataset(namespace=spec.namespace, name=spec.name, facets=_dataset_facets(spec),
+                         outputFacets=facets)
+
+
+def to_operator_lineage(lineage: Lineage) -> Any:
+    """The provider's ``OperatorLineage`` of ``lineage``."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    return OperatorLineage(
+        inputs=[InputDataset(namespace=s.namespace, name=s.name, facets=_dataset_facets(s)) for s in lineage.inputs],
+        outputs=[_output(s) for s in lineage.outputs],
+        job_facets={FRONTIER_FACET: UpsertFrontierJobFacet(producer=PRODUCER, **lineage.frontier)},
+    )
