@@ -16,7 +16,7 @@ from openlineage.client.event_v2 import InputDataset, OutputDataset
 from openlineage.client.facet_v2 import JobFacet, OutputDatasetFacet, output_statistics_output_dataset, schema_dataset
 
 from airflow_upsert_provider import DISTRIBUTION_NAME, __version__
-from airflow_upsert_provider.lineage import DatasetSpec, Lineage
+from airflow_upsert_provider.lineage.rules import DatasetSpec, Lineage
 
 # Who produced the facets: this provider's release on the package index.
 PRODUCER = f"https://pypi.org/project/{DISTRIBUTION_NAME}/{__version__}/"
@@ -77,8 +77,8 @@ class UpsertFrontierJobFacet(JobFacet):
 
     _additional_skip_redact: ClassVar[list[str]] = ["shard", "upper", "since", "status"]
 
-    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
     @staticmethod
+    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
     def _get_schema() -> str:
         return f"{SCHEMA_URL}#/$defs/UpsertFrontierJobFacet"
 
@@ -94,8 +94,8 @@ class UpsertBatchesOutputDatasetFacet(OutputDatasetFacet):
 
     _additional_skip_redact: ClassVar[list[str]] = ["from_ts", "to_ts", "rows_out", "schema_version"]
 
-    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
     @staticmethod
+    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
     def _get_schema() -> str:
         return f"{SCHEMA_URL}#/$defs/UpsertBatchesOutputDatasetFacet"
 
