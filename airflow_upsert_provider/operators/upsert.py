@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_upsert_provider.assets import ASSET_SCHEME
 from airflow_upsert_provider.engine.common.time_text import format_seconds
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.engine.sources.lag import format_lag
@@ -111,7 +112,6 @@ def submit_master(hook: UpsertShardHook) -> str:
 
 # connect mode without a connection: the server `upsertctl spark-server start` runs by default.
 DEFAULT_CONNECT_ADDRESS = "sc://127.0.0.1:15002"
-ASSET_SCHEME = "upsert"
 
 
 def shard_asset(upsert_conn_id: str, shard: str) -> Asset:
