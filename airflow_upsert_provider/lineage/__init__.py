@@ -85,10 +85,14 @@ def capture(operator: Any, hook: UpsertShardHook, result: Mapping[str, Any], *, 
     """What ``operator``'s lineage needs, read after its work (``shard``: the one it opened,
     else its shard is opened); None when lineage is off, and when reading fails (logged): a
     lineage read never fails a task."""
-    kind = KINDS_BY_OPERATOR.get(type(operator).__name__)
-    if kind is None or not lineage_enabled():
+    # A DAG's subclass of an operator reports as the operator does.
+    kind = next((KINDS_BY_OPERATOR[c.__name__] for c in type(operator).__mro__ if c.__name__ in KINDS_BY_OPERATOR),
+                None)
+    if kind is None:
         return None
     try:
+        if not lineage_enabled():
+            return None
         if kind == RESTORE:
             extra["from_shard"] = operator.shard
             shard = hook.open_shard(str(result["shard"]))
@@ -148,12 +152,19 @@ def parent_job_spark_conf(conf: dict[str, str], context: Mapping[str, Any]) -> d
     is never injected: it may hold an API key, which would reach spark-submit's command line."""
     from airflow.configuration import conf as airflow_conf
 
-    if not airflow_conf.getboolean("openlineage", "spark_inject_parent_job_info", fallback=False):
-        return conf
-    if not lineage_enabled():
-        return conf
-    from airflow.providers.common.compat.openlineage.utils.spark import (
-        inject_parent_job_information_into_spark_properties,
-    )
+    try:
+        if not airflow_conf.getboolean("openlineage", "spark_inject_parent_job_info", fallback=False):
+            return conf
+        if not lineage_enabled():
+            return conf
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+        )
 
-    return inject_parent_job_information_into_spark_properties(dict(conf), context)
+        return inject_parent_job_information_into_spark_properties(dict(conf), context)
+    except Exception as exc:  # noqa: BLE001 - lineage is best effort: the job runs without its parent
+        from airflow_upsert_provider.engine.errors import first_line
+
+        log.warning("OpenLineage: no parent job information for the Spark job: %s: %s", type(exc).__name__,
+                    first_line(str(exc)))
+        return conf

@@ -193,6 +193,30 @@ def test_capture_reads_nothing_when_openlineage_is_not_configured(monkeypatch):
     assert capture(operator, NoHook(), {"rows": 1}) is None
 
 
+def test_a_broken_lineage_setting_or_read_never_fails_the_task(monkeypatch, caplog):
+    """A transport setting the provider cannot parse, a store that cannot be read: the task's
+    work is done, its lineage is left out with a warning."""
+    from airflow_upsert_provider.lineage import capture, parent_job_spark_conf
+
+    class MyCompaction(type("CompactShardOperator", (), {})):  # a DAG's subclass reports as its base
+        shard = "orders"
+
+    class BrokenHook:
+        def open_shard(self, shard_id):
+            raise RuntimeError(f"store unreachable for {shard_id}")
+
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", '{"type": "console"}')
+    assert capture(MyCompaction(), BrokenHook(), {"rows": 1}) is None
+    assert "the lineage of shard orders was not read: RuntimeError: store unreachable for orders" in caplog.text
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", "{not json")
+    assert capture(MyCompaction(), BrokenHook(), {"rows": 1}) is None
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", '{"type": "console"}')
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO", "true")
+    # A context without a task instance: the provider's helper fails; the job runs without a parent.
+    assert parent_job_spark_conf({"spark.ui.enabled": "false"}, {}) == {"spark.ui.enabled": "false"}
+    assert "OpenLineage: no parent job information for the Spark job: KeyError" in caplog.text
+
+
 def ti(dag_id: str = "orders_dag", task_id: str = "upsert") -> SimpleNamespace:
     import pendulum
 
