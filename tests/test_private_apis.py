@@ -44,8 +44,6 @@ KEPT: frozenset[tuple[str, str]] = frozenset({
     (f"{PACKAGE}.operators.upsert", "def _build_spark_submit_command"),
     (f"{PACKAGE}.operators.upsert", "super()._build_spark_submit_command"),
     (f"{PACKAGE}.operators.upsert", "self._env"),
-    # The OpenLineage client takes a custom facet's _schemaURL from this method only.
-    (f"{PACKAGE}.lineage.facets", "def _get_schema"),
 })
 
 COMMENT = "no public API"

@@ -9,7 +9,7 @@ definition in :data:`FACET_SCHEMA` (docs/lineage.md shows it).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from attrs import define
 from openlineage.client.event_v2 import InputDataset, OutputDataset
@@ -66,8 +66,17 @@ FACET_SCHEMA: dict[str, Any] = {
 }
 
 
+class _DefinedInFacetSchema:
+    """A custom facet whose ``_schemaURL`` is its definition in :data:`FACET_SCHEMA`."""
+
+    @classmethod
+    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
+    def _get_schema(cls) -> str:
+        return f"{SCHEMA_URL}#/$defs/{cls.__name__}"
+
+
 @define
-class UpsertFrontierJobFacet(JobFacet):
+class UpsertFrontierJobFacet(_DefinedInFacetSchema, JobFacet):
     """The shard's frontier after the task."""
 
     shard: str
@@ -75,29 +84,15 @@ class UpsertFrontierJobFacet(JobFacet):
     since: int
     status: str | None
 
-    _additional_skip_redact: ClassVar[list[str]] = ["shard", "upper", "since", "status"]
-
-    @staticmethod
-    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
-    def _get_schema() -> str:
-        return f"{SCHEMA_URL}#/$defs/UpsertFrontierJobFacet"
-
 
 @define
-class UpsertBatchesOutputDatasetFacet(OutputDatasetFacet):
+class UpsertBatchesOutputDatasetFacet(_DefinedInFacetSchema, OutputDatasetFacet):
     """The batches an upsert committed: ``to_ts`` exclusive, as the commit event's keys."""
 
     from_ts: int
     to_ts: int
     rows_out: int
     schema_version: int | None
-
-    _additional_skip_redact: ClassVar[list[str]] = ["from_ts", "to_ts", "rows_out", "schema_version"]
-
-    @staticmethod
-    # no public API: the OpenLineage client takes a facet's _schemaURL from this method only.
-    def _get_schema() -> str:
-        return f"{SCHEMA_URL}#/$defs/UpsertBatchesOutputDatasetFacet"
 
 
 def _dataset_facets(spec: DatasetSpec) -> dict[str, Any]:
