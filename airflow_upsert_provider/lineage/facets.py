@@ -24,44 +24,37 @@ SCHEMA_URL = f"{PRODUCER}lineage-facets.json"
 FRONTIER_FACET = "upsert_frontier"
 BATCHES_FACET = "upsert_batches"
 
+SPEC_DEFS = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/"
+
+
+def _definition(base: str, properties: dict[str, tuple[Any, str]], required: list[str]) -> dict[str, Any]:
+    """A custom facet's JSON schema: the spec's ``base`` facet and ``properties`` (name: (JSON
+    type, description))."""
+    return {"allOf": [{"$ref": f"{SPEC_DEFS}{base}"}, {
+        "type": "object",
+        "properties": {name: {"type": kind, "description": text} for name, (kind, text) in properties.items()},
+        "required": required,
+    }]}
+
+
 # The JSON schema of the custom facets (draft 2020-12, as the spec's own), one $defs entry each.
 FACET_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$defs": {
-        "UpsertFrontierJobFacet": {
-            "allOf": [
-                {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/JobFacet"},
-                {
-                    "type": "object",
-                    "properties": {
-                        "shard": {"type": "string", "description": "the shard id"},
-                        "upper": {"type": "integer", "description": "the first ts not yet written, after the task"},
-                        "since": {"type": "integer", "description": "reads below this ts are compacted away"},
-                        "status": {"type": ["string", "null"],
-                                   "description": "the shard's stream: READY, STOPPING, STOPPED or RECOVERING"},
-                    },
-                    "required": ["shard", "upper", "since", "status"],
-                },
-            ],
-        },
-        "UpsertBatchesOutputDatasetFacet": {
-            "allOf": [
-                {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/OutputDatasetFacet"},
-                {
-                    "type": "object",
-                    "properties": {
-                        "from_ts": {"type": "integer", "description": "the first batch this task committed"},
-                        "to_ts": {"type": "integer", "description": "one past the last batch it committed"},
-                        "rows_out": {"type": "integer", "description": "rows its batches wrote"},
-                        "schema_version": {"type": ["integer", "null"],
-                                           "description": "the table schema version at to_ts; null until "
-                                                          "the shard has schema versions"},
-                    },
-                    # A null schema_version is left out of the event, as every null is.
-                    "required": ["from_ts", "to_ts", "rows_out"],
-                },
-            ],
-        },
+        "UpsertFrontierJobFacet": _definition("JobFacet", {
+            "shard": ("string", "the shard id"),
+            "upper": ("integer", "the first ts not yet written, after the task"),
+            "since": ("integer", "reads below this ts are compacted away"),
+            "status": (["string", "null"], "the shard's stream: READY, STOPPING, STOPPED or RECOVERING"),
+        }, ["shard", "upper", "since", "status"]),
+        "UpsertBatchesOutputDatasetFacet": _definition("OutputDatasetFacet", {
+            "from_ts": ("integer", "the first batch this task committed"),
+            "to_ts": ("integer", "one past the last batch it committed"),
+            "rows_out": ("integer", "rows its batches wrote"),
+            "schema_version": (["integer", "null"],
+                               "the table schema version at to_ts; null until the shard has schema versions"),
+        # A null schema_version is left out of the event, as every null is.
+        }, ["from_ts", "to_ts", "rows_out"]),
     },
 }
 

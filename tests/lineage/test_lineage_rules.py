@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -177,6 +178,10 @@ def test_the_custom_facets_follow_the_spec_rules_and_validate_against_their_sche
     assert lineage.outputs[0].outputFacets["outputStatistics"].rowCount == 7
     assert [f.name for f in lineage.inputs[0].facets["schema"].fields] == ["id", "name"]
     assert operator_lineage(None) is None
+    # docs/lineage.md shows the schema as the package holds it.
+    with open(os.path.join(REPO_ROOT, "docs", "lineage.md"), encoding="utf-8") as handle:
+        shown = re.search(r"<!-- facet-schema -->\n```json\n(.*?)\n```", handle.read(), re.S).group(1)
+    assert json.loads(shown) == FACET_SCHEMA
 
 
 def test_capture_reads_nothing_when_openlineage_is_not_configured(monkeypatch):
