@@ -76,6 +76,11 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "notifications": ["airflow_upsert_provider.notifications.frontier.FrontierPageNotifier"],
+        # A shard's Asset, upsert://<upsert connection id>/<shard id>: Airflow normalizes every
+        # URI of the scheme through the handler, which refuses one that names no shard.
+        "asset-uris": [
+            {"schemes": ["upsert"], "handler": "airflow_upsert_provider.assets.normalize_shard_uri"},
+        ],
         # The operators' and sensor's "Shard page" button (operator_extra_links).
         "extra-links": ["airflow_upsert_provider.links.ShardPageLink"],
         # Loaded from here only while [core] lazy_discover_providers is false: the same plugin is
@@ -83,6 +88,13 @@ def get_provider_info() -> dict[str, Any]:
         "plugins": [
             {"name": "upsert_provider_ui", "plugin-class": "airflow_upsert_provider.plugins.ui.UpsertProviderUiPlugin"},
         ],
+        # What each optional extra of the distribution adds (pip install 'airflow-upsert-provider[X]');
+        # the requirements are pyproject.toml's. Not read by Airflow: for tools and people.
+        "optional-dependencies": {
+            "openlineage": "OpenLineage events of every operator (docs/lineage.md)",
+            "statsd": "metrics to StatsD (docs/metrics.md)",
+            "s3": "blob roots on S3 with an Airflow aws connection's credentials (docs/storage.md)",
+        },
         "connection-types": [
             {
                 "hook-class-name": "airflow_upsert_provider.hooks.upsert.UpsertShardHook",

@@ -25,6 +25,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_upsert_provider.engine.errors import UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.lineage import capture, operator_lineage
 from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import optional_text, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import raise_from, to_airflow_error
@@ -245,7 +246,14 @@ class SeekSourceOperator(_StreamOperator):
         from airflow_upsert_provider.engine.lifecycle.recovery import seek
 
         epoch = parse_epoch(self.epoch)
-        return seek(hook.open_shard(self.shard), epoch=epoch, actor=actor).to_dict()
+        shard = hook.open_shard(self.shard)
+        result = seek(shard, epoch=epoch, actor=actor).to_dict()
+        self._lineage = capture(self, hook, result, shard=shard)
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the source positioned, the shard, its frontier (docs/lineage.md)."""
+        return operator_lineage(getattr(self, "_lineage", None))
 
 
 class ResumeAfterRecoveryOperator(_StreamOperator):

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.lineage import capture, operator_lineage
 from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import is_unset, parse_bool, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import to_airflow_error
@@ -41,6 +42,7 @@ class _ShardMaintenanceOperator(BaseOperator):
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
         try:
             result = self.run(hook)
+            self._lineage = capture(self, hook, result)
         except UpsertError as exc:
             raise to_airflow_error(exc, hook) from None
         finally:
@@ -50,6 +52,10 @@ class _ShardMaintenanceOperator(BaseOperator):
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: what the task read and wrote, the shard's frontier (docs/lineage.md)."""
+        return operator_lineage(getattr(self, "_lineage", None))
 
 
 class CompactShardOperator(_ShardMaintenanceOperator):

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_upsert_provider.assets import ASSET_SCHEME
 from airflow_upsert_provider.engine.common.time_text import format_seconds
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.engine.sources.lag import format_lag
 from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.store.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
+from airflow_upsert_provider.lineage import capture, operator_lineage, parent_job_spark_conf
 from airflow_upsert_provider.links import ShardPageLink
 from airflow_upsert_provider.operators.arguments import (
     is_templated,
@@ -110,7 +112,6 @@ def submit_master(hook: UpsertShardHook) -> str:
 
 # connect mode without a connection: the server `upsertctl spark-server start` runs by default.
 DEFAULT_CONNECT_ADDRESS = "sc://127.0.0.1:15002"
-ASSET_SCHEME = "upsert"
 
 
 def shard_asset(upsert_conn_id: str, shard: str) -> Asset:
@@ -349,11 +350,12 @@ class MicroBatchUpsertOperator(BaseOperator):
                 self.log.info("shard %s: continuous mode for %s", self.shard, format_seconds(continuous_seconds))
             plan = _RunPlan(writer_id, max_batches, until_caught_up, max_files, on_bad_record, continuous_seconds)
             if spark_mode == "submit":
-                report = self._run_submit(hook, plan, shard)
+                report = self._run_submit(hook, plan, shard, context)
             elif spark_mode == "connect":
                 report = self._run_in_process(hook, shard, plan, remote=self._connect_address(hook))
             else:
                 report = self._run_in_process(hook, shard, plan)
+            self._lineage = capture(self, hook, report, shard=shard)
         except UpsertError as exc:
             raise_from(to_airflow_error(exc, hook), exc)
         finally:
@@ -373,6 +375,10 @@ class MicroBatchUpsertOperator(BaseOperator):
             len(report["batches"]), format_seconds(report["task_seconds"]),
         )
         return report
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the source read, the shard written, its frontier (docs/lineage.md)."""
+        return operator_lineage(getattr(self, "_lineage", None))
 
     def _set_asset_event(
         self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int
@@ -517,7 +523,8 @@ class MicroBatchUpsertOperator(BaseOperator):
             if owned:
                 session.stop()
 
-    def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan, shard: Shard | None = None) -> dict[str, Any]:
+    def _run_submit(self, hook: UpsertShardHook, plan: _RunPlan, shard: Shard | None = None,
+                    context: Context | None = None) -> dict[str, Any]:
         from airflow_upsert_provider.engine.write import spark_job
 
         # Settle the blob root here: a missing root is a configuration error, not a job failure.
@@ -526,7 +533,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         workdir = tempfile.mkdtemp(prefix="upsert-submit-")
         try:
             result_file = os.path.join(workdir, "result.json")
-            self._submit_hook = self._build_submit_hook(hook, plan, blob.root, workdir, result_file, shard)
+            self._submit_hook = self._build_submit_hook(hook, plan, blob.root, workdir, result_file, shard, context)
             submit_started = time.monotonic()
             failure: AirflowException | None = None
             try:
@@ -555,7 +562,7 @@ class MicroBatchUpsertOperator(BaseOperator):
 
     def _build_submit_hook(
         self, hook: UpsertShardHook, plan: _RunPlan, blob_root: str, workdir: str, result_file: str,
-        shard: Shard | None = None,
+        shard: Shard | None = None, context: Context | None = None,
     ) -> SparkSubmitHook:
         """The SparkSubmitHook of one submit-mode run, its files in ``workdir``.
 
@@ -598,6 +605,9 @@ class MicroBatchUpsertOperator(BaseOperator):
             args += ["--max-files-per-batch", str(plan.max_files_per_batch)]
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
         conf.update(self.spark_conf)
+        if context is not None:
+            # OpenLineage: the job names this task as its parent, as SparkSubmitOperator's does.
+            conf = parent_job_spark_conf(conf, context)
         # spark-submit's own environment gets the same variables (_run_submit).
         self._submit_env_vars = submit_env_vars(submit_master(hook))
         return _submit_hook_class()(
