@@ -183,6 +183,7 @@ def main() -> None:
     server = S3Server().start()
     os.environ.update(server.environment(), AWS_CONFIG_FILE=os.path.join(work, "absent"),
                       AWS_SHARED_CREDENTIALS_FILE=os.path.join(work, "absent"))
+    print(table_header(args.every), flush=True)
     results: dict[tuple[int, str], dict[str, int]] = {}
     deleted: dict[tuple[int, str], int] = {}
     try:
@@ -197,15 +198,12 @@ def main() -> None:
                                              sweep=sweep)
                 results[batches, mode] = counts
                 deleted[batches, mode] = report["deleted"]["items"]
+                # Each GC's figures as soon as it finished: a long run shows what it measured so far.
+                print(table_row(batches, mode, deleted[batches, mode], counts), flush=True)
             history.consensus.dispose()
-            # This size's figures now: a long run shows what it measured so far.
-            print(table_header(args.every), flush=True)
-            for mode in ("state", "sweep"):
-                print(table_row(batches, mode, deleted[batches, mode], results[batches, mode]), flush=True)
-            print(flush=True)
     finally:
         server.stop()
-    print(table_header(args.every))
+    print("\n" + table_header(args.every))
     for (batches, mode), counts in results.items():
         print(table_row(batches, mode, deleted[batches, mode], counts))
     low, high = min(args.batches), max(args.batches)
