@@ -149,8 +149,27 @@ def build(server: S3Server, work: str, batches: int, every: int) -> History:
         history.collect_directly()
         done = history.shard.state().upper
         if done % max(every, batches // 10) == 0:
-            print(f"  [{batches:>6} batches] {done} committed ({time.perf_counter() - started:.0f} s)", flush=True)
+            progress(f"  [{batches:>6} batches] {done} committed ({time.perf_counter() - started:.0f} s)")
     return history
+
+
+def progress(message: str) -> None:
+    """Progress goes to stderr; the figures alone to stdout."""
+    print(message, file=sys.stderr, flush=True)
+
+
+KINDS = ("LIST", "GET", "HEAD", "DELETE", "PUT", "other")
+
+
+def table_header(every: int) -> str:
+    return (f"GC requests by kind, one compaction's garbage ({every} batches and a compacted run):\n"
+            f"| batches | GC | deleted | {' | '.join(KINDS)} | total |\n"
+            "|---:|---|---:|" + "---:|" * (len(KINDS) + 1))
+
+
+def table_row(batches: int, mode: str, deleted: int, counts: dict[str, int]) -> str:
+    return (f"| {batches:,} | {mode} | {deleted} | " + " | ".join(str(counts[k]) for k in KINDS)
+            + f" | {sum(counts.values())} |")
 
 
 def main() -> None:
@@ -164,33 +183,35 @@ def main() -> None:
     server = S3Server().start()
     os.environ.update(server.environment(), AWS_CONFIG_FILE=os.path.join(work, "absent"),
                       AWS_SHARED_CREDENTIALS_FILE=os.path.join(work, "absent"))
+    print(table_header(args.every), flush=True)
     results: dict[tuple[int, str], dict[str, int]] = {}
     deleted: dict[tuple[int, str], int] = {}
     try:
         for batches in args.batches:
-            print(f"building a history of {batches:,} batches ...", flush=True)
+            progress(f"building a history of {batches:,} batches ...")
             history = build(server, work, batches, args.every)
             for mode, sweep in (("state", False), ("sweep", True)):
                 history.commit(args.every)
                 history.compact()
+                progress(f"  [{batches:>6} batches] GC ({mode}) ...")
                 counts, report = gc_requests(server, history.consensus, history.blob, history.shard.shard_id,
                                              sweep=sweep)
                 results[batches, mode] = counts
                 deleted[batches, mode] = report["deleted"]["items"]
+                # Each GC's figures as soon as it finished: a long run shows what it measured so far.
+                print(table_row(batches, mode, deleted[batches, mode], counts), flush=True)
             history.consensus.dispose()
     finally:
         server.stop()
-    print(f"\nGC requests by kind, one compaction's garbage ({args.every} batches and a compacted run):")
-    kinds = ("LIST", "GET", "HEAD", "DELETE", "PUT", "other")
-    print(f"| batches | GC | deleted | {' | '.join(kinds)} | total |")
-    print("|---:|---|---:|" + "---:|" * (len(kinds) + 1))
+    print("\n" + table_header(args.every))
     for (batches, mode), counts in results.items():
-        print(f"| {batches:,} | {mode} | {deleted[batches, mode]} | "
-              + " | ".join(str(counts[k]) for k in kinds) + f" | {sum(counts.values())} |")
+        print(table_row(batches, mode, deleted[batches, mode], counts))
     low, high = min(args.batches), max(args.batches)
     for mode in ("state", "sweep"):
         a, b = sum(results[low, mode].values()), sum(results[high, mode].values())
-        print(f"{mode}: {high:,} / {low:,} batches = {b / a:.2f}x")
+        by_kind = ", ".join(f"{k} {results[high, mode][k]}/{results[low, mode][k]}" for k in KINDS
+                            if results[low, mode][k] or results[high, mode][k])
+        print(f"{mode}: {high:,} / {low:,} batches = {b / a:.2f}x ({by_kind})")
 
 
 if __name__ == "__main__":

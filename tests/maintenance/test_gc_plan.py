@@ -237,3 +237,30 @@ def test_an_unreadable_catalog_stops_gc_only_in_a_directory_a_shard_of_the_store
     # The shard collected stops GC even when the store's list of shards is read without it.
     assert unreadable_catalog_stops_gc("orders", "orders", ()) is True
     assert unreadable_catalog_stops_gc("orders-copy", "orders", ("orders", "returns")) is False
+
+
+def test_empty_groups_are_the_old_group_directories_a_listing_shows_nothing_below():
+    """The sweep removes ``ts=``/``since=`` directories from its one listing (no lookup per
+    group): exactly the directories right below the root with no file and no directory below
+    them, older than the cutoff."""
+    from airflow_upsert_provider.engine.maintenance.gc_plan import empty_groups
+
+    rng = random.Random(36)
+    root = "s/runs"
+    for _ in range(2000):
+        groups = [f"{root}/{rng.choice(['ts', 'since'])}={i}" for i in range(rng.randrange(0, 8))]
+        dirs, files = [], []
+        for group in groups:
+            dirs.append(Listed(group, 0, float(rng.randrange(20))))
+            shape = rng.choice(["empty", "dir", "file", "deep"])
+            if shape == "dir":
+                dirs.append(Listed(f"{group}/w", 0, float(rng.randrange(20))))
+            elif shape == "file":
+                files.append(Listed(f"{group}/stray", 3, float(rng.randrange(20))))
+            elif shape == "deep":
+                files.append(Listed(f"{group}/w/_bucket=0/part-0.parquet", 3, float(rng.randrange(20))))
+        files.append(Listed("s/runs-other/x", 1, 0.0))  # a sibling sharing the root's first characters
+        cutoff = float(rng.randrange(21))
+        below = {e.path.rsplit("/", 1)[0] for e in files + dirs} | {e.path.split("/w/")[0] for e in files}
+        expected = sorted(d.path for d in dirs if d.path in groups and d.path not in below and d.mtime < cutoff)
+        assert empty_groups(root, files, dirs, cutoff) == expected

@@ -196,8 +196,9 @@ def gc_requests(s3_server, consensus, blob, shard_id: str, *, sweep: bool) -> di
 def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_after_a_short_one(
         consensus, s3_server, s3_root, tmp_path):
     """The same garbage (four batches and a compacted run) after 4 and after 24 earlier batches, each
-    earlier block compacted and collected: GC from state sends the same requests; a sweep
-    lists every ``ts=`` prefix the history left."""
+    earlier block compacted and collected: GC from state sends the same requests, and so does
+    a sweep, whose one flat listing of the shard is a request per page of keys, not one per
+    ``ts=`` prefix the history left."""
     requests: dict[tuple[int, bool], dict[str, int]] = {}
     for earlier in (4, 24):
         for sweep in (False, True):
@@ -219,7 +220,8 @@ def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_afte
             requests[earlier, sweep] = gc_requests(s3_server, consensus, s3_blob, shard_id, sweep=sweep)
             assert_intact(shard, history)
     assert requests[24, False] == requests[4, False], requests
-    assert requests[4, False]["LIST"] < requests[4, True]["LIST"] < requests[24, True]["LIST"], requests
+    assert requests[24, True] == requests[4, True], requests
+    assert requests[4, True]["HEAD"] <= requests[4, False]["HEAD"], requests  # no HEAD per listed object
 
 
 @sqlite_only

@@ -63,12 +63,12 @@ def test_gc_on_s3_deletes_an_old_run_of_more_than_a_page_and_keeps_a_young_one(s
         assert [(i.path, i.kind, i.files, i.bytes) for i in report.items] == [(abandoned, "run", 1001, 1001)]
         assert (report.files_scanned, report.kept_in_grace) == (1002, 1)
         assert keys(s3_server, blob, f"{SHARD}/runs/") == {staging}
-        # The plan listed by prefix level (never the whole tree in one listing), following the
-        # second page of the level of 1,001 objects.
+        # The plan listed the shard's directory flat (no delimiter: a request per page of keys,
+        # not one per prefix), following the second page of its 1,002 objects.
         planning = s3_server.requests()[started : steps["listed"]]
         listed = [query for method, query in planning if method == "GET" and "list-type=2" in query]
-        assert listed and all("delimiter=" in query for query in listed), listed
-        assert any("continuation-token=" in query for query in listed), listed
+        assert len(listed) == 2 and not any("delimiter=" in query for query in listed), listed
+        assert "continuation-token=" in listed[1], listed
     finally:
         consensus.dispose()
 

@@ -137,17 +137,19 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
 ):
     create_legacy_store(store_url)
     # The old code is emulated by this release's code, whose checkpoint snapshot reads the
-    # batch rollups (revision 0002), whose checkpoint catalog is in the store (revision 0003)
-    # and whose compaction and status read the change retention (revision 0004): those tables
-    # exist as the old code's own would have (a catalog file of the old code:
+    # batch rollups (revision 0002), whose checkpoint catalog is in the store (revision 0003),
+    # whose compaction and status read the change retention (revision 0004) and whose catalog
+    # changes drop checkpoint index rows (revision 0005): those tables exist as the old code's
+    # own would have (a catalog file of the old code:
     # test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_checkpoints).
     from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
     from airflow_upsert_provider.engine.store.change_feed import change_cursors_table, change_retention_table
+    from airflow_upsert_provider.engine.store.checkpoint_refs import checkpoint_refs_table
     from airflow_upsert_provider.engine.store.tables import batch_rollups_table
 
     engine = raw_engine(store_url)
     for table in (batch_rollups_table, catalogs_table, catalog_entries_table, change_retention_table,
-                  change_cursors_table):
+                  change_cursors_table, checkpoint_refs_table):
         table.create(engine)
     engine.dispose()
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)
@@ -524,7 +526,7 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
     assert (restored["shard"], restored["upper"]) == ("orders-then", first["upper"])
 
 
-@pytest.mark.parametrize("revision", ["0005", "9999_future", "0002"])
+@pytest.mark.parametrize("revision", ["0006", "9999_future", "0002"])
 def test_a_commit_after_the_store_was_upgraded_underneath_is_refused_and_nothing_is_committed(store_url, revision):
     from airflow_upsert_provider.engine.store.records import BatchRecord
 

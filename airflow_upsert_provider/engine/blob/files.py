@@ -13,7 +13,7 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
+from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile, BlobTree
 from airflow_upsert_provider.engine.common.atomic_file import fsync_dir
 from airflow_upsert_provider.engine.errors import ConfigurationError
 
@@ -235,6 +235,11 @@ class LocalBlob:
         """Every file below ``path``, in no particular order: :meth:`walk_files` (a local
         directory tree has no flat listing to gain from)."""
         return self.walk_files(path)
+
+    def list_tree(self, path: str) -> BlobTree:
+        """Every file and every directory below ``path`` (:meth:`walk_files`,
+        :meth:`walk_dirs`): a directory's own mtime counts here, an empty one is listed."""
+        return BlobTree(list(self.walk_files(path)), list(self.walk_dirs(path)))
 
     def walk_dirs(self, path: str) -> Iterator[BlobFile]:
         """Every directory below ``path`` (recursively, ``path`` itself excluded), with its

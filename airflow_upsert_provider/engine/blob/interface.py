@@ -19,6 +19,30 @@ class BlobFile:
     mtime: float = 0.0
 
 
+@dataclass(frozen=True)
+class BlobTree:
+    """Everything below a path from one listing (:meth:`Blob.list_tree`): its files, and its
+    directories with their ages (on object storage a prefix's age is its newest object's)."""
+
+    files: list[BlobFile]
+    dirs: list[BlobFile]
+
+
+def prefixes_of(files: Iterable[BlobFile], path: str) -> list[BlobFile]:
+    """Every prefix strictly below ``path`` that holds one of ``files`` (whose paths start with
+    ``path/``), dated by its newest file: what a walk of the prefixes would yield, derived
+    from a flat listing without a request per prefix. Deepest first, then by name."""
+    base = path.rstrip("/")
+    newest: dict[str, float] = {}
+    for f in files:
+        parts = f.path[len(base) + 1:].split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            prefix = f"{base}/{'/'.join(parts[:depth])}"
+            if prefix not in newest or f.mtime > newest[prefix]:
+                newest[prefix] = f.mtime
+    return [BlobFile(p, 0, m) for p, m in sorted(newest.items(), key=lambda item: (-item[0].count("/"), item[0]))]
+
+
 class Blob(Protocol):
     """Where runs, rejects, manifests and checkpoints live. Every path is a string
     :meth:`path` made (an absolute path, or a full URI on object storage). Arithmetic on such
@@ -77,6 +101,8 @@ class Blob(Protocol):
     def walk_files(self, path: str) -> Iterator[BlobFile]: ...
 
     def list_files(self, path: str) -> Iterator[BlobFile]: ...
+
+    def list_tree(self, path: str) -> BlobTree: ...
 
     def walk_dirs(self, path: str) -> Iterator[BlobFile]: ...
 

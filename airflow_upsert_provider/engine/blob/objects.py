@@ -67,7 +67,7 @@ from airflow_upsert_provider.engine.blob.filesystems import (
     s3_region,
     split_uri,
 )
-from airflow_upsert_provider.engine.blob.interface import BlobFile
+from airflow_upsert_provider.engine.blob.interface import BlobFile, BlobTree, prefixes_of
 from airflow_upsert_provider.engine.errors import BlobUnavailable, ConfigurationError, UpsertError, first_line
 
 if TYPE_CHECKING:
@@ -446,6 +446,13 @@ class ObjectBlob:
         for info in infos:
             if info.type == pafs.FileType.File:
                 yield BlobFile(uri + info.path[len(inner):], info.size, _seconds(info))
+
+    def list_tree(self, path: str) -> BlobTree:
+        """Every object below ``path`` (:meth:`list_files`: one flat listing, a request per
+        page of keys) and every prefix holding one, dated by its newest object (as
+        :meth:`walk_dirs` dates them, without a request per prefix)."""
+        files = list(self.list_files(path))
+        return BlobTree(files, prefixes_of(files, path))
 
     @_store_requests("list")
     def walk_dirs(self, path: str) -> Iterator[BlobFile]:

@@ -51,6 +51,7 @@ from airflow_upsert_provider.engine.store.catalog_rows import (
     read_catalog_in,
     write_catalog_in,
 )
+from airflow_upsert_provider.engine.store.checkpoint_refs import forget_references_in
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.gc_claims import (
     check_blob_owner,
@@ -253,6 +254,8 @@ class Catalog:
                         shard=self.shard_id,
                         reason=reason,
                     )
+            # The index of what a dropped checkpoint's manifest names goes with its entry.
+            forget_references_in(conn, self.shard_id, {e.id for e in current} - {e.id for e in entries})
             version = base_version
             if stored is None or entries != _ordered(current):
                 version = base_version + 1

@@ -79,7 +79,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile
+from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile, BlobTree
 from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     MANIFEST_NAME,
     Catalog,
@@ -103,10 +103,13 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     GcItem,
     Listed,
     Replaced,
+    empty_groups,
     plan_from_state,
     plan_gc,
+    plan_manifest_reads,
     unreadable_catalog_stops_gc,
 )
+from airflow_upsert_provider.engine.store.checkpoint_refs import forget_references, record_references, references_of
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -138,7 +141,10 @@ class GcReport:
     files_scanned: int = 0
     kept_referenced: int = 0
     kept_in_grace: int = 0
+    # Retained manifests read from the blob, and retained checkpoints whose files the store's
+    # index gave instead (each manifest is read once: store/checkpoint_refs.py).
     checkpoints_read: int = 0
+    checkpoints_indexed: int = 0
     # Files not in the layout this project writes (``<shard>/runs/notes.txt``): kept, reported.
     foreign: list[dict[str, Any]] = field(default_factory=list)
     # Directories whose deletion a concurrent writer got in the way of: {path, reason}.
@@ -173,6 +179,7 @@ class GcReport:
             "kept_referenced": self.kept_referenced,
             "kept_in_grace": self.kept_in_grace,
             "checkpoints_read": self.checkpoints_read,
+            "checkpoints_indexed": self.checkpoints_indexed,
             "skipped": self.skipped[:MAX_LISTED],
             "foreign": self.foreign[:MAX_LISTED],
             "unreadable_catalogs": self.unreadable_catalogs[:MAX_LISTED],
@@ -254,29 +261,22 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
     claim, delete."""
     shard_id, dry_run = report.shard, report.dry_run
     started = time.monotonic()
-    # 1. What exists now. Anything written after this listing is not a candidate. The walk
-    # streams (on object storage one paged listing per prefix level). Directory ages count as
-    # much as file ages: an attempt directory with no file yet is a writer about to stage into
-    # it (on object storage a prefix is as old as its newest object).
-    runs_root = blob.path(shard_id, "runs")
-    run_files = _listed(blob, blob.walk_files(runs_root))
-    run_dirs = _listed(blob, blob.walk_dirs(runs_root))
-    ckpt_root = checkpoints_root(blob, shard_id)
-    checkpoint_names = checkpoint_dirs(blob, shard_id)
-    ckpt_files = {name: _listed(blob, blob.walk_files(blob.join(ckpt_root, name))) for name in checkpoint_names}
-    ckpt_ages = {
-        name: tuple([blob.mtime(blob.join(ckpt_root, name)) or 0.0]
-                    + [d.mtime for d in blob.walk_dirs(blob.join(ckpt_root, name))])
-        for name in checkpoint_names
-    }
-    temporary = [f for f in _listed(blob, blob.walk_files(ckpt_root)) if f.path.rsplit("/", 1)[-1].startswith(".tmp-")]
+    # 1. What exists now. Anything written after this listing is not a candidate. One flat
+    # listing of the shard's directory (on object storage a request per page of keys, however
+    # many prefixes the history left). Directory ages count as much as file ages: an attempt
+    # directory with no file yet is a writer about to stage into it (on object storage a
+    # prefix is as old as its newest object).
+    listing = _split_listing(blob, shard_id, blob.list_tree(blob.path(shard_id)))
+    run_files, run_dirs = listing.files("runs"), listing.dirs("runs")
+    checkpoint_names = listing.checkpoint_names()
+    ckpt_files = {name: listing.files("checkpoints", name) for name in checkpoint_names}
+    ckpt_ages = {name: listing.checkpoint_ages(name) for name in checkpoint_names}
+    temporary = [f for f in listing.files("checkpoints") if f.path.rsplit("/", 1)[-1].startswith(".tmp-")]
     # Quarantined records: <shard>/rejects/ts=T/<writer-attempt>, one directory per attempt.
-    rejects_root = blob.path(shard_id, "rejects")
     rejects_files: list[Listed] = []
     rejects_dirs: list[Listed] = []
     if report.rejects_retention_seconds > 0:
-        rejects_files = _listed(blob, blob.walk_files(rejects_root))
-        rejects_dirs = _listed(blob, blob.walk_dirs(rejects_root))
+        rejects_files, rejects_dirs = listing.files("rejects"), listing.dirs("rejects")
     step("listed")
 
     # 2. Live state of every shard, read before any manifest (see the module docstring).
@@ -343,8 +343,8 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
         if reason is not None:
             report.items.remove(item)
             report.skipped.append({"path": item.path, "reason": reason})
-    _remove_empty_groups(blob, runs_root, cutoff)
-    _remove_empty_groups(blob, rejects_root, cutoff)
+    _remove_empty_groups(blob, empty_groups(f"{shard_id}/runs", run_files, run_dirs, cutoff))
+    _remove_empty_groups(blob, empty_groups(f"{shard_id}/rejects", rejects_files, rejects_dirs, cutoff))
     report.delete_seconds = time.monotonic() - deleting
     step("deleted")
     # Forget the replaced runs deleted now, and those the listing did not hold: a replaced
@@ -399,27 +399,43 @@ def _checkpoint_references(consensus: Consensus, blob: Blob, refs: _References, 
                            report: GcReport) -> set[str]:
     """Add to ``refs`` what every retained checkpoint of every shard in the blob names, and
     every checkpoint still being written; return the ids the collected shard's catalog lists.
-    Any unreadable manifest, or catalog of a shard of the store, raises before any deletion."""
-    ours_listed: set[str] = set()
-    for owner in _shards_with_checkpoints(blob, refs.shard_id):
+    A retained checkpoint's files come from the store's index (``checkpoint_refs``) once GC
+    read its manifest; a manifest not indexed yet is read, checked, and indexed (not in a dry
+    run). Any unreadable manifest, or catalog of a shard of the store, raises before any
+    deletion."""
+    owners = _shards_with_checkpoints(blob, refs.shard_id)
+    catalogs: dict[str, list] = {}
+    pin_every_checkpoint: set[str] = set()
+    for owner in owners:
         try:
-            entries, pin_every_checkpoint = Catalog.load(blob, owner, consensus).entries, False
+            catalogs[owner] = Catalog.load(blob, owner, consensus).entries
         except CheckpointCorrupt as exc:
             if unreadable_catalog_stops_gc(owner, refs.shard_id, refs.shard_ids):
                 raise
             # Not a shard of this store: reported, and every checkpoint in it pins its files.
             report.unreadable_catalogs.append({"path": owner, "reason": first_line(exc)})
-            entries, pin_every_checkpoint = [], True
-        listed = {e.id for e in entries}
-        if owner == refs.shard_id:
-            ours_listed = listed
-        for entry in entries:
-            manifest = _read_listed_manifest(consensus, blob, owner, entry)
-            if manifest is not None:
-                _reference(manifest["files"], refs.files, refs.dirs)
-                report.checkpoints_read += 1
+            pin_every_checkpoint.add(owner)
+    index = references_of(consensus, catalogs)
+    plan = plan_manifest_reads(
+        {owner: {e.id: e.manifest_sha256 for e in entries} for owner, entries in catalogs.items()},
+        {key: digest for key, (digest, _) in index.items()},
+    )
+    for key in plan.indexed:
+        _reference_paths(index[key][1], refs.files, refs.dirs)
+    report.checkpoints_indexed = len(plan.indexed)
+    entry_of = {(owner, e.id): e for owner, entries in catalogs.items() for e in entries}
+    read: list[tuple[tuple[str, str], str, list[str]]] = []
+    for owner, checkpoint_id in plan.read:
+        entry = entry_of[owner, checkpoint_id]
+        manifest = _read_listed_manifest(consensus, blob, owner, entry)
+        if manifest is not None:
+            _reference(manifest["files"], refs.files, refs.dirs)
+            report.checkpoints_read += 1
+            read.append(((owner, checkpoint_id), entry.manifest_sha256, [f["path"] for f in manifest["files"]]))
+    for owner in owners:
+        listed = {e.id for e in catalogs.get(owner, ())}
         for name in checkpoint_dirs(blob, owner):
-            if not pin_every_checkpoint and (name in listed or not any(
+            if owner not in pin_every_checkpoint and (name in listed or not any(
                     f.mtime >= cutoff for f in blob.walk_files(blob.join(checkpoints_root(blob, owner), name)))):
                 continue
             # A checkpoint being written (or any, in a directory whose catalog cannot be read):
@@ -434,7 +450,12 @@ def _checkpoint_references(consensus: Consensus, blob: Blob, refs: _References, 
                     continue  # its writer gave up (a compaction overtook it) and deleted it
                 _reference(manifest["files"], refs.files, refs.dirs)
                 report.checkpoints_read += 1
-    return ours_listed
+    if not report.dry_run:
+        # Consensus only, after every read: the next GC reads none of these manifests again.
+        forget_references(consensus, plan.stale)
+        for (owner, checkpoint_id), digest, paths in read:
+            record_references(consensus, owner, checkpoint_id, digest, paths)
+    return {e.id for e in catalogs.get(refs.shard_id, ())}
 
 
 def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cutoff: float,
@@ -485,9 +506,9 @@ def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cuto
 
 
 def _run_item(blob: Blob, path: str) -> GcItem:
-    """A run directory to delete, with its files and bytes (one listing of it: the cost
+    """A run directory to delete, with its files and bytes (one flat listing of it: the cost
     follows the garbage)."""
-    files = list(blob.walk_files(blob.path(path)))
+    files = list(blob.list_files(blob.path(path)))
     return GcItem(path, RUN, len(files), sum(f.size for f in files))
 
 
@@ -498,9 +519,13 @@ def _listed(blob: Blob, entries: Iterable[BlobFile]) -> list[Listed]:
 
 def _reference(files: Iterable[dict[str, Any]], referenced_files: set[str], referenced_dirs: set[str]) -> None:
     """Note the files a run or a manifest names, and their run directories."""
-    for f in files:
-        referenced_files.add(f["path"])
-        referenced_dirs.add(run_dir_of_relative(f["path"]))
+    _reference_paths((f["path"] for f in files), referenced_files, referenced_dirs)
+
+
+def _reference_paths(paths: Iterable[str], referenced_files: set[str], referenced_dirs: set[str]) -> None:
+    for path in paths:
+        referenced_files.add(path)
+        referenced_dirs.add(run_dir_of_relative(path))
 
 
 def _check_listing(blob: Blob, shard_id: str, missing: list[str]) -> None:
@@ -584,18 +609,46 @@ def _delete_claimed_tree(blob: Blob, path: str) -> str | None:
     return None
 
 
-def _remove_empty_groups(blob: Blob, runs_root: str, cutoff: float) -> None:
-    """Remove ``ts=…``/``since=…`` directories that are empty and older than the grace
-    period: a younger one may be where a writer is about to stage (its age is that of its
-    last entry added or removed). A writer creating a run in one right now makes rmdir fail,
+def _remove_empty_groups(blob: Blob, groups: list[str]) -> None:
+    """Remove the empty ``ts=…``/``since=…`` directories the plan chose
+    (``gc_plan.empty_groups``). A writer creating a run in one right now makes rmdir fail,
     which is fine."""
-    for name in blob.listdir(runs_root):
-        path = blob.join(runs_root, name)
-        mtime = blob.mtime(path)
-        if mtime is None or mtime >= cutoff or not blob.is_dir(path) or blob.listdir(path):
-            continue
+    for group in groups:
         try:
-            blob.rmdir(path)
+            blob.rmdir(blob.path(group))
         except OSError:
             pass
 
+
+@dataclass
+class _ShardListing:
+    """One listing of a shard's directory, relative to the blob root, split by what it holds."""
+
+    shard_id: str
+    all_files: list[Listed]
+    all_dirs: list[Listed]
+
+    def _below(self, entries: list[Listed], *parts: str) -> list[Listed]:
+        prefix = "/".join((self.shard_id, *parts)) + "/"
+        return [e for e in entries if e.path.startswith(prefix)]
+
+    def files(self, *parts: str) -> list[Listed]:
+        return self._below(self.all_files, *parts)
+
+    def dirs(self, *parts: str) -> list[Listed]:
+        return self._below(self.all_dirs, *parts)
+
+    def checkpoint_names(self) -> list[str]:
+        """The checkpoint directories (``<shard>/checkpoints/<id>``), committed or not."""
+        names = {d.path.split("/")[2] for d in self.dirs("checkpoints")}
+        return sorted(n for n in names if not n.startswith("."))
+
+    def checkpoint_ages(self, name: str) -> tuple[float, ...]:
+        """Every age that says a writer may still be filling a checkpoint directory: its
+        own and its subdirectories'."""
+        own = f"{self.shard_id}/checkpoints/{name}"
+        return tuple(d.mtime for d in self.all_dirs if d.path == own or d.path.startswith(own + "/"))
+
+
+def _split_listing(blob: Blob, shard_id: str, tree: BlobTree) -> _ShardListing:
+    return _ShardListing(shard_id, _listed(blob, tree.files), _listed(blob, tree.dirs))

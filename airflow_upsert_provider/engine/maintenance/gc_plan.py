@@ -174,6 +174,35 @@ def unreadable_catalog_stops_gc(directory: str, shard_id: str, shard_ids: Collec
     return directory == shard_id or directory in shard_ids
 
 
+@dataclass
+class ManifestPlan:
+    """Which retained checkpoints GC learns from the store's index and which manifests it
+    reads, by (owner, checkpoint id); ``stale``: index rows to drop (a checkpoint its owner's
+    catalog no longer lists, or a row whose digest is not the listed manifest's)."""
+
+    indexed: list[tuple[str, str]] = field(default_factory=list)
+    read: list[tuple[str, str]] = field(default_factory=list)
+    stale: list[tuple[str, str]] = field(default_factory=list)
+
+
+def plan_manifest_reads(
+    listed: Mapping[str, Mapping[str, str]], indexed: Mapping[tuple[str, str], str]
+) -> ManifestPlan:
+    """``listed``: owner -> {checkpoint id: manifest digest} of every catalog GC read;
+    ``indexed``: (owner, checkpoint id) -> digest of the index rows of those owners. A listed
+    checkpoint whose row has its digest is taken from the index; any other is read (and then
+    indexed), so each manifest is read once, not at every GC. Rows of a read owner that its
+    catalog does not list with that digest are stale."""
+    plan = ManifestPlan()
+    for owner, checkpoints in sorted(listed.items()):
+        for checkpoint_id, digest in sorted(checkpoints.items()):
+            key = (owner, checkpoint_id)
+            (plan.indexed if indexed.get(key) == digest else plan.read).append(key)
+    plan.stale = sorted(key for key, digest in indexed.items()
+                        if key[0] in listed and listed[key[0]].get(key[1]) != digest)
+    return plan
+
+
 def rejects_batch_ts(rejects_dir: str) -> int:
     """The ts of the batch a rejects directory (``<shard>/rejects/ts=T/<name>``) belongs to;
     a name that does not parse counts as the newest batch (kept)."""
@@ -265,6 +294,19 @@ def plan_gc(inputs: GcInputs) -> GcPlan:
         if f.mtime < cutoff and owner_dir not in doomed:
             plan.delete.append(GcItem(f.path, TEMPORARY_FILE, 1, f.size))
     return plan
+
+
+def empty_groups(root: str, files: Iterable[Listed], dirs: Iterable[Listed], cutoff: float) -> list[str]:
+    """The group directories right below ``root`` (``<shard>/runs/ts=…``, ``…/since=…``,
+    ``<shard>/rejects/ts=…``) that the listing shows empty (no file, no directory below) and
+    older than ``cutoff``: a younger one may be where a writer is about to stage (its age is
+    that of its last entry added or removed)."""
+    prefix = root.rstrip("/") + "/"
+    busy = {e.path[len(prefix):].split("/", 1)[0] for e in [*files, *dirs]
+            if e.path.startswith(prefix) and "/" in e.path[len(prefix):]}
+    return sorted(d.path for d in dirs
+                  if d.path.startswith(prefix) and "/" not in d.path[len(prefix):]
+                  and d.path[len(prefix):] not in busy and d.mtime < cutoff)
 
 
 def _plan_live_dir(run_dir: str, found: _Dir, referenced_files: set[str], cutoff: float, plan: GcPlan) -> None:

@@ -170,22 +170,24 @@ def recently_replaced(consensus: Consensus, cutoff: float) -> set[str]:
 
 
 def replacements_of(consensus: Consensus, shard_id: str) -> list[tuple[str, float]]:
-    """(path, replaced_at) of every recorded replacement of a run below ``<shard>/runs/``,
-    whichever shard's compaction replaced it (a shard restored under a new id compacts runs in
-    the original's directory). Rows stay until GC deleted the run (``forget_replaced``), so
+    """(path, replaced_at) of every run below ``<shard>/runs/`` a compaction replaced (its
+    latest replacement), whichever shard's compaction replaced it (a shard restored under a
+    new id compacts runs in the original's directory). Rows stay until GC deleted the run (``forget_replaced``), so
     this is the garbage still to collect and the runs a checkpoint pins: it never grows with
     the shard's history."""
     prefix = f"{shard_id}/runs/"
-    return [
-        (row.path, row.replaced_at)
-        for row in consensus.read_in_snapshot(
+    # A run two shards' compactions replaced (a restored shard's and the original's) is one
+    # run, in grace until the later replacement's grace ends.
+    latest: dict[str, float] = {}
+    for row in consensus.read_in_snapshot(
             lambda conn: conn.execute(
                 sa.select(replaced_runs_table.c.path, replaced_runs_table.c.replaced_at).where(
                     replaced_runs_table.c.path.startswith(prefix, autoescape=True)
                 )
             ).all()
-        )
-    ]
+    ):
+        latest[row.path] = max(row.replaced_at, latest.get(row.path, row.replaced_at))
+    return sorted(latest.items())
 
 
 def forget_replaced(consensus: Consensus, paths: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from airflow_upsert_provider.engine.store.catalog_lock import catalog_locks_table
 from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
 from airflow_upsert_provider.engine.store.change_feed import change_cursors_table, change_retention_table
+from airflow_upsert_provider.engine.store.checkpoint_refs import checkpoint_refs_table
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.engines import open_store
 from airflow_upsert_provider.engine.store.records import StoreSchema
@@ -43,6 +44,7 @@ STORE_SCHEMA = StoreSchema(
         catalog_locks_table,
         catalogs_table,
         catalog_entries_table,
+        checkpoint_refs_table,
         gc_claims_table,
         replaced_runs_table,
         blob_owners_table,
