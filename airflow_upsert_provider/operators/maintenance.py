@@ -9,15 +9,18 @@ an unreachable consensus or an unknown outcome is retried.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_upsert_provider.engine.common.metrics import Metric, live_runs_metrics, maintenance_metrics
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.links import ShardPageLink
+from airflow_upsert_provider.metrics import send as send_metrics
 from airflow_upsert_provider.operators.arguments import is_unset, parse_bool, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import to_airflow_error
 
@@ -37,10 +40,16 @@ class _ShardMaintenanceOperator(BaseOperator):
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id
 
+    # The maintenance metric of this step (engine/common/metrics.py MAINTENANCE_OPERATIONS); None: none.
+    metric_operation: str | None = None
+
     def execute(self, context: Context) -> dict[str, Any]:
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
+        started = time.monotonic()
         try:
             result = self.run(hook)
+            if self.metric_operation is not None:
+                send_metrics(lambda: self.step_metrics(hook, time.monotonic() - started))
         except UpsertError as exc:
             raise to_airflow_error(exc, hook) from None
         finally:
@@ -50,6 +59,13 @@ class _ShardMaintenanceOperator(BaseOperator):
 
     def run(self, hook: UpsertShardHook) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def step_metrics(self, hook: UpsertShardHook, seconds: float) -> list[Metric]:
+        """The step's duration; after a compaction, the live runs too."""
+        found = maintenance_metrics(self.shard, self.metric_operation, seconds)
+        if self.metric_operation == "compact":
+            found += live_runs_metrics(self.shard, len(hook.open_shard(self.shard).live_runs()))
+        return found
 
 
 class CompactShardOperator(_ShardMaintenanceOperator):
@@ -71,6 +87,8 @@ class CompactShardOperator(_ShardMaintenanceOperator):
     :param upsert_conn_id: the `upsert` connection.
     :param spark_conf: Spark settings for the in-process session (templated).
     """
+
+    metric_operation = "compact"
 
     template_fields: Sequence[str] = ("shard", "since", "full", "max_runs", "buckets", "spark_conf")
     template_fields_renderers = {"spark_conf": "json"}
@@ -130,6 +148,8 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
     :param upsert_conn_id: the `upsert` connection.
     """
 
+    metric_operation = "checkpoint"
+
     template_fields: Sequence[str] = ("shard", "keep_last", "keep_within", "full")
 
     def __init__(
@@ -176,6 +196,8 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         the garbage: run that each cycle and the sweep on a slower cadence.
     :param upsert_conn_id: the `upsert` connection.
     """
+
+    metric_operation = "gc"
 
     template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run", "sweep")
 
@@ -311,6 +333,8 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
     :param spark_conf: Spark settings for the session when ``spark`` is True.
     :param upsert_conn_id: the `upsert` connection.
     """
+
+    metric_operation = "publish"
 
     template_fields: Sequence[str] = ("shard", "table")
 
