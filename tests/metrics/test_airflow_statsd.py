@@ -17,13 +17,6 @@ from tests.metrics.statsd_listener import StatsdListener, parse_line
 SPEC = SampleSpec(records=600, keys=150, partitions=2, segments_per_partition=2, seed=5)
 
 
-@pytest.fixture
-def listener():
-    server = StatsdListener()
-    yield server
-    server.close()
-
-
 def statsd_env(listener: StatsdListener, on: bool) -> dict[str, str]:
     return {"AIRFLOW__METRICS__STATSD_ON": str(on), "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
             "AIRFLOW__METRICS__STATSD_PORT": str(listener.port), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",

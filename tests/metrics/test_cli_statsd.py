@@ -11,16 +11,9 @@ import pytest
 from airflow_upsert_provider.sample_data import SAMPLE_SCHEMA_DDL, SampleSpec
 from tests.helpers import landing_env
 from tests.helpers import run_cli as run
-from tests.metrics.statsd_listener import StatsdListener, parse_line
+from tests.metrics.statsd_listener import parse_line
 
 SPEC = SampleSpec(records=600, keys=150, partitions=2, segments_per_partition=2, seed=37)
-
-
-@pytest.fixture
-def listener():
-    server = StatsdListener()
-    yield server
-    server.close()
 
 
 @pytest.fixture
