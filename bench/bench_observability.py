@@ -189,38 +189,39 @@ def bench_in_process(repeat: int, listener: Listener) -> dict:
             "per_batch_max_seconds": round(max(samples), 6), "repeat": repeat}
 
 
+def report(name: str, figures: dict, as_json: bool) -> None:
+    """One measurement's figures, printed as soon as it is done (a long run keeps what it measured)."""
+    if as_json:
+        print(json.dumps({name: figures}), flush=True)
+    elif name == "in_process":
+        print(f"in process: sink built in {figures['sink_build_seconds'] * 1000:.2f} ms; one batch's metrics built "
+              f"and sent in {figures['per_batch_median_seconds'] * 1e6:.0f} us (median of {figures['repeat']}, max "
+              f"{figures['per_batch_max_seconds'] * 1e6:.0f} us)", flush=True)
+    else:
+        print(f"{name}: on {figures['on_median']:.2f} s, off {figures['off_median']:.2f} s (medians; on {figures['on']}, "
+              f"off {figures['off']}): added {figures['added_seconds'] * 1000:+.0f} ms "
+              f"({figures['added_percent']:+.1f}%); target {'met' if figures['target_met'] else 'missed'}; "
+              f"load average {os.getloadavg()}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=3, help="on/off pairs of the upsertctl batch")
+    parser.add_argument("--pairs", type=int, default=3, help="on/off pairs of the upsertctl batch (0: skip)")
     parser.add_argument("--airflow-pairs", type=int, default=2, help="on/off pairs of the Airflow task (0: skip)")
     parser.add_argument("--files", type=int, default=20, help="landing files of the one batch")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="one JSON object per measurement, as each is done")
     args = parser.parse_args()
     listener = Listener()
     work = tempfile.mkdtemp(prefix="bench-observability-")
     try:
+        report("in_process", bench_in_process(1000, listener), args.json)
         template = prepare(work, args.files)
-        figures = {"in_process": bench_in_process(1000, listener),
-                   "cli": bench_cli(template, work, args.pairs, listener)}
+        if args.pairs:
+            report("cli", bench_cli(template, work, args.pairs, listener), args.json)
         if args.airflow_pairs:
-            figures["airflow"] = bench_airflow(template, work, args.airflow_pairs, listener)
-        figures["load_average"] = os.getloadavg()
+            report("airflow", bench_airflow(template, work, args.airflow_pairs, listener), args.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps(figures, indent=2))
-        return
-    ip = figures["in_process"]
-    print(f"in process: sink built in {ip['sink_build_seconds'] * 1000:.2f} ms; one batch's metrics built and sent "
-          f"in {ip['per_batch_median_seconds'] * 1e6:.0f} us (median of {ip['repeat']}, max "
-          f"{ip['per_batch_max_seconds'] * 1e6:.0f} us)")
-    for name in ("cli", "airflow"):
-        if name in figures:
-            f = figures[name]
-            print(f"{name}: on {f['on_median']:.2f} s, off {f['off_median']:.2f} s (medians; on {f['on']}, off "
-                  f"{f['off']}): added {f['added_seconds'] * 1000:+.0f} ms ({f['added_percent']:+.1f}%); "
-                  f"target {'met' if f['target_met'] else 'missed'}")
-    print(f"load average {figures['load_average']}")
 
 
 if __name__ == "__main__":
