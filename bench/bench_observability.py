@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_observability.py --pairs 3 --airflow-pairs 2
 
-Three measurements, each on and off in the same run, pairs interleaved (on, off, on, off...):
+Three measurements, each on and off in the same run, pairs interleaved (on, off, off, on, ...: the
+first side alternates):
 
 - ``cli``: ``upsertctl run-batch --max-batches 1`` (one 100-file batch by default) with
   ``--statsd`` pointed at a UDP listener of this process, against the same command without it.
@@ -100,6 +101,13 @@ def fresh_store(template: str, at: str) -> str:
     return at
 
 
+def sides(pair: int, on: list[float], off: list[float]) -> tuple[tuple[bool, list[float]], ...]:
+    """The two sides of pair ``pair``, the first side alternating (on first in even pairs, off
+    first in odd ones), so that whatever favours the first or second run of a pair favours both."""
+    order = ((True, on), (False, off))
+    return order if pair % 2 == 0 else order[::-1]
+
+
 def summary(on: list[float], off: list[float]) -> dict:
     on_med, off_med = statistics.median(on), statistics.median(off)
     added = on_med - off_med
@@ -113,8 +121,8 @@ def bench_cli(template: str, work: str, pairs: int, listener: Listener) -> dict:
     base = dict(os.environ, PYTHONPATH=REPO, SPARK_LOCAL_IP="127.0.0.1", UPSERT_SPARK_MASTER="local[1]")
     base.pop("UPSERT_STATSD", None)
     on, off = [], []
-    for _ in range(pairs):
-        for metrics_on, samples in ((True, on), (False, off)):
+    for pair in range(pairs):
+        for metrics_on, samples in sides(pair, on, off):
             store = fresh_store(template, os.path.join(work, "cli"))
             argv = [os.path.join(VENV_BIN, "upsertctl"), "--consensus", f"sqlite:///{store}/consensus.db",
                     "--blob-root", f"{store}/blob", "run-batch", "orders", "--max-batches", "1", "--json"]
@@ -155,8 +163,8 @@ def bench_airflow(template: str, work: str, pairs: int, listener: Listener) -> d
         False: {"AIRFLOW__METRICS__STATSD_ON": "False", "AIRFLOW__OPENLINEAGE__DISABLED": "True"},
     }
     on, off = [], []
-    for _ in range(pairs):
-        for observed, samples in ((True, on), (False, off)):
+    for pair in range(pairs):
+        for observed, samples in sides(pair, on, off):
             fresh_store(template, store)
             before = listener.lines
             samples.append(timed([os.path.join(VENV_BIN, "airflow"), "dags", "test", "bench_observability"],
