@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import NoReturn, Sequence
 
 from airflow_upsert_provider.cli import changes, db, frontier, lifecycle, maintenance, shard, spark
@@ -31,6 +32,7 @@ from airflow_upsert_provider.cli.errors import (
     with_closest_shard,
 )
 from airflow_upsert_provider.cli.options import common_options, spark_conf_option
+from airflow_upsert_provider.cli.metrics import after_command
 from airflow_upsert_provider.cli.output import print_human
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 
@@ -105,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         apply_connection(args)
         ctx = Context(args) if args.command not in NO_STORE_COMMANDS else None
+        started = time.monotonic()
         result = COMMANDS[args.command](ctx, args)
+        after_command(ctx, args, started)
     except UpsertError as exc:
         return report(with_closest_shard(exc, ctx), as_json)
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from airflow_upsert_provider.cli.metrics import sink_of
 from airflow_upsert_provider.cli.options import DEFAULT_CONSENSUS_URL, blob_root, parse_key_values
 
 # Commands that open no shard and no blob root, and no store through the context: `db`
@@ -42,6 +43,7 @@ class Context:
 
         # A malformed setting is a usage error, found before the store or the blob root is touched.
         self.spark_conf = parse_key_values(getattr(args, "spark_conf", []), "--conf")
+        self.metrics = sink_of(args)  # None: metrics off; UPSERT_STATSD checked here, as --statsd is
         # Refused whether or not this command starts Spark: the two flags contradict each other;
         # a malformed address is refused before the store is opened, not when Spark starts.
         remote = resolve_remote(getattr(args, "master", None), getattr(args, "remote", None))

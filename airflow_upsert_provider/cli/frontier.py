@@ -116,6 +116,10 @@ def cmd_frontier(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     result = observations.peek_shard(ctx.consensus, ctx.blob, args.shard, settings, observer=actor_of(args),
                                      observe_first=not args.no_observe, open_shard=ctx.shard)
     out = {**result.to_dict(), "judged_with": judged_with, "note": note, "page": _page_outlook(result, settings)}
+    if ctx.metrics is not None:
+        from airflow_upsert_provider.engine.common.metrics import frontier_metrics, send_quietly
+
+        send_quietly(ctx.metrics, frontier_metrics(out["evaluation"]))
     if result.evaluation.status.value == "NOT_FOUND":
         # The same shape as for a known shard (status NOT_FOUND), and exit 2: nothing to watch.
         print(f"upsertctl: unknown shard {args.shard!r} in the consensus store", file=sys.stderr)

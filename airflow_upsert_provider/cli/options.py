@@ -35,6 +35,11 @@ def common_options() -> argparse.ArgumentParser:
     common.add_argument("--kafka-config", default=argparse.SUPPRESS, metavar="FILE",
                         help="Kafka client config of a kafka:TOPIC shard: a JSON object of librdkafka properties "
                              "(bootstrap.servers required); default from UPSERT_KAFKA_CONFIG")
+    from airflow_upsert_provider.cli.metrics import statsd_option
+
+    common.add_argument("--statsd", default=argparse.SUPPRESS, metavar="HOST:PORT", type=statsd_option,
+                        help="send the command's metrics to this StatsD server over UDP (default from "
+                             "UPSERT_STATSD; none: nothing is sent; docs/metrics.md)")
     return common
 
 

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -16,7 +17,8 @@ from typing import Any, BinaryIO
 from airflow_upsert_provider.cli.context import Context
 from airflow_upsert_provider.cli.options import actor_of, duration_option, integer_option
 from airflow_upsert_provider.cli.output import printable
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.common.metrics import batch_metrics, outcome_unknown_metrics, send_quietly
+from airflow_upsert_provider.engine.errors import ConfigurationError, OutcomeUnknown
 
 # Formats `read` writes without Spark, through the Arrow reader.
 ARROW_FORMATS = ("parquet", "arrow")
@@ -178,6 +180,7 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
     def on_result(result) -> None:
         nonlocal done
+        send_quietly(ctx.metrics, batch_metrics(shard.shard_id, result.to_dict()) if ctx.metrics else ())
         if not result.progressed:
             return
         done += 1
@@ -193,16 +196,21 @@ def cmd_run_batch(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         elif not args.json:
             print(line, flush=True)
 
-    if args.continuous:
-        from airflow_upsert_provider.engine.write.continuous import run_continuous
+    started = time.monotonic()
+    try:
+        if args.continuous:
+            from airflow_upsert_provider.engine.write.continuous import run_continuous
 
-        report = run_continuous(writer, duration_seconds=run_for, on_result=on_result)
-    else:
-        report = writer.run(
-            max_batches=None if args.until_caught_up else args.max_batches,
-            until_caught_up=args.until_caught_up,
-            on_result=on_result,
-        )
+            report = run_continuous(writer, duration_seconds=run_for, on_result=on_result)
+        else:
+            report = writer.run(
+                max_batches=None if args.until_caught_up else args.max_batches,
+                until_caught_up=args.until_caught_up,
+                on_result=on_result,
+            )
+    except OutcomeUnknown:
+        send_quietly(ctx.metrics, outcome_unknown_metrics(shard.shard_id, time.monotonic() - started))
+        raise
     if tty and done:
         print(file=sys.stderr)
     out = {"shard": shard.shard_id, "writer_id": writer_id, **report.to_dict()}

@@ -9,16 +9,19 @@ an unreachable consensus or an unknown outcome is retried.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_upsert_provider.engine.common.metrics import Metric, live_runs_metrics, maintenance_metrics
 from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.lineage import capture, operator_lineage
 from airflow_upsert_provider.links import ShardPageLink
+from airflow_upsert_provider.metrics import send as send_metrics
 from airflow_upsert_provider.operators.arguments import is_unset, parse_bool, parse_int, parse_seconds
 from airflow_upsert_provider.operators.errors import to_airflow_error
 
@@ -38,11 +41,17 @@ class _ShardMaintenanceOperator(BaseOperator):
         self.shard = shard
         self.upsert_conn_id = upsert_conn_id
 
+    # The maintenance metric of this step (engine/common/metrics.py MAINTENANCE_OPERATIONS); None: none.
+    metric_operation: str | None = None
+
     def execute(self, context: Context) -> dict[str, Any]:
         hook = UpsertShardHook(upsert_conn_id=self.upsert_conn_id)
+        started = time.monotonic()
         try:
             result = self.run(hook)
             self._lineage = capture(self, hook, result)
+            if self.metric_operation is not None:
+                send_metrics(lambda: self.step_metrics(hook, time.monotonic() - started))
         except UpsertError as exc:
             raise to_airflow_error(exc, hook) from None
         finally:
@@ -56,6 +65,13 @@ class _ShardMaintenanceOperator(BaseOperator):
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: what the task read and wrote, the shard's frontier (docs/lineage.md)."""
         return operator_lineage(getattr(self, "_lineage", None))
+
+    def step_metrics(self, hook: UpsertShardHook, seconds: float) -> list[Metric]:
+        """The step's duration; after a compaction, the live runs too."""
+        found = maintenance_metrics(self.shard, self.metric_operation, seconds)
+        if self.metric_operation == "compact":
+            found += live_runs_metrics(self.shard, len(hook.open_shard(self.shard).live_runs()))
+        return found
 
 
 class CompactShardOperator(_ShardMaintenanceOperator):
@@ -77,6 +93,8 @@ class CompactShardOperator(_ShardMaintenanceOperator):
     :param upsert_conn_id: the `upsert` connection.
     :param spark_conf: Spark settings for the in-process session (templated).
     """
+
+    metric_operation = "compact"
 
     template_fields: Sequence[str] = ("shard", "since", "full", "max_runs", "buckets", "spark_conf")
     template_fields_renderers = {"spark_conf": "json"}
@@ -140,6 +158,8 @@ class CheckpointCommitOperator(_ShardMaintenanceOperator):
     :param upsert_conn_id: the `upsert` connection.
     """
 
+    metric_operation = "checkpoint"
+
     template_fields: Sequence[str] = ("shard", "keep_last", "keep_within", "full")
 
     def __init__(
@@ -186,6 +206,8 @@ class GarbageCollectOperator(_ShardMaintenanceOperator):
         the garbage: run that each cycle and the sweep on a slower cadence.
     :param upsert_conn_id: the `upsert` connection.
     """
+
+    metric_operation = "gc"
 
     template_fields: Sequence[str] = ("shard", "grace_seconds", "rejects_retention_seconds", "dry_run", "sweep")
 
@@ -321,6 +343,8 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
     :param spark_conf: Spark settings for the session when ``spark`` is True.
     :param upsert_conn_id: the `upsert` connection.
     """
+
+    metric_operation = "publish"
 
     template_fields: Sequence[str] = ("shard", "table")
 

@@ -19,14 +19,17 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.assets import ASSET_SCHEME
+from airflow_upsert_provider.engine.common.commit_events import commit_range
+from airflow_upsert_provider.engine.common.metrics import batch_metrics, live_runs_metrics, outcome_unknown_metrics
 from airflow_upsert_provider.engine.common.time_text import format_seconds
-from airflow_upsert_provider.engine.errors import ConfigurationError, UpsertError
+from airflow_upsert_provider.engine.errors import ConfigurationError, OutcomeUnknown, UpsertError
 from airflow_upsert_provider.engine.sources.lag import format_lag
 from airflow_upsert_provider.engine.table.shard import BAD_RECORD_MODES
 from airflow_upsert_provider.engine.store.streams import require_ready
 from airflow_upsert_provider.hooks.upsert import DEFAULT_CONN_ID, UpsertShardHook
 from airflow_upsert_provider.lineage import capture, operator_lineage, parent_job_spark_conf
 from airflow_upsert_provider.links import ShardPageLink
+from airflow_upsert_provider.metrics import send as send_metrics
 from airflow_upsert_provider.operators.arguments import (
     is_templated,
     optional_text,
@@ -356,7 +359,11 @@ class MicroBatchUpsertOperator(BaseOperator):
             else:
                 report = self._run_in_process(hook, shard, plan)
             self._lineage = capture(self, hook, report, shard=shard)
+            send_metrics(lambda: [*(m for b in report.get("batches") or [] for m in batch_metrics(self.shard, b)),
+                                  *live_runs_metrics(self.shard, len(shard.live_runs()))])
         except UpsertError as exc:
+            if isinstance(exc, OutcomeUnknown):
+                send_metrics(lambda: outcome_unknown_metrics(self.shard, time.monotonic() - started))
             raise_from(to_airflow_error(exc, hook), exc)
         finally:
             hook.close()
@@ -416,13 +423,8 @@ class MicroBatchUpsertOperator(BaseOperator):
             "upper_before": upper_at_start,
             "committed": report.get("committed"),
             "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
-            "rows_out": sum(int(b.get("rows_out") or 0) for b in own),
-            # The commit-event contract (docs/changes.md): the committed ts range [from_ts,
-            # to_ts), the upper before and after, which a change feed consumer reads.
-            "from_ts": upper_at_start,
-            "to_ts": report.get("upper"),
-            # The table's schema version at to_ts: null until shards have schema versions.
-            "schema_version": None,
+            # The commit-event contract, as ShardCommitTrigger's events carry it (docs/events.md).
+            **commit_range(upper_at_start, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own)),
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:

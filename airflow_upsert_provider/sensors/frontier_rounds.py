@@ -76,15 +76,19 @@ def evaluate_round(upsert_conn_id: str, shard: str, settings: StallSettings, obs
     ``kafka_conn_id``); when it cannot be observed the round says why and judges what writers
     recorded. ``compose_page``, ``blind`` (the failed evaluations before this round) and
     ``namespace``: see ``observations.evaluate_shard`` (the outbox, the monitor's own page)."""
+    from airflow_upsert_provider.engine.common.metrics import frontier_metrics
     from airflow_upsert_provider.engine.errors import UpsertError
     from airflow_upsert_provider.engine.frontier.observations import evaluate_shard
+    from airflow_upsert_provider.metrics import send as send_metrics
     from airflow_upsert_provider.operators.errors import to_airflow_error
 
     hook = UpsertShardHook(upsert_conn_id=upsert_conn_id)
     try:
-        return evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now,
-                              open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
-                              compose_page=compose_page, blind=blind, namespace=namespace)
+        round_ = evaluate_shard(hook.get_consensus(), hook.get_blob(), shard, settings, observer=observer, now=now,
+                                open_shard=lambda shard_id: hook.open_shard(shard_id, kafka_conn_id=kafka_conn_id),
+                                compose_page=compose_page, blind=blind, namespace=namespace)
+        send_metrics(lambda: frontier_metrics(round_.evaluation.to_dict()))
+        return round_
     except UpsertError as exc:
         raise to_airflow_error(exc, hook) from exc
     finally:

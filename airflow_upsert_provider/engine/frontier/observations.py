@@ -82,10 +82,7 @@ def observe(
     observed_at = time.time() if now is None else float(now)
     last = shard.consensus.get_batch(shard.shard_id, status.upper - 1) if status.upper > 0 else None
     stream = status.stream or {}
-    pending_at = status.oldest_pending_at
-    lag_seconds = None
-    if status.lag > 0 and pending_at is not None:
-        lag_seconds = max(0.0, observed_at - pending_at)
+    lag_seconds = status.lag_seconds_at(observed_at)
     return Observation(
         shard_id=shard.shard_id,
         observed_at=observed_at,

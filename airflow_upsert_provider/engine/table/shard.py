@@ -126,6 +126,13 @@ class ShardStatus:
         from its low watermark."""
         return self.pending_segments
 
+    def lag_seconds_at(self, at: float) -> float | None:
+        """Age at ``at`` (unix seconds) of the oldest record not committed; None when nothing
+        is pending or its landing time is not known (a Kafka source)."""
+        if self.lag > 0 and self.oldest_pending_at is not None:
+            return max(0.0, at - self.oldest_pending_at)
+        return None
+
     @property
     def lag_offsets(self) -> dict[str, int]:
         return {

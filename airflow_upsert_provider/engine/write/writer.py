@@ -153,6 +153,10 @@ class BatchResult:
     # What is pending after the step, in the source's unit (ShardStatus.lag); None: not measured.
     lag: int | None = None
     lag_unit: str | None = None
+    # Age of the oldest record not committed after the step (ShardStatus.lag_seconds_at).
+    lag_seconds: float | None = None
+    # Bytes of the Parquet files this step's commit named (0 when a peer's batch won).
+    bytes_written: int = 0
 
     @property
     def progressed(self) -> bool:
@@ -582,6 +586,7 @@ class Writer:
             rejected=staged.rejected if mine else 0,
             unknown_fields={name: f["records"] for name, f in staged.unknown_fields.items()} if mine else {},
             quarantined_files=len(staged.quarantined_files) if mine else 0,
+            bytes_written=sum(int(f.get("bytes") or 0) for f in staged.run.get("files", ())) if mine else 0,
             seconds=time.monotonic() - started,
             upper=self.progress,
             timings={"stage": staged.stage_seconds, **staged.stage_timings, "commit": commit_seconds},
@@ -614,6 +619,7 @@ class Writer:
         if status is not None:
             result.lag_offsets = status.lag_offsets
             result.lag, result.lag_unit = status.lag, status.lag_unit
+            result.lag_seconds = status.lag_seconds_at(time.time())
         if observe:
             self.record_observation(result, status)
         if on_result is not None:
