@@ -141,10 +141,12 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     # 0003): those tables exist as the old code's own would have (a catalog file of the old
     # code: test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_checkpoints).
     from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
+    from airflow_upsert_provider.engine.store.table_schemas import table_schemas_table
     from airflow_upsert_provider.engine.store.tables import batch_rollups_table
 
     engine = raw_engine(store_url)
-    for table in (batch_rollups_table, catalogs_table, catalog_entries_table):
+    # ... and whose shards read their table schema's versions (revision 0004).
+    for table in (batch_rollups_table, catalogs_table, catalog_entries_table, table_schemas_table):
         table.create(engine)
     engine.dispose()
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)

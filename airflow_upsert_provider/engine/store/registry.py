@@ -29,6 +29,7 @@ from airflow_upsert_provider.engine.store.gc_claims import (
 )
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.store.source_index import settled_names_table
+from airflow_upsert_provider.engine.store.table_schemas import table_schemas_table
 from airflow_upsert_provider.engine.store.streams import fence_commit, start_recovering, stream_history_table, streams_table
 
 STORE_SCHEMA = StoreSchema(
@@ -50,6 +51,7 @@ STORE_SCHEMA = StoreSchema(
         stream_history_table,
         observations_table,
         alerts_table,
+        table_schemas_table,
     ),
     # Run in this order: the schema revision (a store upgraded underneath this process), the
     # GC claim check, then the stream fence.
