@@ -223,6 +223,13 @@ class SchemaChangeRefused(ConfigurationError):
     changed (exit 2). ``details`` name the column, its old and new type and the policy."""
 
 
+class BatchSchemaRefused(BadInputError):
+    """A batch's records carry a field whose type the shard's schema cannot take under its
+    evolution policy (a type change, a widening the policy does not allow, any change of a key
+    or the order column), or its files disagree on a new column's type. Nothing committed
+    (exit 3). ``details`` name the column, the old and new types, the file(s) and the policy."""
+
+
 class SchemaVersionConflict(UpsertError):
     """A schema change lost its compare-and-set: the shard's schema moved to another version
     since the change was planned (someone else changed it). Nothing was changed (exit 2).
