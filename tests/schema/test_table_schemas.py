@@ -166,3 +166,17 @@ def test_a_store_at_revision_0003_upgrades_without_touching_a_run_and_its_shards
         assert add_column(shard, DISCOUNT, "tester")[0].version == 2
     finally:
         store.dispose()
+
+
+@sqlite_only
+def test_status_shows_the_schema_version_now(consensus, consensus_url, blob, tmp_path, capsys):
+    from tests.helpers import Upsertctl
+
+    shard = make_shard(consensus, blob, tmp_path)
+    upsertctl = Upsertctl(capsys, consensus_url, blob.root)
+    assert json.loads(upsertctl.ok("status", "orders", "--no-rows", "--json"))["schema_version"] == 1
+    add_column(Shard.open(consensus, blob, "orders"), DISCOUNT, "ops")
+    # A handle opened before the change reports the version now.
+    assert shard.status().to_dict()["schema_version"] == 2
+    assert json.loads(upsertctl.ok("status", "orders", "--no-rows", "--json"))["schema_version"] == 2
+    assert "schema_version: 2" in upsertctl.ok("status", "orders", "--no-rows")

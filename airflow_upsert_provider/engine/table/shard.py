@@ -123,6 +123,8 @@ class ShardStatus:
     lag_unit: str = SEGMENTS
     # ``lag`` per partition, in lag_unit (partitions with nothing pending: 0).
     pending_by_partition: dict[str, int] = field(default_factory=dict)
+    # The version of the table's schema now (docs/schema.md; 1: the schema of ``init``).
+    schema_version: int = 1
 
     @property
     def lag(self) -> int:
@@ -144,6 +146,7 @@ class ShardStatus:
             "upper": self.upper,
             "since": self.since,
             "seqno": self.seqno,
+            "schema_version": self.schema_version,
             "rows": self.rows,
             "stream": self.stream,
             "source": {
@@ -213,6 +216,13 @@ class Shard:
         config = ShardConfig.from_json(record.config)
         config = config_at(config, current_schema(consensus, shard_id, config.schema))
         return cls(consensus, blob, shard_id, config, kafka_config=kafka_config)
+
+    def refresh_schema(self) -> ShardConfig:
+        """Take the schema's newest version into this handle's config (one read), so that a
+        long-lived handle (a continuous writer) validates its next batch against a column
+        added since it was opened; the config now."""
+        self.config = config_at(self.config, current_schema(self.consensus, self.shard_id, self.config.schema))
+        return self.config
 
     def config_for_runs(self, runs: list[dict[str, Any]]) -> ShardConfig:
         """The config to read or merge ``runs`` with: this handle's, or that of the newest
@@ -495,6 +505,7 @@ class Shard:
             oldest_pending_at=oldest,
             lag_unit=self.source.lag_unit,
             pending_by_partition=pending,
+            schema_version=self.refresh_schema().schema_version,
         )
 
 
@@ -522,6 +533,7 @@ class Shard:
             oldest_pending_at=min(landed) if landed else None,
             lag_unit=self.source.lag_unit,
             pending_by_partition=pending,
+            schema_version=self.refresh_schema().schema_version,
         )
 
 
