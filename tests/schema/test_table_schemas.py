@@ -180,3 +180,33 @@ def test_status_shows_the_schema_version_now(consensus, consensus_url, blob, tmp
     assert shard.status().to_dict()["schema_version"] == 2
     assert json.loads(upsertctl.ok("status", "orders", "--no-rows", "--json"))["schema_version"] == 2
     assert "schema_version: 2" in upsertctl.ok("status", "orders", "--no-rows")
+
+
+@sqlite_only
+def test_a_checkpoint_carries_the_schema_versions_and_one_from_before_a_change_restores_to_version_1(
+    consensus, blob, tmp_path
+):
+    from airflow_upsert_provider.engine.maintenance.checkpoint import create_checkpoint
+    from airflow_upsert_provider.engine.maintenance.checkpoint_restore import restore_checkpoint
+
+    shard = make_shard(consensus, blob, tmp_path)
+    commit_rows(shard, [row(k) for k in range(10)], record_version=False)
+    before = create_checkpoint(shard)
+    add_column(shard, DISCOUNT, "ops")
+    shard = Shard.open(consensus, blob, "orders")
+    commit_rows(shard, [row(k, discount=float(k)) for k in range(5, 15)])
+    after = create_checkpoint(shard)
+
+    restore_checkpoint(consensus, blob, "orders", before.id, target_shard_id="orders-before")
+    then = Shard.open(consensus, blob, "orders-before")
+    assert then.config.schema_version == 1
+    table = arrow_table(read_table(then))
+    assert sorted(table) == [(k,) for k in range(10)] and "discount" not in next(iter(table.values()))
+
+    restore_checkpoint(consensus, blob, "orders", after.id, target_shard_id="orders-after")
+    now = Shard.open(consensus, blob, "orders-after")
+    assert now.config.schema_version == 2
+    assert [(v.version, v.created_by) for v in schema_history(consensus, "orders-after", now.config.schema)][1:] == \
+        [(2, "ops")]
+    table = arrow_table(read_table(now))
+    assert {k: table[(k,)]["discount"] for k in range(15)} == {k: (float(k) if k >= 5 else None) for k in range(15)}

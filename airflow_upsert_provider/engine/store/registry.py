@@ -18,6 +18,7 @@ from airflow_upsert_provider.engine.store.tables import (
     compactions_table,
     quarantined_files_table,
     shards_table,
+    table_schemas_table,
 )
 from airflow_upsert_provider.engine.store.migrations import prepare_on_open, refuse_other_revision
 from airflow_upsert_provider.engine.store.gc_claims import (
@@ -29,7 +30,6 @@ from airflow_upsert_provider.engine.store.gc_claims import (
 )
 from airflow_upsert_provider.engine.store.observation_tables import alerts_table, observations_table
 from airflow_upsert_provider.engine.store.source_index import settled_names_table
-from airflow_upsert_provider.engine.store.table_schemas import table_schemas_table
 from airflow_upsert_provider.engine.store.streams import fence_commit, start_recovering, stream_history_table, streams_table
 
 STORE_SCHEMA = StoreSchema(

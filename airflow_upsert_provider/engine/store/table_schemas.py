@@ -21,23 +21,10 @@ import sqlalchemy as sa
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import IntegrityError, SchemaVersionConflict, ShardNotFound
 from airflow_upsert_provider.engine.store.consensus import Consensus, insert_ignore, shard_exists
-from airflow_upsert_provider.engine.store.tables import metadata
+from airflow_upsert_provider.engine.store.tables import table_schemas_table
 
 # The version of the schema a shard is created with (held by its config, not by a row here).
 INIT_SCHEMA_VERSION = 1
-
-table_schemas_table = sa.Table(
-    "upsert_table_schemas",
-    metadata,
-    sa.Column("shard_id", sa.String(128), primary_key=True),
-    sa.Column("version", sa.BigInteger, primary_key=True),
-    # The whole schema of this version (Spark StructType JSON), not a diff: a read needs one row.
-    sa.Column("schema", sa.Text, nullable=False),
-    # What changed from the version before, as JSON (e.g. {"add": [{"name": ..., "type": ...}]}).
-    sa.Column("change", sa.Text, nullable=False),
-    sa.Column("created_by", sa.String(512), nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-)
 
 
 @dataclass(frozen=True)
