@@ -21,7 +21,7 @@ import threading
 import time
 from typing import NoReturn, Sequence
 
-from airflow_upsert_provider.cli import changes, db, frontier, lifecycle, maintenance, shard, spark
+from airflow_upsert_provider.cli import changes, db, frontier, lifecycle, maintenance, schema, shard, spark
 from airflow_upsert_provider.cli.connection import apply_connection
 from airflow_upsert_provider.cli.context import NO_STORE_COMMANDS, Context
 from airflow_upsert_provider.cli.errors import (
@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_spark_server_commands(commands, common)
     spark.add_spark_archive_commands(commands, common)
     db.add_db_commands(commands, common)
+    schema.add_schema_commands(commands, common)
     return parser
 
 
@@ -92,6 +93,7 @@ COMMANDS = {
     "spark-server": spark.cmd_spark_server,
     "spark-archive": spark.cmd_spark_archive,
     "db": db.cmd_db,
+    "schema": schema.cmd_schema,
 }
 
 

@@ -232,14 +232,15 @@ def cmd_read(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     _check_out_path(out)
     shard = ctx.shard(args.shard)
     runs = shard.live_runs(args.as_of)
-    columns = table_columns(shard.config)
+    config = shard.config_for_runs(runs)
+    columns = table_columns(config)
     with _writes_to(out), contextlib.ExitStack() as stack:
         # The file is begun before Spark starts, so that a bad path fails at once and clearly.
         handle = sys.stdout if out is None else _text(stack, _replacing_out(stack, out))
         # A run file damaged in place fails inside Spark: exit 4 naming it, as a missing one;
         # one lost to compaction and GC since the runs were chosen: exit 2, read again.
         with shard.reading(runs):
-            frame = read_runs(ctx.spark(), shard.config, shard.blob, runs).orderBy(*shard.config.keys)
+            frame = read_runs(ctx.spark(), config, shard.blob, runs).orderBy(*config.keys)
             if args.output_format == "csv":
                 writer = csv.writer(handle)
                 writer.writerow(columns)

@@ -50,6 +50,9 @@ class ShardConfig:
         many bytes per bucket on average, it doubles the bucket count (None: never by size).
     :param max_files_per_batch: how many segment files one batch binds at most.
     :param extra: further options; a Kafka shard's are under ``"kafka"`` (``KafkaShardOptions``).
+    :param schema_version: which version of the shard's table schema ``schema`` is (1: the
+        schema of ``init``; later ones are recorded in consensus, engine/store/table_schemas.py).
+        Not stored with the config: the config in consensus is always version 1.
     """
 
     source: str
@@ -62,6 +65,7 @@ class ShardConfig:
     max_files_per_batch: int = DEFAULT_MAX_FILES_PER_BATCH
     extra: dict[str, Any] = field(default_factory=dict)
     target_bucket_bytes: int | None = None
+    schema_version: int = 1
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -126,6 +130,9 @@ class ShardConfig:
     def to_json(self) -> str:
         data = asdict(self)
         data["keys"] = list(self.keys)
+        # What consensus stores at init is the schema of version 1; later versions have rows
+        # of their own (engine/store/table_schemas.py).
+        del data["schema_version"]
         return json.dumps(data, sort_keys=True)
 
     @classmethod

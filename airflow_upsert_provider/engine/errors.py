@@ -216,6 +216,29 @@ class StopSuperseded(TransitionRefused):
     step gated on the stop must not go ahead (exit 7). ``details`` hold the stream's state."""
 
 
+class SchemaChangeRefused(ConfigurationError):
+    """A change of a shard's table schema that is not allowed: a column dropped or renamed, a
+    type narrowed or changed, NULL made NOT NULL, a key or the order column changed, a name
+    already taken, or a change the shard's evolution policy does not permit. Nothing was
+    changed (exit 2). ``details`` name the column, its old and new type and the policy."""
+
+
+class BatchSchemaRefused(BadInputError):
+    """A batch's records carry a field whose type the shard's schema cannot take under its
+    evolution policy (a type change, a widening the policy does not allow, any change of a key
+    or the order column), or its files disagree on a new column's type. Nothing committed
+    (exit 3). ``details`` name the column, the old and new types, the file(s) and the policy."""
+
+
+class SchemaVersionConflict(UpsertError):
+    """A schema change lost its compare-and-set: the shard's schema moved to another version
+    since the change was planned (someone else changed it). Nothing was changed (exit 2).
+    Retryable: planned again on the new version, the change may be unnecessary or allowed."""
+
+    exit_code = 2
+    retryable = True
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of ``exc``'s message, cut to 300 characters ("" if none): what
     an error of ours quotes of a library's or driver's error."""

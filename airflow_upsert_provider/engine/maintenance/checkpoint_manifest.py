@@ -63,6 +63,8 @@ def build_manifest(
         "rollups": [r.to_dict() for r in snapshot.rollups],
         # What planning knows of the source, anchored at a binding the manifest holds.
         "source_index": snapshot.source_index,
+        # The schema versions its runs were written with (none: every run is at version 1).
+        "table_schemas": snapshot.table_schemas,
         "files": files,
         "verification": verification,
     }
@@ -90,6 +92,8 @@ def snapshot_from_manifest(manifest: dict[str, Any], shard_id: str) -> ShardSnap
         rollups=[Rollup(**r) for r in manifest.get("rollups", [])],
         # Without it (older manifests hold every binding) planning rebuilds it from the bindings.
         source_index=list(manifest.get("source_index", [])),
+        # Absent from manifests written before schema versions: every run is at version 1.
+        table_schemas=list(manifest.get("table_schemas", [])),
     )
 
 

@@ -194,7 +194,10 @@ def compact(
         # matching checksums, and the damage would become permanent. It costs one more read of
         # the inputs, which the merge reads whole anyway.
         shard.check_run_files(runs)
-        merged = merge_runs(spark, shard.config, blob, runs)
+        # Merged and written with the newest schema any input holds (never fewer columns
+        # than a run has); a column an older run lacks becomes null.
+        config = shard.config_for_runs([*([compacted] if compacted else []), *batch_runs])
+        merged = merge_runs(spark, config, blob, runs)
         survivors = merged.where(F.col("_ts") < target)
         if drops_tombstones(count, tiers, order_column(shard.config) is not None):
             # Every later batch outranks a compacted row and no older one is left: a tombstone
@@ -202,12 +205,13 @@ def compact(
             survivors = survivors.where(~F.col("_deleted"))
         run_dir = compaction_dir(shard, target, uuid.uuid4().hex[:12])
         with shard.reading(runs):  # a run file damaged in place: exit 4 naming it
-            written = write_bucketed(survivors.withColumn("_bucket", bucket_column(shard.config, bucket_count)),
-                                     shard.config, blob, run_dir, buckets=bucket_count)
+            written = write_bucketed(survivors.withColumn("_bucket", bucket_column(config, bucket_count)),
+                                     config, blob, run_dir, buckets=bucket_count)
         # GC keeps the replaced runs for its grace period after the swap: reads planned before it.
         tier = merged_tier([t.tier for t in tiers], count, state.since, target, written["rows"])
         run = compaction_run([*kept, TierRun(tier, written["path"], tuple(written["files"]))],
                              [r["path"] for r in runs], bucket_count)
+        run["schema_version"] = config.schema_version
         if on_step is not None:
             on_step("written")
         try:

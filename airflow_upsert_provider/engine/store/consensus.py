@@ -59,6 +59,7 @@ from airflow_upsert_provider.engine.store.tables import (
     quarantined_files_table,
     settled_names_table,
     shards_table,
+    table_schemas_table,
 )
 from airflow_upsert_provider.engine.store.urls import _short, redact_url
 
@@ -628,6 +629,11 @@ class Consensus:
                 .where(batch_rollups_table.c.shard_id == shard_id)
                 .order_by(batch_rollups_table.c.from_ts)
             ).all()
+            schema_rows = conn.execute(
+                sa.select(table_schemas_table)
+                .where(table_schemas_table.c.shard_id == shard_id)
+                .order_by(table_schemas_table.c.version)
+            ).all()
             quarantined = conn.execute(
                 sa.select(
                     quarantined_files_table.c.file, quarantined_files_table.c.reason, quarantined_files_table.c.ts
@@ -647,6 +653,7 @@ class Consensus:
                      "names": r.names}
                     for r in index_rows
                 ],
+                table_schemas=[{k: v for k, v in r._mapping.items() if k != "shard_id"} for r in schema_rows],
             )
 
         return self.read_in_snapshot(txn)

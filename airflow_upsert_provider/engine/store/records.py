@@ -168,6 +168,9 @@ class ShardSnapshot:
     # The source index rows ({"partition", "through_ts", "binding_digest", "names"}); the
     # bindings start at the lowest one's anchor when that is below since - 1.
     source_index: list[dict[str, Any]] = field(default_factory=list)
+    # The versions of the table's schema after version 1 ({"version", "schema", "change",
+    # "created_by", "created_at"}): the runs name them.
+    table_schemas: list[dict[str, Any]] = field(default_factory=list)
 
     def live_runs(self, as_of: int | None = None) -> list[dict[str, Any]]:
         """The runs a read as of ``as_of`` (default: the upper) merges."""

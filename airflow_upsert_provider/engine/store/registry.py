@@ -20,6 +20,7 @@ from airflow_upsert_provider.engine.store.tables import (
     compactions_table,
     quarantined_files_table,
     shards_table,
+    table_schemas_table,
 )
 from airflow_upsert_provider.engine.store.migrations import prepare_on_open, refuse_other_revision
 from airflow_upsert_provider.engine.store.gc_claims import (
@@ -55,6 +56,7 @@ STORE_SCHEMA = StoreSchema(
         alerts_table,
         change_retention_table,
         change_cursors_table,
+        table_schemas_table,
     ),
     # Run in this order: the schema revision (a store upgraded underneath this process), the
     # GC claim check, then the stream fence.

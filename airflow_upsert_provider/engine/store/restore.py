@@ -18,6 +18,7 @@ from airflow_upsert_provider.engine.store.tables import (
     quarantined_files_table,
     settled_names_table,
     shards_table,
+    table_schemas_table,
 )
 
 
@@ -53,7 +54,7 @@ def restore_shard(
             )
         # Stale rows of a shard id used before (dropped shard) must not mix in.
         for table in (bindings_table, batches_table, quarantined_files_table, compactions_table,
-                      batch_rollups_table, settled_names_table):
+                      batch_rollups_table, settled_names_table, table_schemas_table):
             conn.execute(sa.delete(table).where(table.c.shard_id == shard_id))
         if snapshot.bindings:
             conn.execute(
@@ -89,6 +90,8 @@ def restore_shard(
                 sa.insert(batch_rollups_table),
                 [{"shard_id": shard_id, **r.to_dict()} for r in snapshot.rollups],
             )
+        if snapshot.table_schemas:
+            conn.execute(sa.insert(table_schemas_table), [{"shard_id": shard_id, **v} for v in snapshot.table_schemas])
         if snapshot.compaction is not None:
             conn.execute(
                 sa.insert(compactions_table).values(

@@ -101,3 +101,20 @@ compactions_table = sa.Table(
     sa.Column("run", sa.Text, nullable=False),
     sa.Column("compacted_at", sa.Float, nullable=False),
 )
+
+
+# Versions of a shard's table schema after the schema of ``init`` (engine/store/table_schemas.py):
+# one row per version, inserted once by compare-and-set, never updated. Here because a snapshot
+# carries them: a checkpoint restores the schema its runs were written with.
+table_schemas_table = sa.Table(
+    "upsert_table_schemas",
+    metadata,
+    sa.Column("shard_id", sa.String(128), primary_key=True),
+    sa.Column("version", sa.BigInteger, primary_key=True),
+    # The whole schema of this version (Spark StructType JSON), not a diff: a read needs one row.
+    sa.Column("schema", sa.Text, nullable=False),
+    # What changed from the version before, as JSON (e.g. {"add": [{"name": ..., "type": ...}]}).
+    sa.Column("change", sa.Text, nullable=False),
+    sa.Column("created_by", sa.String(512), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)

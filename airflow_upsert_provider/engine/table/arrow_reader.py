@@ -89,7 +89,7 @@ def read_table(
     # retryable ReadOutdated, not an integrity error (Shard.reading decides, after the failure:
     # nothing is checked before reading).
     with shard.reading(runs):
-        reader = read_runs_arrow(shard.config, shard.blob, runs, columns, filter, shard_id=shard.shard_id,
+        reader = read_runs_arrow(shard.config_for_runs(runs), shard.blob, runs, columns, filter, shard_id=shard.shard_id,
                                  batch_rows=batch_rows)
         # The first batch is read now: a read that cannot start fails here, not at its consumer.
         first = next(iter(reader), None)

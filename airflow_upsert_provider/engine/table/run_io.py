@@ -463,14 +463,33 @@ def read_files(
         try:
             fragment = parquet.make_fragment(f"{base.rstrip('/')}/{path}", filesystem,
                                              file_size=sizes[n] if sizes else None)
+            # A run written with an older schema version lacks the columns added since: they
+            # read as null (its footer, read for the scan anyway, says which it has).
+            present = set(fragment.physical_schema.names)
+            stored = [name for name in schema.names if name in present]
             # One batch at a time: nothing read ahead of what the consumer asks for.
-            for batch in fragment.to_batches(columns=schema.names, use_threads=False, batch_readahead=0,
+            for batch in fragment.to_batches(columns=stored, use_threads=False, batch_readahead=0,
                                              fragment_readahead=0):
+                if len(stored) < len(schema.names):
+                    batch = with_null_columns(batch, schema)
                 yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
         except OSError as exc:
             if not local:
                 raise_store_error(root, exc, "read", f"{root.rstrip('/')}/{path}")
             raise
+
+
+def with_null_columns(batch: "pyarrow.RecordBatch", schema: "pyarrow.Schema") -> "pyarrow.RecordBatch":
+    """``batch`` with a column of nulls for every field of ``schema`` it lacks, in
+    ``schema``'s order. Pure."""
+    import pyarrow as pa
+
+    columns = [
+        batch.column(field.name) if field.name in batch.schema.names else pa.nulls(batch.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(
+        [batch.schema.field(f.name) if f.name in batch.schema.names else f for f in schema]))
 
 
 def raise_store_error(root: str, exc: OSError, operation: str, uri: str) -> None:

@@ -107,8 +107,8 @@ def write_bucketed(
 ) -> dict[str, Any]:
     """Write ``rows`` (run columns plus ``_bucket`` among ``buckets``, default the count of
     ``init``) under ``run_dir``: one Parquet file per bucket, sorted by key, durable when this
-    returns; return the run as consensus records it (its path, files, row count and bucket
-    count). Batches and compaction write runs the same way.
+    returns; return the run as consensus records it (its path, files, row count, bucket
+    count and the schema version of ``config``). Batches and compaction write runs the same way.
     ``partitioned`` says the rows are already hash-partitioned by ``_bucket``, so they are
     not shuffled again. ``timings`` gets "describe" added: the seconds the driver spent
     describing the written files (reading a batch, reducing and writing it are one fused
@@ -133,7 +133,9 @@ def write_bucketed(
         described = time.monotonic() - started
     if timings is not None:
         timings["describe"] = timings.get("describe", 0.0) + described
-    return {**run, "buckets": count}
+    # The schema version of ``config``: a read of this run with a newer one fills its
+    # missing columns with nulls (engine/store/table_schemas.py).
+    return {**run, "buckets": count, "schema_version": config.schema_version}
 
 
 def describe_run(blob: Blob, run_dir: str) -> dict[str, Any]:

@@ -34,6 +34,12 @@ from airflow_upsert_provider.engine.table.binding_planner import (
     survey_source,
 )
 from airflow_upsert_provider.engine.store.source_index import SourceIndex
+from airflow_upsert_provider.engine.store.table_schemas import (
+    config_at,
+    current_schema,
+    newest_run_version,
+    schema_version_of,
+)
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment, open_source
 from airflow_upsert_provider.engine.sources.kafka import KafkaSource
 from airflow_upsert_provider.engine.sources.kafka_options import KafkaShardOptions
@@ -117,6 +123,8 @@ class ShardStatus:
     lag_unit: str = SEGMENTS
     # ``lag`` per partition, in lag_unit (partitions with nothing pending: 0).
     pending_by_partition: dict[str, int] = field(default_factory=dict)
+    # The version of the table's schema now (docs/schema.md; 1: the schema of ``init``).
+    schema_version: int = 1
 
     @property
     def lag(self) -> int:
@@ -145,6 +153,7 @@ class ShardStatus:
             "upper": self.upper,
             "since": self.since,
             "seqno": self.seqno,
+            "schema_version": self.schema_version,
             "rows": self.rows,
             "stream": self.stream,
             "source": {
@@ -210,7 +219,28 @@ class Shard:
         cls, consensus: Consensus, blob: Blob, shard_id: str, *, kafka_config: "KafkaConfig | None" = None
     ) -> "Shard":
         record = consensus.get_shard(shard_id)
-        return cls(consensus, blob, shard_id, ShardConfig.from_json(record.config), kafka_config=kafka_config)
+        # The table's columns are those of the schema's newest version (version 1: the config's).
+        config = ShardConfig.from_json(record.config)
+        config = config_at(config, current_schema(consensus, shard_id, config.schema))
+        return cls(consensus, blob, shard_id, config, kafka_config=kafka_config)
+
+    def refresh_schema(self) -> ShardConfig:
+        """Take the schema's newest version into this handle's config (one read), so that a
+        long-lived handle (a continuous writer) validates its next batch against a column
+        added since it was opened; the config now."""
+        self.config = config_at(self.config, current_schema(self.consensus, self.shard_id, self.config.schema))
+        return self.config
+
+    def config_for_runs(self, runs: list[dict[str, Any]]) -> ShardConfig:
+        """The config to read or merge ``runs`` with: this handle's, or that of the newest
+        schema version one of them was written with, when a peer changed the schema after this
+        handle was opened. Never an older one: a read with fewer columns than a run holds
+        would drop them (and a compaction would lose them for good). A column missing from an
+        older run reads as null."""
+        newest = newest_run_version(runs)
+        if newest <= self.config.schema_version:
+            return self.config
+        return config_at(self.config, schema_version_of(self.consensus, self.shard_id, newest, self.config.schema))
 
     def state(self) -> ShardRecord:
         return self.consensus.get_shard(self.shard_id)
@@ -342,13 +372,13 @@ class Shard:
         ``upsertctl read``) run inside :meth:`reading` instead and check nothing first."""
         runs = self.live_runs(as_of)
         self.check_run_files_listed(runs)
-        return read_runs(spark, self.config, self.blob, runs)
+        return read_runs(spark, self.config_for_runs(runs), self.blob, runs)
 
     def count_rows(self, spark: "SparkSession") -> int:
         """Rows of the table at the upper (a damaged run file: IntegrityError naming it)."""
         runs = self.live_runs()
         with self.reading(runs):
-            return read_runs(spark, self.config, self.blob, runs).count()
+            return read_runs(spark, self.config_for_runs(runs), self.blob, runs).count()
 
     @contextmanager
     def reading(self, runs: list[dict[str, Any]]) -> Iterator[None]:
@@ -482,6 +512,7 @@ class Shard:
             oldest_pending_at=oldest,
             lag_unit=self.source.lag_unit,
             pending_by_partition=pending,
+            schema_version=self.refresh_schema().schema_version,
         )
 
 
@@ -509,6 +540,7 @@ class Shard:
             oldest_pending_at=min(landed) if landed else None,
             lag_unit=self.source.lag_unit,
             pending_by_partition=pending,
+            schema_version=self.refresh_schema().schema_version,
         )
 
 

@@ -74,6 +74,9 @@ def stage_batch(
 ) -> StagedOutput:
     """Write the runs of batch ``binding.ts`` under ``run_dir``; nothing is committed here.
     ``messages``: a Kafka batch's slice fetched ahead of time (continuous mode)."""
+    # Validated against the schema's version now: a column added since this handle was opened
+    # (a continuous writer's) reaches the table from this batch on.
+    shard.refresh_schema()
     if shard.is_kafka:
         return _stage_kafka(spark, shard, binding, run_dir=run_dir, rejects_dir=rejects_dir,
                             on_bad_record=on_bad_record, messages=messages)
