@@ -65,7 +65,8 @@ from airflow_upsert_provider.engine.table.arrow_reader import read_table  # noqa
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.write.writer import Writer  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
-from bench_readers import timed as process_timed  # noqa: E402 (bench/, the script's directory)
+from bench_readers import STREAM  # noqa: E402 (bench/, the script's directory)
+from bench_readers import timed as process_timed  # noqa: E402
 from bench_s3 import build_base_table, counted, requests_text  # noqa: E402
 from tests.helpers import sample_config  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
@@ -236,6 +237,60 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
     }
 
 
+def read_memory_size(spark, work: str, rows: int, compacted: bool) -> dict:
+    """``--read-memory``: the Arrow reader's peak memory on a shard of ``rows`` keys on local disk,
+    built as the cycles' shard is (one Spark batch of generated rows; ``compact --full`` with
+    ``compacted``), read by fresh processes: ``upsertctl read --format parquet`` (the process
+    tree's peak, as the cycle's read is measured) and a process streaming ``read_table``,
+    counting rows and holding none (its own peak, ``ru_maxrss``)."""
+    import pyarrow.parquet as pq
+
+    work = os.path.join(work, f"memory-{rows}")
+    os.makedirs(work)
+    cycle = Cycle(spark, work, os.path.join(work, "blob"), rows, 1, None, {})
+    label = f"[{rows:>11,} rows, local]"
+    started = time.monotonic()
+    build_base_table(spark, cycle.shard, rows)
+    if compacted:
+        compact(spark, cycle.shard, full=True)
+    note(f"{label} built in {time.monotonic() - started:.0f} s")
+    files = [f for run in cycle.shard.live_runs() for f in run["files"]]
+    footers = [pq.read_metadata(cycle.shard.blob.path(f["path"])) for f in files]
+    layout = {"files": len(files), "parquet_mib": sum(f["bytes"] for f in files) / 2**20,
+              "row_groups": sum(m.num_row_groups for m in footers),
+              "largest_row_group_rows": max(m.row_group(g).num_rows for m in footers for g in range(m.num_row_groups))}
+    seconds, tree_peak = process_timed(cycle.process_commands()["read"], cycle.env)
+    done = subprocess.run([sys.executable, "-c", STREAM, cycle.url, cycle.root, cycle.shard.shard_id, "streamed"],
+                          env=cycle.env, check=True, capture_output=True, text=True)
+    counted, stream_peak = map(int, done.stdout.split())
+    if counted != rows:
+        raise SystemExit(f"{label} read_table returned {counted:,} rows, not {rows:,}")
+    note(f"{label} {layout}; upsertctl read --format parquet {seconds:.1f} s, peak {tree_peak / 2**20:.0f} MiB; "
+         f"read_table streamed peak {stream_peak / 2**20:.0f} MiB")
+    cycle.consensus.dispose()
+    shutil.rmtree(work, ignore_errors=True)
+    return {"rows": rows, "compacted": compacted, **layout, "read_seconds": seconds,
+            "read_peak_mib": tree_peak / 2**20, "stream_peak_mib": stream_peak / 2**20}
+
+
+def report_read_memory(results: list[dict], load: tuple) -> None:
+    first = results[0]
+    print("\n| table rows | run files | row groups (largest, rows) | Parquet MiB | `upsertctl read --format parquet` s "
+          "| its peak RSS (process tree), MiB | streamed `read_table` peak RSS, MiB |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['rows']:,} | {r['files']} | {r['row_groups']} ({r['largest_row_group_rows']:,}) | "
+              f"{r['parquet_mib']:,.0f} | {r['read_seconds']:.1f} | {r['read_peak_mib']:,.0f} | "
+              f"{r['stream_peak_mib']:,.0f} |")
+    for r in results[1:]:
+        memory = r["read_peak_mib"] / first["read_peak_mib"]
+        print(f"\n{r['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M: upsertctl read {memory:.2f}x, streamed read_table "
+              f"{r['stream_peak_mib'] / first['stream_peak_mib']:.2f}x; target within {TARGET_MEMORY}x: "
+              f"{verdict(memory, TARGET_MEMORY)}")
+    print(f"\nload average (1, 5, 15 min) at start {' '.join(f'{x:.1f}' for x in load[0])}, "
+          f"at end {' '.join(f'{x:.1f}' for x in load[1])}; {os.cpu_count()} cores")
+
+
 def verdict(ratio: float, target: float) -> str:
     return "met" if ratio <= target else "**missed**"
 
@@ -288,6 +343,13 @@ def main() -> None:
     parser.add_argument("--no-process", dest="process", action="store_false",
                         help="skip the cycle of upsertctl processes (and so the reader's peak memory)")
     parser.add_argument("--out", help="also write the results as JSON here (after each size)")
+    parser.add_argument("--read-memory", action="store_true",
+                        help="measure only the Arrow reader's peak memory at each size (a shard on local disk, one "
+                             "Spark batch; no cycles, no S3 server): the memory target where the cycles at the "
+                             "largest size take longer than the machine has")
+    parser.add_argument("--compact", action="store_true",
+                        help="with --read-memory: compact --full after the batch (the batch already writes one "
+                             "sorted file per bucket, the layout a full compaction writes)")
     parser.add_argument("--keep-last", type=int, default=None, metavar="N",
                         help="apply retention at each cycle's checkpoint (default: none, as the example DAG's weekday "
                              "runs; retention reads the newest checkpoint whole)")
@@ -298,6 +360,22 @@ def main() -> None:
         parser.error("--cycles and --change must be positive and every size at least --change")
     if args.sizes != sorted(args.sizes):
         parser.error("--sizes: smallest first (ratios are to the first)")
+    if args.read_memory:
+        work = tempfile.mkdtemp(prefix="bench-maintenance-scale-")
+        spark = get_spark("local[*]", app_name="bench-maintenance-scale", conf={"spark.driver.memory": "4g"})
+        load_start = os.getloadavg()
+        results = []
+        try:
+            for rows in args.sizes:
+                results.append(read_memory_size(spark, work, rows, args.compact))
+                if args.out:
+                    with open(args.out, "w") as handle:
+                        json.dump({"read_memory": results}, handle, indent=2)
+        finally:
+            spark.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        report_read_memory(results, (load_start, os.getloadavg()))
+        return
     # Options of this week's GC and publish work, when the installed upsertctl has them.
     extra = {"gc --sweep": "--sweep" in cli_options("gc"), "publish --spark": "--spark" in cli_options("publish")}
     work = tempfile.mkdtemp(prefix="bench-maintenance-scale-")
