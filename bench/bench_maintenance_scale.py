@@ -216,12 +216,16 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
         note(f"{label} warm cycle {number}/{args.cycles}: " + ", ".join(
             f"{name} {samples[-1][0]:.2f}s" + (f" ({requests_text([samples[-1][1]])})" if store == "s3" else "")
             for name, samples in warm.items()))
-    process = {}
-    if args.process:
-        process = cycle.process_cycle()
-        note(f"{label} process cycle: " + ", ".join(
-            f"{name} {seconds:.1f}s" + (f" ({requests_text([requests])})" if store == "s3" else "")
-            for name, (seconds, requests, _) in process.items()))
+    process_all: dict[str, list] = {}
+    for number in range(1, args.process_cycles + 1 if args.process else 1):
+        for name, sample in cycle.process_cycle().items():
+            process_all.setdefault(name, []).append(sample)
+        note(f"{label} process cycle {number}/{args.process_cycles}: " + ", ".join(
+            f"{name} {samples[-1][0]:.1f}s" + (f" ({requests_text([samples[-1][1]])})" if store == "s3" else "")
+            for name, samples in process_all.items()))
+    # Per operation the median of the process cycles, with that cycle's requests and peak memory.
+    process = {name: sorted(samples, key=lambda sample: sample[0])[(len(samples) - 1) // 2]
+               for name, samples in process_all.items()}
     cycle.consensus.dispose()
     if store == "s3":
         cycle.shard.blob.delete_tree(root)  # moto holds what it stores: free it for the next size
@@ -233,7 +237,8 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
         "requests": {name: [r for _, r in samples] for name, samples in warm.items()},
         "process": {name: seconds for name, (seconds, _, _) in process.items()},
         "process_requests": {name: requests for name, (_, requests, _) in process.items()},
-        "read_peak_mib": process["read"][2] / 2**20 if "read" in process else None,
+        "process_all": {name: [seconds for seconds, _, _ in samples] for name, samples in process_all.items()},
+        "read_peak_mib": max(peak for _, _, peak in process_all["read"]) / 2**20 if "read" in process_all else None,
     }
 
 
@@ -342,6 +347,8 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="also measure on local disk")
     parser.add_argument("--no-process", dest="process", action="store_false",
                         help="skip the cycle of upsertctl processes (and so the reader's peak memory)")
+    parser.add_argument("--process-cycles", type=int, default=1, metavar="N",
+                        help="cycles of upsertctl processes after the warm ones (default 1; medians reported)")
     parser.add_argument("--out", help="also write the results as JSON here (after each size)")
     parser.add_argument("--read-memory", action="store_true",
                         help="measure only the Arrow reader's peak memory at each size (a shard on local disk, one "
@@ -356,8 +363,8 @@ def main() -> None:
     args = parser.parse_args()
     global KEEP_LAST
     KEEP_LAST = args.keep_last
-    if args.cycles < 1 or args.change < 1 or any(size < args.change for size in args.sizes):
-        parser.error("--cycles and --change must be positive and every size at least --change")
+    if args.cycles < 1 or args.change < 1 or args.process_cycles < 1 or any(size < args.change for size in args.sizes):
+        parser.error("--cycles, --process-cycles and --change must be positive and every size at least --change")
     if args.sizes != sorted(args.sizes):
         parser.error("--sizes: smallest first (ratios are to the first)")
     if args.read_memory:
