@@ -436,8 +436,13 @@ def plan_read_partitions(
     return partitions
 
 
+# Rows per batch read_files yields (pyarrow's dataset default).
+READ_BATCH_ROWS = 131_072
+
+
 def read_files(
-    root: str, paths: list[str], schema: "pyarrow.Schema", *, sizes: "list[int | None] | None" = None
+    root: str, paths: list[str], schema: "pyarrow.Schema", *, sizes: "list[int | None] | None" = None,
+    batch_rows: int = READ_BATCH_ROWS,
 ) -> Iterator["pyarrow.RecordBatch"]:
     """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
     ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
@@ -446,9 +451,11 @@ def read_files(
 
     ``sizes``: each file's size as the shard's state lists it; given, an object store is asked
     for no HEAD before the file's GETs (a file whose size differs fails to read, and the
-    caller's check of what failed names it)."""
+    caller's check of what failed names it). ``batch_rows``: rows per batch at most, whatever
+    the files' row groups hold (what a reader of the batches holds follows it)."""
     import pyarrow.dataset as ds
     import pyarrow.fs
+    import pyarrow.parquet as pq
 
     from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
 
@@ -463,10 +470,15 @@ def read_files(
         try:
             fragment = parquet.make_fragment(f"{base.rstrip('/')}/{path}", filesystem,
                                              file_size=sizes[n] if sizes else None)
-            # One batch at a time: nothing read ahead of what the consumer asks for.
-            for batch in fragment.to_batches(columns=schema.names, use_threads=False, batch_readahead=0,
-                                             fragment_readahead=0):
-                yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
+            # One batch of batch_rows at a time, decoded as it is asked for: a dataset scan
+            # decodes a whole row group before its first batch, and Spark's row groups hold up
+            # to 128 MB (millions of rows), so memory would follow the table's size.
+            with fragment.open() as handle:
+                parquet_file = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us",
+                                              page_checksum_verification=True)
+                for batch in parquet_file.iter_batches(batch_size=batch_rows, columns=schema.names,
+                                                       use_threads=False):
+                    yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
         except OSError as exc:
             if not local:
                 raise_store_error(root, exc, "read", f"{root.rstrip('/')}/{path}")
