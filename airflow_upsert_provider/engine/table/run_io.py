@@ -451,8 +451,8 @@ def read_files(
 
     ``sizes``: each file's size as the shard's state lists it; given, an object store is asked
     for no HEAD before the file's GETs (a file whose size differs fails to read, and the
-    caller's check of what failed names it). ``batch_rows``: rows per batch at most, whatever
-    the files' row groups hold (what a reader of the batches holds follows it)."""
+    caller's check of what failed names it). ``batch_rows``: rows per batch at most; on local
+    disk also what is decoded at once, whatever a file's row groups hold."""
     import pyarrow.dataset as ds
     import pyarrow.fs
     import pyarrow.parquet as pq
@@ -468,17 +468,23 @@ def read_files(
     )
     for n, path in enumerate(paths):
         try:
-            fragment = parquet.make_fragment(f"{base.rstrip('/')}/{path}", filesystem,
-                                             file_size=sizes[n] if sizes else None)
-            # One batch of batch_rows at a time, decoded as it is asked for: a dataset scan
-            # decodes a whole row group before its first batch, and Spark's row groups hold up
-            # to 128 MB (millions of rows), so memory would follow the table's size.
-            with fragment.open() as handle:
-                parquet_file = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us",
-                                              page_checksum_verification=True)
-                for batch in parquet_file.iter_batches(batch_size=batch_rows, columns=schema.names,
-                                                       use_threads=False):
-                    yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
+            full_path = f"{base.rstrip('/')}/{path}"
+            if local:
+                # Decoded batch_rows at a time within a row group: a dataset scan decodes a whole
+                # row group before its first batch, and Spark's writer (local runs) puts a bucket
+                # of a 50M-row table in one row group of millions of rows. On object storage,
+                # opening a file this way costs a HEAD; the executors write row groups of at most
+                # ROW_GROUP_BYTES there.
+                batches = pq.ParquetFile(full_path, coerce_int96_timestamp_unit="us",
+                                         page_checksum_verification=True).iter_batches(
+                    batch_size=batch_rows, columns=schema.names, use_threads=False)
+            else:
+                fragment = parquet.make_fragment(full_path, filesystem, file_size=sizes[n] if sizes else None)
+                # One batch at a time: nothing read ahead of what the consumer asks for.
+                batches = fragment.to_batches(columns=schema.names, batch_size=batch_rows, use_threads=False,
+                                              batch_readahead=0, fragment_readahead=0)
+            for batch in batches:
+                yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
         except OSError as exc:
             if not local:
                 raise_store_error(root, exc, "read", f"{root.rstrip('/')}/{path}")
