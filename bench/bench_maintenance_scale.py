@@ -123,6 +123,18 @@ class Cycle:
         self.landed = 0
         self.out = os.path.join(work, "read.parquet")
 
+    @classmethod
+    def reopen(cls, spark, work: str, rows: int) -> "Cycle":
+        """The local-disk shard a ``--read-memory --keep`` run left in ``work``."""
+        cycle = cls.__new__(cls)
+        cycle.spark, cycle.rows, cycle.change, cycle.server, cycle.extra = spark, rows, 1, None, {}
+        cycle.url, cycle.root = f"sqlite:///{work}/consensus.db", os.path.join(work, "blob")
+        cycle.consensus = open_consensus(cycle.url)
+        cycle.shard = Shard.open(cycle.consensus, open_blob(cycle.root), "scale")
+        cycle.env = dict(os.environ, PYTHONPATH=REPO, UPSERT_CONSENSUS_URL=cycle.url, UPSERT_BLOB_ROOT=cycle.root)
+        cycle.landed, cycle.out = 0, os.path.join(work, "read.parquet")
+        return cycle
+
     def build(self) -> None:
         build_base_table(self.spark, self.shard, self.rows)
         compact(self.spark, self.shard, full=True)
@@ -242,40 +254,49 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
     }
 
 
-def read_memory_size(spark, work: str, rows: int, compacted: bool) -> dict:
+def read_memory_size(spark, work: str, rows: int, compacted: bool, stream: bool, keep: bool) -> dict:
     """``--read-memory``: the Arrow reader's peak memory on a shard of ``rows`` keys on local disk,
     built as the cycles' shard is (one Spark batch of generated rows; ``compact --full`` with
-    ``compacted``), read by fresh processes: ``upsertctl read --format parquet`` (the process
-    tree's peak, as the cycle's read is measured) and a process streaming ``read_table``,
-    counting rows and holding none (its own peak, ``ru_maxrss``)."""
+    ``compacted``), or the one a previous run kept in ``work`` (``keep``), read by fresh
+    processes: ``upsertctl read --format parquet`` (the process tree's peak, as the cycle's read
+    is measured) and, with ``stream``, a process streaming ``read_table``, counting rows and
+    holding none (its own peak, ``ru_maxrss``)."""
     import pyarrow.parquet as pq
 
     work = os.path.join(work, f"memory-{rows}")
-    os.makedirs(work)
-    cycle = Cycle(spark, work, os.path.join(work, "blob"), rows, 1, None, {})
     label = f"[{rows:>11,} rows, local]"
-    started = time.monotonic()
-    build_base_table(spark, cycle.shard, rows)
-    if compacted:
-        compact(spark, cycle.shard, full=True)
-    note(f"{label} built in {time.monotonic() - started:.0f} s")
+    if keep and os.path.exists(os.path.join(work, "consensus.db")):
+        cycle = Cycle.reopen(spark, work, rows)
+        note(f"{label} kept from an earlier run")
+    else:
+        os.makedirs(work)
+        cycle = Cycle(spark, work, os.path.join(work, "blob"), rows, 1, None, {})
+        started = time.monotonic()
+        build_base_table(spark, cycle.shard, rows)
+        if compacted:
+            compact(spark, cycle.shard, full=True)
+        note(f"{label} built in {time.monotonic() - started:.0f} s")
     files = [f for run in cycle.shard.live_runs() for f in run["files"]]
     footers = [pq.read_metadata(cycle.shard.blob.path(f["path"])) for f in files]
     layout = {"files": len(files), "parquet_mib": sum(f["bytes"] for f in files) / 2**20,
               "row_groups": sum(m.num_row_groups for m in footers),
               "largest_row_group_rows": max(m.row_group(g).num_rows for m in footers for g in range(m.num_row_groups))}
     seconds, tree_peak = process_timed(cycle.process_commands()["read"], cycle.env)
-    done = subprocess.run([sys.executable, "-c", STREAM, cycle.url, cycle.root, cycle.shard.shard_id, "streamed"],
-                          env=cycle.env, check=True, capture_output=True, text=True)
-    counted, stream_peak = map(int, done.stdout.split())
-    if counted != rows:
-        raise SystemExit(f"{label} read_table returned {counted:,} rows, not {rows:,}")
-    note(f"{label} {layout}; upsertctl read --format parquet {seconds:.1f} s, peak {tree_peak / 2**20:.0f} MiB; "
-         f"read_table streamed peak {stream_peak / 2**20:.0f} MiB")
+    os.remove(cycle.out)
+    stream_peak = None
+    if stream:
+        done = subprocess.run([sys.executable, "-c", STREAM, cycle.url, cycle.root, cycle.shard.shard_id,
+                               "streamed"], env=cycle.env, check=True, capture_output=True, text=True)
+        counted, stream_peak = map(int, done.stdout.split())
+        if counted != rows:
+            raise SystemExit(f"{label} read_table returned {counted:,} rows, not {rows:,}")
+    note(f"{label} {layout}; upsertctl read --format parquet {seconds:.1f} s, peak {tree_peak / 2**20:.0f} MiB"
+         + (f"; read_table streamed peak {stream_peak / 2**20:.0f} MiB" if stream else ""))
     cycle.consensus.dispose()
-    shutil.rmtree(work, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
     return {"rows": rows, "compacted": compacted, **layout, "read_seconds": seconds,
-            "read_peak_mib": tree_peak / 2**20, "stream_peak_mib": stream_peak / 2**20}
+            "read_peak_mib": tree_peak / 2**20, "stream_peak_mib": stream_peak and stream_peak / 2**20}
 
 
 def report_read_memory(results: list[dict], load: tuple) -> None:
@@ -284,14 +305,13 @@ def report_read_memory(results: list[dict], load: tuple) -> None:
           "| its peak RSS (process tree), MiB | streamed `read_table` peak RSS, MiB |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for r in results:
+        stream = "" if r["stream_peak_mib"] is None else f"{r['stream_peak_mib']:,.0f}"
         print(f"| {r['rows']:,} | {r['files']} | {r['row_groups']} ({r['largest_row_group_rows']:,}) | "
-              f"{r['parquet_mib']:,.0f} | {r['read_seconds']:.1f} | {r['read_peak_mib']:,.0f} | "
-              f"{r['stream_peak_mib']:,.0f} |")
+              f"{r['parquet_mib']:,.0f} | {r['read_seconds']:.1f} | {r['read_peak_mib']:,.0f} | {stream} |")
     for r in results[1:]:
         memory = r["read_peak_mib"] / first["read_peak_mib"]
-        print(f"\n{r['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M: upsertctl read {memory:.2f}x, streamed read_table "
-              f"{r['stream_peak_mib'] / first['stream_peak_mib']:.2f}x; target within {TARGET_MEMORY}x: "
-              f"{verdict(memory, TARGET_MEMORY)}")
+        print(f"\n{r['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M: upsertctl read {memory:.2f}x; target within "
+              f"{TARGET_MEMORY}x: {verdict(memory, TARGET_MEMORY)}")
     print(f"\nload average (1, 5, 15 min) at start {' '.join(f'{x:.1f}' for x in load[0])}, "
           f"at end {' '.join(f'{x:.1f}' for x in load[1])}; {os.cpu_count()} cores")
 
@@ -357,6 +377,11 @@ def main() -> None:
     parser.add_argument("--compact", action="store_true",
                         help="with --read-memory: compact --full after the batch (the batch already writes one "
                              "sorted file per bucket, the layout a full compaction writes)")
+    parser.add_argument("--stream", action="store_true",
+                        help="with --read-memory: also a process streaming read_table (rows counted, none held)")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="with --read-memory: build the shards in DIR and keep them; a shard a previous run kept "
+                             "there is read again, not rebuilt")
     parser.add_argument("--keep-last", type=int, default=None, metavar="N",
                         help="apply retention at each cycle's checkpoint (default: none, as the example DAG's weekday "
                              "runs; retention reads the newest checkpoint whole)")
@@ -368,19 +393,21 @@ def main() -> None:
     if args.sizes != sorted(args.sizes):
         parser.error("--sizes: smallest first (ratios are to the first)")
     if args.read_memory:
-        work = tempfile.mkdtemp(prefix="bench-maintenance-scale-")
+        work = args.keep or tempfile.mkdtemp(prefix="bench-maintenance-scale-")
+        os.makedirs(work, exist_ok=True)
         spark = get_spark("local[*]", app_name="bench-maintenance-scale", conf={"spark.driver.memory": "4g"})
         load_start = os.getloadavg()
         results = []
         try:
             for rows in args.sizes:
-                results.append(read_memory_size(spark, work, rows, args.compact))
+                results.append(read_memory_size(spark, work, rows, args.compact, args.stream, bool(args.keep)))
                 if args.out:
                     with open(args.out, "w") as handle:
                         json.dump({"read_memory": results}, handle, indent=2)
         finally:
             spark.stop()
-            shutil.rmtree(work, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
         report_read_memory(results, (load_start, os.getloadavg()))
         return
     # Options of this week's GC and publish work, when the installed upsertctl has them.
