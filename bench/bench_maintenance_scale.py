@@ -34,6 +34,12 @@ Progress goes to stderr.
 
     .venv/bin/python bench/bench_maintenance_scale.py                                  # 2M, 10M, 50M; 4 cycles
     .venv/bin/python bench/bench_maintenance_scale.py --sizes 200000 1000000 --cycles 2  # a smoke run
+
+``--read-memory`` measures only the Arrow reader's peak memory at each size, on local disk (the
+shard built as above, one Spark batch, then read by a fresh ``upsertctl read --format parquet``):
+the memory target where the cycles at the largest size take longer than the machine has.
+
+    .venv/bin/python bench/bench_maintenance_scale.py --read-memory --sizes 2000000 10000000 50000000 --stream
 """
 
 from __future__ import annotations
