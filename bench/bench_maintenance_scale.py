@@ -260,7 +260,7 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
     }
 
 
-def read_memory_size(spark, work: str, rows: int, compacted: bool, stream: bool, keep: bool) -> dict:
+def read_memory_size(spark_factory, work: str, rows: int, compacted: bool, stream: bool, keep: bool) -> dict:
     """``--read-memory``: the Arrow reader's peak memory on a shard of ``rows`` keys on local disk,
     built as the cycles' shard is (one Spark batch of generated rows; ``compact --full`` with
     ``compacted``), or the one a previous run kept in ``work`` (``keep``), read by fresh
@@ -272,10 +272,11 @@ def read_memory_size(spark, work: str, rows: int, compacted: bool, stream: bool,
     work = os.path.join(work, f"memory-{rows}")
     label = f"[{rows:>11,} rows, local]"
     if keep and os.path.exists(os.path.join(work, "consensus.db")):
-        cycle = Cycle.reopen(spark, work, rows)
+        cycle = Cycle.reopen(None, work, rows)  # a kept shard is read without Spark
         note(f"{label} kept from an earlier run")
     else:
         os.makedirs(work)
+        spark = spark_factory()
         cycle = Cycle(spark, work, os.path.join(work, "blob"), rows, 1, None, {})
         started = time.monotonic()
         build_base_table(spark, cycle.shard, rows)
@@ -401,17 +402,22 @@ def main() -> None:
     if args.read_memory:
         work = args.keep or tempfile.mkdtemp(prefix="bench-maintenance-scale-")
         os.makedirs(work, exist_ok=True)
-        spark = get_spark("local[*]", app_name="bench-maintenance-scale", conf={"spark.driver.memory": "4g"})
+        def spark_factory():  # started only when a shard is built
+            return get_spark("local[*]", app_name="bench-maintenance-scale", conf={"spark.driver.memory": "4g"})
+
         load_start = os.getloadavg()
         results = []
         try:
             for rows in args.sizes:
-                results.append(read_memory_size(spark, work, rows, args.compact, args.stream, bool(args.keep)))
+                results.append(read_memory_size(spark_factory, work, rows, args.compact, args.stream, bool(args.keep)))
                 if args.out:
                     with open(args.out, "w") as handle:
                         json.dump({"read_memory": results}, handle, indent=2)
         finally:
-            spark.stop()
+            from pyspark.sql import SparkSession
+
+            if SparkSession.getActiveSession() is not None:
+                SparkSession.getActiveSession().stop()
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
         report_read_memory(results, (load_start, os.getloadavg()))
