@@ -34,6 +34,12 @@ Progress goes to stderr.
 
     .venv/bin/python bench/bench_maintenance_scale.py                                  # 2M, 10M, 50M; 4 cycles
     .venv/bin/python bench/bench_maintenance_scale.py --sizes 200000 1000000 --cycles 2  # a smoke run
+
+``--read-memory`` measures only the Arrow reader's peak memory at each size, on local disk (the
+shard built as above, one Spark batch, then read by a fresh ``upsertctl read --format parquet``):
+the memory target where the cycles at the largest size take longer than the machine has.
+
+    .venv/bin/python bench/bench_maintenance_scale.py --read-memory --sizes 2000000 10000000 50000000 --stream
 """
 
 from __future__ import annotations
@@ -65,7 +71,8 @@ from airflow_upsert_provider.engine.table.arrow_reader import read_table  # noqa
 from airflow_upsert_provider.engine.table.shard import Shard  # noqa: E402
 from airflow_upsert_provider.engine.write.writer import Writer  # noqa: E402
 from airflow_upsert_provider.sample_data import SampleSpec, generate  # noqa: E402
-from bench_readers import timed as process_timed  # noqa: E402 (bench/, the script's directory)
+from bench_readers import STREAM  # noqa: E402 (bench/, the script's directory)
+from bench_readers import timed as process_timed  # noqa: E402
 from bench_s3 import build_base_table, counted, requests_text  # noqa: E402
 from tests.helpers import sample_config  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
@@ -121,6 +128,18 @@ class Cycle:
         self.env = dict(os.environ, PYTHONPATH=REPO, UPSERT_CONSENSUS_URL=self.url, UPSERT_BLOB_ROOT=root)
         self.landed = 0
         self.out = os.path.join(work, "read.parquet")
+
+    @classmethod
+    def reopen(cls, spark, work: str, rows: int) -> "Cycle":
+        """The local-disk shard a ``--read-memory --keep`` run left in ``work``."""
+        cycle = cls.__new__(cls)
+        cycle.spark, cycle.rows, cycle.change, cycle.server, cycle.extra = spark, rows, 1, None, {}
+        cycle.url, cycle.root = f"sqlite:///{work}/consensus.db", os.path.join(work, "blob")
+        cycle.consensus = open_consensus(cycle.url)
+        cycle.shard = Shard.open(cycle.consensus, open_blob(cycle.root), "scale")
+        cycle.env = dict(os.environ, PYTHONPATH=REPO, UPSERT_CONSENSUS_URL=cycle.url, UPSERT_BLOB_ROOT=cycle.root)
+        cycle.landed, cycle.out = 0, os.path.join(work, "read.parquet")
+        return cycle
 
     def build(self) -> None:
         build_base_table(self.spark, self.shard, self.rows)
@@ -215,12 +234,16 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
         note(f"{label} warm cycle {number}/{args.cycles}: " + ", ".join(
             f"{name} {samples[-1][0]:.2f}s" + (f" ({requests_text([samples[-1][1]])})" if store == "s3" else "")
             for name, samples in warm.items()))
-    process = {}
-    if args.process:
-        process = cycle.process_cycle()
-        note(f"{label} process cycle: " + ", ".join(
-            f"{name} {seconds:.1f}s" + (f" ({requests_text([requests])})" if store == "s3" else "")
-            for name, (seconds, requests, _) in process.items()))
+    process_all: dict[str, list] = {}
+    for number in range(1, args.process_cycles + 1 if args.process else 1):
+        for name, sample in cycle.process_cycle().items():
+            process_all.setdefault(name, []).append(sample)
+        note(f"{label} process cycle {number}/{args.process_cycles}: " + ", ".join(
+            f"{name} {samples[-1][0]:.1f}s" + (f" ({requests_text([samples[-1][1]])})" if store == "s3" else "")
+            for name, samples in process_all.items()))
+    # Per operation the median of the process cycles, with that cycle's requests and peak memory.
+    process = {name: sorted(samples, key=lambda sample: sample[0])[(len(samples) - 1) // 2]
+               for name, samples in process_all.items()}
     cycle.consensus.dispose()
     if store == "s3":
         cycle.shard.blob.delete_tree(root)  # moto holds what it stores: free it for the next size
@@ -232,8 +255,72 @@ def bench_size(spark, server: S3Server, work: str, rows: int, store: str, args, 
         "requests": {name: [r for _, r in samples] for name, samples in warm.items()},
         "process": {name: seconds for name, (seconds, _, _) in process.items()},
         "process_requests": {name: requests for name, (_, requests, _) in process.items()},
-        "read_peak_mib": process["read"][2] / 2**20 if "read" in process else None,
+        "process_all": {name: [seconds for seconds, _, _ in samples] for name, samples in process_all.items()},
+        "read_peak_mib": max(peak for _, _, peak in process_all["read"]) / 2**20 if "read" in process_all else None,
     }
+
+
+def read_memory_size(spark_factory, work: str, rows: int, compacted: bool, stream: bool, keep: bool) -> dict:
+    """``--read-memory``: the Arrow reader's peak memory on a shard of ``rows`` keys on local disk,
+    built as the cycles' shard is (one Spark batch of generated rows; ``compact --full`` with
+    ``compacted``), or the one a previous run kept in ``work`` (``keep``), read by fresh
+    processes: ``upsertctl read --format parquet`` (the process tree's peak, as the cycle's read
+    is measured) and, with ``stream``, a process streaming ``read_table``, counting rows and
+    holding none (its own peak, ``ru_maxrss``)."""
+    import pyarrow.parquet as pq
+
+    work = os.path.join(work, f"memory-{rows}")
+    label = f"[{rows:>11,} rows, local]"
+    if keep and os.path.exists(os.path.join(work, "consensus.db")):
+        cycle = Cycle.reopen(None, work, rows)  # a kept shard is read without Spark
+        note(f"{label} kept from an earlier run")
+    else:
+        os.makedirs(work)
+        spark = spark_factory()
+        cycle = Cycle(spark, work, os.path.join(work, "blob"), rows, 1, None, {})
+        started = time.monotonic()
+        build_base_table(spark, cycle.shard, rows)
+        if compacted:
+            compact(spark, cycle.shard, full=True)
+        note(f"{label} built in {time.monotonic() - started:.0f} s")
+    files = [f for run in cycle.shard.live_runs() for f in run["files"]]
+    footers = [pq.read_metadata(cycle.shard.blob.path(f["path"])) for f in files]
+    layout = {"files": len(files), "parquet_mib": sum(f["bytes"] for f in files) / 2**20,
+              "row_groups": sum(m.num_row_groups for m in footers),
+              "largest_row_group_rows": max(m.row_group(g).num_rows for m in footers for g in range(m.num_row_groups))}
+    seconds, tree_peak = process_timed(cycle.process_commands()["read"], cycle.env)
+    os.remove(cycle.out)
+    stream_peak = None
+    if stream:
+        done = subprocess.run([sys.executable, "-c", STREAM, cycle.url, cycle.root, cycle.shard.shard_id,
+                               "streamed"], env=cycle.env, check=True, capture_output=True, text=True)
+        counted, stream_peak = map(int, done.stdout.split())
+        if counted != rows:
+            raise SystemExit(f"{label} read_table returned {counted:,} rows, not {rows:,}")
+    note(f"{label} {layout}; upsertctl read --format parquet {seconds:.1f} s, peak {tree_peak / 2**20:.0f} MiB"
+         + (f"; read_table streamed peak {stream_peak / 2**20:.0f} MiB" if stream else ""))
+    cycle.consensus.dispose()
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"rows": rows, "compacted": compacted, **layout, "read_seconds": seconds,
+            "read_peak_mib": tree_peak / 2**20, "stream_peak_mib": stream_peak and stream_peak / 2**20}
+
+
+def report_read_memory(results: list[dict], load: tuple) -> None:
+    first = results[0]
+    print("\n| table rows | run files | row groups (largest, rows) | Parquet MiB | `upsertctl read --format parquet` s "
+          "| its peak RSS (process tree), MiB | streamed `read_table` peak RSS, MiB |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        stream = "" if r["stream_peak_mib"] is None else f"{r['stream_peak_mib']:,.0f}"
+        print(f"| {r['rows']:,} | {r['files']} | {r['row_groups']} ({r['largest_row_group_rows']:,}) | "
+              f"{r['parquet_mib']:,.0f} | {r['read_seconds']:.1f} | {r['read_peak_mib']:,.0f} | {stream} |")
+    for r in results[1:]:
+        memory = r["read_peak_mib"] / first["read_peak_mib"]
+        print(f"\n{r['rows'] / 1e6:g}M / {first['rows'] / 1e6:g}M: upsertctl read {memory:.2f}x; target within "
+              f"{TARGET_MEMORY}x: {verdict(memory, TARGET_MEMORY)}")
+    print(f"\nload average (1, 5, 15 min) at start {' '.join(f'{x:.1f}' for x in load[0])}, "
+          f"at end {' '.join(f'{x:.1f}' for x in load[1])}; {os.cpu_count()} cores")
 
 
 def verdict(ratio: float, target: float) -> str:
@@ -287,17 +374,54 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="also measure on local disk")
     parser.add_argument("--no-process", dest="process", action="store_false",
                         help="skip the cycle of upsertctl processes (and so the reader's peak memory)")
+    parser.add_argument("--process-cycles", type=int, default=1, metavar="N",
+                        help="cycles of upsertctl processes after the warm ones (default 1; medians reported)")
     parser.add_argument("--out", help="also write the results as JSON here (after each size)")
+    parser.add_argument("--read-memory", action="store_true",
+                        help="measure only the Arrow reader's peak memory at each size (a shard on local disk, one "
+                             "Spark batch; no cycles, no S3 server): the memory target where the cycles at the "
+                             "largest size take longer than the machine has")
+    parser.add_argument("--compact", action="store_true",
+                        help="with --read-memory: compact --full after the batch (the batch already writes one "
+                             "sorted file per bucket, the layout a full compaction writes)")
+    parser.add_argument("--stream", action="store_true",
+                        help="with --read-memory: also a process streaming read_table (rows counted, none held)")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="with --read-memory: build the shards in DIR and keep them; a shard a previous run kept "
+                             "there is read again, not rebuilt")
     parser.add_argument("--keep-last", type=int, default=None, metavar="N",
                         help="apply retention at each cycle's checkpoint (default: none, as the example DAG's weekday "
                              "runs; retention reads the newest checkpoint whole)")
     args = parser.parse_args()
     global KEEP_LAST
     KEEP_LAST = args.keep_last
-    if args.cycles < 1 or args.change < 1 or any(size < args.change for size in args.sizes):
-        parser.error("--cycles and --change must be positive and every size at least --change")
+    if args.cycles < 1 or args.change < 1 or args.process_cycles < 1 or any(size < args.change for size in args.sizes):
+        parser.error("--cycles, --process-cycles and --change must be positive and every size at least --change")
     if args.sizes != sorted(args.sizes):
         parser.error("--sizes: smallest first (ratios are to the first)")
+    if args.read_memory:
+        work = args.keep or tempfile.mkdtemp(prefix="bench-maintenance-scale-")
+        os.makedirs(work, exist_ok=True)
+        def spark_factory():  # started only when a shard is built
+            return get_spark("local[*]", app_name="bench-maintenance-scale", conf={"spark.driver.memory": "4g"})
+
+        load_start = os.getloadavg()
+        results = []
+        try:
+            for rows in args.sizes:
+                results.append(read_memory_size(spark_factory, work, rows, args.compact, args.stream, bool(args.keep)))
+                if args.out:
+                    with open(args.out, "w") as handle:
+                        json.dump({"read_memory": results}, handle, indent=2)
+        finally:
+            from pyspark.sql import SparkSession
+
+            if SparkSession.getActiveSession() is not None:
+                SparkSession.getActiveSession().stop()
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+        report_read_memory(results, (load_start, os.getloadavg()))
+        return
     # Options of this week's GC and publish work, when the installed upsertctl has them.
     extra = {"gc --sweep": "--sweep" in cli_options("gc"), "publish --spark": "--spark" in cli_options("publish")}
     work = tempfile.mkdtemp(prefix="bench-maintenance-scale-")

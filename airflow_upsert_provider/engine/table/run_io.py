@@ -436,8 +436,13 @@ def plan_read_partitions(
     return partitions
 
 
+# Rows per batch read_files yields (pyarrow's dataset default).
+READ_BATCH_ROWS = 131_072
+
+
 def read_files(
-    root: str, paths: list[str], schema: "pyarrow.Schema", *, sizes: "list[int | None] | None" = None
+    root: str, paths: list[str], schema: "pyarrow.Schema", *, sizes: "list[int | None] | None" = None,
+    batch_rows: int = READ_BATCH_ROWS,
 ) -> Iterator["pyarrow.RecordBatch"]:
     """The rows of the run files at ``paths`` (relative to ``root``), as record batches in
     ``schema``: the columns by name, cast to the run schema's types (a run Spark wrote stores
@@ -446,9 +451,11 @@ def read_files(
 
     ``sizes``: each file's size as the shard's state lists it; given, an object store is asked
     for no HEAD before the file's GETs (a file whose size differs fails to read, and the
-    caller's check of what failed names it)."""
+    caller's check of what failed names it). ``batch_rows``: rows per batch at most; on local
+    disk also what is decoded at once, whatever a file's row groups hold."""
     import pyarrow.dataset as ds
     import pyarrow.fs
+    import pyarrow.parquet as pq
 
     from airflow_upsert_provider.engine.blob.filesystems import filesystem_for
 
@@ -461,15 +468,29 @@ def read_files(
     )
     for n, path in enumerate(paths):
         try:
-            fragment = parquet.make_fragment(f"{base.rstrip('/')}/{path}", filesystem,
-                                             file_size=sizes[n] if sizes else None)
+            full_path = f"{base.rstrip('/')}/{path}"
+            if local:
+                # Decoded batch_rows at a time within a row group: a dataset scan decodes a whole
+                # row group before its first batch, and Spark's writer (local runs) puts a bucket
+                # of a 50M-row table in one row group of millions of rows. On object storage,
+                # opening a file this way costs a HEAD; the executors write row groups of at most
+                # ROW_GROUP_BYTES there.
+                parquet_file = pq.ParquetFile(full_path, coerce_int96_timestamp_unit="us",
+                                              page_checksum_verification=True)
+                present = set(parquet_file.schema_arrow.names)
+            else:
+                fragment = parquet.make_fragment(full_path, filesystem, file_size=sizes[n] if sizes else None)
+                present = set(fragment.physical_schema.names)
             # A run written with an older schema version lacks the columns added since: they
             # read as null (its footer, read for the scan anyway, says which it has).
-            present = set(fragment.physical_schema.names)
             stored = [name for name in schema.names if name in present]
-            # One batch at a time: nothing read ahead of what the consumer asks for.
-            for batch in fragment.to_batches(columns=stored, use_threads=False, batch_readahead=0,
-                                             fragment_readahead=0):
+            if local:
+                batches = parquet_file.iter_batches(batch_size=batch_rows, columns=stored, use_threads=False)
+            else:
+                # One batch at a time: nothing read ahead of what the consumer asks for.
+                batches = fragment.to_batches(columns=stored, batch_size=batch_rows, use_threads=False,
+                                              batch_readahead=0, fragment_readahead=0)
+            for batch in batches:
                 if len(stored) < len(schema.names):
                     batch = with_null_columns(batch, schema)
                 yield batch.select(schema.names).cast(schema) if batch.schema != schema else batch
