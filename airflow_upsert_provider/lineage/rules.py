@@ -147,7 +147,7 @@ class Lineage:
 
 def committed_range(result: Mapping[str, Any]) -> dict[str, Any] | None:
     """The batch range an upsert committed itself, with the commit event's keys (``to_ts``
-    exclusive; ``schema_version`` null until the shard has schema versions), or None when it
+    exclusive; ``schema_version`` as the result says it, null when it does not), or None when it
     committed nothing. Batches a peer persisted are not this task's writes."""
     own = [b for b in result.get("batches") or [] if b.get("outcome") in OWN_COMMITS]
     if not own:
@@ -156,7 +156,7 @@ def committed_range(result: Mapping[str, Any]) -> dict[str, Any] | None:
         "from_ts": min(int(b["ts"]) for b in own),
         "to_ts": max(int(b["ts"]) for b in own) + 1,
         "rows_out": sum(int(b.get("rows_out") or 0) for b in own),
-        "schema_version": None,
+        "schema_version": result.get("schema_version"),
     }
 
 

@@ -358,6 +358,9 @@ class MicroBatchUpsertOperator(BaseOperator):
                 report = self._run_in_process(hook, shard, plan, remote=self._connect_address(hook))
             else:
                 report = self._run_in_process(hook, shard, plan)
+            # The table schema version at the upper (a batch may have added a column): the Asset
+            # event and the lineage carry it (the commit-event contract).
+            report["schema_version"] = shard.refresh_schema().schema_version
             self._lineage = capture(self, hook, report, shard=shard)
             send_metrics(lambda: [*(m for b in report.get("batches") or [] for m in batch_metrics(self.shard, b)),
                                   *live_runs_metrics(self.shard, len(shard.live_runs()))])
@@ -424,7 +427,8 @@ class MicroBatchUpsertOperator(BaseOperator):
             "committed": report.get("committed"),
             "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
             # The commit-event contract, as ShardCommitTrigger's events carry it (docs/events.md).
-            **commit_range(upper_at_start, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own)),
+            **commit_range(upper_at_start, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own),
+                           report.get("schema_version")),
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:

@@ -86,6 +86,7 @@ class ShardCommitTrigger(BaseEventTrigger):
     def _read(self, reported: int | None) -> tuple[int, dict[str, Any] | None]:
         """The store's upper, and the event for the commits since ``reported`` (None: none yet)."""
         from airflow_upsert_provider.engine.common.commit_events import committed_batch, next_commit_event
+        from airflow_upsert_provider.engine.store.table_schemas import current_version
         from airflow_upsert_provider.hooks.upsert import UpsertShardHook
 
         if self._hook is None:
@@ -96,7 +97,7 @@ class ShardCommitTrigger(BaseEventTrigger):
             return upper, None
         records = consensus.batches(self.shard, from_ts=reported, below=upper)
         batches = [committed_batch(r.ts, r.stats, r.committed_at) for r in records]
-        return upper, next_commit_event(self.shard, reported, upper, batches)
+        return upper, next_commit_event(self.shard, reported, upper, batches, current_version(consensus, self.shard))
 
     def _close(self) -> None:
         if self._hook is not None:

@@ -89,7 +89,7 @@ def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob
     asset = shard_asset("upsert_default", "orders")
     assert [o.uri for o in op.outlets] == [asset.uri]
     assert events[asset].extra == {"upper": 1, "upper_before": 1, "committed": 0, "rows_in": 0, "rows_out": 0,
-                                   "from_ts": 1, "to_ts": 1, "schema_version": None}
+                                   "from_ts": 1, "to_ts": 1, "schema_version": 1}
 
     # The next run finds nothing new and its newest batch is no try of its own: no event.
     ti.run_id, ti.try_number = "manual__2", 1

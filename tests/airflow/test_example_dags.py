@@ -59,7 +59,7 @@ def _event_of(report: dict, upper_before: int) -> dict:
     committed = [b for b in report["batches"] if b["outcome"] == "committed"]
     return {"upper": report["upper"], "upper_before": upper_before, "committed": report["committed"],
             "rows_in": sum(b["rows_in"] for b in committed), "rows_out": sum(b["rows_out"] for b in committed),
-            "from_ts": upper_before, "to_ts": report["upper"], "schema_version": None}
+            "from_ts": upper_before, "to_ts": report["upper"], "schema_version": 1}
 
 
 @contextmanager

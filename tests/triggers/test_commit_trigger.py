@@ -81,17 +81,20 @@ def test_commits_made_by_the_cli_fire_one_event_per_range_and_a_restart_reports_
     assert {k: event[k] for k in ("shard", "from_ts", "to_ts", "upper", "upper_before", "committed",
                                   "schema_version")} == {
         "shard": "orders", "from_ts": 0, "to_ts": 2, "upper": 2, "upper_before": 0, "committed": 2,
-        "schema_version": None}
+        "schema_version": 1}
     assert event["rows_out"] == sum(b["rows_out"] for b in first) > 0
     assert event["rows_in"] == sum(b["rows_in"] for b in first)
     assert isinstance(event["committed_at"], float)
     assert json.loads(json.dumps(event)) == event  # what the triggerer stores as the Asset event's payload
     assert state.values == {REPORTED_UPPER_KEY: 2}
 
-    # A restarted triggerer: a new instance, the same Asset state. It resumes at 2.
+    # A restarted triggerer: a new instance, the same Asset state. It resumes at 2. A column
+    # added meanwhile: the event names the schema version the batch was written with.
+    ctl.ok("schema", "add-column", "orders", "discount", "DOUBLE")
     second = commit(1)
     event = next_event(rebuilt(), state)
     assert (event["from_ts"], event["to_ts"], event["rows_out"]) == (2, 3, second[0]["rows_out"])
+    assert event["schema_version"] == 2
     assert state.values == {REPORTED_UPPER_KEY: 3}
 
     # No start given: what is committed from the first look on, nothing before it.

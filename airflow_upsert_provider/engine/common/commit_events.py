@@ -30,7 +30,8 @@ class CommittedBatch(NamedTuple):
 
 
 def next_commit_event(
-    shard: str, reported_upper: int, store_upper: int, batches: Sequence[CommittedBatch]
+    shard: str, reported_upper: int, store_upper: int, batches: Sequence[CommittedBatch],
+    schema_version: int | None = None,
 ) -> dict[str, Any] | None:
     """The event to fire for ``shard``, whose events so far covered every ts below
     ``reported_upper``, now that the store's upper is ``store_upper`` and ``batches`` are
@@ -55,7 +56,7 @@ def next_commit_event(
     newest = by_ts.get(store_upper - 1)
     return {
         "shard": shard,
-        **commit_range(reported_upper, store_upper, total("rows_out")),
+        **commit_range(reported_upper, store_upper, total("rows_out"), schema_version),
         "upper": store_upper,
         "upper_before": reported_upper,
         "committed": store_upper - reported_upper,

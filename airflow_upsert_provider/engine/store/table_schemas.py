@@ -93,6 +93,12 @@ def current_schema(consensus: Consensus, shard_id: str, config_schema: str) -> T
     return init_schema(config_schema) if latest is None else latest
 
 
+def current_version(consensus: Consensus, shard_id: str) -> int:
+    """The number of the shard's newest schema version (1 when none was added since ``init``)."""
+    latest = consensus.read_in_snapshot(lambda conn: latest_schema(conn, shard_id))
+    return INIT_SCHEMA_VERSION if latest is None else latest.version
+
+
 def schema_version_of(consensus: Consensus, shard_id: str, version: int, config_schema: str) -> TableSchema:
     """Version ``version`` of the shard's schema (1: ``config_schema``). A version that is not
     recorded is an error: runs name only versions that were minted before them."""
