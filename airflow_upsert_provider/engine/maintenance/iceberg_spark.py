@@ -42,6 +42,7 @@ from airflow_upsert_provider.engine.table.run_io import (
     WRITTEN_SCHEMA,
     HashingSink,
     RunFileTarget,
+    abandon_parquet_file,
     raise_carried_error,
     raise_store_error,
     run_writer_task,
@@ -87,7 +88,7 @@ def write_on_executors(
     ``group_count`` (the key hash the runs' groups were taken by, ``runs.read_group_count``).
     ``target_bytes`` bounds a file's Arrow bytes. A store's failure on an executor is the
     engine's error of it (:class:`BlobUnavailable` for a transient one)."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, schema_to_pyarrow
     from pyspark.sql import functions as F
 
     if not rewrite:
@@ -100,8 +101,9 @@ def write_on_executors(
     # One task per bucket (or a few): each writes its buckets' rows and nothing else.
     frame = frame.repartition(len(rewrite), "_bucket")
     schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
+    # The table's Parquet settings (codec, level, page sizes) as PyIceberg's own writer reads them.
     write = partial(write_data_files, schema=schema, write_uuid=write_uuid or str(uuid.uuid4()),
-                    target_bytes=target_bytes)
+                    target_bytes=target_bytes, parquet_options=_get_parquet_writer_kwargs(table.properties))
     target = RunFileTarget(location, "", tuple(schema.names))
     with shard.reading([{"files": files}]):  # a damaged run file: an IntegrityError naming it
         try:
@@ -114,12 +116,13 @@ def write_on_executors(
 
 def write_data_files(
     batches: Iterable["pyarrow.RecordBatch"], target: RunFileTarget, task_tag: str, *,
-    schema: "pyarrow.Schema", write_uuid: str, target_bytes: int,
+    schema: "pyarrow.Schema", write_uuid: str, target_bytes: int, parquet_options: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """On an executor: write the rows of one task (``_bucket`` beside ``schema``'s columns;
     -1: the whole table) as data files under ``target.root`` (the table's data location),
     a new file for a bucket once its file holds ``target_bytes``, and yield ``{path, bytes,
-    rows, sha256}`` for each file once complete (on local disk, durable). On an object store
+    rows, sha256}`` for each file once complete (on local disk, durable). ``parquet_options``:
+    the Parquet writer's settings (the table's codec and page sizes). On an object store
     a file is sent once complete or once it outgrows the store's part size (``HashingSink``);
     a failed task leaves no readable partial file where it can (``run_io``)."""
     import pyarrow as pa
@@ -146,7 +149,7 @@ def write_data_files(
         full = f"{directory.rstrip('/')}/{name}"
         sink = HashingSink(partial(filesystem.open_output_stream, full), hold_bytes=0 if local else OBJECT_HOLD_BYTES)
         return {"path": f"{target.root.rstrip('/')}/{name}", "full": full, "sink": sink, "rows": 0, "bytes": 0,
-                "writer": pq.ParquetWriter(sink, schema)}
+                "writer": pq.ParquetWriter(sink, schema, **(parquet_options or {}))}
 
     def finish(held: dict[str, Any]) -> dict[str, Any]:
         held["writer"].close()
@@ -178,12 +181,7 @@ def write_data_files(
             yield finish(open_files.pop(next(iter(open_files))))
     except BaseException as exc:
         for held in open_files.values():
-            held["writer"].is_open = False  # its close (or finalizer) would write the footer
-            try:
-                if held["sink"].abort():
-                    filesystem.delete_file(held["full"])
-            except Exception:
-                pass
+            abandon_parquet_file(filesystem, held["writer"], held["sink"], held["full"])
         if not local and isinstance(exc, OSError):
             raise_store_error(target.root, exc, "write", target.root)
         raise
