@@ -88,17 +88,25 @@ def directory_bytes(path: str) -> tuple[int, int]:
     return len(files), sum(os.path.getsize(f) for f in files)
 
 
-def bench_size(spark, workdir: str, rows: int, change: int, cycles: int) -> None:
-    root = os.path.join(workdir, f"rows-{rows}")
+def compacted_shard(spark, root: str, blob_root: str, rows: int):
+    """A shard of ``rows`` keys (8 buckets) under ``blob_root``, fully compacted, its store
+    under ``root``, and the default Iceberg catalog: (consensus, shard, catalog)."""
     os.makedirs(os.path.join(root, "landing"), exist_ok=True)
     consensus = open_consensus(f"sqlite:///{root}/consensus.db")
-    blob = open_blob(os.path.join(root, "blob"))
+    blob = open_blob(blob_root)
     config = ShardConfig(source=f"dir:{os.path.join(root, 'landing')}", keys=("id",), schema=sample_schema_json(),
                          order_by="updated_at", delete_marker="deleted", buckets=8)
     shard = Shard.create(consensus, blob, "bench", config)
     commit_run(spark, shard, synthetic_rows(spark, shard, rows=rows, keys=rows, ts=0, seed=0), 0)
     compact(spark, shard, full=True)
     catalog = iceberg_catalog.open_catalog(iceberg_catalog.catalog_properties(consensus.url, blob.root))
+    return consensus, shard, catalog
+
+
+def bench_size(spark, workdir: str, rows: int, change: int, cycles: int) -> None:
+    root = os.path.join(workdir, f"rows-{rows}")
+    consensus, shard, catalog = compacted_shard(spark, root, os.path.join(root, "blob"), rows)
+    config = shard.config
     print(f"\n{rows:,} rows, {config.buckets} buckets, {change:,} updates per batch")
     print(f"{'publish':34s} {'changed s':>9s} {'whole s':>8s} {'changed MB':>10s} {'whole MB':>9s} {'buckets':>7s}")
 
@@ -136,15 +144,8 @@ def bench_object_storage(spark, server, workdir: str, rows: int, change: int) ->
     from tests.s3server import REQUEST_KINDS, request_kind
 
     root = os.path.join(workdir, f"s3-rows-{rows}")
-    os.makedirs(os.path.join(root, "landing"), exist_ok=True)
-    consensus = open_consensus(f"sqlite:///{root}/consensus.db")
-    blob = open_blob(f"s3://{server.create_bucket()}/upsert")
-    config = ShardConfig(source=f"dir:{os.path.join(root, 'landing')}", keys=("id",), schema=sample_schema_json(),
-                         order_by="updated_at", delete_marker="deleted", buckets=8)
-    shard = Shard.create(consensus, blob, "bench", config)
-    commit_run(spark, shard, synthetic_rows(spark, shard, rows=rows, keys=rows, ts=0, seed=0), 0)
-    compact(spark, shard, full=True)
-    catalog = iceberg_catalog.open_catalog(iceberg_catalog.catalog_properties(consensus.url, blob.root))
+    consensus, shard, catalog = compacted_shard(spark, root, f"s3://{server.create_bucket()}/upsert", rows)
+    config = shard.config
     print(f"\n{rows:,} rows on S3 (moto), {config.buckets} buckets, {change:,} updates per batch")
     print("| publish | path | seconds | data MB written | files | requests |")
     print("|---|---|---:|---:|---:|---|")
