@@ -14,8 +14,15 @@ rounds of a random batch, a compaction and a publish to two new tables, one with
 retention replaced by ``keep_last=3`` and one with expiry off: the bytes under each table's
 location after the last round.
 
+With ``--object-storage``, instead: the shard and the tables on the loopback S3 server (moto,
+tests/s3server.py), and each publish made twice, to two tables: by the Arrow path (this
+process reads the runs and PyIceberg writes the files) and by Spark's executors (they merge
+and write the files through pyarrow, the driver reads each footer back). Reported per publish:
+seconds, bytes of data files written, and the S3 requests by kind.
+
     .venv/bin/python bench/bench_publish.py                   # 1M and 4M rows, 20k updates
     .venv/bin/python bench/bench_publish.py --rows 200000     # quick
+    .venv/bin/python bench/bench_publish.py --object-storage --rows 1000000
 """
 
 from __future__ import annotations
@@ -50,9 +57,9 @@ def whole_rewrite(live, published, current_files):
     return plan_buckets(live, None, current_files)
 
 
-def publish(shard, catalog, table: str, *, whole: bool, retention=None) -> dict:
+def publish(shard, catalog, table: str, *, whole: bool, retention=None, spark=None) -> dict:
     def run():
-        return iceberg.publish_iceberg(shard, catalog, table, retention=retention)
+        return iceberg.publish_iceberg(shard, catalog, table, retention=retention, spark=spark)
 
     if whole:
         with mock.patch.object(iceberg, "plan_buckets", whole_rewrite):
@@ -81,17 +88,25 @@ def directory_bytes(path: str) -> tuple[int, int]:
     return len(files), sum(os.path.getsize(f) for f in files)
 
 
-def bench_size(spark, workdir: str, rows: int, change: int, cycles: int) -> None:
-    root = os.path.join(workdir, f"rows-{rows}")
+def compacted_shard(spark, root: str, blob_root: str, rows: int):
+    """A shard of ``rows`` keys (8 buckets) under ``blob_root``, fully compacted, its store
+    under ``root``, and the default Iceberg catalog: (consensus, shard, catalog)."""
     os.makedirs(os.path.join(root, "landing"), exist_ok=True)
     consensus = open_consensus(f"sqlite:///{root}/consensus.db")
-    blob = open_blob(os.path.join(root, "blob"))
+    blob = open_blob(blob_root)
     config = ShardConfig(source=f"dir:{os.path.join(root, 'landing')}", keys=("id",), schema=sample_schema_json(),
                          order_by="updated_at", delete_marker="deleted", buckets=8)
     shard = Shard.create(consensus, blob, "bench", config)
     commit_run(spark, shard, synthetic_rows(spark, shard, rows=rows, keys=rows, ts=0, seed=0), 0)
     compact(spark, shard, full=True)
     catalog = iceberg_catalog.open_catalog(iceberg_catalog.catalog_properties(consensus.url, blob.root))
+    return consensus, shard, catalog
+
+
+def bench_size(spark, workdir: str, rows: int, change: int, cycles: int) -> None:
+    root = os.path.join(workdir, f"rows-{rows}")
+    consensus, shard, catalog = compacted_shard(spark, root, os.path.join(root, "blob"), rows)
+    config = shard.config
     print(f"\n{rows:,} rows, {config.buckets} buckets, {change:,} updates per batch")
     print(f"{'publish':34s} {'changed s':>9s} {'whole s':>8s} {'changed MB':>10s} {'whole MB':>9s} {'buckets':>7s}")
 
@@ -122,20 +137,66 @@ def bench_size(spark, workdir: str, rows: int, change: int, cycles: int) -> None
     consensus.dispose()
 
 
+def bench_object_storage(spark, server, workdir: str, rows: int, change: int) -> None:
+    """The Arrow path against Spark's executors, both publishing to tables on the S3 server."""
+    import collections
+
+    from tests.s3server import REQUEST_KINDS, request_kind
+
+    root = os.path.join(workdir, f"s3-rows-{rows}")
+    consensus, shard, catalog = compacted_shard(spark, root, f"s3://{server.create_bucket()}/upsert", rows)
+    config = shard.config
+    print(f"\n{rows:,} rows on S3 (moto), {config.buckets} buckets, {change:,} updates per batch")
+    print("| publish | path | seconds | data MB written | files | requests |")
+    print("|---|---|---:|---:|---:|---|")
+
+    def row(name: str) -> None:
+        for path, table, session in (("Arrow (this process)", "bench.arrow", None),
+                                     ("Spark executors", "bench.spark", spark)):
+            seen = len(server.requests())
+            result = publish(shard, catalog, table, whole=False, spark=session)
+            counts = collections.Counter(request_kind(m, t) for m, t in server.requests()[seen:])
+            requests = ", ".join(f"{kind} {counts[kind]}" for kind in REQUEST_KINDS if counts[kind])
+            print(f"| {name} | {path} | {result['seconds']:.2f} | {result['bytes'] / 1e6:.2f} | "
+                  f"{result['buckets']} buckets | {requests} |", flush=True)
+
+    row("first publish (whole table)")
+    batch(spark, shard, keys=rows, change=change, ts=shard.state().upper, bucket=3)
+    row("after a clustered batch (1 bucket)")
+    batch(spark, shard, keys=rows, change=change, ts=shard.state().upper, bucket=None)
+    row("after a random batch (all buckets)")
+    iceberg_catalog.close_catalog(catalog)
+    consensus.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 4_000_000])
     parser.add_argument("--change", type=int, default=20_000, help="updates per batch (default 20k)")
     parser.add_argument("--cycles", type=int, default=10, help="publishes for the storage figure (default 10)")
     parser.add_argument("--workdir", default=None, help="default: a temporary directory, removed at the end")
+    parser.add_argument("--object-storage", action="store_true",
+                        help="the Arrow path against Spark's executors, on the loopback S3 server")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-publish-")
+    server = None
+    if args.object_storage:
+        from tests.s3server import S3Server
+
+        server = S3Server().start()
+        # Before the session starts: its executors' Python workers inherit the environment.
+        os.environ.update(server.environment())
     spark = get_spark("local[*]")
     try:
         for rows in args.rows:
-            bench_size(spark, workdir, rows, args.change, args.cycles)
+            if server is not None:
+                bench_object_storage(spark, server, workdir, rows, args.change)
+            else:
+                bench_size(spark, workdir, rows, args.change, args.cycles)
     finally:
         spark.stop()
+        if server is not None:
+            server.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 

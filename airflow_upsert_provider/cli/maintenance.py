@@ -71,8 +71,8 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
                     "this (default 30 days; 0 keeps them forever)")
     gc.add_argument("--json", action="store_true")
 
-    publish = commands.add_parser("publish", parents=[common],
-                                  help="publish the table as of since as a snapshot of an Iceberg table (no Spark)")
+    publish = commands.add_parser("publish", parents=[common, spark_conf],
+                                  help="publish the table as of since as a snapshot of an Iceberg table")
     publish.add_argument("shard")
     publish.add_argument("--iceberg", required=True, metavar="NAMESPACE.TABLE",
                          help="the Iceberg table; created on the first publish")
@@ -88,6 +88,10 @@ def add_maintenance_commands(commands, common: argparse.ArgumentParser, spark_co
                          help="also keep snapshots younger than this (default 0: by --keep-last only)")
     publish.add_argument("--no-expire", action="store_true",
                          help="keep every snapshot (an expiry elsewhere bounds the table's storage)")
+    publish.add_argument("--spark", action="store_true",
+                         help="Spark's executors (--master, --remote) merge and write the data files, on a path "
+                              "they all reach or on object storage with their own credentials; default: read and "
+                              "written in this process, without Spark (docs/readers.md)")
     publish.add_argument("--json", action="store_true")
 
 
@@ -193,15 +197,20 @@ def cmd_gc(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.cli.context import consensus_url
+    from airflow_upsert_provider.engine.errors import ConfigurationError
     from airflow_upsert_provider.engine.maintenance import iceberg
     from airflow_upsert_provider.engine.maintenance.iceberg_expiry import retention
 
     # Checked before the shard is opened, also under --no-expire: a bad value is a mistake.
     policy = retention(args.keep_last, args.keep_within)
+    if ctx.spark_conf and not args.spark:
+        raise ConfigurationError("--conf sets the Spark session of a publish with --spark; without it no Spark "
+                                 "starts", field="conf")
+    shard = ctx.shard(args.shard)
     result = iceberg.publish_to_catalog(
-        ctx.shard(args.shard), args.iceberg, consensus_url=consensus_url(args), blob_root=ctx.blob.root,
+        shard, args.iceberg, consensus_url=consensus_url(args), blob_root=ctx.blob.root,
         catalog_uri=args.catalog_uri or os.environ.get("UPSERT_ICEBERG_CATALOG_URI") or None,
-        retention=None if args.no_expire else policy,
+        retention=None if args.no_expire else policy, spark=ctx.spark() if args.spark else None,
     )
     if args.json:
         return result.to_dict()

@@ -337,9 +337,9 @@ class PublishIcebergOperator(_ShardMaintenanceOperator):
     :param keep_within: also keep snapshots younger than this many seconds (default 0).
     :param expire: False keeps every snapshot (an expiry elsewhere bounds the storage).
     :param spark: True: the data files are merged and written by Spark's executors (the
-        connection's master; the table must be on a filesystem path every executor reaches),
-        committed as one snapshot here; False (default): read and written in this process,
-        without Spark.
+        connection's master; the table on a filesystem path every executor reaches, or on
+        object storage, which each executor reaches with its own credentials), committed as
+        one snapshot here; False (default): read and written in this process, without Spark.
     :param spark_conf: Spark settings for the session when ``spark`` is True.
     :param upsert_conn_id: the `upsert` connection.
     """

@@ -142,6 +142,23 @@ def referenced_files(table) -> set[str]:
     return found
 
 
+def assert_on_disk_is_what_the_kept_snapshots_need(table, location: str) -> None:
+    """The files under the table's location: every file a reader of a kept snapshot opens,
+    the current metadata file, and for each kept snapshot but the current one exactly one
+    previous metadata file whose current snapshot it is (the table can be registered from it)."""
+    on_disk = files_below(location)
+    referenced = referenced_files(table)
+    assert referenced <= on_disk
+    extra = on_disk - referenced
+    assert all(path.endswith(".metadata.json") for path in extra), extra
+    current_of = []
+    for path in extra:
+        with open(path, encoding="utf-8") as handle:
+            current_of.append(json.load(handle)["current-snapshot-id"])
+    current = table.current_snapshot().snapshot_id
+    assert sorted(current_of) == sorted(s.snapshot_id for s in table.snapshots() if s.snapshot_id != current)
+
+
 def publish_history(shard, catalog, history, rng, table: str, publishes: int, policy: Retention | None):
     """``publishes`` rounds of batches, a compaction and a publish; the since of each snapshot."""
     since_of: dict[int, int] = {}
@@ -174,8 +191,9 @@ def test_publishes_keep_the_last_n_snapshots_and_storage_stays_bounded(consensus
         location = local(table.location())
         assert len(table.snapshots()) == min(round_, 3)
         assert table.current_snapshot().snapshot_id == max(since_of, key=since_of.get)
-        # On disk: exactly what the kept snapshots read, and the current metadata file.
-        assert files_below(location) == referenced_files(table)
+        # On disk: exactly what the kept snapshots read, the current metadata file, and one
+        # metadata file per older kept snapshot.
+        assert_on_disk_is_what_the_kept_snapshots_need(table, location)
         assert_every_kept_snapshot_is_the_shard_at_its_since(table, shard, history, since_of)
     # The same since again publishes nothing and deletes nothing.
     again = publish_iceberg(shard, catalog, TABLE, retention=Retention(keep_last=3))
@@ -252,7 +270,7 @@ def test_a_crash_in_an_expiry_leaves_every_kept_snapshot_readable_and_the_next_e
     since_of[result.snapshot_id] = shard.state().since
     table = catalog.load_table(TABLE)
     assert len(table.snapshots()) == 2 and result.expired == 0 and result.deleted_files > 0
-    assert files_below(location) == referenced_files(table)
+    assert_on_disk_is_what_the_kept_snapshots_need(table, location)
     assert_every_kept_snapshot_is_the_shard_at_its_since(table, shard, history, since_of)
 
 
@@ -313,7 +331,7 @@ def test_the_operator_applies_its_retention_and_refuses_a_bad_one(consensus, blo
     assert [r["expired"] for r in results] == [0, 0, 1]
     table = catalog.load_table(TABLE)
     assert [s.snapshot_id for s in table.snapshots()] == [r["snapshot_id"] for r in results[1:]]
-    assert files_below(local(table.location())) == referenced_files(table)
+    assert_on_disk_is_what_the_kept_snapshots_need(table, local(table.location()))
     for bad, field in (({"keep_last": 0}, "keep_last"), ({"keep_within": -1.0}, "keep_within")):
         with pytest.raises(AirflowFailException, match=field):
             PublishIcebergOperator(task_id="publish", shard="orders", table=TABLE, **bad).execute({})

@@ -139,16 +139,22 @@ def test_after_a_rebucket_the_executors_write_the_new_counts_buckets_and_keep_th
             assert {str(bucket_of[i]) for i in ids} == {bucket_of_data_file(path)}
 
 
-def test_a_table_on_object_storage_is_refused_for_executor_writes_naming_it():
-    class Remote:
+def test_executors_write_to_a_local_or_object_storage_location_and_an_unreachable_one_is_refused_naming_it():
+    class At:
+        def __init__(self, location):
+            self._location = location
+
         def location(self):
-            return "s3://lake/warehouse/analytics/orders"
+            return self._location
 
         def name(self):
             return ("analytics", "orders")
 
-    with pytest.raises(ConfigurationError, match="s3://lake/warehouse/analytics/orders: Spark executors") as raised:
-        iceberg_spark.data_directory(Remote())
+    assert iceberg_spark.data_location(At("s3://lake/warehouse/analytics/orders/")) == \
+        "s3://lake/warehouse/analytics/orders/data"
+    assert iceberg_spark.data_location(At("file:///w/analytics/orders")) == "file:///w/analytics/orders/data"
+    with pytest.raises(ConfigurationError, match="analytics.orders is at a location Spark executors cannot") as raised:
+        iceberg_spark.data_location(At("oss://lake/warehouse/analytics/orders"))
     assert raised.value.details["field"] == "spark"
 
 

@@ -257,8 +257,8 @@ def publish_iceberg(
         catalog's commit (tests force races and crashes there); then as
         :func:`iceberg_expiry.expire_snapshots` calls it.
     :param spark: a session whose executors merge and write the data files
-        (:mod:`iceberg_spark`; the table must be on a filesystem path they reach); None: the
-        Arrow reader and PyIceberg's writer, in this process.
+        (:mod:`iceberg_spark`; on a filesystem path they reach or on object storage, with
+        their own credentials); None: the Arrow reader and PyIceberg's writer, in this process.
     :param retention: the snapshots kept after the publish (also after one with nothing to
         publish: it finishes an interrupted expiry); the older ones and the files only they
         referenced are deleted (:mod:`iceberg_expiry`). None: no expiry.
@@ -532,20 +532,17 @@ def _arrow_data_files(shard: Shard, by_bucket: dict[str, list[dict[str, Any]]], 
 def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, list[dict[str, Any]]],
                       rewrite: tuple[str, ...], group_count: int) -> DataFileWriter:
     """The ``rewrite`` buckets (of ``group_count``) merged and written by Spark's executors (:mod:`iceberg_spark`);
-    each file's entry from its footer, read here. Files a failed attempt's executors wrote
-    are deleted (the driver may not know them all)."""
-    from pyiceberg.io.pyarrow import parquet_file_to_data_file
-
+    each file's entry from its footer, read here once the store's size of it is checked.
+    Files a failed attempt's executors wrote are deleted (the driver may not know them all)."""
     from airflow_upsert_provider.engine.maintenance import iceberg_spark
 
     def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
-        iceberg_spark.data_directory(table)  # a table on object storage: refused before anything is written
+        iceberg_spark.data_location(table)  # a location executors cannot reach: refused before anything is written
         try:
-            paths = iceberg_spark.write_on_executors(
+            written = iceberg_spark.write_on_executors(
                 spark, shard, table, by_bucket, rewrite, target_file_bytes(transaction.table_metadata.properties),
                 group_count, write_uuid=str(commit_uuid))
-            for path in paths:
-                yield parquet_file_to_data_file(table.io, transaction.table_metadata, path)
+            yield from iceberg_spark.data_files_of(table, transaction.table_metadata, written)
         except BaseException:
             iceberg_spark.remove_attempt(table, str(commit_uuid))
             raise

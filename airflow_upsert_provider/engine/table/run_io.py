@@ -268,16 +268,23 @@ def write_bucket_files(
         # deletion, leaves in the run directory is named by no run: GC collects it after its
         # grace period.
         if current is not None:
-            current["writer"].is_open = False  # its close (or finalizer) would write the footer
-            try:
-                if current["sink"].abort():
-                    filesystem.delete_file(current["full"])
-            except Exception:
-                pass
+            abandon_parquet_file(filesystem, current["writer"], current["sink"], current["full"])
         if not local and isinstance(exc, OSError):
             failed = f"{target.root.rstrip('/')}/{current['path']}" if current is not None else target.root
             raise_store_error(target.root, exc, "write", failed)
         raise
+
+
+def abandon_parquet_file(filesystem: "pyarrow.fs.FileSystem", writer: Any, sink: HashingSink, full: str) -> None:
+    """Give up on a Parquet file a failed task was writing to ``sink``: ``writer`` never
+    writes its footer, and what may have reached the store is deleted where it can be (what
+    is left is named by nothing: GC, or an orphan-file removal, collects it)."""
+    writer.is_open = False  # its close (or finalizer) would write the footer
+    try:
+        if sink.abort():
+            filesystem.delete_file(full)
+    except Exception:
+        pass
 
 
 def _task_tag() -> str:
