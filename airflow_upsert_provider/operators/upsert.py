@@ -156,6 +156,13 @@ def asset_event_due(batch_outcomes: list[str], newest_batch_writer: str | None, 
     return newest_batch_writer is not None and is_earlier_try(newest_batch_writer, writer_id)
 
 
+def event_from_ts(upper_at_start: int, earlier_try_ts: int | None) -> int:
+    """Where the range of a try's Asset event starts: the upper when the try started, or the
+    batch an earlier try of the task instance committed (``earlier_try_ts``, the newest batch
+    then) when this try announces it. Pure."""
+    return upper_at_start if earlier_try_ts is None else min(upper_at_start, earlier_try_ts)
+
+
 def batch_line(batch: dict[str, Any]) -> str:
     """One batch's log line, its times formatted: ``batch ts=4 committed: rows in 120, out 118,
     rejected 0, lag 3 segments, 2.4s (bind 0.1s, stage 1.9s, commit 0.4s)``."""
@@ -374,7 +381,11 @@ class MicroBatchUpsertOperator(BaseOperator):
         report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
         due = asset_event_due([str(b.get("outcome")) for b in report.get("batches") or []],
                               newest.writer_id if newest is not None else None, writer_id)
-        self._set_asset_event(context, report, due=due, upper_at_start=upper_at_start)
+        # A retry announcing an earlier try's batch: the range starts at that batch, not at
+        # the upper this try found (which is past it), so the event names what was committed.
+        from_ts = event_from_ts(upper_at_start, newest.ts if newest is not None and is_earlier_try(
+            newest.writer_id, writer_id) else None)
+        self._set_asset_event(context, report, due=due, upper_at_start=upper_at_start, from_ts=from_ts)
         if report.get("stopped_because"):
             # A stop or a recovery began during the run: the batch in hand finished, no other started.
             self.log.warning("shard %s: run ended early, no further batch started: %s",
@@ -391,7 +402,7 @@ class MicroBatchUpsertOperator(BaseOperator):
         return operator_lineage(getattr(self, "_lineage", None))
 
     def _set_asset_event(
-        self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int
+        self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int, from_ts: int
     ) -> None:
         """The shard's Asset event, when ``due`` (:func:`asset_event_due`), with the run's
         numbers; none otherwise.
@@ -427,7 +438,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             "committed": report.get("committed"),
             "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
             # The commit-event contract, as ShardCommitTrigger's events carry it (docs/events.md).
-            **commit_range(upper_at_start, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own),
+            **commit_range(from_ts, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own),
                            report.get("schema_version")),
         }
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, shard_asset
+from airflow_upsert_provider.operators.upsert import MicroBatchUpsertOperator, event_from_ts, shard_asset
 from airflow_upsert_provider.sample_data import SampleSpec
 
 URI = "upsert://upsert_default/orders"
@@ -67,6 +67,14 @@ class OutletEvents(dict):
         return self[asset]
 
 
+def test_an_events_range_starts_at_the_upper_found_or_at_the_earlier_trys_batch_it_announces():
+    for upper in range(0, 30):
+        assert event_from_ts(upper, None) == upper
+        for earlier in range(0, upper):
+            # The earlier try's batch is below the upper this try found: the range covers it.
+            assert event_from_ts(upper, earlier) == earlier < upper
+
+
 def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
@@ -89,7 +97,7 @@ def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob
     asset = shard_asset("upsert_default", "orders")
     assert [o.uri for o in op.outlets] == [asset.uri]
     assert events[asset].extra == {"upper": 1, "upper_before": 1, "committed": 0, "rows_in": 0, "rows_out": 0,
-                                   "from_ts": 1, "to_ts": 1, "schema_version": 1}
+                                   "from_ts": 0, "to_ts": 1, "schema_version": 1}
 
     # The next run finds nothing new and its newest batch is no try of its own: no event.
     ti.run_id, ti.try_number = "manual__2", 1
