@@ -402,7 +402,8 @@ class MicroBatchUpsertOperator(BaseOperator):
         return operator_lineage(getattr(self, "_lineage", None))
 
     def _set_asset_event(
-        self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int, from_ts: int
+        self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int,
+        from_ts: int | None = None,
     ) -> None:
         """The shard's Asset event, when ``due`` (:func:`asset_event_due`), with the run's
         numbers; none otherwise.
@@ -438,7 +439,7 @@ class MicroBatchUpsertOperator(BaseOperator):
             "committed": report.get("committed"),
             "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
             # The commit-event contract, as ShardCommitTrigger's events carry it (docs/events.md).
-            **commit_range(from_ts, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own),
+            **commit_range(upper_at_start if from_ts is None else from_ts, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own),
                            report.get("schema_version")),
         }
 
