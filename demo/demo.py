@@ -178,7 +178,7 @@ def main() -> None:
     print(f"  .venv/bin/upsertctl read {SHARD} | head     # the table")
     print("  .venv/bin/airflow tasks states-for-dag-run upsert_microbatch " + run_id)
     print("  .venv/bin/airflow dags test upsert_backfill --conf '{\"batch_size\": 64}'")
-    print("  .venv/bin/airflow standalone                 # the UI: the seven example DAGs, this run and its log")
+    print("  .venv/bin/airflow standalone                 # the UI: the nine example DAGs, this run and its log")
 
 
 if __name__ == "__main__":

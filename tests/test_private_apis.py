@@ -44,6 +44,8 @@ KEPT: frozenset[tuple[str, str]] = frozenset({
     (f"{PACKAGE}.operators.upsert", "def _build_spark_submit_command"),
     (f"{PACKAGE}.operators.upsert", "super()._build_spark_submit_command"),
     (f"{PACKAGE}.operators.upsert", "self._env"),
+    # Executors write a publish's data files with the codec and sizes the table's properties set.
+    (f"{PACKAGE}.engine.maintenance.iceberg_spark", "pyiceberg.io.pyarrow._get_parquet_writer_kwargs"),
 })
 
 COMMENT = "no public API"

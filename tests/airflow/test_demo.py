@@ -54,9 +54,9 @@ def test_demo_closing_text_names_every_example_dag():
     with open(DEMO, encoding="utf-8") as handle:
         text = handle.read()
     dags = sorted(name[:-3] for name in os.listdir(os.path.join(REPO_ROOT, "dags")) if name.endswith(".py"))
-    assert len(dags) == 7
+    assert len(dags) == 9
     assert "both example DAGs" not in text
-    assert "the seven example DAGs" in text
+    assert "the nine example DAGs" in text
 
 
 def test_task_logs_are_cut_per_try_and_written_where_airflow_reads_them(tmp_path):

@@ -88,6 +88,7 @@ def write_on_executors(
     ``group_count`` (the key hash the runs' groups were taken by, ``runs.read_group_count``).
     ``target_bytes`` bounds a file's Arrow bytes. A store's failure on an executor is the
     engine's error of it (:class:`BlobUnavailable` for a transient one)."""
+    # The table's Parquet writer settings as PyIceberg's writer reads them: no public API.
     from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, schema_to_pyarrow
     from pyspark.sql import functions as F
 
