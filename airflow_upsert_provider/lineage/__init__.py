@@ -98,8 +98,6 @@ def capture(operator: Any, hook: UpsertShardHook, result: Mapping[str, Any], *, 
             shard = hook.open_shard(str(result["shard"]))
         elif shard is None:
             shard = hook.open_shard(operator.shard)
-        if kind == UPSERT:
-            extra["bytes_written"] = _bytes_written(shard, result)
         if kind == PUBLISH:
             extra["table_namespace"] = catalog_namespace(_catalog_uri(operator, hook))
         return Captured(kind, shard_facts(hook, shard), dict(result), extra)
@@ -109,16 +107,6 @@ def capture(operator: Any, hook: UpsertShardHook, result: Mapping[str, Any], *, 
         log.warning("OpenLineage: the lineage of shard %s was not read: %s: %s", operator.shard,
                     type(exc).__name__, first_line(str(exc)))
         return None
-
-
-def _bytes_written(shard: Shard, result: Mapping[str, Any]) -> int:
-    """Bytes of the run files of the batches this task committed itself."""
-    total = 0
-    for batch in result.get("batches") or []:
-        if batch.get("outcome") in OWN_COMMITS:
-            record = shard.consensus.get_batch(shard.shard_id, int(batch["ts"]))
-            total += sum(int(f.get("bytes") or 0) for f in ((record.run or {}).get("files") or []) if record)
-    return total
 
 
 def _catalog_uri(operator: Any, hook: UpsertShardHook) -> str:

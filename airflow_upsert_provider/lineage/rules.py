@@ -115,7 +115,7 @@ class ShardFacts:
 @dataclass(frozen=True)
 class Captured:
     """One task's facts: its kind, its shard's facts, its result (the XCom return value) and
-    what else naming needs (``table_namespace`` of a publish, ``bytes_written`` of an upsert,
+    what else naming needs (``table_namespace`` of a publish,
     ``from_shard`` of a restore)."""
 
     kind: str
@@ -160,6 +160,12 @@ def committed_range(result: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def committed_bytes(result: Mapping[str, Any]) -> int:
+    """Bytes of the run files of the batches an upsert committed itself, as the writer
+    recorded them in each batch's result (``bytes_written``). Pure."""
+    return sum(int(b.get("bytes_written") or 0) for b in result.get("batches") or [] if b.get("outcome") in OWN_COMMITS)
+
+
 def describe(captured: Captured) -> Lineage:
     """The datasets and facets of a captured task. Pure."""
     facts, result, extra = captured.shard, captured.result, captured.extra
@@ -172,7 +178,7 @@ def describe(captured: Captured) -> Lineage:
         batches = committed_range(result)
         written = DatasetSpec(shard.namespace, shard.name, facts.fields,
                               rows=batches["rows_out"] if batches else 0,
-                              bytes=int(extra.get("bytes_written") or 0), batches=batches)
+                              bytes=committed_bytes(result), batches=batches)
         return Lineage(source, (written,), frontier)
     if kind == COMPACT:
         written = DatasetSpec(shard.namespace, shard.name, facts.fields, rows=result.get("rows"),

@@ -121,8 +121,10 @@ def names(specs) -> list[tuple[str, str]]:
 
 def test_each_kind_of_task_reads_and_writes_its_datasets():
     shard, source = ("file://h", "/srv/blob/orders"), ("file://h", "/data/landing")
-    upsert = describe(Captured(UPSERT, FACTS, {"batches": [batch(3, "committed", 7), batch(4, "committed", 2)]},
-                               {"bytes_written": 900}))
+    # Bytes as the writer recorded them per batch; a batch a peer persisted is not this task's.
+    upsert = describe(Captured(UPSERT, FACTS, {"batches": [{**batch(3, "committed", 7), "bytes_written": 700},
+                                                           {**batch(4, "already_committed", 2), "bytes_written": 200},
+                                                           {**batch(5, "already_persisted", 0), "bytes_written": 0}]}))
     assert (names(upsert.inputs), names(upsert.outputs)) == ([source], [shard])
     assert (upsert.outputs[0].rows, upsert.outputs[0].bytes) == (9, 900)
     assert upsert.outputs[0].batches == {"from_ts": 3, "to_ts": 5, "rows_out": 9, "schema_version": None}
@@ -161,7 +163,7 @@ def test_the_custom_facets_follow_the_spec_rules_and_validate_against_their_sche
 
     from airflow_upsert_provider.lineage.facets import FACET_SCHEMA, PRODUCER
 
-    lineage = operator_lineage(Captured(UPSERT, FACTS, {"batches": [batch(3, "committed", 7)]}, {"bytes_written": 1}))
+    lineage = operator_lineage(Captured(UPSERT, FACTS, {"batches": [{**batch(3, "committed", 7), "bytes_written": 1}]}))
     sent = {
         "UpsertFrontierJobFacet": json.loads(Serde.to_json(lineage.job_facets["upsert_frontier"])),
         "UpsertBatchesOutputDatasetFacet": json.loads(Serde.to_json(lineage.outputs[0].outputFacets["upsert_batches"])),
