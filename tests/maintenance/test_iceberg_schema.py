@@ -133,8 +133,31 @@ def commit(shard, history: list[dict], batch_rows: list[dict]) -> None:
     history += [{**r, "_ts": ts} for r in batch_rows]
 
 
+def retype_qty(shard, spark_type: str, change: dict) -> None:
+    """Mint the next schema version with ``qty`` of ``spark_type`` (no command does it: a
+    widening, or a change the rules refuse that a store could still hold) and take it in."""
+    current = current_schema(shard.consensus, shard.shard_id, shard.config.schema)
+    changed = json.loads(current.schema)
+    for field in changed["fields"]:
+        if field["name"] == "qty":
+            field["type"] = spark_type
+    mint_schema_version(shard.consensus, shard.shard_id, current.version, json.dumps(changed), change, "tester")
+    shard.refresh_schema()
+
+
 def field_ids(table_schema) -> dict[str, int]:
     return {f.name: f.field_id for f in table_schema.fields}
+
+
+def published_shard(consensus, blob, tmp_path, catalog, *, buckets: int, batches: list):  # noqa: F811
+    """A shard with ``qty`` of type integer, a batch per entry of ``batches`` (the keys it
+    writes), compacted and published: (shard, every committed row, the publish's result)."""
+    shard = make_shard(consensus, blob, tmp_path, schema=shard_schema(QTY), buckets=buckets)
+    history: list[dict] = []
+    for batch, keys in enumerate(batches, start=1):
+        commit(shard, history, rows(keys, batch))
+    compact_tier(shard, history, len(batches))
+    return shard, history, publish_iceberg(shard, catalog, TABLE, retention=None)
 
 
 def snapshot_rows(table, snapshot_id=None):
@@ -147,12 +170,8 @@ def test_an_added_column_and_a_widened_one_become_schema_updates_keeping_field_i
         consensus, blob, tmp_path, catalog):  # noqa: F811
     from pyiceberg import types as t
 
-    shard = make_shard(consensus, blob, tmp_path, schema=shard_schema(QTY), buckets=4)
-    history: list[dict] = []
-    commit(shard, history, rows(range(8), 1))
-    commit(shard, history, rows([0, 5], 2))
-    compact_tier(shard, history, 2)
-    first = publish_iceberg(shard, catalog, TABLE, retention=None)
+    shard, history, first = published_shard(consensus, blob, tmp_path, catalog, buckets=4,
+                                            batches=[range(8), [0, 5]])
     table = catalog.load_table(TABLE)
     ids_before = field_ids(table.schema())
     assert first.outcome == PUBLISHED and table.current_snapshot().summary["upsert.schema_version"] == "1"
@@ -190,14 +209,8 @@ def test_an_added_column_and_a_widened_one_become_schema_updates_keeping_field_i
     assert old_rows == {k: {c: v for c, v in r.items() if c != "discount"}
                         for k, r in expected_table(shard.config, history, 2).items()}
 
-    # Version 3 widens qty from integer to long (no command does it yet: minted directly).
-    widened = json.loads(current_schema(consensus, "orders", shard.config.schema).schema)
-    for field in widened["fields"]:
-        if field["name"] == "qty":
-            field["type"] = "long"
-    mint_schema_version(consensus, "orders", 2, json.dumps(widened), {"widen": [{"name": "qty", "type": "bigint"}]},
-                        "tester")
-    shard.refresh_schema()
+    # Version 3 widens qty from integer to long.
+    retype_qty(shard, "long", {"widen": [{"name": "qty", "type": "bigint"}]})
     commit(shard, history, rows([2], 4, discount=None, qty=2**40))
     compact_tier(shard, history, 4)
     third = publish_iceberg(shard, catalog, TABLE, retention=None)
@@ -216,19 +229,10 @@ def test_an_added_column_and_a_widened_one_become_schema_updates_keeping_field_i
 @sqlite_only
 def test_a_shard_change_iceberg_cannot_make_commits_nothing_and_names_table_column_and_types(
         consensus, blob, tmp_path, catalog):  # noqa: F811
-    shard = make_shard(consensus, blob, tmp_path, schema=shard_schema(QTY), buckets=2)
-    history: list[dict] = []
-    commit(shard, history, rows(range(4), 1))
-    compact_tier(shard, history, 1)
-    publish_iceberg(shard, catalog, TABLE, retention=None)
+    shard, history, _ = published_shard(consensus, blob, tmp_path, catalog, buckets=2, batches=[range(4)])
     table = catalog.load_table(TABLE)
-    # qty becomes a string (the shard's rules refuse it; minted directly, as a store could hold it).
-    changed = json.loads(shard.config.schema)
-    for field in changed["fields"]:
-        if field["name"] == "qty":
-            field["type"] = "string"
-    mint_schema_version(consensus, "orders", 1, json.dumps(changed), {"change": "qty"}, "tester")
-    shard.refresh_schema()
+    # qty becomes a string (the shard's rules refuse it; a store could still hold it).
+    retype_qty(shard, "string", {"change": "qty"})
     commit(shard, history, rows([1], 2, qty="seven"))
     compact_tier(shard, history, 2)
     published_files = files_below(blob.path("_iceberg"))
@@ -266,13 +270,7 @@ def test_executors_publish_an_added_and_a_widened_column_in_the_updated_schema(s
     first_files = {f.file_path for f in current_data_files(catalog.load_table(TABLE))}
 
     add_column(shard, DISCOUNT, "tester")
-    widened = json.loads(current_schema(consensus, "orders", shard.config.schema).schema)
-    for field in widened["fields"]:
-        if field["name"] == "qty":
-            field["type"] = "long"
-    mint_schema_version(consensus, "orders", 2, json.dumps(widened), {"widen": [{"name": "qty", "type": "bigint"}]},
-                        "tester")
-    shard.refresh_schema()
+    retype_qty(shard, "long", {"widen": [{"name": "qty", "type": "bigint"}]})
     one = [k for k in range(16) if bucket_of[k] == bucket_of[3]]
     history = [{**r, "discount": None} for r in history]
     spark_batch(spark, shard, history, rows(one, 2, discount=0.5, qty=2**40))
