@@ -112,6 +112,40 @@ def test_columns_the_table_lacks_are_added_at_every_level_and_a_column_it_has_be
             schema_updates(schema(("m", new_type)), schema(("m", old_type)), TABLE)
 
 
+def test_the_updates_apply_to_a_tables_schema_at_every_level_keeping_every_field_id(tmp_path):
+    from pyiceberg import types as t
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from airflow_upsert_provider.engine.maintenance.iceberg import apply_schema_updates
+
+    struct = t.StructType(t.NestedField(10, "sku", t.StringType(), required=False))
+    wider = t.StructType(t.NestedField(10, "sku", t.StringType(), required=False),
+                         t.NestedField(11, "qty", t.IntegerType(), required=False))
+    old = schema(("id", t.LongType()), ("item", struct), ("items", t.ListType(20, struct, element_required=False)),
+                 ("by_code", t.MapType(30, t.StringType(), 31, t.FloatType(), value_required=False)),
+                 ("counts", t.ListType(40, t.IntegerType(), element_required=False)))
+    new = schema(("id", t.LongType()), ("item", wider), ("items", t.ListType(20, wider, element_required=False)),
+                 ("by_code", t.MapType(30, t.StringType(), 31, t.DoubleType(), value_required=False)),
+                 ("counts", t.ListType(40, t.LongType(), element_required=False)), ("note", t.StringType()))
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("analytics")
+    table = catalog.create_table(TABLE, schema=old)
+    before = {name: table.schema().find_field(name).field_id
+              for name in ("id", "item", "item.sku", "items", "items.element.sku", "by_code", "by_code.value",
+                           "counts", "counts.element")}
+    highest_before = table.schema().highest_field_id
+    with table.transaction() as transaction:
+        with transaction.update_schema() as update:
+            apply_schema_updates(update, schema_updates(new, table.schema(), TABLE))
+    updated = catalog.load_table(TABLE).schema()
+    assert {name: updated.find_field(name).field_id for name in before} == before
+    assert updated.find_field("by_code.value").field_type == t.DoubleType()
+    assert updated.find_field("counts.element").field_type == t.LongType()
+    added = [updated.find_field(name) for name in ("item.qty", "items.element.qty", "note")]
+    assert all(not f.required for f in added) and min(f.field_id for f in added) > highest_before
+    assert schema_updates(new, updated, TABLE) == ()
+
+
 # -- real publishes --------------------------------------------------------------------------
 
 QTY = {"name": "qty", "type": "integer", "nullable": True, "metadata": {}}

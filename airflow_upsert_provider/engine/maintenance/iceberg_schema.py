@@ -102,10 +102,6 @@ class ColumnUpdate:
     old_type: "IcebergType | None"
     new_type: "IcebergType"
 
-    @property
-    def column(self) -> str:
-        return ".".join(self.path)
-
 
 # Iceberg's type promotions (its spec's schema evolution): int to long, float to double, a
 # decimal's precision up at the same scale. Nothing else changes a column's type in place.
