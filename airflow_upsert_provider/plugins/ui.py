@@ -109,6 +109,9 @@ PAGE = """<!DOCTYPE html>
 <p id="partitions-note" class="muted" hidden></p>
 <table id="partitions"><thead><tr><th>Partition</th><th>Source high watermark (offset)</th><th>Committed (offset)</th>
 <th id="partitions-lag">Lag</th></tr></thead><tbody></tbody></table>
+<h3>Table schema <span id="schema-version" class="muted"></span></h3>
+<table id="schema-history"><thead><tr><th>Version</th><th>When</th><th>By</th><th>What changed</th></tr></thead>
+<tbody></tbody></table>
 <h3>Verdict</h3>
 <p id="judged-with" class="muted"></p>
 <dl id="monitor" class="facts"></dl>
@@ -284,6 +287,11 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
                        "thresholds": settings.thresholds(), "thresholds_text": _durations(settings.thresholds())}
     row["monitor"] = None if version == 0 else monitor_summary(state)
     try:
+        row["schema"] = schema_summary(consensus, record)
+    except Exception as exc:
+        row["schema"] = None
+        row["errors"].append(f"schema: {store.scrub(exc)}")
+    try:
         latest = Catalog.load(store.blob, shard_id, store.consensus).latest()
         row["last_checkpoint"] = None if latest is None else {
             "id": latest.id, "upper": latest.upper, "created_at": latest.created_at}
@@ -291,6 +299,34 @@ def shard_summary(store: _Store, record: Any, now: float) -> dict[str, Any]:
         row["last_checkpoint"] = None
         row["errors"].append(f"checkpoints: {store.scrub(exc)}")
     return row
+
+
+def schema_summary(consensus: Any, record: Any) -> dict[str, Any]:
+    """The shard's table schema version now and every version, oldest first: its number, when
+    and by whom it was made (version 1: the shard's creation), and what changed."""
+    from airflow_upsert_provider.engine.config import ShardConfig
+    from airflow_upsert_provider.engine.store.table_schemas import schema_history
+
+    history = schema_history(consensus, record.shard_id, ShardConfig.from_json(record.config).schema)
+    return {"version": history[-1].version, "history": [
+        {"version": v.version, "created_at": record.created_at if v.created_at is None else v.created_at,
+         "created_by": v.created_by, "change": v.change, "change_text": describe_schema_change(v.change)}
+        for v in history]}
+
+
+def describe_schema_change(change: dict[str, Any]) -> str:
+    """What a schema version changed, as the page says it: "created", "added discount
+    double", "widened qty to bigint"; a change of another kind as recorded. Pure."""
+    parts = []
+    for kind, value in change.items():
+        if kind == "init":
+            parts.append("created")
+        elif kind in ("add", "widen") and isinstance(value, list) and all(isinstance(c, dict) for c in value):
+            columns = ", ".join(f"{c.get('name')} {'to ' if kind == 'widen' else ''}{c.get('type')}" for c in value)
+            parts.append(f"{'added' if kind == 'add' else 'widened'} {columns}")
+        else:
+            parts.append(f"{kind}: {json.dumps(value, sort_keys=True)}")
+    return "; ".join(parts) or "—"
 
 
 def _durations(thresholds: dict[str, Any]) -> dict[str, str]:

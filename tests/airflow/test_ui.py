@@ -28,7 +28,8 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
 from airflow_upsert_provider.links import shard_page_url
-from airflow_upsert_provider.plugins.ui import URL_PREFIX, VIEW_HREF, create_ui_app
+from airflow_upsert_provider.engine.table.schema_changes import add_column
+from airflow_upsert_provider.plugins.ui import URL_PREFIX, VIEW_HREF, create_ui_app, describe_schema_change
 from tests.conftest import REPO_ROOT
 from tests.helpers import batch, make_shard
 
@@ -41,6 +42,7 @@ STUCK_POINTS = 8
 STUCK_MONITOR = {"cadence_seconds": 30.0, "stall_multiplier": 2.0, "min_stall_seconds": 120.0,
                  "window_seconds": 3720.0, "stale_after_seconds": 3600.0, "consecutive_breaches": 3}
 UNKNOWN_FIELDS = {"email": {"records": 2, "file": "/landing/p0/0.jsonl"}}
+STUCK_COLUMN = {"name": "discount", "type": "double", "nullable": True, "metadata": {}}
 FLEET_CONN = "upsert_fleet"
 FLEET_SHARDS = 500
 DOCS_IMG = os.path.join(REPO_ROOT, "docs", "img")
@@ -80,6 +82,8 @@ def shard_store(tmp_path_factory):
     stuck_batch = batch(0, token="s0", writer_id="airflow:dag:run:stuck:try1")
     stuck_batch.stats.update(rows_in=3, rows_out=3, unknown_fields=UNKNOWN_FIELDS)
     stuck.compare_and_append(0, 1, stuck_batch, epoch=0)
+    # Its table gained a column: schema version 2 (the page shows the versions).
+    add_column(stuck, STUCK_COLUMN, "ops")
     # fresh: each look finds the source caught up; stuck: the source grows, the upper stays.
     for i in range(FRESH_POINTS):
         at = now - 480 + i * 60
@@ -223,6 +227,14 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
     assert stuck["stream"]["status"] == "READY" and stuck["last_checkpoint"] is None
     assert stuck["source"] == "dir"
     assert stuck["last_batch"]["unknown_fields"] == UNKNOWN_FIELDS and fresh["last_batch"]["unknown_fields"] == {}
+    # The table's schema version and its history: version 1 made with the shard, then the column added.
+    assert fresh["schema"]["version"] == 1 and [v["version"] for v in fresh["schema"]["history"]] == [1]
+    assert stuck["schema"]["version"] == 2
+    created, added = stuck["schema"]["history"]
+    assert (created["version"], created["created_by"], created["change_text"]) == (1, None, "created")
+    assert (added["version"], added["created_by"], added["change"], added["change_text"]) == (
+        2, "ops", {"add": [{"name": "discount", "type": "double"}]}, "added discount double")
+    assert 0 < created["created_at"] <= added["created_at"] <= time.time()
 
     points = client.get("/api/shards/stuck/observations").json()["points"]
     assert [p["high_watermark"] for p in points] == [40 + 25 * (i + 1) for i in range(STUCK_POINTS)]
@@ -236,6 +248,16 @@ def test_json_lists_both_shards_with_their_numbers_and_statuses(shard_store, mon
     assert client.get("/api/shards/nope/observations").status_code == 404
     assert client.get("/api/shards/stuck/observations", params={"conn": "other"}).status_code == 404
     assert client.get("/static/../ui.py").status_code == 404
+
+
+def test_a_schema_change_is_said_as_what_it_did_and_one_of_another_kind_as_recorded():
+    assert describe_schema_change({"init": True}) == "created"
+    assert describe_schema_change({"add": [{"name": "a", "type": "double"}, {"name": "b", "type": "string"}]}) == \
+        "added a double, b string"
+    assert describe_schema_change({"widen": [{"name": "qty", "type": "bigint"}]}) == "widened qty to bigint"
+    assert describe_schema_change({"add": ["a"]}) == 'add: ["a"]'
+    assert describe_schema_change({"policy": "add_columns"}) == 'policy: "add_columns"'
+    assert describe_schema_change({}) == "—"
 
 
 def test_looking_records_nothing(shard_store, monkeypatch, auth_manager):
@@ -552,6 +574,12 @@ def test_the_page_in_chromium_pages_the_shards_draws_the_chart_and_follows_airfl
             assert "open, incident since" in monitor and "sensor:upsert_frontier_monitor/r/watch" in monitor, monitor
             # The state's count of pages a channel took, and when the last one did.
             assert "Pages sent\n1" in monitor and "Last delivered\n20" in monitor, monitor
+            # The table's schema version and its history.
+            assert page.inner_text("#schema-version") == "version 2"
+            history = [[td.inner_text() for td in tr.query_selector_all("td")]
+                       for tr in page.query_selector_all("#schema-history tbody tr")]
+            assert [(h[0], h[2], h[3]) for h in history] == [("1", "—", "created"), ("2", "ops", "added discount double")]
+            assert all(h[1].startswith("20") for h in history), history
             _screenshot(page.query_selector("#detail"), "ui-shard.png", tmp_path)
 
             # The next page, and a filter.

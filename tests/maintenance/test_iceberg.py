@@ -26,10 +26,10 @@ from airflow_upsert_provider.engine.maintenance.iceberg import (
     decide_publish,
     iceberg_schema,
     publish_iceberg,
-    schema_mismatch,
 )
 from airflow_upsert_provider.engine.maintenance.iceberg_catalog import catalog_properties
 from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
+from airflow_upsert_provider.engine.maintenance.iceberg_schema import ColumnUpdate, schema_updates
 from airflow_upsert_provider.engine.store.migrations import schema_status
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.arrow_reader import read_table
@@ -200,13 +200,16 @@ def test_a_schema_mismatch_names_the_table_and_the_field(tmp_path):
     expected = iceberg_schema(config)
     # Field ids and optionality aside, the same schema agrees.
     same = Schema(NestedField(7, "id", LongType(), required=True), NestedField(9, "name", StringType()))
-    assert schema_mismatch(expected, same, TABLE) is None
+    assert schema_updates(expected, same, TABLE) == ()
     other_type = Schema(NestedField(1, "id", StringType()), NestedField(2, "name", StringType()))
-    assert schema_mismatch(expected, other_type, TABLE) == f"Iceberg table {TABLE}: column 'id' is string, the shard's is long"
+    with pytest.raises(ConfigurationError, match=f"Iceberg table {TABLE}: column 'id' is string, the shard's is long"):
+        schema_updates(expected, other_type, TABLE)
+    # A column the table lacks is a schema update (tests/maintenance/test_iceberg_schema.py).
     missing = Schema(NestedField(1, "id", LongType()))
-    assert schema_mismatch(expected, missing, TABLE) == f"Iceberg table {TABLE} has no column 'name' (shard column of type string)"
+    assert schema_updates(expected, missing, TABLE) == (ColumnUpdate(("name",), None, StringType()),)
     extra = Schema(NestedField(1, "id", LongType()), NestedField(2, "name", StringType()), NestedField(3, "x", LongType()))
-    assert "has column 'x', which the shard's table does not have" in schema_mismatch(expected, extra, TABLE)
+    with pytest.raises(ConfigurationError, match="has column 'x', which the shard's table does not have"):
+        schema_updates(expected, extra, TABLE)
 
 
 def test_the_default_catalog_is_the_consensus_store_with_tables_under_the_blob_root(tmp_path):
@@ -366,7 +369,9 @@ def test_a_table_of_another_schema_is_refused_and_nothing_is_published(consensus
     with pytest.raises(ConfigurationError) as raised:
         publish_iceberg(shard, catalog, TABLE)
     assert raised.value.message == (
-        f"Iceberg table {TABLE}: column 'amount' is string, the shard's is double: nothing was published")
+        f"Iceberg table {TABLE}: column 'amount' is string, the shard's is double, a change Iceberg cannot make to "
+        "a column (it promotes int to long, float to double, a decimal's precision up at the same scale): "
+        "nothing was published")
     assert raised.value.details["table"] == TABLE
     table = catalog.load_table(TABLE)
     assert table.current_snapshot() is None

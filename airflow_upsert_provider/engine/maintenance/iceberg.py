@@ -39,10 +39,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.common.retry import CAS_CONTENTION
+from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import (
     ConfigurationError,
     IntegrityError,
     OutcomeUnknown,
+    SchemaChangeRefused,
     UpsertError,
     first_line,
 )
@@ -64,7 +66,7 @@ from airflow_upsert_provider.engine.maintenance.iceberg_catalog import (
 )
 from airflow_upsert_provider.engine.maintenance.iceberg_expiry import ExpiryResult, Retention, expire_snapshots
 from airflow_upsert_provider.engine.maintenance.iceberg_names import parse_table_identifier
-from airflow_upsert_provider.engine.maintenance.iceberg_schema import iceberg_schema, schema_mismatch
+from airflow_upsert_provider.engine.maintenance.iceberg_schema import ColumnUpdate, iceberg_schema, schema_updates
 from airflow_upsert_provider.engine.table.arrow_reader import read_runs_arrow
 from airflow_upsert_provider.engine.table.runs import read_group_count
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -80,6 +82,8 @@ if TYPE_CHECKING:
 SUMMARY_SHARD = "upsert.shard"
 SUMMARY_SINCE = "upsert.since"
 SUMMARY_UPPER = "upsert.upper"
+# The shard's table schema version whose columns the snapshot holds.
+SUMMARY_SCHEMA_VERSION = "upsert.schema_version"
 
 PUBLISHED = "published"
 NOTHING_TO_PUBLISH = "nothing_to_publish"
@@ -266,7 +270,6 @@ def publish_iceberg(
     started = time.monotonic()
     identifier = parse_table_identifier(table_identifier)
     table_name = ".".join(identifier)
-    expected = iceberg_schema(shard.config)
     where = catalog_name or "the Iceberg catalog"
     step = on_step or (lambda _name: None)
     for attempt in range(1, max_attempts + 1):
@@ -278,9 +281,12 @@ def publish_iceberg(
             continue
         table = _load_table(catalog, identifier, where)
         decision = decide_on_table(shard.shard_id, since, table_name, table)
+        # The columns a read as of since returns: the handle's schema version, or a newer one
+        # a live run was written with (Shard.config_for_runs).
+        config = shard.config_for_runs(view.runs)
         if decision.action == PUBLISH and table is None:
             step("create")
-            table = _create_table(catalog, identifier, expected, where)
+            table = _create_table(catalog, identifier, iceberg_schema(config), where)
             # A peer may have created the table first, and published to it already: what
             # create-if-not-exists loaded is decided on again, never committed over.
             decision = decide_on_table(shard.shard_id, since, table_name, table)
@@ -293,14 +299,18 @@ def publish_iceberg(
             return PublishResult(outcome=NOTHING_TO_PUBLISH, snapshot_id=snapshot.snapshot_id if snapshot else None,
                                  seconds=time.monotonic() - started, reason=decision.reason, **base,
                                  **_expiry_counts(expiry))
-        problem = schema_mismatch(expected, table.schema(), table_name)
-        if problem is not None:
-            raise ConfigurationError(f"{problem}: nothing was published", shard=shard.shard_id, table=table_name,
-                                     field="schema")
+        # A schema version the table does not have yet becomes an Iceberg schema update in
+        # the snapshot's own commit; a change Iceberg cannot make commits nothing.
+        try:
+            updates = schema_updates(iceberg_schema(config), table.schema(), table_name)
+        except SchemaChangeRefused as refused:
+            raise SchemaChangeRefused(f"{refused.message}: nothing was published", shard=shard.shard_id,
+                                      field="schema", **refused.details) from None
         summary_properties = {
             SUMMARY_SHARD: shard.shard_id,
             SUMMARY_SINCE: str(since),
             SUMMARY_UPPER: str(view.record.upper),
+            SUMMARY_SCHEMA_VERSION: str(config.schema_version),
         }
         # Buckets whose live run files are the ones the current snapshot was written from
         # keep their data files (iceberg_buckets); the others are read and written again.
@@ -312,11 +322,11 @@ def publish_iceberg(
         summary_properties[SUMMARY_BUCKETS] = summary_digests(digests)
         removed = [f for f in current if f.file_path in set(plan.delete)]
         if spark is None:
-            write_data = _arrow_data_files(shard, by_bucket, plan.rewrite)
+            write_data = _arrow_data_files(shard, config, by_bucket, plan.rewrite)
         else:
-            write_data = _spark_data_files(spark, shard, by_bucket, plan.rewrite, groups)
+            write_data = _spark_data_files(spark, shard, config, by_bucket, plan.rewrite, groups)
         committed = _commit_overwrite(table, write_data, removed, summary_properties, shard.shard_id, since, table_name,
-                                      where, step)
+                                      where, step, updates)
         if committed is None:
             continue  # another commit landed first: decide again on the table it left
         snapshot, added = committed
@@ -503,16 +513,17 @@ def current_data_files(table: "Table") -> Iterator[Any]:
 DataFileWriter = Callable[["Table", Any, Any], Iterator[Any]]
 
 
-def _arrow_data_files(shard: Shard, by_bucket: dict[str, list[dict[str, Any]]], rewrite: tuple[str, ...]
-                      ) -> DataFileWriter:
-    """The ``rewrite`` buckets read by the Arrow reader and written by PyIceberg here."""
+def _arrow_data_files(shard: Shard, config: ShardConfig, by_bucket: dict[str, list[dict[str, Any]]],
+                      rewrite: tuple[str, ...]) -> DataFileWriter:
+    """The ``rewrite`` buckets read by the Arrow reader (with ``config``'s columns) and written
+    by PyIceberg here."""
     from pyiceberg.io.pyarrow import bin_pack_arrow_table, pyarrow_to_schema, write_file
     from pyiceberg.table import WriteTask
 
     def write(table: "Table", transaction: Any, commit_uuid: Any) -> Iterator[Any]:
         target_bytes = target_file_bytes(transaction.table_metadata.properties)
         for bucket in rewrite:
-            reader = read_runs_arrow(shard.config, shard.blob, [{"files": by_bucket[bucket]}], shard_id=shard.shard_id)
+            reader = read_runs_arrow(config, shard.blob, [{"files": by_bucket[bucket]}], shard_id=shard.shard_id)
             # One counter per bucket: the bucket is in each file's name (its task id).
             counter = itertools.count(0)
             # Chunk by chunk: write_file hands every task of one call to a thread pool at
@@ -529,9 +540,11 @@ def _arrow_data_files(shard: Shard, by_bucket: dict[str, list[dict[str, Any]]], 
     return write
 
 
-def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, list[dict[str, Any]]],
-                      rewrite: tuple[str, ...], group_count: int) -> DataFileWriter:
-    """The ``rewrite`` buckets (of ``group_count``) merged and written by Spark's executors (:mod:`iceberg_spark`);
+def _spark_data_files(spark: "SparkSession", shard: Shard, config: ShardConfig,
+                      by_bucket: dict[str, list[dict[str, Any]]], rewrite: tuple[str, ...], group_count: int
+                      ) -> DataFileWriter:
+    """The ``rewrite`` buckets (of ``group_count``) merged with ``config``'s columns and written
+    by Spark's executors (:mod:`iceberg_spark`) in the schema of the transaction's table;
     each file's entry from its footer, read here once the store's size of it is checked.
     Files a failed attempt's executors wrote are deleted (the driver may not know them all)."""
     from airflow_upsert_provider.engine.maintenance import iceberg_spark
@@ -541,7 +554,8 @@ def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, 
         try:
             written = iceberg_spark.write_on_executors(
                 spark, shard, table, by_bucket, rewrite, target_file_bytes(transaction.table_metadata.properties),
-                group_count, write_uuid=str(commit_uuid))
+                group_count, write_uuid=str(commit_uuid), config=config,
+                schema=transaction.table_metadata.schema())
             yield from iceberg_spark.data_files_of(table, transaction.table_metadata, written)
         except BaseException:
             iceberg_spark.remove_attempt(table, str(commit_uuid))
@@ -553,12 +567,13 @@ def _spark_data_files(spark: "SparkSession", shard: Shard, by_bucket: dict[str, 
 def _commit_overwrite(
     table: "Table", write_data: DataFileWriter, removed: list[Any],
     summary: dict[str, str], shard_id: str, since: int, table_name: str, where: str,
-    on_step: Callable[[str], None],
+    on_step: Callable[[str], None], schema_changes: tuple[ColumnUpdate, ...] = (),
 ) -> "tuple[Any, list[Any]] | None":
     """Write the data files (``write_data``) of ``table``'s new snapshot and commit it as ONE
     snapshot that removes the ``removed`` data files of the current one and keeps its others
     (an OVERWRITE; an APPEND on a table without a snapshot), its summary carrying
-    ``summary``. The commit requires the table's current snapshot to be the one this
+    ``summary``; ``schema_changes`` update the table's schema first, in the same commit (the
+    data files are written in the updated schema). The commit requires the table's current snapshot to be the one this
     started from: None when another commit landed first (the files written are then
     referenced by nothing). Returns the new snapshot and the files it added."""
     from pyiceberg.exceptions import CommitFailedException, ValidationException
@@ -568,6 +583,9 @@ def _commit_overwrite(
     transaction = _without_commit_retries(table).transaction()
     added: list[Any] = []
     try:
+        if schema_changes:
+            with transaction.update_schema() as update:
+                apply_schema_updates(update, schema_changes)
         with transaction.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
             for data_file in removed:
                 overwrite.delete_data_file(data_file)
@@ -601,6 +619,17 @@ def _commit_overwrite(
             table=table_name,
         ) from None
     return committed.snapshot_by_id(snapshot_id), added
+
+
+def apply_schema_updates(update: Any, changes: Iterable[ColumnUpdate]) -> None:
+    """Stage ``changes`` on PyIceberg's ``UpdateSchema`` ``update``: an added column is
+    optional with a new field id (a nested type's ids assigned anew), a widened one keeps its
+    field id."""
+    for change in changes:
+        if change.old_type is None:
+            update.add_column(change.path, change.new_type, required=False)
+        else:
+            update.update_column(change.path, field_type=change.new_type)
 
 
 def _delete_files(table: "Table", data_files: list[Any]) -> None:

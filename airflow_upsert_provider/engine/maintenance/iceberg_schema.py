@@ -1,15 +1,16 @@
-"""The Iceberg schema of a shard's table: Spark's types mapped to Iceberg's, and why an
-existing table's schema cannot take the shard's. All pure."""
+"""The Iceberg schema of a shard's table: Spark's types mapped to Iceberg's, and the
+schema updates that make an existing table's schema the shard's (or why none can). All pure."""
 
 from __future__ import annotations
 
 import itertools
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
-from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.errors import ConfigurationError, SchemaChangeRefused
 from airflow_upsert_provider.engine.table.arrow_reader import output_columns
 
 if TYPE_CHECKING:
@@ -90,35 +91,83 @@ def iceberg_schema(config: ShardConfig) -> "Schema":
     ])
 
 
-def schema_mismatch(expected: "Schema", actual: "Schema", table: str) -> str | None:
-    """Why an existing table whose schema is ``actual`` cannot take the shard's table
-    (``expected``): the first field missing, extra or of another type, by name, named with
-    both types; None when they agree (field ids and optionality aside). Pure."""
-    wanted = {f.name: f for f in expected.fields}
-    have = {f.name: f for f in actual.fields}
-    for name, field in wanted.items():
-        if name not in have:
-            return f"Iceberg table {table} has no column {name!r} (shard column of type {field.field_type})"
-        if not _same_type(field.field_type, have[name].field_type):
-            return (f"Iceberg table {table}: column {name!r} is {have[name].field_type}, the shard's is "
-                    f"{field.field_type}")
-    extra = [name for name in have if name not in wanted]
-    if extra:
-        return (f"Iceberg table {table} has column {extra[0]!r}, which the shard's table does not have "
-                f"(the shard's columns: {', '.join(wanted)})")
-    return None
+@dataclass(frozen=True)
+class ColumnUpdate:
+    """One change of an Iceberg table's schema that makes it the shard's: a column added
+    (``old_type`` None; optional, with a new field id) at ``path`` (its parents' names, then
+    its own; ``element``/``value`` for a list's element or a map's value), or a column's type
+    widened from ``old_type`` to ``new_type`` (same field id)."""
+
+    path: tuple[str, ...]
+    old_type: "IcebergType | None"
+    new_type: "IcebergType"
 
 
-def _same_type(a: "IcebergType", b: "IcebergType") -> bool:
-    """Equal types, nested field ids and optionality aside."""
+# Iceberg's type promotions (its spec's schema evolution): int to long, float to double, a
+# decimal's precision up at the same scale. Nothing else changes a column's type in place.
+PROMOTIONS = "int to long, float to double, a decimal's precision up at the same scale"
+
+
+def promotes(old: "IcebergType", new: "IcebergType") -> bool:
+    """Whether Iceberg promotes a primitive column of type ``old`` to ``new`` (not equal). Pure."""
     from pyiceberg import types as t
 
-    if isinstance(a, t.StructType) and isinstance(b, t.StructType):
-        return [f.name for f in a.fields] == [f.name for f in b.fields] and all(
-            _same_type(x.field_type, y.field_type) for x, y in zip(a.fields, b.fields)
+    if isinstance(old, t.IntegerType) and isinstance(new, t.LongType):
+        return True
+    if isinstance(old, t.FloatType) and isinstance(new, t.DoubleType):
+        return True
+    return (isinstance(old, t.DecimalType) and isinstance(new, t.DecimalType)
+            and new.scale == old.scale and new.precision > old.precision)
+
+
+def schema_updates(expected: "Schema", actual: "Schema", table: str) -> tuple[ColumnUpdate, ...]:
+    """The changes that make the schema ``actual`` of the Iceberg table ``table`` the shard's
+    (``expected``), matching columns by name at every level (field ids and optionality aside):
+    the shard's columns the table lacks are added, types Iceberg promotes are widened; none
+    when they agree. Anything else (a column the shard's table does not have, a type Iceberg
+    cannot promote to the shard's) is :class:`SchemaChangeRefused` naming the table, the
+    column and both types. Pure."""
+    updates: list[ColumnUpdate] = []
+    _struct_updates(expected.as_struct(), actual.as_struct(), (), table, updates)
+    return tuple(updates)
+
+
+def _struct_updates(expected: Any, actual: Any, parent: tuple[str, ...], table: str, out: list[ColumnUpdate]) -> None:
+    wanted = {f.name: f for f in expected.fields}
+    have = {f.name: f for f in actual.fields}
+    extra = [name for name in have if name not in wanted]
+    if extra:
+        column = ".".join((*parent, extra[0]))
+        raise SchemaChangeRefused(
+            f"Iceberg table {table} has column {column!r}, which the shard's table does not have "
+            f"(the shard's columns{' of ' + repr('.'.join(parent)) if parent else ''}: {', '.join(wanted)})",
+            table=table, column=column, old_type=str(have[extra[0]].field_type), new_type=None,
         )
-    if isinstance(a, t.ListType) and isinstance(b, t.ListType):
-        return _same_type(a.element_type, b.element_type)
-    if isinstance(a, t.MapType) and isinstance(b, t.MapType):
-        return _same_type(a.key_type, b.key_type) and _same_type(a.value_type, b.value_type)
-    return a == b
+    for name, field in wanted.items():
+        if name not in have:
+            out.append(ColumnUpdate((*parent, name), None, field.field_type))
+        else:
+            _type_updates(field.field_type, have[name].field_type, (*parent, name), table, out)
+
+
+def _type_updates(new: "IcebergType", old: "IcebergType", path: tuple[str, ...], table: str,
+                  out: list[ColumnUpdate]) -> None:
+    from pyiceberg import types as t
+
+    if isinstance(new, t.StructType) and isinstance(old, t.StructType):
+        _struct_updates(new, old, path, table, out)
+    elif isinstance(new, t.ListType) and isinstance(old, t.ListType):
+        _type_updates(new.element_type, old.element_type, (*path, "element"), table, out)
+    elif isinstance(new, t.MapType) and isinstance(old, t.MapType) and new.key_type == old.key_type:
+        _type_updates(new.value_type, old.value_type, (*path, "value"), table, out)
+    elif new == old:
+        return
+    elif promotes(old, new):
+        out.append(ColumnUpdate(path, old, new))
+    else:
+        column = ".".join(path)
+        raise SchemaChangeRefused(
+            f"Iceberg table {table}: column {column!r} is {old}, the shard's is {new}, a change Iceberg cannot "
+            f"make to a column (it promotes {PROMOTIONS})",
+            table=table, column=column, old_type=str(old), new_type=str(new),
+        )

@@ -53,7 +53,10 @@ from airflow_upsert_provider.engine.table.shard import Shard
 
 if TYPE_CHECKING:
     import pyarrow
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
+
+    from airflow_upsert_provider.engine.config import ShardConfig
     from pyspark.sql import SparkSession
 
 # Data files one task may write per bucket (task ids are bucket-scoped, below 10**6).
@@ -80,14 +83,17 @@ def data_location(table: "Table") -> str:
 
 def write_on_executors(
     spark: "SparkSession", shard: Shard, table: "Table", by_bucket: dict[str, list[dict[str, Any]]],
-    rewrite: Sequence[str], target_bytes: int, group_count: int, write_uuid: str | None = None,
+    rewrite: Sequence[str], target_bytes: int, group_count: int, write_uuid: str | None = None, *,
+    config: "ShardConfig | None" = None, schema: "Schema | None" = None,
 ) -> list[dict[str, Any]]:
     """Merge the ``rewrite`` buckets' live run files with Spark and write their rows as data
     files of ``table`` on the executors; what they report per file: ``{path, bytes, rows}``
     (``path`` a URI under :func:`data_location`), each file holding rows of one bucket among
     ``group_count`` (the key hash the runs' groups were taken by, ``runs.read_group_count``).
     ``target_bytes`` bounds a file's Arrow bytes. A store's failure on an executor is the
-    engine's error of it (:class:`BlobUnavailable` for a transient one)."""
+    engine's error of it (:class:`BlobUnavailable` for a transient one). ``config``: the
+    columns to merge (default the shard's); ``schema``: the Iceberg schema the files are in
+    (default the table's; a publish updating the schema passes its transaction's)."""
     # The table's Parquet writer settings as PyIceberg's writer reads them: no public API.
     from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, schema_to_pyarrow
     from pyspark.sql import functions as F
@@ -96,12 +102,13 @@ def write_on_executors(
         return []
     location = data_location(table)
     files = [f for key in rewrite for f in by_bucket[key]]
-    frame = read_runs(spark, shard.config, shard.blob, [{"files": files}])
+    config = config or shard.config
+    frame = read_runs(spark, config, shard.blob, [{"files": files}])
     whole = list(rewrite) == [WHOLE]
-    frame = frame.withColumn("_bucket", F.lit(-1) if whole else bucket_column(shard.config, group_count))
+    frame = frame.withColumn("_bucket", F.lit(-1) if whole else bucket_column(config, group_count))
     # One task per bucket (or a few): each writes its buckets' rows and nothing else.
     frame = frame.repartition(len(rewrite), "_bucket")
-    schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
+    schema = schema_to_pyarrow(schema or table.schema(), include_field_ids=True)
     # The table's Parquet settings (codec, level, page sizes) as PyIceberg's own writer reads them.
     write = partial(write_data_files, schema=schema, write_uuid=write_uuid or str(uuid.uuid4()),
                     target_bytes=target_bytes, parquet_options=_get_parquet_writer_kwargs(table.properties))

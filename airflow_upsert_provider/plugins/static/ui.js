@@ -212,6 +212,7 @@ function select(shard, reveal) {
   const reasons = document.getElementById("reasons");
   reasons.replaceChildren(...(shard.frontier ? shard.frontier.reasons : []).map((r) => el("li", {}, r)));
   renderVerdict(shard);
+  renderSchema(shard);
   loadChart(shard);
   if (reveal) detail.scrollIntoView({ block: "start" });
 }
@@ -266,6 +267,22 @@ function seconds(f, name) {
   const text = (f.thresholds_text || {})[name];
   if (s === null || s === undefined) return "—";
   return s < 60 ? text : `${text} (${num(s)}s)`;
+}
+
+// The table's schema version now, and each version: when, by whom, what it changed.
+function renderSchema(shard) {
+  const schema = shard.schema;
+  document.getElementById("schema-version").textContent = schema ? `version ${num(schema.version)}` : "—";
+  const body = document.querySelector("#schema-history tbody");
+  body.replaceChildren();
+  for (const v of schema ? schema.history : []) {
+    const tr = el("tr", { "data-version": String(v.version) });
+    cell(tr, num(v.version), "num version");
+    cell(tr, when(v.created_at), "when");
+    cell(tr, v.created_by || "—", "by");
+    cell(tr, v.change_text, "change");
+    body.appendChild(tr);
+  }
 }
 
 // Which thresholds judged the shard (its monitor's, or the defaults) and what its monitor last decided.
