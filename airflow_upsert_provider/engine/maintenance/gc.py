@@ -105,6 +105,7 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     Replaced,
     empty_groups,
     plan_from_state,
+    removable_markers,
     plan_gc,
     plan_manifest_reads,
     unreadable_catalog_stops_gc,
@@ -156,6 +157,9 @@ class GcReport:
     history: dict[str, int] = field(default_factory=dict)
     plan_seconds: float = 0.0
     delete_seconds: float = 0.0
+    # Object storage: group prefixes whose directory markers the sweep removed
+    # (gc_plan.removable_markers).
+    markers_removed: int = 0
     # A GC from state: replacements left recorded for a later GC, by reason (gc_plan.py).
     pending: dict[str, int] = field(default_factory=dict)
     swept: bool = True
@@ -186,6 +190,7 @@ class GcReport:
             "rejects_retention_seconds": self.rejects_retention_seconds,
             "history": self.history,
             "swept": self.swept,
+            "markers_removed": self.markers_removed,
             "pending": self.pending,
             "plan_seconds": round(self.plan_seconds, 3),
             "delete_seconds": round(self.delete_seconds, 3),
@@ -345,6 +350,8 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
             report.skipped.append({"path": item.path, "reason": reason})
     _remove_empty_groups(blob, empty_groups(f"{shard_id}/runs", run_files, run_dirs, cutoff))
     _remove_empty_groups(blob, empty_groups(f"{shard_id}/rejects", rejects_files, rejects_dirs, cutoff))
+    report.markers_removed = _remove_markers(blob, removable_markers(
+        shard_id, listing.all_files, listing.markers, referenced_dirs, planned_upper, planned_since))
     report.delete_seconds = time.monotonic() - deleting
     step("deleted")
     # Forget the replaced runs deleted now, and those the listing did not hold: a replaced
@@ -620,6 +627,18 @@ def _remove_empty_groups(blob: Blob, groups: list[str]) -> None:
             pass
 
 
+def _remove_markers(blob: Blob, groups: list[str]) -> int:
+    """Remove the directory markers of the groups the plan chose (``gc_plan.removable_markers``:
+    below the upper, holding no object); return how many groups. PyArrow cannot delete one
+    marker key on its own (its ``delete_file`` refuses a directory), so each group goes by
+    ``delete_dir``: a HEAD, a LIST of the group, a DELETE and a PUT of the parent's marker.
+    An object a writer put into such a group after GC's listing is one no commit can name
+    (its ts is below the upper): it goes with the marker."""
+    for group in groups:
+        blob.delete_tree(blob.path(group))
+    return len(groups)
+
+
 @dataclass
 class _ShardListing:
     """One listing of a shard's directory, relative to the blob root, split by what it holds."""
@@ -627,6 +646,7 @@ class _ShardListing:
     shard_id: str
     all_files: list[Listed]
     all_dirs: list[Listed]
+    markers: list[str] = field(default_factory=list)
 
     def _below(self, entries: list[Listed], *parts: str) -> list[Listed]:
         prefix = "/".join((self.shard_id, *parts)) + "/"
@@ -651,4 +671,5 @@ class _ShardListing:
 
 
 def _split_listing(blob: Blob, shard_id: str, tree: BlobTree) -> _ShardListing:
-    return _ShardListing(shard_id, _listed(blob, tree.files), _listed(blob, tree.dirs))
+    return _ShardListing(shard_id, _listed(blob, tree.files), _listed(blob, tree.dirs),
+                         [blob.relative(m) for m in tree.markers])
