@@ -254,7 +254,18 @@ def test_on_s3_a_sweep_removes_the_markers_below_the_upper_and_none_a_racing_wri
     compact_batches(shard, history, 4)
     s3_server.age(bucket, seconds=3 * 3600)
     age_compaction(consensus, "marked")
-    assert len(collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=False).items) == 4
+    recorded = {b.run["path"]: b.run["files"] for b in shard.batches(below=4)}
+    before = len(s3_server.requests())
+    report = collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=False)
+    # Each run's files and bytes come from its batch row: the one LIST naming a run's prefix
+    # is the deletion's own.
+    assert {(i.path, i.files, i.bytes) for i in report.items} == {
+        (path, len(files), sum(f["bytes"] for f in files)) for path, files in recorded.items()}
+    listed = collections.Counter(
+        target.partition("prefix=")[2].split("&")[0] for method, target in s3_server.requests()[before:]
+        if request_kind(method, target) == "LIST")
+    assert {path: listed[f"upsert%2F{path.replace('/', '%2F').replace('=', '%3D')}%2F"] for path in recorded} == {
+        path: 1 for path in recorded}, listed
     runs = "upsert/marked/runs/"
     # Markers a writer of batches 4, 5 and 6 left (a staged file written, then deleted).
     for ts in (4, 5, 6):

@@ -120,6 +120,7 @@ from airflow_upsert_provider.engine.store.gc_claims import (
     claim_for_deletion,
     forget_replaced,
     recently_replaced,
+    recorded_files,
     replacements_of,
     run_dir_of_relative,
 )
@@ -485,7 +486,8 @@ def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cuto
     step("checkpoints")
     replaced = [Replaced(path, at) for path, at in replacements_of(consensus, shard_id)]
     plan = plan_from_state(shard_id, replaced, refs.dirs, cutoff)
-    report.items = [_run_item(blob, path) for path in plan.delete]
+    recorded = recorded_files(consensus, shard_id, plan.delete)
+    report.items = [_run_item(blob, path, recorded.get(path)) for path in plan.delete]
     report.files_scanned = sum(i.files for i in report.items)
     report.kept_referenced = plan.pending_count(PINNED)
     report.kept_in_grace = plan.pending_count(REPLACED_IN_GRACE)
@@ -512,9 +514,12 @@ def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cuto
     forget_replaced(consensus, deleted)
 
 
-def _run_item(blob: Blob, path: str) -> GcItem:
-    """A run directory to delete, with its files and bytes (one flat listing of it: the cost
-    follows the garbage)."""
+def _run_item(blob: Blob, path: str, recorded: list[dict[str, Any]] | None) -> GcItem:
+    """A run directory to delete, with its files and bytes: those its batch row records
+    (``recorded``; Spark's companions of them go with the directory, uncounted), else from one
+    flat listing of it (a compacted run, a batch whose row was truncated)."""
+    if recorded is not None:
+        return GcItem(path, RUN, len(recorded), sum(int(f["bytes"]) for f in recorded))
     files = list(blob.list_files(blob.path(path)))
     return GcItem(path, RUN, len(files), sum(f.size for f in files))
 
