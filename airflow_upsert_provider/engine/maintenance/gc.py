@@ -104,13 +104,20 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     Listed,
     Replaced,
     empty_groups,
+    orphaned_index_owners,
     plan_from_state,
     removable_markers,
     plan_gc,
     plan_manifest_reads,
     unreadable_catalog_stops_gc,
 )
-from airflow_upsert_provider.engine.store.checkpoint_refs import forget_references, record_references, references_of
+from airflow_upsert_provider.engine.store.checkpoint_refs import (
+    forget_owners,
+    forget_references,
+    indexed_owners,
+    record_references,
+    references_of,
+)
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -461,6 +468,7 @@ def _checkpoint_references(consensus: Consensus, blob: Blob, refs: _References, 
     if not report.dry_run:
         # Consensus only, after every read: the next GC reads none of these manifests again.
         forget_references(consensus, plan.stale)
+        forget_owners(consensus, orphaned_index_owners(indexed_owners(consensus), owners, refs.shard_ids))
         for (owner, checkpoint_id), digest, paths in read:
             record_references(consensus, owner, checkpoint_id, digest, paths)
     return {e.id for e in catalogs.get(refs.shard_id, ())}

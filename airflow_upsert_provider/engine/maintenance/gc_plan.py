@@ -203,6 +203,16 @@ def plan_manifest_reads(
     return plan
 
 
+def orphaned_index_owners(
+    indexed_owners: Collection[str], blob_owners: Collection[str], shard_ids: Collection[str]
+) -> list[str]:
+    """The owners whose checkpoint-index rows GC drops: a directory the blob no longer holds
+    checkpoints in (``blob_owners``: every directory with a checkpoints directory) that no
+    shard of the store owns (``shard_ids``; a shard's own rows follow its catalog). A row
+    dropped wrongly costs one manifest read if the directory comes back, never a file."""
+    return sorted(set(indexed_owners) - set(blob_owners) - set(shard_ids))
+
+
 def rejects_batch_ts(rejects_dir: str) -> int:
     """The ts of the batch a rejects directory (``<shard>/rejects/ts=T/<name>``) belongs to;
     a name that does not parse counts as the newest batch (kept)."""
