@@ -266,26 +266,32 @@ def test_empty_groups_are_the_old_group_directories_a_listing_shows_nothing_belo
         assert empty_groups(root, files, dirs, cutoff) == expected
 
 
-def test_markers_are_removed_only_from_groups_below_the_upper_that_hold_nothing_a_commit_names():
-    """Every case of a group's directory markers on object storage: each kind of group
-    (batch, compaction, rejects, a name that does not parse), each position against the upper
-    and since, with and without a marker, a listed file, or a referenced directory in it. A
-    group at or above the upper (where a writer is about to stage) is never chosen."""
+def test_groups_are_deleted_whole_only_below_the_upper_when_nothing_else_a_commit_names_is_in_them():
+    """Every case of a group on object storage: each kind of group (batch, compaction,
+    rejects, a name that does not parse), each position against the upper and since, with and
+    without a marker, a run directory being deleted, another listed file, or a referenced
+    directory in it. A group at or above the upper (where a writer is about to stage) is never
+    chosen."""
     from itertools import product
 
-    from airflow_upsert_provider.engine.maintenance.gc_plan import removable_markers
+    from airflow_upsert_provider.engine.maintenance.gc_plan import removable_groups
 
     for upper, since in [(u, s) for u in range(0, 5) for s in range(0, u + 1)]:
-        for area, kind, n, marker, filed, referenced in product(
+        for area, kind, n, marker, going, other, referenced in product(
                 ("runs", "rejects"), ("ts", "since", "bucket"), range(0, 6),
-                (None, "group", "deep"), (False, True), (False, True)):
+                (None, "group", "deep"), (False, True), (False, True), (False, True)):
             group = f"{SHARD}/{area}/{kind}={n:012d}"
             markers = {None: [], "group": [group], "deep": [f"{group}/w-1", f"{group}/w-1/_bucket=0"]}[marker]
             markers += [f"{SHARD}/runs", f"{SHARD}-other/runs/ts=000000000000"]  # above any group; another shard
-            files = [Listed(f"{group}/w-2/_bucket=0/part-0.parquet", 1, 0.0)] if filed else []
-            files.append(Listed(f"{SHARD}/checkpoints/c1/MANIFEST.json", 1, 0.0))
+            files = [Listed(f"{SHARD}/checkpoints/c1/MANIFEST.json", 1, 0.0)]
+            deleting = []
+            if going:
+                files.append(Listed(f"{group}/w-4/_bucket=0/part-0.parquet", 1, 0.0))
+                deleting.append(f"{group}/w-4")
+            if other:
+                files.append(Listed(f"{group}/w-2/_bucket=0/part-0.parquet", 1, 0.0))
             referenced = [f"{group}/w-3"] if referenced else []
             below_frontier = (kind == "ts" and n < upper) or (kind == "since" and n <= since)
-            expected = [group] if marker and not filed and not referenced and below_frontier else []
-            assert removable_markers(SHARD, files, markers, referenced, upper, since) == expected, (
-                upper, since, group, marker, filed, referenced)
+            chosen = (marker or going) and not other and not referenced and below_frontier
+            assert removable_groups(SHARD, files, markers, deleting, referenced, upper, since) == (
+                [group] if chosen else []), (upper, since, group, marker, going, other, referenced)

@@ -190,7 +190,7 @@ def gc_requests(s3_server, consensus, blob, shard_id: str, *, sweep: bool) -> tu
     report = collect_garbage(consensus, blob, shard_id, grace_seconds=GRACE, sweep=sweep)
     assert len(report.items) == 5, report.to_dict()  # four batches and the compaction they replaced
     counts = collections.Counter(request_kind(m, t) for m, t in s3_server.requests()[before:])
-    return {kind: counts.get(kind, 0) for kind in REQUEST_KINDS}, report.markers_removed
+    return {kind: counts.get(kind, 0) for kind in REQUEST_KINDS}, report.groups_removed
 
 
 @sqlite_only
@@ -201,7 +201,8 @@ def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_afte
     a sweep, whose one flat listing of the shard is a request per page of keys, not one per
     ``ts=`` prefix the history left. The sweep also removes, once, the directory markers the
     earlier GCs from state left below the upper (one per deleted run's group): a HEAD, a LIST,
-    a DELETE and a PUT each, so beyond those its requests are the same too."""
+    a DELETE and a PUT each, so beyond those its requests are the same too (the groups its own
+    garbage empties it deletes whole, at the cost of deleting their run directories)."""
     requests: dict[tuple[int, bool], dict[str, int]] = {}
     markers: dict[tuple[int, bool], int] = {}
     for earlier in (4, 24):
@@ -225,12 +226,14 @@ def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_afte
                 s3_server, consensus, s3_blob, shard_id, sweep=sweep)
             assert_intact(shard, history)
     assert requests[24, False] == requests[4, False], requests
-    # Each earlier block of 4 batches left 4 ts= markers, and each compacted run replaced before
-    # the last one a since= marker (the last one is this GC's garbage); GC from state removes none.
-    assert (markers[4, False], markers[4, True], markers[24, False], markers[24, True]) == (0, 4, 0, 29), markers
+    # The sweep deletes whole the 5 groups its garbage empties (no marker left behind), and the
+    # groups of the markers the earlier GCs from state left: 4 ts= per earlier block of 4
+    # batches, and a since= per compacted run replaced before the last. GC from state removes none.
+    assert (markers[4, False], markers[4, True], markers[24, False], markers[24, True]) == (0, 9, 0, 34), markers
     assert {kind: requests[24, True][kind] - requests[4, True][kind] for kind in REQUEST_KINDS} == {
         "PUT": 25, "GET": 0, "LIST": 25, "DELETE": 25, "HEAD": 25, "other": 0}, requests
-    assert requests[4, True]["HEAD"] <= requests[4, False]["HEAD"], requests  # no HEAD per listed object
+    # No HEAD per listed object: beyond the one per marker-only group removed, no more than GC from state.
+    assert requests[4, True]["HEAD"] - (markers[4, True] - 5) <= requests[4, False]["HEAD"], requests
 
 
 def marker_keys(s3_server, bucket: str, prefix: str) -> set[str]:
@@ -282,14 +285,14 @@ def test_on_s3_a_sweep_removes_the_markers_below_the_upper_and_none_a_racing_wri
 
     report = collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=True, on_step=race)
 
-    assert report.markers_removed == 4, report.to_dict()
+    assert report.groups_removed == 4, report.to_dict()
     assert marker_keys(s3_server, bucket, runs) >= {f"ts={ts:012d}/" for ts in (4, 5, 6)}
     assert not marker_keys(s3_server, bucket, runs) & {f"ts={ts:012d}/" for ts in range(4)}
     assert s3_blob.read_bytes(racer) == b"staging"
     assert_intact(shard, history)
     # Nothing left to remove: the next sweep lists no marker below the upper but ts=4's, which
     # holds batch 4's run.
-    assert collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=True).markers_removed == 0
+    assert collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=True).groups_removed == 0
 
 
 @sqlite_only

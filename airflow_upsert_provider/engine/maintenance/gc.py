@@ -79,6 +79,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from airflow_upsert_provider.engine.blob.filesystems import split_uri
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile, BlobTree
 from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     MANIFEST_NAME,
@@ -94,6 +95,7 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     IN_GRACE,
     PINNED,
     REFERENCED,
+    REJECTS,
     REPLACED_IN_GRACE,
     RUN,
     TEMPORARY_FILE,
@@ -106,7 +108,7 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     empty_groups,
     orphaned_index_owners,
     plan_from_state,
-    removable_markers,
+    removable_groups,
     plan_gc,
     plan_manifest_reads,
     unreadable_catalog_stops_gc,
@@ -165,9 +167,9 @@ class GcReport:
     history: dict[str, int] = field(default_factory=dict)
     plan_seconds: float = 0.0
     delete_seconds: float = 0.0
-    # Object storage: group prefixes whose directory markers the sweep removed
-    # (gc_plan.removable_markers).
-    markers_removed: int = 0
+    # Object storage: group prefixes the sweep deleted whole, markers included
+    # (gc_plan.removable_groups).
+    groups_removed: int = 0
     # A GC from state: replacements left recorded for a later GC, by reason (gc_plan.py).
     pending: dict[str, int] = field(default_factory=dict)
     swept: bool = True
@@ -198,7 +200,7 @@ class GcReport:
             "rejects_retention_seconds": self.rejects_retention_seconds,
             "history": self.history,
             "swept": self.swept,
-            "markers_removed": self.markers_removed,
+            "groups_removed": self.groups_removed,
             "pending": self.pending,
             "plan_seconds": round(self.plan_seconds, 3),
             "delete_seconds": round(self.delete_seconds, 3),
@@ -347,8 +349,21 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
         write_current_copy(consensus, blob, shard_id)
     step("deleting")
     deleting = time.monotonic()
+    # On object storage, a group emptied of everything (markers included) goes in one deletion,
+    # not a deletion per run directory that leaves the group's marker behind: the same
+    # requests, no marker (on disk, empty group directories are removed below).
+    whole: set[str] = set()
+    if split_uri(blob.root)[0]:
+        whole = set(removable_groups(shard_id, listing.all_files, listing.markers,
+                                     [i.path for i in report.items if i.kind in (RUN, REJECTS)],
+                                     referenced_dirs, planned_upper, planned_since))
+        for group in sorted(whole):
+            blob.delete_tree(blob.path(group))  # no error for what a writer put there meanwhile
+        report.groups_removed = len(whole)
     for item in list(report.items):
         path = blob.path(item.path)
+        if item.kind in (RUN, REJECTS) and "/".join(item.path.split("/")[:3]) in whole:
+            continue  # deleted with its group
         if item.kind in (TEMPORARY_FILE, UNLISTED_FILE):
             blob.delete_file(path)
             continue
@@ -358,8 +373,6 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
             report.skipped.append({"path": item.path, "reason": reason})
     _remove_empty_groups(blob, empty_groups(f"{shard_id}/runs", run_files, run_dirs, cutoff))
     _remove_empty_groups(blob, empty_groups(f"{shard_id}/rejects", rejects_files, rejects_dirs, cutoff))
-    report.markers_removed = _remove_markers(blob, removable_markers(
-        shard_id, listing.all_files, listing.markers, referenced_dirs, planned_upper, planned_since))
     report.delete_seconds = time.monotonic() - deleting
     step("deleted")
     # Forget the replaced runs deleted now, and those the listing did not hold: a replaced
@@ -638,18 +651,6 @@ def _remove_empty_groups(blob: Blob, groups: list[str]) -> None:
             blob.rmdir(blob.path(group))
         except OSError:
             pass
-
-
-def _remove_markers(blob: Blob, groups: list[str]) -> int:
-    """Remove the directory markers of the groups the plan chose (``gc_plan.removable_markers``:
-    below the upper, holding no object); return how many groups. PyArrow cannot delete one
-    marker key on its own (its ``delete_file`` refuses a directory), so each group goes by
-    ``delete_dir``: a HEAD, a LIST of the group, a DELETE and a PUT of the parent's marker.
-    An object a writer put into such a group after GC's listing is one no commit can name
-    (its ts is below the upper): it goes with the marker."""
-    for group in groups:
-        blob.delete_tree(blob.path(group))
-    return len(groups)
 
 
 @dataclass

@@ -319,27 +319,30 @@ def empty_groups(root: str, files: Iterable[Listed], dirs: Iterable[Listed], cut
                   and d.path[len(prefix):] not in busy and d.mtime < cutoff)
 
 
-def removable_markers(
-    shard_id: str, files: Iterable[Listed], markers: Iterable[str], referenced_dirs: Collection[str],
-    upper: int, since: int,
+def removable_groups(
+    shard_id: str, files: Iterable[Listed], markers: Iterable[str], deleting: Collection[str],
+    referenced_dirs: Collection[str], upper: int, since: int,
 ) -> list[str]:
     """The group prefixes (``<shard>/runs/ts=…``, ``…/since=…``, ``<shard>/rejects/ts=…``) on
-    object storage that hold directory markers (``markers``: prefixes the listing shows with
-    no object below) and nothing else, and that no commit can name again: no listed file lies
-    below the group, no live run or retained checkpoint names a directory in it
-    (``referenced_dirs``: a commit that landed after the listing), and
-    ``gc_claims.claim_needed`` says no claim is needed (a batch group below ``upper``, a
-    compaction group at or below ``since``: both only advance). A group at or above the upper
-    is where a writer is about to stage: never chosen. Markers have no age, so this rule,
-    not the grace period, is what makes their removal safe."""
+    object storage that GC deletes whole, so that no directory marker stays behind (PyArrow's
+    deletions leave one per emptied prefix, apache/arrow#36275): a group that holds markers
+    (``markers``: prefixes the listing shows with no object below) or run directories being
+    deleted (``deleting``), and no other listed file, that no commit can name again: no live
+    run or retained checkpoint names a directory in it (``referenced_dirs``: a commit that
+    landed after the listing) and ``gc_claims.claim_needed`` says no claim is needed (a batch
+    group below ``upper``, a compaction group at or below ``since``: both only advance). A
+    group at or above the upper is where a writer is about to stage: never chosen. Markers
+    have no age, so this rule, not the grace period, is what makes their removal safe."""
     def group_of(path: str) -> str | None:
         parts = path.split("/")
         if len(parts) < 3 or parts[0] != shard_id or parts[1] not in ("runs", "rejects") or not parts[2]:
             return None
         return "/".join(parts[:3])
 
-    busy = {group_of(f.path) for f in files} | {group_of(d) for d in referenced_dirs}
-    candidates = {group_of(m) for m in markers} - busy - {None}
+    going = set(deleting)
+    busy = {group_of(f.path) for f in files if run_dir_of_relative(f.path) not in going}
+    busy |= {group_of(d) for d in referenced_dirs}
+    candidates = ({group_of(m) for m in markers} | {group_of(d) for d in going}) - busy - {None}
     return sorted(g for g in candidates if not claim_needed(g, upper, since))
 
 
