@@ -55,7 +55,9 @@ and reported as skipped; its claim already keeps any commit from naming it.
 
 On object storage the same rules hold (docs/maintenance.md, "On object storage"): paths are
 URIs, and every path GC records or compares is relative to the blob root (``Blob.relative``);
-an object's age is its last-modified time, a prefix's that of its newest object.
+an object's age is its last-modified time, a prefix's that of its newest object. A sweep there
+deletes whole the ``ts=``/``since=`` groups no commit can name again that hold only directory
+markers or garbage it deletes (``gc_plan.removable_groups``), so that no marker stays behind.
 
 Every catalog and manifest is read before the first deletion; any one that cannot be read
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
