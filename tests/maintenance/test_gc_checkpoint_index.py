@@ -104,3 +104,33 @@ def test_runs_only_another_shards_checkpoint_names_are_kept_and_each_manifest_is
     assert not any(blob.exists(blob.path(p)) for p in shared)
     assert_intact(orders, history)
 
+
+
+def test_index_rows_are_dropped_only_for_a_directory_gone_from_the_blob_that_no_shard_owns():
+    from itertools import combinations, product
+
+    from airflow_upsert_provider.engine.maintenance.gc_plan import orphaned_index_owners
+
+    names = ("a", "b", "c")
+    subsets = [set(c) for r in range(len(names) + 1) for c in combinations(names, r)]
+    for indexed, in_blob, shards in product(subsets, repeat=3):
+        assert orphaned_index_owners(indexed, in_blob, shards) == sorted(
+            o for o in names if o in indexed and o not in in_blob and o not in shards)
+
+
+def test_gc_drops_the_index_rows_of_a_directory_that_no_longer_exists(consensus, s3_server, s3_root, tmp_path):
+    """A copy of a shard's checkpoints in a directory no shard owns is indexed by the first GC;
+    once the directory is deleted, the next GC drops its rows and keeps the shard's own."""
+    blob = open_blob(s3_root)
+    orders = make_shard(consensus, blob, tmp_path / "orders", shard_id="orders", buckets=1)
+    commit(orders, random.Random(3), [], 2)
+    own = create_checkpoint(orders)
+    for listed in list(blob.walk_files(blob.path("orders", "checkpoints"))):
+        relative = blob.relative(listed.path).split("/", 1)[1]
+        blob.write_file(blob.path("stray", relative), blob.read_bytes(listed.path), sync=True)
+    collect_garbage(consensus, blob, "orders", grace_seconds=GRACE, sweep=False)
+    assert sorted(references_of(consensus, ["orders", "stray"])) == [("orders", own.id), ("stray", own.id)]
+
+    blob.delete_tree(blob.path("stray"))
+    collect_garbage(consensus, blob, "orders", grace_seconds=GRACE, sweep=False)
+    assert sorted(references_of(consensus, ["orders", "stray"])) == [("orders", own.id)]

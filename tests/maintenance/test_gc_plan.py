@@ -264,3 +264,34 @@ def test_empty_groups_are_the_old_group_directories_a_listing_shows_nothing_belo
         below = {e.path.rsplit("/", 1)[0] for e in files + dirs} | {e.path.split("/w/")[0] for e in files}
         expected = sorted(d.path for d in dirs if d.path in groups and d.path not in below and d.mtime < cutoff)
         assert empty_groups(root, files, dirs, cutoff) == expected
+
+
+def test_groups_are_deleted_whole_only_below_the_upper_when_nothing_else_a_commit_names_is_in_them():
+    """Every case of a group on object storage: each kind of group (batch, compaction,
+    rejects, a name that does not parse), each position against the upper and since, with and
+    without a marker, a run directory being deleted, another listed file, or a referenced
+    directory in it. A group at or above the upper (where a writer is about to stage) is never
+    chosen."""
+    from itertools import product
+
+    from airflow_upsert_provider.engine.maintenance.gc_plan import removable_groups
+
+    for upper, since in [(u, s) for u in range(0, 5) for s in range(0, u + 1)]:
+        for area, kind, n, marker, going, other, referenced in product(
+                ("runs", "rejects"), ("ts", "since", "bucket"), range(0, 6),
+                (None, "group", "deep"), (False, True), (False, True), (False, True)):
+            group = f"{SHARD}/{area}/{kind}={n:012d}"
+            markers = {None: [], "group": [group], "deep": [f"{group}/w-1", f"{group}/w-1/_bucket=0"]}[marker]
+            markers += [f"{SHARD}/runs", f"{SHARD}-other/runs/ts=000000000000"]  # above any group; another shard
+            files = [Listed(f"{SHARD}/checkpoints/c1/MANIFEST.json", 1, 0.0)]
+            deleting = []
+            if going:
+                files.append(Listed(f"{group}/w-4/_bucket=0/part-0.parquet", 1, 0.0))
+                deleting.append(f"{group}/w-4")
+            if other:
+                files.append(Listed(f"{group}/w-2/_bucket=0/part-0.parquet", 1, 0.0))
+            referenced = [f"{group}/w-3"] if referenced else []
+            below_frontier = (kind == "ts" and n < upper) or (kind == "since" and n <= since)
+            chosen = (marker or going) and not other and not referenced and below_frontier
+            assert removable_groups(SHARD, files, markers, deleting, referenced, upper, since) == (
+                [group] if chosen else []), (upper, since, group, marker, going, other, referenced)

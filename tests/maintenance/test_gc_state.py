@@ -184,12 +184,13 @@ def test_a_sweep_that_stops_midway_through_its_deletions_is_finished_by_the_next
     assert_intact(shard, history)
 
 
-def gc_requests(s3_server, consensus, blob, shard_id: str, *, sweep: bool) -> dict[str, int]:
+def gc_requests(s3_server, consensus, blob, shard_id: str, *, sweep: bool) -> tuple[dict[str, int], int]:
+    """The requests of one GC by kind, and how many groups' markers it removed."""
     before = len(s3_server.requests())
     report = collect_garbage(consensus, blob, shard_id, grace_seconds=GRACE, sweep=sweep)
     assert len(report.items) == 5, report.to_dict()  # four batches and the compaction they replaced
     counts = collections.Counter(request_kind(m, t) for m, t in s3_server.requests()[before:])
-    return {kind: counts.get(kind, 0) for kind in REQUEST_KINDS}
+    return {kind: counts.get(kind, 0) for kind in REQUEST_KINDS}, report.groups_removed
 
 
 @sqlite_only
@@ -198,8 +199,12 @@ def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_afte
     """The same garbage (four batches and a compacted run) after 4 and after 24 earlier batches, each
     earlier block compacted and collected: GC from state sends the same requests, and so does
     a sweep, whose one flat listing of the shard is a request per page of keys, not one per
-    ``ts=`` prefix the history left."""
+    ``ts=`` prefix the history left. The sweep also removes, once, the directory markers the
+    earlier GCs from state left below the upper (one per deleted run's group): a HEAD, a LIST,
+    a DELETE and a PUT each, so beyond those its requests are the same too (the groups its own
+    garbage empties it deletes whole, at the cost of deleting their run directories)."""
     requests: dict[tuple[int, bool], dict[str, int]] = {}
+    markers: dict[tuple[int, bool], int] = {}
     for earlier in (4, 24):
         for sweep in (False, True):
             bucket = s3_server.create_bucket()  # one shard per bucket: the root lists alike
@@ -217,11 +222,77 @@ def test_on_s3_gc_from_state_sends_as_many_requests_after_a_long_history_as_afte
             compact_batches(shard, history, shard.state().upper)
             s3_server.age(bucket, seconds=3 * 3600)
             age_compaction(consensus, shard_id)
-            requests[earlier, sweep] = gc_requests(s3_server, consensus, s3_blob, shard_id, sweep=sweep)
+            requests[earlier, sweep], markers[earlier, sweep] = gc_requests(
+                s3_server, consensus, s3_blob, shard_id, sweep=sweep)
             assert_intact(shard, history)
     assert requests[24, False] == requests[4, False], requests
-    assert requests[24, True] == requests[4, True], requests
-    assert requests[4, True]["HEAD"] <= requests[4, False]["HEAD"], requests  # no HEAD per listed object
+    # The sweep deletes whole the 5 groups its garbage empties (no marker left behind), and the
+    # groups of the markers the earlier GCs from state left: 4 ts= per earlier block of 4
+    # batches, and a since= per compacted run replaced before the last. GC from state removes none.
+    assert (markers[4, False], markers[4, True], markers[24, False], markers[24, True]) == (0, 9, 0, 34), markers
+    assert {kind: requests[24, True][kind] - requests[4, True][kind] for kind in REQUEST_KINDS} == {
+        "PUT": 25, "GET": 0, "LIST": 25, "DELETE": 25, "HEAD": 25, "other": 0}, requests
+    # No HEAD per listed object: beyond the one per marker-only group removed, no more than GC from state.
+    assert requests[4, True]["HEAD"] - (markers[4, True] - 5) <= requests[4, False]["HEAD"], requests
+
+
+def marker_keys(s3_server, bucket: str, prefix: str) -> set[str]:
+    """The directory marker keys (``…/``) below ``prefix``, relative to it."""
+    return {k[len(prefix):] for k in s3_server.keys(bucket, prefix) if k.endswith("/")}
+
+
+@sqlite_only
+def test_on_s3_a_sweep_removes_the_markers_below_the_upper_and_none_a_racing_writer_uses(
+        consensus, s3_server, s3_root, tmp_path):
+    """GC from state leaves a ``ts=`` marker per deleted run (apache/arrow#36275). The sweep
+    removes those of groups below the upper that hold nothing. Racing it after its listing: a
+    commit of batch 4 into a group the listing showed empty (so below the upper GC then
+    reads, but referenced), and a writer staging into the group at the new upper: both kept,
+    as are markers above the upper."""
+    bucket = s3_server.create_bucket()
+    s3_blob = open_blob(f"s3://{bucket}/upsert")
+    shard = make_shard(consensus, s3_blob, tmp_path, shard_id="marked", buckets=1)
+    rng, history = random.Random(11), []
+    commit(shard, rng, history, 4)
+    compact_batches(shard, history, 4)
+    s3_server.age(bucket, seconds=3 * 3600)
+    age_compaction(consensus, "marked")
+    recorded = {b.run["path"]: b.run["files"] for b in shard.batches(below=4)}
+    before = len(s3_server.requests())
+    report = collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=False)
+    # Each run's files and bytes come from its batch row: the one LIST naming a run's prefix
+    # is the deletion's own.
+    assert {(i.path, i.files, i.bytes) for i in report.items} == {
+        (path, len(files), sum(f["bytes"] for f in files)) for path, files in recorded.items()}
+    listed = collections.Counter(
+        target.partition("prefix=")[2].split("&")[0] for method, target in s3_server.requests()[before:]
+        if request_kind(method, target) == "LIST")
+    assert {path: listed[f"upsert%2F{path.replace('/', '%2F').replace('=', '%3D')}%2F"] for path in recorded} == {
+        path: 1 for path in recorded}, listed
+    runs = "upsert/marked/runs/"
+    # Markers a writer of batches 4, 5 and 6 left (a staged file written, then deleted).
+    for ts in (4, 5, 6):
+        staged = s3_blob.path("marked", "runs", f"ts={ts:012d}", "w-gone", "_bucket=0", "part-00000.parquet")
+        s3_blob.write_file(staged, b"x", sync=True)
+        s3_blob.delete_tree(s3_blob.parent(s3_blob.parent(staged)))
+    assert marker_keys(s3_server, bucket, runs) == {f"ts={ts:012d}/" for ts in range(7)}
+    racer = s3_blob.path("marked", "runs", f"ts={5:012d}", "w-racer", "_bucket=0", "part-00000.parquet")
+
+    def race(step: str) -> None:
+        if step == "listed":
+            commit(shard, rng, history, 1)  # batch 4, into the group ts=4: upper 5
+            s3_blob.write_file(racer, b"staging", sync=True)  # a writer of batch 5
+
+    report = collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=True, on_step=race)
+
+    assert report.groups_removed == 4, report.to_dict()
+    assert marker_keys(s3_server, bucket, runs) >= {f"ts={ts:012d}/" for ts in (4, 5, 6)}
+    assert not marker_keys(s3_server, bucket, runs) & {f"ts={ts:012d}/" for ts in range(4)}
+    assert s3_blob.read_bytes(racer) == b"staging"
+    assert_intact(shard, history)
+    # Nothing left to remove: the next sweep lists no marker below the upper but ts=4's, which
+    # holds batch 4's run.
+    assert collect_garbage(consensus, s3_blob, "marked", grace_seconds=GRACE, sweep=True).groups_removed == 0
 
 
 @sqlite_only

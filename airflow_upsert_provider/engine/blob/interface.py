@@ -4,7 +4,7 @@ listing yields. :class:`~.files.LocalBlob` (local or POSIX-mounted disk) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 if TYPE_CHECKING:
@@ -26,6 +26,10 @@ class BlobTree:
 
     files: list[BlobFile]
     dirs: list[BlobFile]
+    # Object storage: prefixes the listing shows that hold no object, only pyarrow's zero-byte
+    # directory markers (apache/arrow#36275); they have no age. Local disk: none (an empty
+    # directory is in ``dirs``, with its mtime).
+    markers: list[str] = field(default_factory=list)
 
 
 def prefixes_of(files: Iterable[BlobFile], path: str) -> list[BlobFile]:

@@ -429,11 +429,16 @@ class ObjectBlob:
             if entry is not None:
                 yield entry
 
-    @_store_requests("list")
     def list_files(self, path: str) -> Iterator[BlobFile]:
         """Every object below ``path`` with its size and last-modified time, in key order,
         from one flat listing: one request per page of keys (1,000 on S3), however many
         prefixes they are under (:meth:`walk_files` sends one per prefix)."""
+        yield from self._flat_listing(path)[0]
+
+    @_store_requests("list")
+    def _flat_listing(self, path: str) -> tuple[list[BlobFile], list[str]]:
+        """The objects below ``path`` and the URIs of every prefix the same listing shows
+        (directory markers included), from one flat listing."""
         import pyarrow.fs as pafs
 
         filesystem, inner = filesystem_for(path, self.credentials)
@@ -442,17 +447,21 @@ class ObjectBlob:
             # pyarrow lists a recursive selector without a delimiter (ListObjectsV2, every page).
             infos = filesystem.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
         except (FileNotFoundError, NotADirectoryError):
-            return
-        for info in infos:
-            if info.type == pafs.FileType.File:
-                yield BlobFile(uri + info.path[len(inner):], info.size, _seconds(info))
+            return [], []
+        files = [BlobFile(uri + info.path[len(inner):], info.size, _seconds(info))
+                 for info in infos if info.type == pafs.FileType.File]
+        prefixes = [uri + info.path[len(inner):] for info in infos if info.type == pafs.FileType.Directory]
+        return files, prefixes
 
     def list_tree(self, path: str) -> BlobTree:
-        """Every object below ``path`` (:meth:`list_files`: one flat listing, a request per
-        page of keys) and every prefix holding one, dated by its newest object (as
-        :meth:`walk_dirs` dates them, without a request per prefix)."""
-        files = list(self.list_files(path))
-        return BlobTree(files, prefixes_of(files, path))
+        """Every object below ``path`` (one flat listing, a request per page of keys) and
+        every prefix holding one, dated by its newest object (as :meth:`walk_dirs` dates them,
+        without a request per prefix); and, from the same listing, the prefixes that hold no
+        object, only directory markers (:attr:`BlobTree.markers`)."""
+        files, prefixes = self._flat_listing(path)
+        holding = prefixes_of(files, path)
+        held = {p.path for p in holding}
+        return BlobTree(files, holding, markers=sorted(p for p in prefixes if p not in held))
 
     @_store_requests("list")
     def walk_dirs(self, path: str) -> Iterator[BlobFile]:

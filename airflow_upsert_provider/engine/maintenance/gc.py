@@ -55,7 +55,9 @@ and reported as skipped; its claim already keeps any commit from naming it.
 
 On object storage the same rules hold (docs/maintenance.md, "On object storage"): paths are
 URIs, and every path GC records or compares is relative to the blob root (``Blob.relative``);
-an object's age is its last-modified time, a prefix's that of its newest object.
+an object's age is its last-modified time, a prefix's that of its newest object. A sweep there
+deletes whole the ``ts=``/``since=`` groups no commit can name again that hold only directory
+markers or garbage it deletes (``gc_plan.removable_groups``), so that no marker stays behind.
 
 Every catalog and manifest is read before the first deletion; any one that cannot be read
 (a missing catalog beside committed checkpoints, an empty or truncated one, a corrupt
@@ -79,6 +81,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from airflow_upsert_provider.engine.blob.filesystems import split_uri
 from airflow_upsert_provider.engine.blob.interface import Blob, BlobFile, BlobTree
 from airflow_upsert_provider.engine.maintenance.checkpoint_catalog import (
     MANIFEST_NAME,
@@ -94,6 +97,7 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     IN_GRACE,
     PINNED,
     REFERENCED,
+    REJECTS,
     REPLACED_IN_GRACE,
     RUN,
     TEMPORARY_FILE,
@@ -104,12 +108,20 @@ from airflow_upsert_provider.engine.maintenance.gc_plan import (
     Listed,
     Replaced,
     empty_groups,
+    orphaned_index_owners,
     plan_from_state,
+    removable_groups,
     plan_gc,
     plan_manifest_reads,
     unreadable_catalog_stops_gc,
 )
-from airflow_upsert_provider.engine.store.checkpoint_refs import forget_references, record_references, references_of
+from airflow_upsert_provider.engine.store.checkpoint_refs import (
+    forget_owners,
+    forget_references,
+    indexed_owners,
+    record_references,
+    references_of,
+)
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.history import DEFAULT_CHUNK, truncate_history
 from airflow_upsert_provider.engine.table.shard import Shard
@@ -119,6 +131,7 @@ from airflow_upsert_provider.engine.store.gc_claims import (
     claim_for_deletion,
     forget_replaced,
     recently_replaced,
+    recorded_files,
     replacements_of,
     run_dir_of_relative,
 )
@@ -156,6 +169,9 @@ class GcReport:
     history: dict[str, int] = field(default_factory=dict)
     plan_seconds: float = 0.0
     delete_seconds: float = 0.0
+    # Object storage: group prefixes the sweep deleted whole, markers included
+    # (gc_plan.removable_groups).
+    groups_removed: int = 0
     # A GC from state: replacements left recorded for a later GC, by reason (gc_plan.py).
     pending: dict[str, int] = field(default_factory=dict)
     swept: bool = True
@@ -186,6 +202,7 @@ class GcReport:
             "rejects_retention_seconds": self.rejects_retention_seconds,
             "history": self.history,
             "swept": self.swept,
+            "groups_removed": self.groups_removed,
             "pending": self.pending,
             "plan_seconds": round(self.plan_seconds, 3),
             "delete_seconds": round(self.delete_seconds, 3),
@@ -334,8 +351,21 @@ def _sweep(consensus: Consensus, blob: Blob, report: GcReport, now: float, cutof
         write_current_copy(consensus, blob, shard_id)
     step("deleting")
     deleting = time.monotonic()
+    # On object storage, a group emptied of everything (markers included) goes in one deletion,
+    # not a deletion per run directory that leaves the group's marker behind: the same
+    # requests, no marker (on disk, empty group directories are removed below).
+    whole: set[str] = set()
+    if split_uri(blob.root)[0]:
+        whole = set(removable_groups(shard_id, listing.all_files, listing.markers,
+                                     [i.path for i in report.items if i.kind in (RUN, REJECTS)],
+                                     referenced_dirs, planned_upper, planned_since))
+        for group in sorted(whole):
+            blob.delete_tree(blob.path(group))  # no error for what a writer put there meanwhile
+        report.groups_removed = len(whole)
     for item in list(report.items):
         path = blob.path(item.path)
+        if item.kind in (RUN, REJECTS) and "/".join(item.path.split("/")[:3]) in whole:
+            continue  # deleted with its group
         if item.kind in (TEMPORARY_FILE, UNLISTED_FILE):
             blob.delete_file(path)
             continue
@@ -453,6 +483,7 @@ def _checkpoint_references(consensus: Consensus, blob: Blob, refs: _References, 
     if not report.dry_run:
         # Consensus only, after every read: the next GC reads none of these manifests again.
         forget_references(consensus, plan.stale)
+        forget_owners(consensus, orphaned_index_owners(indexed_owners(consensus), owners, refs.shard_ids))
         for (owner, checkpoint_id), digest, paths in read:
             record_references(consensus, owner, checkpoint_id, digest, paths)
     return {e.id for e in catalogs.get(refs.shard_id, ())}
@@ -478,7 +509,8 @@ def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cuto
     step("checkpoints")
     replaced = [Replaced(path, at) for path, at in replacements_of(consensus, shard_id)]
     plan = plan_from_state(shard_id, replaced, refs.dirs, cutoff)
-    report.items = [_run_item(blob, path) for path in plan.delete]
+    recorded = recorded_files(consensus, shard_id, plan.delete)
+    report.items = [_run_item(blob, path, recorded.get(path)) for path in plan.delete]
     report.files_scanned = sum(i.files for i in report.items)
     report.kept_referenced = plan.pending_count(PINNED)
     report.kept_in_grace = plan.pending_count(REPLACED_IN_GRACE)
@@ -505,9 +537,12 @@ def _collect_from_state(consensus: Consensus, blob: Blob, report: GcReport, cuto
     forget_replaced(consensus, deleted)
 
 
-def _run_item(blob: Blob, path: str) -> GcItem:
-    """A run directory to delete, with its files and bytes (one flat listing of it: the cost
-    follows the garbage)."""
+def _run_item(blob: Blob, path: str, recorded: list[dict[str, Any]] | None) -> GcItem:
+    """A run directory to delete, with its files and bytes: those its batch row records
+    (``recorded``; Spark's companions of them go with the directory, uncounted), else from one
+    flat listing of it (a compacted run, a batch whose row was truncated)."""
+    if recorded is not None:
+        return GcItem(path, RUN, len(recorded), sum(int(f["bytes"]) for f in recorded))
     files = list(blob.list_files(blob.path(path)))
     return GcItem(path, RUN, len(files), sum(f.size for f in files))
 
@@ -627,6 +662,7 @@ class _ShardListing:
     shard_id: str
     all_files: list[Listed]
     all_dirs: list[Listed]
+    markers: list[str] = field(default_factory=list)
 
     def _below(self, entries: list[Listed], *parts: str) -> list[Listed]:
         prefix = "/".join((self.shard_id, *parts)) + "/"
@@ -651,4 +687,5 @@ class _ShardListing:
 
 
 def _split_listing(blob: Blob, shard_id: str, tree: BlobTree) -> _ShardListing:
-    return _ShardListing(shard_id, _listed(blob, tree.files), _listed(blob, tree.dirs))
+    return _ShardListing(shard_id, _listed(blob, tree.files), _listed(blob, tree.dirs),
+                         [blob.relative(m) for m in tree.markers])

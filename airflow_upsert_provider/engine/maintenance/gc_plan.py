@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_upsert_provider.engine.store.gc_claims import run_dir_of_relative
+from airflow_upsert_provider.engine.store.gc_claims import claim_needed, run_dir_of_relative
 
 # Why the plan keeps something.
 REFERENCED = "referenced"  # live state or a retained checkpoint names it (or its directory)
@@ -203,6 +203,16 @@ def plan_manifest_reads(
     return plan
 
 
+def orphaned_index_owners(
+    indexed_owners: Collection[str], blob_owners: Collection[str], shard_ids: Collection[str]
+) -> list[str]:
+    """The owners whose checkpoint-index rows GC drops: a directory the blob no longer holds
+    checkpoints in (``blob_owners``: every directory with a checkpoints directory) that no
+    shard of the store owns (``shard_ids``; a shard's own rows follow its catalog). A row
+    dropped wrongly costs one manifest read if the directory comes back, never a file."""
+    return sorted(set(indexed_owners) - set(blob_owners) - set(shard_ids))
+
+
 def rejects_batch_ts(rejects_dir: str) -> int:
     """The ts of the batch a rejects directory (``<shard>/rejects/ts=T/<name>``) belongs to;
     a name that does not parse counts as the newest batch (kept)."""
@@ -307,6 +317,33 @@ def empty_groups(root: str, files: Iterable[Listed], dirs: Iterable[Listed], cut
     return sorted(d.path for d in dirs
                   if d.path.startswith(prefix) and "/" not in d.path[len(prefix):]
                   and d.path[len(prefix):] not in busy and d.mtime < cutoff)
+
+
+def removable_groups(
+    shard_id: str, files: Iterable[Listed], markers: Iterable[str], deleting: Collection[str],
+    referenced_dirs: Collection[str], upper: int, since: int,
+) -> list[str]:
+    """The group prefixes (``<shard>/runs/ts=…``, ``…/since=…``, ``<shard>/rejects/ts=…``) on
+    object storage that GC deletes whole, so that no directory marker stays behind (PyArrow's
+    deletions leave one per emptied prefix, apache/arrow#36275): a group that holds markers
+    (``markers``: prefixes the listing shows with no object below) or run directories being
+    deleted (``deleting``), and no other listed file, that no commit can name again: no live
+    run or retained checkpoint names a directory in it (``referenced_dirs``: a commit that
+    landed after the listing) and ``gc_claims.claim_needed`` says no claim is needed (a batch
+    group below ``upper``, a compaction group at or below ``since``: both only advance). A
+    group at or above the upper is where a writer is about to stage: never chosen. Markers
+    have no age, so this rule, not the grace period, is what makes their removal safe."""
+    def group_of(path: str) -> str | None:
+        parts = path.split("/")
+        if len(parts) < 3 or parts[0] != shard_id or parts[1] not in ("runs", "rejects") or not parts[2]:
+            return None
+        return "/".join(parts[:3])
+
+    going = set(deleting)
+    busy = {group_of(f.path) for f in files if run_dir_of_relative(f.path) not in going}
+    busy |= {group_of(d) for d in referenced_dirs}
+    candidates = ({group_of(m) for m in markers} | {group_of(d) for d in going}) - busy - {None}
+    return sorted(g for g in candidates if not claim_needed(g, upper, since))
 
 
 def _plan_live_dir(run_dir: str, found: _Dir, referenced_files: set[str], cutoff: float, plan: GcPlan) -> None:

@@ -91,3 +91,22 @@ def forget_references(consensus: Consensus, keys: Collection[tuple[str, str]]) -
 
     if by_owner:
         consensus.run_in_transaction(txn)
+
+
+def indexed_owners(consensus: Consensus) -> set[str]:
+    """Every owner (shard directory) that has index rows."""
+    return set(consensus.read_in_snapshot(
+        lambda conn: conn.execute(sa.select(checkpoint_refs_table.c.shard_id).distinct()).scalars().all()))
+
+
+def forget_owners(consensus: Consensus, owners: Collection[str]) -> None:
+    """Drop every row of ``owners``: directories that no longer hold checkpoints."""
+    names = sorted(set(owners))
+
+    def txn(conn) -> None:
+        for start in range(0, len(names), CHUNK):
+            conn.execute(sa.delete(checkpoint_refs_table).where(
+                checkpoint_refs_table.c.shard_id.in_(names[start:start + CHUNK])))
+
+    if names:
+        consensus.run_in_transaction(txn)

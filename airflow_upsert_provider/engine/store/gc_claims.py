@@ -190,6 +190,32 @@ def replacements_of(consensus: Consensus, shard_id: str) -> list[tuple[str, floa
     return sorted(latest.items())
 
 
+def recorded_files(consensus: Consensus, shard_id: str, run_dirs: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """The files (each with its ``path`` and ``bytes``) that the store records of each of
+    ``run_dirs`` (``<shard>/runs/ts=T/<name>``) while it still holds the row of the batch that
+    committed it; a run it no longer records (its batch row truncated, a compacted run, a
+    losing writer's) is left out. One read of the batch rows by ts, not a listing per run."""
+    wanted: dict[int, set[str]] = {}
+    for path in run_dirs:
+        parts = path.split("/")
+        kind, _, number = parts[2].partition("=") if len(parts) == 4 else ("", "", "")
+        if parts[0] == shard_id and kind == "ts" and number.isdigit():
+            wanted.setdefault(int(number), set()).add(path)
+    found: dict[str, list[dict[str, Any]]] = {}
+    numbers = sorted(wanted)
+
+    def read(conn) -> None:
+        for start in range(0, len(numbers), CHUNK):
+            for row in conn.execute(sa.select(batches_table.c.ts, batches_table.c.run).where(
+                    batches_table.c.shard_id == shard_id, batches_table.c.ts.in_(numbers[start : start + CHUNK]))):
+                run = json.loads(row.run)
+                if run and run.get("path") in wanted[row.ts] and all("bytes" in f for f in run.get("files", ())):
+                    found[run["path"]] = list(run.get("files", ()))
+
+    consensus.read_in_snapshot(read)
+    return found
+
+
 def forget_replaced(consensus: Consensus, paths: list[str]) -> None:
     """Drop the replacement rows of run directories GC deleted, after deleting them: a GC
     that stops between its deletion and this finds them again and deletes nothing more (a
