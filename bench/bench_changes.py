@@ -7,11 +7,14 @@ changes: keys drawn over 1.1 times the key range (about one in eleven an insert)
 delete, the rest updates. Then, medians of ``--repeat``:
 
   warm      in one process, after one read of each: ``read_changes(shard, 1).read_all()``
-            against ``read_table(shard).read_all()`` (the Arrow reader, the full table)
+            (and with ``preimages=True``) against ``read_table(shard).read_all()`` (the Arrow
+            reader, the full table)
   process   fresh processes, as an Airflow task runs them: ``upsertctl changes SHARD --from 1
-            --format parquet --out F`` against ``upsertctl read SHARD --format parquet --out F``
+            --format parquet --out F`` (and with ``--preimages``) against ``upsertctl read SHARD
+            --format parquet --out F``
 
-The target: the feed at least 10x faster than the full read.
+The target: the feed at least 10x faster than the full read. The feed with pre-images is
+printed beside it: it decodes the values of the table as of the range's start.
 
     .venv/bin/python bench/bench_changes.py --rows 1000000            # quick
     .venv/bin/python bench/bench_changes.py --rows 10000000 --changes 100000
@@ -101,7 +104,7 @@ def build(rows: int, changes: int, buckets: int, workdir: str, env: dict[str, st
           f"({int(deletes.sum()):,} deletes); written in {time.monotonic() - started:.0f} s", flush=True)
 
 
-def warm(env: dict[str, str], repeat: int) -> tuple[float, float, int]:
+def warm(env: dict[str, str], repeat: int) -> tuple[float, float, float, int, int]:
     from airflow_upsert_provider.engine.blob.files import open_blob
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.arrow_reader import read_table
@@ -111,6 +114,7 @@ def warm(env: dict[str, str], repeat: int) -> tuple[float, float, int]:
     consensus = open_consensus(env["UPSERT_CONSENSUS_URL"])
     shard = Shard.open(consensus, open_blob(env["UPSERT_BLOB_ROOT"]), SHARD)
     feed_rows = read_changes(shard, 1).read_all().num_rows
+    preimage_rows = read_changes(shard, 1, preimages=True).read_all().num_rows
     read_table(shard).read_all()
 
     def median(read) -> float:
@@ -122,9 +126,10 @@ def warm(env: dict[str, str], repeat: int) -> tuple[float, float, int]:
         return statistics.median(times)
 
     feed = median(lambda: read_changes(shard, 1))
+    preimages = median(lambda: read_changes(shard, 1, preimages=True))
     table = median(lambda: read_table(shard))
     consensus.dispose()
-    return feed, table, feed_rows
+    return feed, preimages, table, feed_rows, preimage_rows
 
 
 def fresh(argv: list[str], env: dict[str, str], repeat: int) -> float:
@@ -151,15 +156,18 @@ def main() -> None:
     try:
         build(args.rows, args.changes, args.buckets, workdir, env)
         print(f"load average before the reads: {os.getloadavg()}", flush=True)
-        feed, table, feed_rows = warm(env, args.repeat)
-        print(f"warm:    feed {feed:.2f} s ({feed_rows:,} rows), full read {table:.2f} s: {table / feed:.1f}x",
-              flush=True)
+        feed, preimages, table, feed_rows, preimage_rows = warm(env, args.repeat)
+        print(f"warm:    feed {feed:.2f} s ({feed_rows:,} rows), with pre-images {preimages:.2f} s "
+              f"({preimage_rows:,} rows), full read {table:.2f} s: {table / feed:.1f}x "
+              f"(with pre-images {table / preimages:.1f}x)", flush=True)
         out = os.path.join(workdir, "out.parquet")
-        feed_p = fresh([*UPSERTCTL, "changes", SHARD, "--from", "1", "--format", "parquet", "--out", out],
-                       env, args.repeat)
+        feed_argv = [*UPSERTCTL, "changes", SHARD, "--from", "1", "--format", "parquet", "--out", out]
+        feed_p = fresh(feed_argv, env, args.repeat)
+        preimages_p = fresh([*feed_argv, "--preimages"], env, args.repeat)
         table_p = fresh([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out", out], env, args.repeat)
-        print(f"process: feed {feed_p:.2f} s, full read {table_p:.2f} s: {table_p / feed_p:.1f}x "
-              f"(target {TARGET:.0f}x)", flush=True)
+        print(f"process: feed {feed_p:.2f} s, with pre-images {preimages_p:.2f} s, full read {table_p:.2f} s: "
+              f"{table_p / feed_p:.1f}x (with pre-images {table_p / preimages_p:.1f}x; target {TARGET:.0f}x)",
+              flush=True)
         print(f"load average after: {os.getloadavg()}", flush=True)
     finally:
         if not args.workdir:

@@ -212,16 +212,28 @@ def change_batches(
 def rows_of_keys(
     batches: Iterator["pyarrow.RecordBatch"], changes: "pyarrow.Table", keys: list[str]
 ) -> Iterator["pyarrow.RecordBatch"]:
-    """The rows of ``batches`` whose key is one of ``changes``' keys, a batch at a time. One key
-    column: a hash lookup per row (``is_in``), which leaves the batch's other columns untouched;
-    a compound key: a semi join."""
+    """The rows of ``batches`` whose key is one of ``changes``' keys, a batch at a time.
+
+    One integer key column in a batch sorted by it (a run is sorted by key within a bucket):
+    each changed key inside the batch's range is looked up by binary search
+    (:func:`sorted_positions`), so the cost follows the changed keys, not the batch's rows.
+    Another key column, or a batch out of order: a hash lookup per row (``is_in``). A compound
+    key: a semi join."""
+    import numpy
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if len(keys) == 1:
         wanted = pc.unique(changes.column(keys[0]))
+        wanted_sorted = (numpy.sort(wanted.to_numpy()) if pa.types.is_integer(wanted.type) and wanted.null_count == 0
+                         else None)
         for batch in batches:
-            kept = batch.filter(pc.is_in(batch.column(keys[0]), value_set=wanted))
+            column = batch.column(keys[0])
+            positions = None
+            if wanted_sorted is not None and column.null_count == 0:
+                positions = sorted_positions(column.to_numpy(), wanted_sorted)
+            kept = (batch.filter(pc.is_in(column, value_set=wanted)) if positions is None
+                    else batch.take(pa.array(positions)))
             if kept.num_rows:
                 yield kept
         return
@@ -230,6 +242,25 @@ def rows_of_keys(
         kept = pa.Table.from_batches([batch]).join(wanted_keys, keys, join_type="left semi")
         if kept.num_rows:
             yield from kept.select(batch.schema.names).cast(batch.schema).to_batches()
+
+
+def sorted_positions(column: "numpy.ndarray", wanted: "numpy.ndarray") -> "numpy.ndarray | None":
+    """The positions in ``column`` of the values in ``wanted`` (sorted), in ``column``'s order,
+    every row of a repeated value included, found by binary search; None when ``column`` is not
+    sorted (ascending). Pure."""
+    import numpy
+
+    if column.size == 0:
+        return numpy.empty(0, numpy.int64)
+    if column.size > 1 and not bool((column[1:] >= column[:-1]).all()):
+        return None
+    inside = wanted[numpy.searchsorted(wanted, column[0], "left"):numpy.searchsorted(wanted, column[-1], "right")]
+    starts = numpy.searchsorted(column, inside, "left")
+    counts = numpy.searchsorted(column, inside, "right") - starts
+    starts, counts = starts[counts > 0], counts[counts > 0]
+    # Every position of each found run of equal values: start, start + 1, ..., start + count - 1.
+    offsets = numpy.arange(int(counts.sum()), dtype=numpy.int64) - numpy.repeat(numpy.cumsum(counts) - counts, counts)
+    return numpy.repeat(starts, counts).astype(numpy.int64) + offsets
 
 
 def net_changes(
