@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -132,13 +133,18 @@ def warm(env: dict[str, str], repeat: int) -> tuple[float, float, float, int, in
     return feed, preimages, table, feed_rows, preimage_rows
 
 
-def fresh(argv: list[str], env: dict[str, str], repeat: int) -> float:
-    times = []
+def fresh(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, float]:
+    """Medians of the wall time and of the CPU time (user + system) of ``argv`` run whole:
+    on a loaded machine a process waits for a core, and its CPU time says what it costs."""
+    times, cpu = [], []
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
         times.append(time.monotonic() - started)
-    return statistics.median(times)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def main() -> None:
@@ -162,11 +168,15 @@ def main() -> None:
               f"(with pre-images {table / preimages:.1f}x)", flush=True)
         out = os.path.join(workdir, "out.parquet")
         feed_argv = [*UPSERTCTL, "changes", SHARD, "--from", "1", "--format", "parquet", "--out", out]
-        feed_p = fresh(feed_argv, env, args.repeat)
-        preimages_p = fresh([*feed_argv, "--preimages"], env, args.repeat)
-        table_p = fresh([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out", out], env, args.repeat)
+        feed_p, feed_cpu = fresh(feed_argv, env, args.repeat)
+        preimages_p, preimages_cpu = fresh([*feed_argv, "--preimages"], env, args.repeat)
+        table_p, table_cpu = fresh([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out", out], env,
+                                   args.repeat)
         print(f"process: feed {feed_p:.2f} s, with pre-images {preimages_p:.2f} s, full read {table_p:.2f} s: "
               f"{table_p / feed_p:.1f}x (with pre-images {table_p / preimages_p:.1f}x; target {TARGET:.0f}x)",
+              flush=True)
+        print(f"process CPU: feed {feed_cpu:.2f} s, with pre-images {preimages_cpu:.2f} s, full read "
+              f"{table_cpu:.2f} s: {table_cpu / feed_cpu:.1f}x (with pre-images {table_cpu / preimages_cpu:.1f}x)",
               flush=True)
         print(f"load average after: {os.getloadavg()}", flush=True)
     finally:
