@@ -105,7 +105,10 @@ def build(rows: int, changes: int, buckets: int, workdir: str, env: dict[str, st
           f"({int(deletes.sum()):,} deletes); written in {time.monotonic() - started:.0f} s", flush=True)
 
 
-def warm(env: dict[str, str], repeat: int) -> tuple[float, float, float, int, int]:
+Timing = tuple[float, float]  # medians of wall and CPU seconds
+
+
+def warm(env: dict[str, str], repeat: int) -> tuple[Timing, Timing, Timing, int, int]:
     from airflow_upsert_provider.engine.blob.files import open_blob
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.arrow_reader import read_table
@@ -118,13 +121,14 @@ def warm(env: dict[str, str], repeat: int) -> tuple[float, float, float, int, in
     preimage_rows = read_changes(shard, 1, preimages=True).read_all().num_rows
     read_table(shard).read_all()
 
-    def median(read) -> float:
-        times = []
+    def median(read) -> tuple[float, float]:
+        times, cpu = [], []
         for _ in range(repeat):
-            started = time.monotonic()
+            started, started_cpu = time.monotonic(), time.process_time()
             read().read_all()
             times.append(time.monotonic() - started)
-        return statistics.median(times)
+            cpu.append(time.process_time() - started_cpu)
+        return statistics.median(times), statistics.median(cpu)
 
     feed = median(lambda: read_changes(shard, 1))
     preimages = median(lambda: read_changes(shard, 1, preimages=True))
@@ -162,10 +166,13 @@ def main() -> None:
     try:
         build(args.rows, args.changes, args.buckets, workdir, env)
         print(f"load average before the reads: {os.getloadavg()}", flush=True)
-        feed, preimages, table, feed_rows, preimage_rows = warm(env, args.repeat)
+        (feed, feed_cpu), (preimages, preimages_cpu), (table, table_cpu), feed_rows, preimage_rows = warm(
+            env, args.repeat)
         print(f"warm:    feed {feed:.2f} s ({feed_rows:,} rows), with pre-images {preimages:.2f} s "
               f"({preimage_rows:,} rows), full read {table:.2f} s: {table / feed:.1f}x "
               f"(with pre-images {table / preimages:.1f}x)", flush=True)
+        print(f"warm CPU: feed {feed_cpu:.2f} s, with pre-images {preimages_cpu:.2f} s, full read {table_cpu:.2f} s: "
+              f"{table_cpu / feed_cpu:.1f}x (with pre-images {table_cpu / preimages_cpu:.1f}x)", flush=True)
         out = os.path.join(workdir, "out.parquet")
         feed_argv = [*UPSERTCTL, "changes", SHARD, "--from", "1", "--format", "parquet", "--out", out]
         feed_p, feed_cpu = fresh(feed_argv, env, args.repeat)

@@ -309,16 +309,15 @@ def net_changes(
         chosen = joined.filter(mask)
         names = values if side == "to" else [renamed[c] for c in values]
         out = chosen.select([*keys, *names]).rename_columns([*keys, *values])
-        out = out.append_column(CHANGE_TYPE, pa.array([kind] * out.num_rows, pa.string()))
-        return out.append_column(COMMIT_VERSION, chosen.column("_ts"))
+        out = out.append_column(CHANGE_TYPE, pa.repeat(pa.scalar(kind, pa.string()), out.num_rows))
+        out = out.append_column(COMMIT_VERSION, chosen.column("_ts"))
+        return out.append_column("__rank", pa.repeat(pa.scalar(_TYPE_RANK[kind], pa.int8()), out.num_rows))
 
     parts = [rows(deleted, DELETE, "from"), *([rows(updated, UPDATE_PREIMAGE, "from")] if preimages else []),
              rows(updated, UPDATE_POSTIMAGE, "to"), rows(inserted, INSERT, "to")]
     feed = pa.concat_tables(parts)
-    rank = pa.array([_TYPE_RANK[t] for t in feed.column(CHANGE_TYPE).to_pylist()], pa.int8())
-    order = pc.sort_indices(feed.append_column("__rank", rank),
-                            sort_keys=[*((k, "ascending") for k in keys), ("__rank", "ascending")])
-    feed = feed.take(order)
+    order = pc.sort_indices(feed, sort_keys=[*((k, "ascending") for k in keys), ("__rank", "ascending")])
+    feed = feed.take(order).drop_columns(["__rank"])
     at = committed.column("_at").take(pc.index_in(feed.column(COMMIT_VERSION), value_set=committed.column("_ts")))
     # Whole microseconds, cut down (floor: the same in Spark's reader for the same double).
     micros = pc.cast(pc.floor(pc.multiply(at, 1_000_000)), pa.int64())
