@@ -7,11 +7,14 @@ changes: keys drawn over 1.1 times the key range (about one in eleven an insert)
 delete, the rest updates. Then, medians of ``--repeat``:
 
   warm      in one process, after one read of each: ``read_changes(shard, 1).read_all()``
-            against ``read_table(shard).read_all()`` (the Arrow reader, the full table)
+            (and with ``preimages=True``) against ``read_table(shard).read_all()`` (the Arrow
+            reader, the full table)
   process   fresh processes, as an Airflow task runs them: ``upsertctl changes SHARD --from 1
-            --format parquet --out F`` against ``upsertctl read SHARD --format parquet --out F``
+            --format parquet --out F`` (and with ``--preimages``) against ``upsertctl read SHARD
+            --format parquet --out F``
 
-The target: the feed at least 10x faster than the full read.
+The target: the feed at least 10x faster than the full read. The feed with pre-images is
+printed beside it: it decodes the values of the table as of the range's start.
 
     .venv/bin/python bench/bench_changes.py --rows 1000000            # quick
     .venv/bin/python bench/bench_changes.py --rows 10000000 --changes 100000
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -101,7 +105,10 @@ def build(rows: int, changes: int, buckets: int, workdir: str, env: dict[str, st
           f"({int(deletes.sum()):,} deletes); written in {time.monotonic() - started:.0f} s", flush=True)
 
 
-def warm(env: dict[str, str], repeat: int) -> tuple[float, float, int]:
+Timing = tuple[float, float]  # medians of wall and CPU seconds
+
+
+def warm(env: dict[str, str], repeat: int) -> tuple[Timing, Timing, Timing, int, int]:
     from airflow_upsert_provider.engine.blob.files import open_blob
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from airflow_upsert_provider.engine.table.arrow_reader import read_table
@@ -111,29 +118,37 @@ def warm(env: dict[str, str], repeat: int) -> tuple[float, float, int]:
     consensus = open_consensus(env["UPSERT_CONSENSUS_URL"])
     shard = Shard.open(consensus, open_blob(env["UPSERT_BLOB_ROOT"]), SHARD)
     feed_rows = read_changes(shard, 1).read_all().num_rows
+    preimage_rows = read_changes(shard, 1, preimages=True).read_all().num_rows
     read_table(shard).read_all()
 
-    def median(read) -> float:
-        times = []
+    def median(read) -> tuple[float, float]:
+        times, cpu = [], []
         for _ in range(repeat):
-            started = time.monotonic()
+            started, started_cpu = time.monotonic(), time.process_time()
             read().read_all()
             times.append(time.monotonic() - started)
-        return statistics.median(times)
+            cpu.append(time.process_time() - started_cpu)
+        return statistics.median(times), statistics.median(cpu)
 
     feed = median(lambda: read_changes(shard, 1))
+    preimages = median(lambda: read_changes(shard, 1, preimages=True))
     table = median(lambda: read_table(shard))
     consensus.dispose()
-    return feed, table, feed_rows
+    return feed, preimages, table, feed_rows, preimage_rows
 
 
-def fresh(argv: list[str], env: dict[str, str], repeat: int) -> float:
-    times = []
+def fresh(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, float]:
+    """Medians of the wall time and of the CPU time (user + system) of ``argv`` run whole:
+    on a loaded machine a process waits for a core, and its CPU time says what it costs."""
+    times, cpu = [], []
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
         times.append(time.monotonic() - started)
-    return statistics.median(times)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def main() -> None:
@@ -151,15 +166,25 @@ def main() -> None:
     try:
         build(args.rows, args.changes, args.buckets, workdir, env)
         print(f"load average before the reads: {os.getloadavg()}", flush=True)
-        feed, table, feed_rows = warm(env, args.repeat)
-        print(f"warm:    feed {feed:.2f} s ({feed_rows:,} rows), full read {table:.2f} s: {table / feed:.1f}x",
-              flush=True)
+        (feed, feed_cpu), (preimages, preimages_cpu), (table, table_cpu), feed_rows, preimage_rows = warm(
+            env, args.repeat)
+        print(f"warm:    feed {feed:.2f} s ({feed_rows:,} rows), with pre-images {preimages:.2f} s "
+              f"({preimage_rows:,} rows), full read {table:.2f} s: {table / feed:.1f}x "
+              f"(with pre-images {table / preimages:.1f}x)", flush=True)
+        print(f"warm CPU: feed {feed_cpu:.2f} s, with pre-images {preimages_cpu:.2f} s, full read {table_cpu:.2f} s: "
+              f"{table_cpu / feed_cpu:.1f}x (with pre-images {table_cpu / preimages_cpu:.1f}x)", flush=True)
         out = os.path.join(workdir, "out.parquet")
-        feed_p = fresh([*UPSERTCTL, "changes", SHARD, "--from", "1", "--format", "parquet", "--out", out],
-                       env, args.repeat)
-        table_p = fresh([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out", out], env, args.repeat)
-        print(f"process: feed {feed_p:.2f} s, full read {table_p:.2f} s: {table_p / feed_p:.1f}x "
-              f"(target {TARGET:.0f}x)", flush=True)
+        feed_argv = [*UPSERTCTL, "changes", SHARD, "--from", "1", "--format", "parquet", "--out", out]
+        feed_p, feed_cpu = fresh(feed_argv, env, args.repeat)
+        preimages_p, preimages_cpu = fresh([*feed_argv, "--preimages"], env, args.repeat)
+        table_p, table_cpu = fresh([*UPSERTCTL, "read", SHARD, "--format", "parquet", "--out", out], env,
+                                   args.repeat)
+        print(f"process: feed {feed_p:.2f} s, with pre-images {preimages_p:.2f} s, full read {table_p:.2f} s: "
+              f"{table_p / feed_p:.1f}x (with pre-images {table_p / preimages_p:.1f}x; target {TARGET:.0f}x)",
+              flush=True)
+        print(f"process CPU: feed {feed_cpu:.2f} s, with pre-images {preimages_cpu:.2f} s, full read "
+              f"{table_cpu:.2f} s: {table_cpu / feed_cpu:.1f}x (with pre-images {table_cpu / preimages_cpu:.1f}x)",
+              flush=True)
         print(f"load average after: {os.getloadavg()}", flush=True)
     finally:
         if not args.workdir:

@@ -41,6 +41,9 @@ def add_changes_commands(commands, common: argparse.ArgumentParser) -> None:
     changes.add_argument("--format", choices=FEED_FORMATS, default="jsonl", dest="output_format",
                          help="jsonl (stdout unless --out), parquet or arrow (an Arrow IPC file; --out required)")
     changes.add_argument("--out", help="write to this file (renamed into place once complete)")
+    changes.add_argument("--preimages", action="store_true",
+                         help="also each update's row as of --from (update_preimage) and each deleted row's values; "
+                              "reads the values of the table as of --from, not only its keys")
     changes.add_argument("--keep", help=f"with `{RETENTION}`: keep the batches of this period (e.g. 7d, 36h)")
     changes.add_argument("--off", action="store_true", help=f"with `{RETENTION}`: remove the change retention")
     changes.add_argument("--json", action="store_true")
@@ -48,6 +51,9 @@ def add_changes_commands(commands, common: argparse.ArgumentParser) -> None:
 
 def cmd_changes(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     if args.shard == RETENTION and args.retention_shard is not None:
+        if args.preimages:
+            raise ConfigurationError(f"--preimages goes with a feed (`changes SHARD --from TS`), not `changes "
+                                     f"{RETENTION}`", field="--preimages")
         return _retention(ctx, args)
     if args.retention_shard is not None:
         raise ConfigurationError(f"changes takes one shard; `changes {RETENTION} SHARD` shows or sets the "
@@ -73,7 +79,7 @@ def _feed(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     _check_out_path(out)
     shard = ctx.shard(args.shard)
     # The range is checked and its runs chosen before --out is touched.
-    reader = read_changes(shard, args.from_ts, args.to_ts)
+    reader = read_changes(shard, args.from_ts, args.to_ts, preimages=args.preimages)
     rows = 0
     with _writes_to(out), contextlib.ExitStack() as stack:
         handle = None if out is None else _replacing_out(stack, out)

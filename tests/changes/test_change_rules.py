@@ -1,12 +1,15 @@
 """The change feed's rules, pure (engine/table/change_rules.py): which ranges are answerable,
-the net change of a key, the change retention's bound on since and its parsing, swept over
-their parameters."""
+the net change of a key (with and without pre-images), the change retention's bound on since
+and its parsing, swept over their parameters; and how the feed finds the changed keys' rows in
+a run's batch (engine/table/changes.py), against plain Python."""
 
 from __future__ import annotations
 
 import itertools
 import random
 
+import numpy
+import pyarrow as pa
 import pytest
 
 from airflow_upsert_provider.engine.errors import ConfigurationError, IntegrityError
@@ -19,6 +22,7 @@ from airflow_upsert_provider.engine.table.change_rules import (
     retained_since,
     retention_start,
 )
+from airflow_upsert_provider.engine.table.changes import rows_of_keys, sorted_positions
 
 
 def test_a_range_is_answerable_exactly_when_since_le_from_le_to_le_upper():
@@ -59,6 +63,18 @@ def test_the_net_change_of_every_pair_of_rows():
             assert kinds == ("delete",)
         else:
             assert kinds == ("update_preimage", "update_postimage")
+
+
+def test_without_preimages_the_net_change_follows_presence_and_whether_a_range_row_won():
+    rows = [None, {"v": 1}, {"v": 2}]
+    for before, after, rewritten in itertools.product(rows, rows, (False, True)):
+        kinds = net_change(before, after, preimages=False, rewritten=rewritten)
+        if before is None or after is None:
+            # An insert, a delete or nothing: as with pre-images.
+            assert kinds == net_change(before, after)
+        else:
+            # Equal values are not looked at: only whether a row of the range won.
+            assert kinds == (("update_postimage",) if rewritten else ())
 
 
 class Batch:
@@ -108,3 +124,36 @@ def test_a_bad_retention_period_is_refused_naming_the_option(text):
     with pytest.raises(ConfigurationError) as refused:
         parse_keep(text, field="--keep")
     assert refused.value.details["field"] == "--keep" and "--keep" in refused.value.message
+
+
+def test_sorted_positions_are_every_row_of_a_wanted_key_and_none_when_out_of_order():
+    rng = numpy.random.default_rng(3)
+    for _ in range(3000):
+        column = numpy.sort(rng.integers(-5, int(rng.integers(1, 40)), size=int(rng.integers(0, 30))))
+        wanted = numpy.unique(rng.integers(-8, 45, size=int(rng.integers(0, 12))))
+        got = sorted_positions(column, wanted)
+        assert got is not None and got.tolist() == numpy.flatnonzero(numpy.isin(column, wanted)).tolist()
+        if len(numpy.unique(column)) > 1:
+            assert sorted_positions(column[::-1].copy(), wanted) is None
+
+
+def test_rows_of_keys_keeps_the_same_rows_by_binary_search_hash_lookup_or_semi_join():
+    rng = numpy.random.default_rng(5)
+    for case in range(120):
+        ids = numpy.sort(rng.integers(0, 50, size=int(rng.integers(0, 40))))
+        if case % 3 == 0:
+            rng.shuffle(ids)  # out of order: the hash lookup
+        batch = pa.record_batch({"id": pa.array(ids, pa.int64()), "region": pa.array(ids % 3, pa.int64()),
+                                 "v": pa.array(numpy.arange(len(ids)), pa.int64())})
+        changed = pa.table({"id": pa.array(rng.integers(0, 50, size=int(rng.integers(1, 10))), pa.int64())})
+        expected = [r for r in batch.to_pylist() if r["id"] in set(changed.column("id").to_pylist())]
+        kept = [r for b in rows_of_keys(iter([batch]), changed, ["id"]) for r in b.to_pylist()]
+        assert kept == expected
+        as_text = batch.set_column(0, "id", batch.column(0).cast(pa.string()))
+        text_changed = changed.set_column(0, "id", changed.column("id").cast(pa.string()))
+        kept = [r for b in rows_of_keys(iter([as_text]), text_changed, ["id"]) for r in b.to_pylist()]
+        assert [r["v"] for r in kept] == [r["v"] for r in expected]
+        # A compound key: (id, id % 3) matches exactly the rows whose id changed.
+        compound = changed.append_column("region", pa.array(numpy.array(changed.column("id")) % 3, pa.int64()))
+        kept = [r for b in rows_of_keys(iter([batch]), compound, ["id", "region"]) for r in b.to_pylist()]
+        assert sorted(r["v"] for r in kept) == [r["v"] for r in expected]

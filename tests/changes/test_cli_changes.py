@@ -34,7 +34,7 @@ def shard(consensus, blob, tmp_path, monkeypatch):
 
 @sqlite_only
 def test_the_feed_in_each_format(shard, tmp_path, capsys):
-    code, out, err = run_cli(capsys, "changes", "orders", "--from", "1")
+    code, out, err = run_cli(capsys, "changes", "orders", "--from", "1", "--preimages")
     assert code == 0, err
     # Sorted by key within a bucket, buckets one after the other.
     rows = sorted((json.loads(line) for line in out.splitlines()), key=lambda r: (r["id"], r["_change_type"] != "update_preimage"))
@@ -42,6 +42,12 @@ def test_the_feed_in_each_format(shard, tmp_path, capsys):
         (1, "a", "update_preimage", 1), (1, "a2", "update_postimage", 1), (2, "b", "delete", 1),
         (3, "c", "insert", 1)]
     assert rows[0]["_commit_timestamp"].endswith("+00:00")
+    # Without --preimages: no pre-image, and a delete carries the key alone.
+    code, out, err = run_cli(capsys, "changes", "orders", "--from", "1")
+    assert code == 0, err
+    rows = sorted((json.loads(line) for line in out.splitlines()), key=lambda r: r["id"])
+    assert [(r["id"], r["name"], r["amount"], r["_change_type"]) for r in rows] == [
+        (1, "a2", 1.0, "update_postimage"), (2, None, None, "delete"), (3, "c", 1.0, "insert")]
     code, out, err = run_cli(capsys, "changes", "orders", "--from", "0", "--to", "1", "--format", "parquet",
                              "--out", str(tmp_path / "f.parquet"), "--json")
     assert code == 0, err
@@ -69,6 +75,8 @@ def test_refusals_exit_2_naming_what_is_wrong(shard, tmp_path, capsys):
     code, _, err = run_cli(capsys, "changes", "retention", "orders", "--keep", "7x")
     assert code == 2 and "--keep" in err and "'7x'" in err
     assert change_retention(shard.consensus, "orders") is None
+    code, _, err = run_cli(capsys, "changes", "retention", "orders", "--preimages")
+    assert code == 2 and "--preimages goes with a feed" in err
 
 
 @sqlite_only

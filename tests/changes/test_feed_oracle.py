@@ -57,8 +57,11 @@ def build_history(shard, rng: random.Random, *, batches: int, keys: int) -> list
     return history
 
 
-def expected_feed(config, history: list[dict], from_ts: int, to_ts: int, committed_at: dict[int, float]) -> list:
-    """The net change from the model: per key its row as of from_ts and as of to_ts."""
+def expected_feed(config, history: list[dict], from_ts: int, to_ts: int, committed_at: dict[int, float],
+                  *, preimages: bool = True) -> list:
+    """The net change from the model: per key its row as of from_ts and as of to_ts. Without
+    pre-images: a present key whose winner as of to_ts is a row of the range is an update
+    postimage alone (equal values or not), and a delete carries the key and nulls."""
     before = expected_table(config, history, from_ts)
     after = expected_table(config, history, to_ts)
     winners = {r["id"]: r["_ts"] for r in merged(config, [r for r in history if r["_ts"] < to_ts],
@@ -66,15 +69,19 @@ def expected_feed(config, history: list[dict], from_ts: int, to_ts: int, committ
     rows = []
     for key in sorted(set(before) | set(after)):
         old, new = before.get(key), after.get(key)
-        if old == new:
-            continue
         version = winners[key[0]]
+        if preimages and old == new or old is None and new is None:
+            continue
         if old is None:
             kinds = [("insert", new)]
         elif new is None:
-            kinds = [("delete", old)]
-        else:
+            kinds = [("delete", old if preimages else dict.fromkeys(VALUES))]
+        elif preimages:
             kinds = [("update_preimage", old), ("update_postimage", new)]
+        elif version >= from_ts:
+            kinds = [("update_postimage", new)]
+        else:
+            continue  # every row of the range lost to the row as of from_ts
         for kind, row in kinds:
             micros = math.floor(committed_at[version] * 1_000_000)
             at = EPOCH + datetime.timedelta(microseconds=micros)
@@ -92,6 +99,7 @@ def feed_rows(reader) -> list:
 @sqlite_only
 @pytest.mark.parametrize("seed", range(10))
 def test_the_feed_of_every_range_is_the_net_change_of_the_model(consensus, blob, tmp_path, seed):
+    """Both modes, with and without pre-images, over the same history."""
     rng = random.Random(seed)
     order_by = "updated_at" if seed % 3 else None
     shard = make_shard(consensus, blob, tmp_path, buckets=rng.choice([1, 2, 5]), order_by=order_by)
@@ -109,9 +117,12 @@ def test_the_feed_of_every_range_is_the_net_change_of_the_model(consensus, blob,
                 assert "upsertctl changes retention" in message
                 assert refused.value.details["since"] == state.since
                 continue
-            got = feed_rows(read_changes(shard, from_ts, to_ts, batch_rows=rng.choice([1, 3, 1000])))
-            assert got == expected_feed(shard.config, history, from_ts, to_ts, committed_at), (
-                f"seed {seed}, range [{from_ts}, {to_ts}), since {state.since}")
+            for preimages in (False, True):
+                got = feed_rows(read_changes(shard, from_ts, to_ts, preimages=preimages,
+                                             batch_rows=rng.choice([1, 3, 1000])))
+                assert got == expected_feed(shard.config, history, from_ts, to_ts, committed_at,
+                                            preimages=preimages), (
+                    f"seed {seed}, range [{from_ts}, {to_ts}), since {state.since}, preimages {preimages}")
             answered += 1
     assert answered >= 1
     # The default end is the upper.

@@ -55,6 +55,6 @@ def test_a_feed_read_whose_planned_runs_are_compacted_and_collected_fails_retrya
     # The retry plans on the new state: since 3, the compacted run as of 3, the same answer.
     assert shard.state().since == 3
     committed_at = {b.ts: b.committed_at for b in shard.batches()}
-    got = feed_rows(read_changes(shard, 3))
+    got = feed_rows(read_changes(shard, 3, preimages=True))
     assert got == expected_feed(shard.config, history, 3, 5, committed_at)
     assert [r[4] for r in got] == ["delete", "update_preimage", "update_postimage", "insert", "insert"]

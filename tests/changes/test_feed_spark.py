@@ -1,11 +1,12 @@
 """The change feed on Spark, in one module sharing one session: the Spark reader gives the
-Arrow reader's rows over a history with compactions, and a real compaction under a change
-retention stops its since at the first batch of the retention period, so a feed from there
-still answers while one from below is refused."""
+Arrow reader's rows over a history with compactions, with and without pre-images, and a real
+compaction under a change retention stops its since at the first batch of the retention
+period, so a feed from there still answers while one from below is refused."""
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import random
 
 import pytest
@@ -43,11 +44,12 @@ def test_the_spark_reader_gives_the_arrow_readers_rows(spark, consensus, blob, t
     committed_at = {b.ts: b.committed_at for b in shard.batches()}
     # Each range is a few Spark jobs: two ranges, one from since (the compacted runs as of it).
     ranges = [(state.since, state.upper), (state.upper - 2, state.upper)]
-    for from_ts, to_ts in ranges:
-        expected = expected_feed(shard.config, history, from_ts, to_ts, committed_at)
-        arrow = read_changes(shard, from_ts, to_ts).read_all()
+    for (from_ts, to_ts), preimages in itertools.product(ranges, (False, True)):
+        expected = expected_feed(shard.config, history, from_ts, to_ts, committed_at, preimages=preimages)
+        arrow = read_changes(shard, from_ts, to_ts, preimages=preimages).read_all()
         assert arrow.num_rows == len(expected)
-        assert spark_rows(read_changes_spark(spark, shard, from_ts, to_ts)) == expected, (from_ts, to_ts)
+        got = spark_rows(read_changes_spark(spark, shard, from_ts, to_ts, preimages=preimages))
+        assert got == expected, (from_ts, to_ts, preimages)
     assert any(expected_feed(shard.config, history, a, b, committed_at) for a, b in ranges)
     with pytest.raises(ConfigurationError, match="no longer answerable") if state.since else pytest.raises(
             ConfigurationError, match="ends past its upper"):
@@ -72,7 +74,7 @@ def test_a_compaction_under_change_retention_keeps_the_batches_of_the_period(spa
     set_change_retention(consensus, shard.shard_id, 86400.0)
     result = compact(spark, shard)
     assert result.outcome == COMPACTED and result.since == 3 and shard.state().since == 3
-    feed = read_changes(shard, 3).read_all()
+    feed = read_changes(shard, 3, preimages=True).read_all()
     assert sorted(zip(feed.column("id").to_pylist(), feed.column("_change_type").to_pylist())) == [
         (0, "update_postimage"), (0, "update_preimage"), (1, "update_postimage"), (1, "update_preimage"),
         (2, "update_postimage"), (2, "update_preimage")]

@@ -86,18 +86,26 @@ def range_batches(batches: Sequence[Any], from_ts: int, to_ts: int, shard_id: st
     return chosen
 
 
-def net_change(before: Any, after: Any) -> tuple[str, ...]:
+def net_change(before: Any, after: Any, *, preimages: bool = True, rewritten: bool = True) -> tuple[str, ...]:
     """The change types a key's rows come out with, given its row as of A (``before``) and as
-    of B (``after``), each None when the key is absent (or a tombstone) there: nothing when the
-    row is the same (a rewrite to equal values, or an insert deleted again within the range),
-    ``insert``, ``delete`` (with the row as of A), or ``update_preimage`` (as of A) then
-    ``update_postimage`` (as of B)."""
+    of B (``after``), each None when the key is absent (or a tombstone) there.
+
+    With ``preimages``: nothing when the row is the same (a rewrite to equal values, or an
+    insert deleted again within the range), ``insert``, ``delete`` (with the row as of A), or
+    ``update_preimage`` (as of A) then ``update_postimage`` (as of B).
+
+    Without (the values as of A unread): ``rewritten`` says whether a row of the range won as
+    of B (False: every one lost to the row as of A, by order value); a present key a range row
+    rewrote is an ``update_postimage`` alone, equal values or not, and ``delete`` carries only
+    the key."""
     if before is None and after is None:
         return ()
     if before is None:
         return (INSERT,)
     if after is None:
         return (DELETE,)
+    if not preimages:
+        return (UPDATE_POSTIMAGE,) if rewritten else ()
     return () if before == after else (UPDATE_PREIMAGE, UPDATE_POSTIMAGE)
 
 

@@ -3,7 +3,9 @@
 
 The range's batch runs are what changed; the runs as of ``from_ts`` are semi-joined with the
 changed keys, so only those keys' rows are merged; per key the winners as of ``from_ts`` and
-``to_ts`` are merged by the engine's rule (``runs.merge_rows``) and compared.
+``to_ts`` are merged by the engine's rule (``runs.merge_rows``) and compared. Without
+pre-images the values as of ``from_ts`` are never selected, so Spark reads only the other
+columns of those runs.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ if TYPE_CHECKING:
 
 def read_changes_spark(
     spark: "SparkSession", shard: "Shard", from_ts: int, to_ts: int | None = None,
-    *, columns: Sequence[str] | None = None,
+    *, columns: Sequence[str] | None = None, preimages: bool = False,
 ) -> "DataFrame":
     """The net change per key of ``shard``'s table over the batches ``from_ts <= ts < to_ts``
     (default: to the upper) as a DataFrame: the table's columns (``columns``, default keys then
     values), ``_change_type``, ``_commit_version`` (LONG) and ``_commit_timestamp``. The range is
     checked and its runs chosen now; every listed file is checked to exist (one listing), as
-    :meth:`Shard.read` checks, since whoever collects the frame runs the read."""
+    :meth:`Shard.read` checks, since whoever collects the frame runs the read. ``preimages`` as
+    for :func:`changes.read_changes`: the same rows."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, LongType, StructField, StructType
 
@@ -58,9 +61,10 @@ def read_changes_spark(
                             executor=executor).join(changed_keys, keys, "left_semi")
     at_from = merge_rows(before, config)
     at_to = merge_rows(at_from.unionByName(changes.select(*at_from.columns)), config)
+    types = {f.name: f.dataType for f in schema.fields}
     prior = at_from.where(~F.col("_deleted")).select(
-        *keys, *[F.col(c).alias(f"__from_{c}") for c in values], F.col("_ts").alias("__from_ts"),
-        F.lit(True).alias("__in_from"))
+        *keys, *[(F.col(c) if preimages else F.lit(None).cast(types[c])).alias(f"__from_{c}") for c in values],
+        F.col("_ts").alias("__from_ts"), F.lit(True).alias("__in_from"))
     joined = at_to.join(prior, keys, "left")
     in_from = F.coalesce(F.col("__in_from"), F.lit(False))
     in_to = ~F.coalesce(F.col("_deleted"), F.lit(False))
@@ -69,12 +73,12 @@ def read_changes_spark(
     for c in values:
         same_values = same_values & F.col(c).eqNullSafe(F.col(f"__from_{c}"))
     deleted = in_from & ~in_to
-    updated = in_from & in_to & ~(unchanged | same_values)
+    updated = in_from & in_to & ~(unchanged | same_values if preimages else unchanged)
     inserted = ~in_from & in_to
     # One pass over the join: each changed key's rows come out of one array (a pre-image before
     # its post-image), each value taken from the side its change type shows.
     kinds = (F.when(deleted, F.array(F.lit(DELETE)))
-             .when(updated, F.array(F.lit(UPDATE_PREIMAGE), F.lit(UPDATE_POSTIMAGE)))
+             .when(updated, F.array(*([F.lit(UPDATE_PREIMAGE)] if preimages else []), F.lit(UPDATE_POSTIMAGE)))
              .when(inserted, F.array(F.lit(INSERT))))
     exploded = joined.where(kinds.isNotNull()).withColumn(CHANGE_TYPE, F.explode(kinds))
     prior_side = F.col(CHANGE_TYPE).isin(DELETE, UPDATE_PREIMAGE)
