@@ -64,8 +64,10 @@ class AirflowHome:
         shutil.copy(self.template or os.path.join(self.path, "airflow.db"), os.path.join(directory, "airflow.db"))
         return AirflowHome(directory, home_env(self.base_env, directory), self.template)
 
-    def dags_test_cmd(self, dag_id: str, conf: dict | None = None) -> list[str]:
+    def dags_test_cmd(self, dag_id: str, conf: dict | None = None, logical_date: str | None = None) -> list[str]:
         cmd = [os.path.join(VENV_BIN, "airflow"), "dags", "test", dag_id]
+        if logical_date:
+            cmd.append(logical_date)
         if conf:
             cmd += ["--conf", json.dumps(conf)]
         return cmd
@@ -147,8 +149,9 @@ class DagsTestProcess:
             self._lines.put(line)
         self._lines.put(None)  # the process ended
 
-    def dags_test(self, dag_id: str, conf: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-        argv = self._home.dags_test_cmd(dag_id, conf)[1:]
+    def dags_test(self, dag_id: str, conf: dict | None = None, timeout: float = 600,
+                  logical_date: str | None = None) -> subprocess.CompletedProcess:
+        argv = self._home.dags_test_cmd(dag_id, conf, logical_date)[1:]
         self._proc.stdin.write(json.dumps(argv) + "\n")
         self._proc.stdin.flush()
         deadline = time.monotonic() + timeout

@@ -747,21 +747,23 @@ def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_
             pass
         env = airflow_home.env(pg_url, blob.root, AIRFLOW__CORE__DAGS_FOLDER=str(dags), **conn_env(pager))
 
-        read_only(True)
-        proc = airflow_home.dags_test("frontier_blind_record", env)
-        first = airflow_home.latest_run("frontier_blind_record")
-        assert airflow_home.task_instance("frontier_blind_record", first, "watch") == ("failed", 1), \
-            failure_text(proc)
-        [trigger] = pager.events()
-        assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
-        assert "read-only transaction" in trigger["payload"]["summary"], trigger["payload"]["summary"]
-        # The store took nothing; Airflow keeps the sent page.
-        assert observations.load_alert_state(consensus, "orders")[0].blind is None
-        assert recorded() == ["airflow-upsert-monitor-blind:blind:orders"], failure_text(proc)
+        # Both runs in one Airflow process: their point is what the first left recorded, not a process.
+        with airflow_home.dags_test_process(env) as airflow:
+            read_only(True)
+            proc = airflow.dags_test("frontier_blind_record")
+            first = airflow_home.latest_run("frontier_blind_record")
+            assert airflow_home.task_instance("frontier_blind_record", first, "watch") == ("failed", 1), \
+                failure_text(proc)
+            [trigger] = pager.events()
+            assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
+            assert "read-only transaction" in trigger["payload"]["summary"], trigger["payload"]["summary"]
+            # The store took nothing; Airflow keeps the sent page.
+            assert observations.load_alert_state(consensus, "orders")[0].blind is None
+            assert recorded() == ["airflow-upsert-monitor-blind:blind:orders"], failure_text(proc)
 
-        read_only(False)
-        proc = airflow_home.dags_test("frontier_blind_record", env)
-        second = airflow_home.latest_run("frontier_blind_record")
+            read_only(False)
+            proc = airflow.dags_test("frontier_blind_record")
+            second = airflow_home.latest_run("frontier_blind_record")
         assert second != first
         assert airflow_home.task_instance("frontier_blind_record", second, "watch") == ("success", 1), \
             failure_text(proc)

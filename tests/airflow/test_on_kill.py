@@ -25,8 +25,11 @@ def test_sigterm_cancels_the_in_process_spark_job_and_the_retry_completes(airflo
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", str(tmp_path / "blob")
     init_shard(url, blob, landing, max_files_per_batch=64)
     home = airflow_home.clone(str(tmp_path / "home"))
+    # The retry starts as soon as the try failed: the DAG's exponential backoff (30-60 s for a
+    # first retry) is capped at 0 s, which `dags test` would otherwise wait out doing nothing.
+    env = home.env(url, blob, AIRFLOW__CORE__MAX_TASK_RETRY_DELAY="0")
     proc = subprocess.Popen(
-        home.dags_test_cmd("upsert_microbatch"), env=home.env(url, blob), cwd=home.path,
+        home.dags_test_cmd("upsert_microbatch"), env=env, cwd=home.path,
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     # The first try's Spark job is writing its staged run.

@@ -49,6 +49,15 @@ def test_the_full_checkpoint_is_chosen_on_sundays_and_only_on_sundays():
         assert sum(due[first:first + 7]) == 1, days[first]
 
 
+def run_on(airflow_home, airflow, day: str) -> dict:
+    """One `dags test` of the maintenance DAG for ``day`` (its logical date): its checkpoint's report."""
+    proc = airflow.dags_test("upsert_maintenance", conf={"shard": "orders", "keep_last": 1}, logical_date=day)
+    assert proc.returncode == 0, failure_text(proc)
+    run_id = airflow_home.latest_run("upsert_maintenance")
+    assert airflow_home.task_instance("upsert_maintenance", run_id, "checkpoint") == ("success", 1)
+    return airflow_home.xcom("upsert_maintenance", run_id, "checkpoint")
+
+
 @pytest.mark.slow
 def test_a_sunday_run_checkpoints_in_full_and_applies_retention_and_a_monday_run_does_neither(
     airflow_home, spark, sqlite_url, blob, tmp_path  # noqa: F811
@@ -57,25 +66,17 @@ def test_a_sunday_run_checkpoints_in_full_and_applies_retention_and_a_monday_run
     shard = written_shard(spark, consensus, blob, tmp_path, batches=None)
     earlier = create_checkpoint(shard)
     env = airflow_home.env(sqlite_url, blob.root)
+    # Both runs in one Airflow process: their point is the logical date's choice, not a process.
+    with airflow_home.dags_test_process(env) as airflow:
+        monday = run_on(airflow_home, airflow, "2026-11-23")
+        # Incremental: the compaction's new files hashed, nothing read whole beyond them.
+        assert read_manifest(blob, "orders", monday["id"])["verification"] == {
+            "full": False, "hashed": monday["files"], "size_checked": 0, "trusted_from": None,
+        }
+        # No retention on a weekday although keep_last is 1.
+        assert [e.id for e in list_checkpoints(blob, "orders")] == [earlier.id, monday["id"]]
 
-    def run_on(day: str) -> dict:
-        command = airflow_home.dags_test_cmd("upsert_maintenance", conf={"shard": "orders", "keep_last": 1})
-        command.insert(command.index("upsert_maintenance") + 1, day)
-        proc = airflow_home.run(command, env)
-        assert proc.returncode == 0, failure_text(proc)
-        run_id = airflow_home.latest_run("upsert_maintenance")
-        assert airflow_home.task_instance("upsert_maintenance", run_id, "checkpoint") == ("success", 1)
-        return airflow_home.xcom("upsert_maintenance", run_id, "checkpoint")
-
-    monday = run_on("2026-11-23")
-    # Incremental: the compaction's new files hashed, nothing read whole beyond them.
-    assert read_manifest(blob, "orders", monday["id"])["verification"] == {
-        "full": False, "hashed": monday["files"], "size_checked": 0, "trusted_from": None,
-    }
-    # No retention on a weekday although keep_last is 1.
-    assert [e.id for e in list_checkpoints(blob, "orders")] == [earlier.id, monday["id"]]
-
-    sunday = run_on("2026-11-29")
+        sunday = run_on(airflow_home, airflow, "2026-11-29")
     assert read_manifest(blob, "orders", sunday["id"])["verification"] == {
         "full": True, "hashed": sunday["files"], "size_checked": 0, "trusted_from": None,
     }
