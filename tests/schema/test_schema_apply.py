@@ -173,13 +173,12 @@ def test_value_overflows_exactly_the_numbers_out_of_the_columns_range():
     assert not any(value_overflows(t, 2 ** 80) for t in ("long", "double", "string", "decimal(10,2)"))
 
 
-def test_only_add_and_widen_checks_values_and_never_of_a_key_or_the_order_column(tmp_path):
+def test_values_are_checked_in_narrow_columns_never_of_a_key_or_the_order_column(tmp_path):
     config = sample_config(str(tmp_path), schema=json.dumps({"type": "struct", "fields": [
         {"name": n, "type": t, "nullable": True, "metadata": {}}
         for n, t in (("id", "integer"), ("updated_at", "short"), ("qty", "integer"), ("w", "float"), ("n", "long"),
                      ("s", "string"), ("deleted", "boolean"))]}))
-    assert widenable_columns(config, ADD_AND_WIDEN) == {"qty": "integer", "w": "float"}
-    assert widenable_columns(config, ADD_COLUMNS) == widenable_columns(config, NONE) == {}
+    assert widenable_columns(config) == {"qty": "integer", "w": "float"}
 
 
 def test_a_parquet_batch_observes_new_columns_from_the_footers(tmp_path):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import BatchSchemaRefused
 from airflow_upsert_provider.engine.table.runs import user_schema
-from airflow_upsert_provider.engine.table.schema_evolution import ADD_AND_WIDEN, NONE, ObservedField
+from airflow_upsert_provider.engine.table.schema_evolution import NONE, ObservedField
 from airflow_upsert_provider.engine.sources import Segment
 
 if TYPE_CHECKING:
@@ -560,12 +560,11 @@ def local_path(uri: str) -> str:
 # -- the fields a batch carries, as schema evolution observes them (docs/schema.md) -------------
 
 
-def widenable_columns(config: ShardConfig, policy: str) -> dict[str, str]:
-    """The columns whose JSON values a batch checks for a wider type: under ``add_and_widen``
-    those of a type in :data:`FITS`, but a key or the order column (which never change type:
-    a value that does not fit stays a bad record)."""
-    if policy != ADD_AND_WIDEN:
-        return {}
+def widenable_columns(config: ShardConfig) -> dict[str, str]:
+    """The columns whose JSON values a batch checks for a wider type, under every policy (a
+    value that overflows is a widening, which only ``add_and_widen`` makes and the others
+    refuse, naming it): those of a type in :data:`FITS`, but a key or the order column (which
+    never change type: a value that does not fit stays a bad record)."""
     locked = {*config.keys, *([config.order_by] if config.order_by else [])}
     return {f["name"]: f["type"] for f in config.schema_fields() if f["type"] in FITS and f["name"] not in locked}
 
@@ -573,19 +572,21 @@ def widenable_columns(config: ShardConfig, policy: str) -> dict[str, str]:
 def observed_jsonl_fields(
     spark: "SparkSession", config: ShardConfig, segments: list[Segment], policy: str
 ) -> list[ObservedField]:
-    """The top-level fields of a JSON Lines batch that may change the schema under ``policy``:
-    each field the schema does not name, and under ``add_and_widen`` each column a value
-    overflows, per file that carries it, typed by Spark's JSON inference over that file alone
-    (a field null in every record of a file says nothing of its type there). Only the files
-    that carry one are inferred; a batch of known fields costs the field count alone. Under
-    ``none`` types are not needed (no column is added): the type is None."""
-    counts = jsonl_field_counts(spark, config, segments, widen=widenable_columns(config, policy))
-    if policy == NONE:
-        return [ObservedField(name, None, file) for name, _, file in counts]
+    """The top-level fields of a JSON Lines batch that may change the schema: each field the
+    schema does not name, and each column a value overflows (:func:`widenable_columns`), per
+    file that carries it, typed by Spark's JSON inference over that file alone (a field null
+    in every record of a file says nothing of its type there). Only the files that carry one
+    are inferred; a batch of known fields that fit costs the field count alone. Under ``none``
+    a new field's type is not needed (no column is added): it is None."""
+    widen = widenable_columns(config)
+    counts = jsonl_field_counts(spark, config, segments, widen=widen)
     by_file: dict[str, set[str]] = {}
-    for name, _, file in counts:
-        by_file.setdefault(file, set()).add(name)
     observed = []
+    for name, _, file in counts:
+        if policy == NONE and name not in widen:
+            observed.append(ObservedField(name, None, file))
+        else:
+            by_file.setdefault(file, set()).add(name)
     for file in sorted(by_file):
         reader = spark.read.option("dropFieldIfAllNull", "true")
         for option, setting in JSON_OPTIONS.items():
