@@ -530,7 +530,7 @@ def test_a_store_at_revision_0002_with_a_catalog_file_upgrades_and_keeps_its_che
     assert (restored["shard"], restored["upper"]) == ("orders-then", first["upper"])
 
 
-@pytest.mark.parametrize("revision", ["0007", "9999_future", "0002"])
+@pytest.mark.parametrize("revision", ["0008", "9999_future", "0002"])
 def test_a_commit_after_the_store_was_upgraded_underneath_is_refused_and_nothing_is_committed(store_url, revision):
     from airflow_upsert_provider.engine.store.records import BatchRecord
 
