@@ -30,6 +30,17 @@ try:
     undefined = None
 except ConfigurationError as exc:
     undefined = exc.message
+from airflow_upsert_provider.engine.table.schema_apply import schema_policy
+widening = hook.create_shard("widening", source=f"dir:{landing}", keys=["id"], schema_ddl=SAMPLE_SCHEMA_DDL,
+                             schema_evolution="add_and_widen")
+try:
+    hook.create_shard("bogus", source=f"dir:{landing}", keys=["id"], schema_ddl=SAMPLE_SCHEMA_DDL,
+                      schema_evolution="sometimes")
+    bad_policy = None
+except ConfigurationError as exc:
+    bad_policy = exc.message
+print(json.dumps({"policies": [schema_policy(shard), schema_policy(widening)], "bad_policy": bad_policy,
+                  "bogus_created": any(r.shard_id == "bogus" for r in hook.get_consensus().list_shards())}))
 print(json.dumps({
     "buckets": shard.config.buckets,
     "max_files": shard.config.max_files_per_batch,
@@ -66,6 +77,9 @@ def test_hook_builds_engine_objects_from_the_connection(airflow_home, tmp_path, 
     standalone = json.dumps({"conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077})
     proc = airflow_home.run([sys.executable, "-c", PROBE, landing, standalone], env)
     assert proc.returncode == 0, failure_text(proc)
+    policies = next(line for line in _json_lines(proc.stdout) if "policies" in line)
+    assert policies == {"policies": ["add_columns", "add_and_widen"], "bogus_created": False, "bad_policy":
+                        "unknown schema evolution policy 'sometimes'; expected one of none, add_columns, add_and_widen"}
     found = next(line for line in _json_lines(proc.stdout) if "buckets" in line)
     assert (found["buckets"], found["max_files"], found["upper"]) == (3, 5, 0)
     assert found["target_bucket_bytes"] == 64 << 20, "the size target did not reach the stored config"
