@@ -19,6 +19,7 @@ from airflow_upsert_provider.cli.options import actor_of, duration_option, integ
 from airflow_upsert_provider.cli.output import printable
 from airflow_upsert_provider.engine.common.metrics import batch_metrics, outcome_unknown_metrics, send_quietly
 from airflow_upsert_provider.engine.errors import ConfigurationError, OutcomeUnknown
+from airflow_upsert_provider.engine.table.schema_evolution import POLICIES as SCHEMA_POLICIES
 
 # Formats `read` writes without Spark, through the Arrow reader.
 ARROW_FORMATS = ("parquet", "arrow")
@@ -47,6 +48,9 @@ def add_shard_commands(commands, common: argparse.ArgumentParser, spark_conf: ar
                            "else upsert-SHARD)")
     init.add_argument("--change-retention", metavar="PERIOD", default=None,
                       help="keep the batches of this period (e.g. 7d) for the change feed (docs/changes.md)")
+    init.add_argument("--schema-evolution", choices=SCHEMA_POLICIES, default=None, metavar="POLICY",
+                      help="which schema changes batches make: none, add_columns (default) or add_and_widen "
+                           "(docs/schema.md)")
     init.add_argument("--json", action="store_true")
 
     status = commands.add_parser("status", parents=[common, spark_conf], help="frontier, source lag and row count")
@@ -88,6 +92,7 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     from airflow_upsert_provider.engine.sources import is_kafka_uri, open_source
     from airflow_upsert_provider.engine.store.change_feed import set_change_retention
     from airflow_upsert_provider.engine.table.change_rules import parse_keep
+    from airflow_upsert_provider.engine.table.schema_apply import DEFAULT_POLICY, set_schema_policy
     from airflow_upsert_provider.engine.write.upsert import infer_schema, parse_schema
 
     validate_shard_id(args.shard)
@@ -123,7 +128,8 @@ def cmd_init(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
                          kafka_config=ctx.kafka_config() if is_kafka_uri(source.uri) else None)
     if keep is not None:
         set_change_retention(ctx.consensus, shard.shard_id, keep)
-    return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0,
+    policy = set_schema_policy(shard, args.schema_evolution or DEFAULT_POLICY, actor_of(args))
+    return {"shard": shard.shard_id, "config": json.loads(config.to_json()), "upper": 0, "schema_evolution": policy,
             **({"change_retention_seconds": keep} if keep is not None else {})}
 
 
@@ -163,6 +169,9 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     cost = retention_cost(shard.consensus, shard.shard_id)
     if cost.keep_seconds is not None:
         out["change_retention"] = cost.to_dict()
+    from airflow_upsert_provider.engine.table.schema_apply import schema_policy
+
+    out["schema_evolution"] = schema_policy(shard)
     return out
 
 

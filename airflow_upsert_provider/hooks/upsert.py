@@ -425,20 +425,26 @@ class UpsertShardHook(BaseHook):
         buckets: int | None = None,
         max_files_per_batch: int | None = None,
         target_bucket_bytes: int | None = None,
+        schema_evolution: str | None = None,
     ) -> Shard:
         """Create a shard; buckets and files per batch default to the connection's defaults.
 
         :param target_bucket_bytes: a compaction that finds more than this per bucket below
             its since doubles the bucket count (default: the count stays as created).
+        :param schema_evolution: which schema changes its batches make: ``none``,
+            ``add_columns`` (default) or ``add_and_widen`` (docs/schema.md).
         """
         from airflow_upsert_provider.engine.config import (
             DEFAULT_BUCKETS,
             DEFAULT_MAX_FILES_PER_BATCH,
             ShardConfig,
         )
+        from airflow_upsert_provider.engine.table.schema_apply import DEFAULT_POLICY, set_schema_policy
+        from airflow_upsert_provider.engine.table.schema_evolution import check_policy
         from airflow_upsert_provider.engine.table.shard import Shard
         from airflow_upsert_provider.engine.write.upsert import parse_schema
 
+        policy = check_policy(DEFAULT_POLICY if schema_evolution is None else schema_evolution)
         config = ShardConfig(
             source=source,
             keys=tuple(keys),
@@ -452,7 +458,9 @@ class UpsertShardHook(BaseHook):
             or DEFAULT_MAX_FILES_PER_BATCH,
             target_bucket_bytes=target_bucket_bytes,
         )
-        return Shard.create(self.get_consensus(), self.get_blob(create=True), shard_id, config)
+        shard = Shard.create(self.get_consensus(), self.get_blob(create=True), shard_id, config)
+        set_schema_policy(shard, policy, f"hook:{self.upsert_conn_id}")
+        return shard
 
     # -- Spark -------------------------------------------------------------------------------
 

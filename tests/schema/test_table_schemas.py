@@ -139,7 +139,7 @@ def test_a_store_at_revision_0005_upgrades_without_touching_a_run_and_its_shards
     consensus_url, blob, tmp_path
 ):
     from airflow_upsert_provider.engine.errors import SchemaVersionMismatch
-    from airflow_upsert_provider.engine.store.migrations import VERSION_TABLE, upgrade
+    from airflow_upsert_provider.engine.store.migrations import REVISIONS, VERSION_TABLE, upgrade
     from airflow_upsert_provider.engine.store.registry import open_consensus
 
     store = open_consensus(consensus_url)
@@ -154,7 +154,7 @@ def test_a_store_at_revision_0005_upgrades_without_touching_a_run_and_its_shards
     with pytest.raises(SchemaVersionMismatch):
         open_consensus(consensus_url)
     store = open_consensus(consensus_url, check_schema=False)
-    assert upgrade(store).to_revision == "0006"
+    assert upgrade(store).to_revision == REVISIONS[-1]
     store.dispose()
 
     store = open_consensus(consensus_url)

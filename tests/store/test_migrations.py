@@ -145,13 +145,15 @@ def test_a_store_of_the_schema_before_versions_is_refused_then_upgraded_and_its_
     from airflow_upsert_provider.engine.store.catalog_rows import catalog_entries_table, catalogs_table
     from airflow_upsert_provider.engine.store.change_feed import change_cursors_table, change_retention_table
     from airflow_upsert_provider.engine.store.checkpoint_refs import checkpoint_refs_table
+    from airflow_upsert_provider.engine.store.schema_policies import schema_policies_table
     from airflow_upsert_provider.engine.store.table_schemas import table_schemas_table
     from airflow_upsert_provider.engine.store.tables import batch_rollups_table
 
     engine = raw_engine(store_url)
-    # ... and whose shards read their table schema's versions (revision 0006).
+    # ... whose shards read their table schema's versions (revision 0006) and their schema
+    # evolution policy (revision 0007).
     for table in (batch_rollups_table, catalogs_table, catalog_entries_table, change_retention_table,
-                  change_cursors_table, checkpoint_refs_table, table_schemas_table):
+                  change_cursors_table, checkpoint_refs_table, table_schemas_table, schema_policies_table):
         table.create(engine)
     engine.dispose()
     monkeypatch.setenv("UPSERT_CONSENSUS_URL", store_url)

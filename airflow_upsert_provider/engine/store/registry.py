@@ -13,6 +13,7 @@ from airflow_upsert_provider.engine.store.checkpoint_refs import checkpoint_refs
 from airflow_upsert_provider.engine.store.consensus import Consensus
 from airflow_upsert_provider.engine.store.engines import open_store
 from airflow_upsert_provider.engine.store.records import StoreSchema
+from airflow_upsert_provider.engine.store.schema_policies import schema_policies_table
 from airflow_upsert_provider.engine.store.tables import (
     batch_rollups_table,
     batches_table,
@@ -57,6 +58,7 @@ STORE_SCHEMA = StoreSchema(
         change_retention_table,
         change_cursors_table,
         table_schemas_table,
+        schema_policies_table,
     ),
     # Run in this order: the schema revision (a store upgraded underneath this process), the
     # GC claim check, then the stream fence.

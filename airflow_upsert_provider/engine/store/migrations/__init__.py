@@ -76,7 +76,7 @@ SCHEMA_LOCK_KEY = int.from_bytes(b"upsertdb", "big", signed=True)
 # these and stamps a new store without reading the scripts: a task in submit mode imports this
 # package from a zip (--py-files), where Alembic cannot list the versions directory.
 # tests/store/test_migrations.py checks that this is the chain of versions/.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 
 # The version table as Alembic creates it (same column and primary key name), for the one read
 # an open makes and the stamp of a new store.
