@@ -1,6 +1,7 @@
-"""A field the shard's schema does not name is ignored (docs/input.md), and said so: counted per
-batch in its result, logged once per batch naming field and file, kept in the batch's stats for
-the shard page."""
+"""Fields the shard's schema does not name: the rule that counts them (a Kafka batch ignores them
+and says so, docs/input.md), and the count of a directory batch's fields on the driver against
+Spark's (a directory batch applies the shard's schema evolution policy to them:
+tests/schema/test_schema_apply_spark.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import json
 import logging
 import random
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_upsert_provider.engine.blob.files import open_blob
@@ -17,7 +16,7 @@ from airflow_upsert_provider.engine.store.registry import open_consensus
 from airflow_upsert_provider.engine.table.shard import Shard
 from airflow_upsert_provider.engine.write.records import UnknownField, unknown_fields, unknown_fields_text
 from airflow_upsert_provider.engine.write.writer import Writer
-from tests.helpers import sample_config, table
+from tests.helpers import sample_config
 
 SCHEMA = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -74,32 +73,6 @@ def _warnings(caplog) -> list[str]:
             if r.levelno == logging.WARNING and "the shard's schema does not name" in r.getMessage()]
 
 
-def test_a_batch_counts_logs_and_records_fields_the_schema_does_not_name(spark, tmp_path, caplog):
-    first = _land(tmp_path, "p0", "0.jsonl", [{"id": 1, "v": "a", "email": "x@y"}, {"id": 2, "v": "b"}])
-    # A nested object's keys are its own, not the record's: only "meta" is a field.
-    second = _land(tmp_path, "p1", "0.jsonl", [{"id": 3, "v": "c", "email": "z@y", "phone": "1"},
-                                               {"id": 4, "v": "d", "meta": {"id": 9, "inner": 1}}])
-    consensus, shard = _shard(tmp_path)
-    try:
-        with caplog.at_level(logging.WARNING):
-            result = Writer(shard, "w", spark_factory=lambda: spark).step()
-        assert (result.outcome, result.rows_in, result.rows_out) == ("committed", 4, 4)
-        assert result.unknown_fields == {"email": 2, "meta": 1, "phone": 1}
-        assert result.to_dict()["unknown_fields"] == {"email": 2, "meta": 1, "phone": 1}
-        assert _warnings(caplog) == [
-            "shard drift batch 0: 3 field(s) the shard's schema does not name were ignored: "
-            f"'email' (2 records, first in {first}); 'meta' (1 record, first in {second}); "
-            f"'phone' (1 record, first in {second}) (the table keeps the schema's columns; see docs/input.md)"]
-        # Kept with the batch, where the shard page reads it.
-        assert shard.consensus.get_batch("drift", 0).stats["unknown_fields"] == {
-            "email": {"records": 2, "file": first}, "meta": {"records": 1, "file": second},
-            "phone": {"records": 1, "file": second}}
-        # Ignored, as documented: the table has the schema's columns only.
-        assert table(shard) == {(i,): {"id": i, "v": v} for i, v in ((1, "a"), (2, "b"), (3, "c"), (4, "d"))}
-    finally:
-        consensus.dispose()
-
-
 def test_a_batch_of_known_fields_says_nothing(spark, tmp_path, caplog):
     _land(tmp_path, "p0", "0.jsonl", [{"id": 1, "v": "a"}, {"id": 2, "v": None}])
     consensus, shard = _shard(tmp_path)
@@ -109,23 +82,6 @@ def test_a_batch_of_known_fields_says_nothing(spark, tmp_path, caplog):
         assert (result.outcome, result.rows_in, result.unknown_fields) == ("committed", 2, {})
         assert _warnings(caplog) == []
         assert "unknown_fields" not in shard.consensus.get_batch("drift", 0).stats
-    finally:
-        consensus.dispose()
-
-
-def test_a_parquet_segment_with_a_column_the_schema_does_not_name(spark, tmp_path, caplog):
-    path = tmp_path / "landing" / "p0" / "0.parquet"
-    path.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"], "region": ["eu"] * 3}),
-                   str(path))
-    consensus, shard = _shard(tmp_path, source_format="parquet")
-    try:
-        with caplog.at_level(logging.WARNING):
-            result = Writer(shard, "w", spark_factory=lambda: spark).step()
-        assert (result.outcome, result.rows_in, result.unknown_fields) == ("committed", 3, {"region": 3})
-        assert _warnings(caplog) == [
-            "shard drift batch 0: 1 field(s) the shard's schema does not name were ignored: "
-            f"'region' (3 records, first in {path}) (the table keeps the schema's columns; see docs/input.md)"]
     finally:
         consensus.dispose()
 

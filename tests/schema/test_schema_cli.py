@@ -26,7 +26,7 @@ def test_schema_shows_the_versions_and_add_column_adds_one_or_refuses_naming_the
 
     human = upsertctl.ok("schema", "show", "orders")
     assert "v2  {\"add\": [{\"name\": \"discount\", \"type\": \"decimal(10,2)\"}]} by ops at " in human
-    assert "DISCOUNT DECIMAL(10,2)" in human.upper() and human.rstrip().endswith("shard orders: schema version 2")
+    assert "DISCOUNT DECIMAL(10,2)" in human.upper() and human.rstrip().endswith("shard orders: schema version 2, schema evolution add_columns")
 
     # Another type under a name the table has (case-insensitively): exit 2, naming both types.
     code, out, err = upsertctl("schema", "add-column", "orders", "Discount", "BIGINT", "--json")

@@ -16,12 +16,14 @@ import codecs
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
+from airflow_upsert_provider.engine.errors import BatchSchemaRefused
 from airflow_upsert_provider.engine.table.runs import user_schema
+from airflow_upsert_provider.engine.table.schema_evolution import NONE, ObservedField
 from airflow_upsert_provider.engine.sources import Segment
 
 if TYPE_CHECKING:
@@ -96,9 +98,13 @@ class BatchRecords:
         return _numbered(self.lines, bad)
 
 
-def jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> BatchRecords:
+def jsonl_records(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], *, refused: Sequence[str] = ()
+) -> BatchRecords:
     """Every non-blank line of the segments as a record, judged on its own (docs/input.md):
-    the exact path, with a reason for every rejected record."""
+    the exact path, with a reason for every rejected record. A record carrying a field of
+    ``refused`` (fields the schema does not name, under schema evolution policy ``none``) is
+    bad, its reason naming the field."""
     lines = spark.read.text([s.path for s in segments]).selectExpr(
         "_metadata.file_path AS _file",
         "_metadata.file_block_start AS _block",
@@ -110,7 +116,8 @@ def jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Seg
     # Spark's text source drops a byte order mark at the start of a file (as its JSON reader
     # does); anywhere else U+FEFF is not JSON whitespace and the line is malformed.
     # Blank lines (JSON whitespace only) are not records.
-    judged = judge_lines(lines.where("trim(BOTH ' \\t' FROM _raw) != ''"), config, passthrough=["_file", "_block", "_pos"])
+    judged = judge_lines(lines.where("trim(BOTH ' \\t' FROM _raw) != ''"), config, passthrough=["_file", "_block", "_pos"],
+                         refused=refused)
     records = judged.selectExpr(
         "_file",
         *[f"{expr} AS {name}" for name, expr in segment_columns("_file").items()],
@@ -124,11 +131,14 @@ def jsonl_records(spark: "SparkSession", config: ShardConfig, segments: list[Seg
     return BatchRecords(records, lines)
 
 
-def judge_lines(lines: "DataFrame", config: ShardConfig, *, passthrough: Sequence[str]) -> "DataFrame":
+def judge_lines(
+    lines: "DataFrame", config: ShardConfig, *, passthrough: Sequence[str], refused: Sequence[str] = ()
+) -> "DataFrame":
     """The verdict on each record of ``lines``, one JSON text per row in ``_raw``: the
     columns ``passthrough`` (carried as they are), ``_raw``, the typed user columns and
     ``_reason`` (null when the record is accepted). One function for every source, so a
-    record gets the same verdict and the same reason wherever it came from (docs/input.md)."""
+    record gets the same verdict and the same reason wherever it came from (docs/input.md).
+    A record that carries a top-level field of ``refused`` is bad, its reason naming it."""
     from pyspark.sql import functions as F
 
     schema = user_schema(config)
@@ -136,13 +146,17 @@ def judge_lines(lines: "DataFrame", config: ShardConfig, *, passthrough: Sequenc
     carried = [sql_name(c) for c in passthrough]
     parsed = lines.withColumn("_r", F.from_json("_raw", checks.read_schema, JSON_OPTIONS))
     one_object = _one_object("_raw")
+    # A field the schema does not name, under policy none: the record's top-level keys are
+    # listed only when the batch carries such a field.
+    carries = [f"array_contains(json_object_keys(_raw), {sql_string(name)})" for name in sorted(refused)]
     checked = parsed.selectExpr(
         *carried,
         "_raw",
         "is_valid_utf8(_raw) AS _utf8",
         f"{one_object} AS _one",
         *[f"{checks.value('_r', f.name)} AS {sql_name(f.name)}" for f in schema.fields],
-        f"(NOT is_valid_utf8(_raw) OR NOT {one_object} OR {checks.bad('_r')}) AS _bad",
+        f"(NOT is_valid_utf8(_raw) OR NOT {one_object} OR {checks.bad('_r')}"
+        f"{''.join(f' OR coalesce({c}, false)' for c in carries)}) AS _bad",
     )
     # The reasons are worked out for bad records only: a second parse, as a map of texts.
     options = ", ".join(f"{sql_string(k)}, {sql_string(v)}" for k, v in JSON_OPTIONS.items() if k != "columnNameOfCorruptRecord")
@@ -170,12 +184,21 @@ def judge_lines(lines: "DataFrame", config: ShardConfig, *, passthrough: Sequenc
             f"CASE WHEN {raw} IS NOT NULL AND {sql_name(spec.name)} IS NULL "
             f"THEN concat({expected}, substring({raw}, 1, {QUOTE_CHARS})) END"
         )
+    reasons += [f"CASE WHEN {c} THEN {sql_string(refused_field_reason(name))} END"
+                for c, name in zip(carries, sorted(refused))]
     return with_map.selectExpr(
         *carried,
         "_raw",
         *[sql_name(f.name) for f in schema.fields],
         f"CASE WHEN _bad THEN coalesce({', '.join(reasons)}, {sql_string('malformed JSON')}) END AS _reason",
     )
+
+
+def refused_field_reason(name: str) -> str:
+    """Why a record carrying ``name``, a field the schema does not name, is bad under schema
+    evolution policy ``none`` (docs/schema.md)."""
+    return (f"field {name!r} is not a column of the shard's schema (schema evolution policy none: "
+            "add it with `upsertctl schema add-column`, or set a policy that adds columns)")
 
 
 # Up to this many bytes of segments, the driver scans a batch's lines itself
@@ -351,9 +374,13 @@ def _numbered(lines: "DataFrame", bad: "DataFrame") -> "DataFrame":
     )
 
 
-def parquet_records(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> BatchRecords:
+def parquet_records(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], *, refused: Sequence[ObservedField] = ()
+) -> BatchRecords:
     """Parquet segments. Their schemas were checked when the batch was bound (a missing key
-    column or an incompatible type is a whole-file problem); here null keys are bad records.
+    column or an incompatible type is a whole-file problem); here null keys are bad records,
+    and so is every row of a file in ``refused`` (a column the schema does not name, under
+    schema evolution policy ``none``), its reason naming the column.
     A Parquet file has one reader and no neighbours to depend on: ``_line`` is the row number."""
     from pyspark.sql import functions as F
 
@@ -366,6 +393,12 @@ def parquet_records(spark: "SparkSession", config: ShardConfig, segments: list[S
         *[F.col(sql_name(f.name)) for f in schema.fields],
     ).withColumns({name: F.expr(expr) for name, expr in segment_columns("_file").items()})
     reasons = [F.when(F.col(sql_name(k)).isNull(), F.lit(f"null key column '{k}'")) for k in config.keys]
+    if refused:
+        path = F.url_decode(F.regexp_replace("_file", "^file:(//)?", ""))
+        first = {}
+        for seen in sorted(refused, key=lambda o: (o.where, o.name)):
+            first.setdefault(seen.where, seen.name)
+        reasons += [F.when(path == F.lit(where), F.lit(refused_field_reason(name))) for where, name in first.items()]
     records = df.select(
         "_file", "_partition", "_offset", "_line", "_raw",
         *[F.col(sql_name(f.name)) for f in schema.fields],
@@ -374,7 +407,7 @@ def parquet_records(spark: "SparkSession", config: ShardConfig, segments: list[S
     return BatchRecords(records)
 
 
-# -- fields the shard's schema does not name (ignored until schema evolution exists) -----------
+# -- fields the shard's schema does not name --------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -407,33 +440,62 @@ def unknown_fields_text(fields: Sequence[UnknownField]) -> str:
                      for f in fields)
 
 
-def jsonl_field_counts(spark: "SparkSession", config: ShardConfig, segments: list[Segment]) -> list[tuple[str, int, str]]:
-    """(field, records carrying it, first file) for each top-level field of the segments' JSON
-    lines that the schema does not name (a line that is not a JSON object has none): counted
-    on the driver for a batch it scans anyway (:data:`DRIVER_SCAN_BYTES`), by one Spark
-    aggregation over the lines' keys for a bigger one. A Spark job costs about 1 s warm for
-    100k lines, the driver 0.2 s (docs/performance.md): most batches are the driver's."""
+def jsonl_field_counts(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], *, widen: Mapping[str, str] | None = None
+) -> list[tuple[str, int, str]]:
+    """(field, records carrying it, file) per file for each top-level field of the segments'
+    JSON lines that the schema does not name (a line that is not a JSON object has none), and
+    for each column of ``widen`` (name -> its type, one of :data:`FITS`) whose value in a
+    record does not fit that type: counted on the driver for a batch it scans anyway
+    (:data:`DRIVER_SCAN_BYTES`), by one Spark aggregation over the lines' keys for a bigger
+    one. A Spark job costs about 1 s warm for 100k lines, the driver 0.2 s
+    (docs/performance.md): most batches are the driver's."""
     if sum(os.path.getsize(s.path) for s in segments) <= DRIVER_SCAN_BYTES:
-        return jsonl_field_counts_on_driver(config, segments)
-    return [(field, records, local_path(file)) for field, records, file in _jsonl_field_counts_spark(spark, config, segments)]
+        return jsonl_field_counts_on_driver(config, segments, widen=widen)
+    return [(field, records, local_path(file))
+            for field, records, file in _jsonl_field_counts_spark(spark, config, segments, widen=widen)]
 
 
-def jsonl_field_counts_on_driver(config: ShardConfig, segments: list[Segment]) -> list[tuple[str, int, str]]:
+# The column types a JSON value may overflow, and whether a parsed value fits each: an integer
+# in the type's range, a number within FLOAT's (Spark reads a larger one as infinity, a bad
+# record). A value of another JSON type is not a widening: the record is bad as it is.
+FLOAT_MAX = 3.4028234663852886e38
+_INT_RANGE = {"byte": 8, "short": 16, "integer": 32}
+FITS = (*_INT_RANGE, "float")
+
+
+def value_overflows(column_type: str, value: Any) -> bool:
+    """Whether the JSON ``value`` is a number that a column of ``column_type`` (one of
+    :data:`FITS`) cannot hold and a wider type could. Pure."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if column_type in _INT_RANGE:
+        bits = _INT_RANGE[column_type]
+        return isinstance(value, int) and not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
+    try:
+        return abs(float(value)) > FLOAT_MAX and abs(float(value)) != float("inf")
+    except OverflowError:  # an integer beyond any double: no float widening holds it
+        return False
+
+
+def jsonl_field_counts_on_driver(
+    config: ShardConfig, segments: list[Segment], *, widen: Mapping[str, str] | None = None
+) -> list[tuple[str, int, str]]:
     """:func:`jsonl_field_counts` by this process: the lines split as Spark's text source
     splits them, each parsed as JSON; the lines of a segment in one parse when they all are
     JSON (the common case, about 5x faster than a parse per line)."""
     known = set(config.column_names())
-    counts: dict[str, list] = {}
+    widen = dict(widen or {})
+    counts: dict[tuple[str, str], int] = {}
     for segment in sorted(segments, key=lambda s: s.path):
         for record in _json_values(_read(segment.path)):
             if not isinstance(record, dict):
                 continue
-            for name in record.keys() - known:
-                if name in counts:
-                    counts[name][0] += 1
-                else:
-                    counts[name] = [1, segment.path]
-    return [(name, records, first) for name, (records, first) in counts.items()]
+            names = list(record.keys() - known)
+            names += [n for n, t in widen.items() if n in record and value_overflows(t, record[n])]
+            for name in names:
+                counts[name, segment.path] = counts.get((name, segment.path), 0) + 1
+    return [(name, records, path) for (name, path), records in counts.items()]
 
 
 def _json_values(data: bytes) -> list:
@@ -467,20 +529,25 @@ def refuse_non_json_constant(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value")
 
 
-def _jsonl_field_counts_spark(spark: "SparkSession", config: ShardConfig,
-                              segments: list[Segment]) -> list[tuple[str, int, str]]:
-    """:func:`jsonl_field_counts` by Spark: (field, records, first file as Spark names it)."""
+def _jsonl_field_counts_spark(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], *, widen: Mapping[str, str] | None = None
+) -> list[tuple[str, int, str]]:
+    """:func:`jsonl_field_counts` by Spark: (field, records, file as Spark names it)."""
     from pyspark.sql import functions as F
 
-    rows = (
-        spark.read.text([s.path for s in segments])
-        .selectExpr("_metadata.file_path AS _file", "explode(json_object_keys(value)) AS _field")
-        .where(f"NOT _field IN ({', '.join(sql_string(name) for name in config.column_names())})")
-        .groupBy("_field")
-        .agg(F.count(F.lit(1)).alias("_records"), F.min("_file").alias("_first"))
-        .collect()
-    )
-    return [(r["_field"], int(r["_records"]), r["_first"]) for r in rows]
+    lines = spark.read.text([s.path for s in segments]).selectExpr("_metadata.file_path AS _file", "value")
+    named = ", ".join(sql_string(name) for name in config.column_names())
+    fields = lines.selectExpr("_file", "explode(json_object_keys(value)) AS _field").where(f"NOT _field IN ({named})")
+    for name, column_type in sorted((widen or {}).items()):
+        # The value's text as JSON has it; a number out of the type's range is a widening.
+        text = f"from_json(value, 'MAP<STRING,STRING>')[{sql_string(name)}]"
+        if column_type == "float":
+            out = f"abs(try_cast({text} AS DOUBLE)) > {FLOAT_MAX!r} AND abs(try_cast({text} AS DOUBLE)) < double('inf')"
+        else:
+            out = f"{text} RLIKE '^-?[0-9]+$' AND try_cast({text} AS {column_type.upper()}) IS NULL"
+        fields = fields.unionByName(lines.where(f"coalesce({out}, false)").selectExpr("_file", f"{sql_string(name)} AS _field"))
+    rows = fields.groupBy("_field", "_file").agg(F.count(F.lit(1)).alias("_records")).collect()
+    return [(r["_field"], int(r["_records"]), r["_file"]) for r in rows]
 
 
 def local_path(uri: str) -> str:
@@ -490,13 +557,75 @@ def local_path(uri: str) -> str:
     return unquote(re.sub(r"^file:(//)?", "", uri))
 
 
-def parquet_field_counts(segments: list[Segment]) -> list[tuple[str, int, str]]:
-    """(column, rows, file) for each column of the segments' Parquet files, read from the
-    footers only: every row of a file carries its columns."""
-    import pyarrow.parquet as pq
+# -- the fields a batch carries, as schema evolution observes them (docs/schema.md) -------------
 
-    counts = []
-    for segment in segments:
-        metadata = pq.read_metadata(segment.path)
-        counts.extend((name, metadata.num_rows, segment.path) for name in metadata.schema.to_arrow_schema().names)
-    return counts
+
+def widenable_columns(config: ShardConfig) -> dict[str, str]:
+    """The columns whose JSON values a batch checks for a wider type, under every policy (a
+    value that overflows is a widening, which only ``add_and_widen`` makes and the others
+    refuse, naming it): those of a type in :data:`FITS`, but a key or the order column (which
+    never change type: a value that does not fit stays a bad record)."""
+    locked = {*config.keys, *([config.order_by] if config.order_by else [])}
+    return {f["name"]: f["type"] for f in config.schema_fields() if f["type"] in FITS and f["name"] not in locked}
+
+
+def observed_jsonl_fields(
+    spark: "SparkSession", config: ShardConfig, segments: list[Segment], policy: str
+) -> list[ObservedField]:
+    """The top-level fields of a JSON Lines batch that may change the schema: each field the
+    schema does not name, and each column a value overflows (:func:`widenable_columns`), per
+    file that carries it, typed by Spark's JSON inference over that file alone (a field null
+    in every record of a file says nothing of its type there). Only the files that carry one
+    are inferred; a batch of known fields that fit costs the field count alone. Under ``none``
+    a new field's type is not needed (no column is added): it is None."""
+    widen = widenable_columns(config)
+    counts = jsonl_field_counts(spark, config, segments, widen=widen)
+    by_file: dict[str, set[str]] = {}
+    observed = []
+    for name, _, file in counts:
+        if policy == NONE and name not in widen:
+            observed.append(ObservedField(name, None, file))
+        else:
+            by_file.setdefault(file, set()).add(name)
+    for file in sorted(by_file):
+        reader = spark.read.option("dropFieldIfAllNull", "true")
+        for option, setting in JSON_OPTIONS.items():
+            reader = reader.option(option, setting)
+        inferred = {f.name: f.dataType.jsonValue() for f in reader.json(file).schema.fields}
+        observed += [ObservedField(name, inferred[name], file) for name in sorted(by_file[file]) if name in inferred]
+    return observed
+
+
+def observed_parquet_fields(config: ShardConfig, segments: list[Segment], policy: str) -> list[ObservedField]:
+    """The columns of a Parquet batch's files that the schema does not name, per file, typed
+    from the file's footer (no data read). A column type Spark cannot read into a column is
+    :class:`BatchSchemaRefused` naming the file. (A file whose column the schema names with
+    another type was refused when the batch was bound.)"""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from airflow_upsert_provider.engine.sources.parquet_types import type_problem
+
+    known = set(config.column_names())
+    observed = []
+    for segment in sorted(segments, key=lambda s: s.path):
+        for field in pq.read_schema(segment.path):
+            if field.name in known:
+                continue
+            if policy == NONE:
+                observed.append(ObservedField(field.name, None, segment.path))
+                continue
+            try:
+                spark_type = from_arrow_type(field.type).jsonValue()
+            except (TypeError, NotImplementedError) as exc:
+                spark_type, problem = None, str(exc)
+            else:
+                problem = type_problem(spark_type, field.type)
+            if problem is not None:
+                raise BatchSchemaRefused(
+                    f"{segment.path}: new column {field.name!r} of Parquet type {field.type} cannot become a column "
+                    f"({problem}); write it as another type, or add the column with `upsertctl schema add-column`",
+                    column=field.name, file=segment.path, new_type=str(field.type), policy=policy,
+                )
+            observed.append(ObservedField(field.name, spark_type, segment.path))
+    return observed

@@ -36,16 +36,16 @@ from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
     UnknownField,
     jsonl_fast_path_decides,
-    jsonl_field_counts,
     jsonl_records,
     jsonl_records_fast,
     local_path,
-    parquet_field_counts,
+    observed_jsonl_fields,
+    observed_parquet_fields,
     parquet_records,
     unknown_fields,
     unknown_fields_text,
 )
-from airflow_upsert_provider.engine.table.schema_apply import evolve_batch
+from airflow_upsert_provider.engine.table.schema_apply import evolve_batch, schema_policy
 from airflow_upsert_provider.engine.table.shard import MAX_REPORTED, Shard
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 
@@ -64,7 +64,8 @@ class StagedOutput:
     rejected: int
     # Seconds spent reading and validating the segments, and writing the runs.
     timings: dict[str, float] = field(default_factory=dict)
-    # Fields records carry that the shard's schema does not name: ignored, and said so.
+    # Fields a Kafka batch's records carry that the shard's schema does not name: ignored,
+    # and said so. (A directory batch applies the shard's schema evolution policy instead.)
     unknown_fields: tuple[UnknownField, ...] = ()
 
 
@@ -104,31 +105,40 @@ def stage_batch(
 
     job_started = time.monotonic()
     timings: dict[str, float] = {}
+    # The schema this batch is written with, made durable before anything is written: the
+    # fields its records carry under the shard's policy (docs/schema.md). Under policy none,
+    # a record carrying a field the schema does not name is bad, naming the field.
+    policy = schema_policy(shard)
+    if config.source_format == "jsonl":
+        observed = observed_jsonl_fields(spark, config, segments, policy)
+    else:
+        observed = observed_parquet_fields(config, segments, policy)
+    refused = evolve_batch(shard, observed, ts=binding.ts).unknown
+    config = shard.config
+    timings["schema"] = time.monotonic() - job_started
     if config.source_format == "jsonl":
         # One verdict per record (engine/write/records.py): Spark's JSON reader stages a batch only
         # when it reads every line as the exact path does, and only if nothing is bad; any
-        # other batch is staged by the exact path, which alone says why and where.
+        # other batch is staged by the exact path, which alone says why and where. Spark's
+        # JSON reader cannot see a field the schema does not name: such a batch is the exact
+        # path's.
         batch = None
-        if jsonl_fast_path_decides(spark, segments):
+        if not refused and jsonl_fast_path_decides(spark, segments):
             batch = jsonl_records_fast(spark, config, segments)
             rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
             if rejected:
                 shard.blob.delete_tree(run_dir)
                 batch = None
         if batch is None:
-            batch = jsonl_records(spark, config, segments)
+            batch = jsonl_records(spark, config, segments, refused=refused)
             rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
     else:
-        batch = parquet_records(spark, config, segments)
+        batch = parquet_records(spark, config, segments,
+                                refused=[o for o in observed if o.name in set(refused)])
         rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings)
-    timings["spark_job"] = time.monotonic() - job_started - timings["describe"]
-    output = _finish(shard, binding, batch, rows_in, rejected, run, timings,
-                     run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
-    if config.source_format == "jsonl":
-        counts = jsonl_field_counts(spark, config, segments)
-    else:
-        counts = parquet_field_counts(segments)
-    return _with_unknown_fields(shard, binding, output, counts)
+    timings["spark_job"] = time.monotonic() - job_started - timings["describe"] - timings["schema"]
+    return _finish(shard, binding, batch, rows_in, rejected, run, timings,
+                   run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
 
 
 def _with_unknown_fields(shard: Shard, binding: Binding, output: StagedOutput,
