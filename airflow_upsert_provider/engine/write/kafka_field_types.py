@@ -270,7 +270,7 @@ def observed_fields(
                     f"shard {shard_id!r}: the batch's messages disagree on the type of new field {name!r}: "
                     f"{type_name(merged)} in {merged_where}, {type_name(seen)} in {here}; send it with one "
                     "type, or add the column with `upsertctl schema add-column` first",
-                    **details, old_type=type_name(merged), new_type=type_name(seen), files=[merged_where, here],
+                    **details, old_type=type_name(merged), new_type=type_name(seen), file=here, files=[merged_where, here],
                 )
             merged_where = merged_where or here
             merged = combined

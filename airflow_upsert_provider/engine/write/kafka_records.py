@@ -47,6 +47,7 @@ from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
     judge_lines,
     refuse_non_json_constant,
+    refused_field_reason,
     sql_name,
 )
 from airflow_upsert_provider.engine.table.runs import user_schema
@@ -501,8 +502,7 @@ def _observe(observer: FieldObserver, names: Iterable[str], fields: Mapping[str,
 def _refused_reason(names: Iterable[str], refused: frozenset[str]) -> str | None:
     for name in names:
         if name in refused:
-            return (f"field {name!r} is not a column of the shard's schema, and its schema evolution policy "
-                    "(none) adds no column")
+            return refused_field_reason(name)
     return None
 
 
