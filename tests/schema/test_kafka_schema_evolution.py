@@ -5,6 +5,7 @@ default) and ``none``, and messages that disagree on a new field's type."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,5 @@ def test_messages_that_disagree_on_a_new_fields_type_are_refused_with_nothing_co
     assert f"disagree on the type of new field 'rank': short in {where[0]}, string in {where[3]}" in str(refused.value)
     assert refused.value.exit_code == 3
     assert (shard.state().upper, _columns(shard), shard.batches()) == (0, BASE_COLUMNS, [])
+    # The run the batch's job wrote while it observed the fields is gone with the refusal.
+    assert sorted(p.name for p in Path(blob.path("")).rglob("*") if p.is_file()) == []

@@ -184,9 +184,13 @@ def _stage_kafka(
     counted: list[dict[str, Any]] = []
     rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings, unknown=counted)
     refused: tuple[str, ...] = ()
-    observed = kafka_observed_fields(shard.shard_id, topic, counted)
-    if observed:
-        evolution = evolve_batch(shard, observed, ts=binding.ts)
+    try:
+        observed = kafka_observed_fields(shard.shard_id, topic, counted)
+        evolution = evolve_batch(shard, observed, ts=binding.ts) if observed else None
+    except Exception:
+        shard.blob.delete_tree(run_dir)  # never appended: a refused batch leaves no files
+        raise
+    if evolution is not None:
         refused = evolution.unknown
         if refused or shard.config.column_names() != known:
             # Written with a schema that is not the batch's: never appended, so it can go.
