@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # the batch job (upsert) consumes them, the writer runs the batch job, and continuous runs and
 # the Spark job drive the writer. A module imports only those listed before it, so that nothing
 # calls back up the flow (function-level imports included).
-WRITE_FLOW: tuple[str, ...] = ("records", "kafka_records", "upsert", "writer", "continuous", "spark_job")
+WRITE_FLOW: tuple[str, ...] = ("records", "kafka_field_types", "kafka_records", "upsert", "writer", "continuous", "spark_job")
 
 # Modules outside the engine that the engine may import: the sample data generator is pure
 # (it imports nothing of the package) and the class archive replays a sample run with it.

@@ -1,7 +1,7 @@
 """Fields a Kafka record carries that the shard's schema does not name: counted as the messages
 are parsed on the executors (``map_messages``), per slice batch, merged on the driver
-(``kafka_field_counts``), logged once per batch and kept with the batch, as JSON Lines ones are
-(tests/test_unknown_fields.py)."""
+(``kafka_field_counts``); the shard's schema evolution policy then judges them (the
+default adds them as columns; tests/schema/test_kafka_*.py cover the policies)."""
 
 from __future__ import annotations
 
@@ -113,39 +113,40 @@ def _kafka_shard(consensus, blob, bootstrap: str, topic: str, envelope: str) -> 
                         kafka_config=KafkaConfig.from_dict({"bootstrap.servers": bootstrap}))
 
 
-def test_a_json_kafka_batch_counts_logs_and_records_fields_the_schema_does_not_name(
+def test_a_json_kafka_batch_adds_the_fields_the_schema_does_not_name_as_columns_typed_by_their_values(
         spark, sqlite_consensus, blob, kafka_bootstrap, kafka_topic, caplog):  # noqa: F811 - the fixture
-    produced = produce_changes(kafka_bootstrap, kafka_topic, [
+    produce_changes(kafka_bootstrap, kafka_topic, [
         (1, "1", {"id": 1, "name": "a", "email": "x@y"}),
         (1, "2", {"id": 2, "name": "b", "email": "z@y", "meta": {"id": 9, "inner": 1}}),
         (3, "3", {"id": 3, "name": "c", "email": "w@y"}),
         (3, "4", {"id": 4, "name": "d"}),
         (0, "5", None),  # a tombstone has no fields
     ])
-    offsets = {(m.partition, m.key): m.offset for m in produced}
     shard = _kafka_shard(sqlite_consensus, blob, kafka_bootstrap, kafka_topic, "json")
     with caplog.at_level(logging.WARNING):
         result = Writer(shard, "w", spark_factory=lambda: spark).step()
-    assert (result.outcome, result.rows_in) == ("committed", 5)
-    assert result.unknown_fields == {"email": 3, "meta": 1}
-    email_first = message_file(kafka_topic, 1, offsets[(1, "1")])
-    meta_first = message_file(kafka_topic, 1, offsets[(1, "2")])
-    assert _warnings(caplog) == [
-        "shard drift batch 0: 2 field(s) the shard's schema does not name were ignored: "
-        f"'email' (3 records, first in {email_first}); 'meta' (1 record, first in {meta_first}) "
-        "(the table keeps the schema's columns; see docs/input.md)"]
-    assert shard.consensus.get_batch("drift", 0).stats["unknown_fields"] == {
-        "email": {"records": 3, "file": email_first}, "meta": {"records": 1, "file": meta_first}}
-    assert table(shard) == {(i,): {"id": i, "name": n, "amount": None} for i, n in ((1, "a"), (2, "b"), (3, "c"), (4, "d"))}
+    assert (result.outcome, result.rows_in, result.unknown_fields) == ("committed", 5, {})
+    # Under the default policy (add_columns) they became columns, typed as Spark infers JSON.
+    meta = {"type": "struct", "fields": [{"name": n, "type": "long", "nullable": True, "metadata": {}}
+                                         for n in ("id", "inner")]}
+    assert [(f["name"], f["type"]) for f in json.loads(shard.config.schema)["fields"][3:]] == [
+        ("email", "string"), ("meta", meta)]
+    assert _warnings(caplog) == []
+    assert table(shard) == {
+        (1,): {"id": 1, "name": "a", "amount": None, "email": "x@y", "meta": None},
+        (2,): {"id": 2, "name": "b", "amount": None, "email": "z@y", "meta": {"id": 9, "inner": 1}},
+        (3,): {"id": 3, "name": "c", "amount": None, "email": "w@y", "meta": None},
+        (4,): {"id": 4, "name": "d", "amount": None, "email": None, "meta": None},
+    }
 
 
-def test_a_debezium_batch_counts_the_fields_of_after_only(spark, sqlite_consensus, blob, kafka_bootstrap,  # noqa: F811
+def test_a_debezium_batch_adds_the_fields_of_after_only(spark, sqlite_consensus, blob, kafka_bootstrap,  # noqa: F811
                                                           kafka_topic, caplog):
     def change(op: str, before: dict | None, after: dict | None) -> dict:
         return {"schema": {"type": "struct"}, "payload": {"op": op, "before": before, "after": after,
                                                          "source": {"lsn": 1}, "ts_ms": 1}}
 
-    produced = produce_changes(kafka_bootstrap, kafka_topic, [
+    produce_changes(kafka_bootstrap, kafka_topic, [
         (2, "1", change("c", None, {"id": 1, "name": "a", "email": "x@y"})),
         (2, "1", change("u", {"id": 1, "phone": "1"}, {"id": 1, "name": "b", "email": "x@y"})),
         (0, "7", change("d", {"id": 7, "phone": "2"}, None)),  # before's fields reach no column
@@ -154,8 +155,8 @@ def test_a_debezium_batch_counts_the_fields_of_after_only(spark, sqlite_consensu
     shard = _kafka_shard(sqlite_consensus, blob, kafka_bootstrap, kafka_topic, "debezium")
     with caplog.at_level(logging.WARNING):
         result = Writer(shard, "w", spark_factory=lambda: spark).step()
-    assert result.outcome == "committed"
-    assert result.unknown_fields == {"email": 2}
-    first = message_file(kafka_topic, 2, min(m.offset for m in produced if m.partition == 2))
-    assert shard.consensus.get_batch("drift", 0).stats["unknown_fields"] == {"email": {"records": 2, "file": first}}
-    assert len(_warnings(caplog)) == 1 and f"'email' (2 records, first in {first})" in _warnings(caplog)[0]
+    assert (result.outcome, result.unknown_fields) == ("committed", {})
+    assert [f["name"] for f in json.loads(shard.config.schema)["fields"]] == ["id", "name", "amount", "email"]
+    assert _warnings(caplog) == []
+    assert table(shard) == {(1,): {"id": 1, "name": "b", "amount": None, "email": "x@y"},
+                            (8,): {"id": 8, "name": "c", "amount": None, "email": None}}

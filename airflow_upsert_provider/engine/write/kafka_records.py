@@ -33,11 +33,21 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import ConfigurationError
+from airflow_upsert_provider.engine.table.schema_evolution import ObservedField
+from airflow_upsert_provider.engine.write.kafka_field_types import (
+    OBSERVED_FIELDS_TYPE,
+    FieldObserver,
+    UnsupportedFieldType,
+    connect_type,
+    json_value_type,
+    observed_fields,
+)
 from airflow_upsert_provider.engine.write.records import (
     QUOTE_CHARS,
     BatchRecords,
     judge_lines,
     refuse_non_json_constant,
+    refused_field_reason,
     sql_name,
 )
 from airflow_upsert_provider.engine.table.runs import user_schema
@@ -50,9 +60,10 @@ if TYPE_CHECKING:
 
 ENVELOPES = ("json", "debezium")
 # The fields a slice batch's records carry that the shard's schema does not name: how many
-# records carry each, and the first message (by partition, offset) that does. Set on the first
-# row of each slice batch, null on the others (map_messages).
-UNKNOWN_FIELDS_TYPE = "ARRAY<STRUCT<name: STRING, records: BIGINT, partition: INT, offset: BIGINT>>"
+# records carry each, the first message (by partition, offset) that does, and the type of
+# their values (kafka_field_types.FieldObserver). Set on the first row of each slice batch,
+# null on the others (map_messages).
+UNKNOWN_FIELDS_TYPE = OBSERVED_FIELDS_TYPE
 # Sets of record fields map_messages remembers per slice batch, judged against the schema.
 MAX_FIELD_SHAPES = 1024
 # What map_messages yields for each message that is a record (Spark DDL).
@@ -255,9 +266,11 @@ def _missing_keys(record: dict, keys: Sequence[str], key: _MessageKey, where: st
 
 # --- one message --------------------------------------------------------------------------
 
-# (raw, delete, source position, map reason, the names of the record's top-level fields: the
-# value object's, or Debezium's ``after``'s); None: the message is no record.
-_Mapped = tuple[str, bool, "dict[str, Any] | None", "str | None", "Iterable[str]"]
+# (raw, delete, source position, map reason, the record's top-level fields by name (the value
+# object's, or Debezium's ``after``'s), the Kafka Connect schema of the change event when the
+# message carries one); None: the message is no record.
+_Mapped = tuple[str, bool, "dict[str, Any] | None", "str | None", "Mapping[str, Any]", Any]
+_NO_FIELDS: Mapping[str, Any] = {}
 
 
 def _map_json(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _Mapped:
@@ -265,26 +278,26 @@ def _map_json(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _Mapp
         # A tombstone deletes the record the message key names.
         added, reason = _missing_keys({}, keys, key, None)
         if reason is not None:
-            return "", False, None, f"tombstone (null value) without a usable message key: {reason}", ()
-        return "{" + ",".join(added) + "}", True, None, None, ()
+            return "", False, None, f"tombstone (null value) without a usable message key: {reason}", _NO_FIELDS, None
+        return "{" + ",".join(added) + "}", True, None, None, _NO_FIELDS, None
     try:
         # Only the top level is looked at; the text itself goes on unchanged.
         record = json.loads(value, parse_constant=refuse_non_json_constant)
     except ValueError as exc:
-        return value, False, None, f"value is not JSON ({exc})", ()
+        return value, False, None, f"value is not JSON ({exc})", _NO_FIELDS, None
     except RecursionError:
-        return value, False, None, "value is not JSON (nested too deeply)", ()
+        return value, False, None, "value is not JSON (nested too deeply)", _NO_FIELDS, None
     if not isinstance(record, dict):
-        return value, False, None, f"value is {_kind(record)}, not a JSON object", ()
+        return value, False, None, f"value is {_kind(record)}, not a JSON object", _NO_FIELDS, None
     added, reason = _missing_keys(record, keys, key, "value")
     if reason is not None:
-        return value, False, None, reason, ()
+        return value, False, None, reason, _NO_FIELDS, None
     if not added:
-        return value, False, None, None, record.keys()
+        return value, False, None, None, record, None
     # Splice the key members in after the opening brace: the rest stays byte for byte.
     brace = value.index("{")
     separator = "," if record else ""
-    return value[: brace + 1] + ",".join(added) + separator + value[brace + 1 :], False, None, None, record.keys()
+    return value[: brace + 1] + ",".join(added) + separator + value[brace + 1 :], False, None, None, record, None
 
 
 def _source_position(source: Any) -> dict[str, Any] | None:
@@ -306,34 +319,36 @@ def _map_debezium(value: str | None, key: _MessageKey, keys: Sequence[str]) -> _
         return None  # the tombstone after a delete, for log compaction: the delete was the record
     event, error = _parse(value)
     if error is not None:
-        return value, False, None, f"debezium: value is not JSON ({error})", ()
+        return value, False, None, f"debezium: value is not JSON ({error})", _NO_FIELDS, None
+    connect_schema = None
     if _is_wrapped(event):
-        event = event["payload"]
+        event, connect_schema = event["payload"], event["schema"]
     if not isinstance(event, _Object):
-        return value, False, None, f"debezium: the change event is {_kind(event)}, not an object", ()
+        return value, False, None, f"debezium: the change event is {_kind(event)}, not an object", _NO_FIELDS, None
     op = event.get("op")
     if op in UPSERT_OPS:
         image, delete = "after", False
     elif op == DELETE_OP:
         image, delete = "before", True
     elif "op" not in event:
-        return value, False, None, "debezium: the change event has no 'op'", ()
+        return value, False, None, "debezium: the change event has no 'op'", _NO_FIELDS, None
     else:
         shown = repr(op) if isinstance(op, str) else _utf8(partial(_dump, op))
         if len(shown) > QUOTE_CHARS:
             shown = shown[:QUOTE_CHARS] + "..."
-        return value, False, None, f"debezium: unknown op {shown}", ()
+        return value, False, None, f"debezium: unknown op {shown}", _NO_FIELDS, None
     record = event.get(image)
     if not isinstance(record, _Object):
-        return value, False, None, f"debezium: op {op!r} without a{'n' if image == 'after' else ''} {image!r} object", ()
+        return value, False, None, f"debezium: op {op!r} without a{'n' if image == 'after' else ''} {image!r} object", _NO_FIELDS, None
     added, reason = _missing_keys(record, keys, key, f"{image!r} object")
     if reason is not None:
-        return value, False, None, reason, ()
+        return value, False, None, reason, _NO_FIELDS, None
     body = _utf8(lambda ascii: ",".join(f"{_dump_string(k, ascii)}:{_dump(v, ascii)}" for k, v in record.pairs))
     separator = "," if added and record.pairs else ""
     # A delete's ``before`` gives only the key: its other fields reach no column.
-    fields = () if delete else (name for name, _ in record.pairs)
-    return "{" + ",".join(added) + separator + body + "}", delete, _source_position(event.get("source")), None, fields
+    fields = _NO_FIELDS if delete else record
+    return ("{" + ",".join(added) + separator + body + "}", delete, _source_position(event.get("source")), None, fields,
+            connect_schema)
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -370,6 +385,13 @@ def _mapped_arrow_schema() -> "pyarrow.Schema":
                             pa.field("records", pa.int64()),
                             pa.field("partition", pa.int32()),
                             pa.field("offset", pa.int64()),
+                            pa.field("type", pa.string()),
+                            pa.field("type_partition", pa.int32()),
+                            pa.field("type_offset", pa.int64()),
+                            pa.field("other_type", pa.string()),
+                            pa.field("other_partition", pa.int32()),
+                            pa.field("other_offset", pa.int64()),
+                            pa.field("problem", pa.string()),
                         ]
                     )
                 ),
@@ -386,13 +408,17 @@ def map_messages(
     envelope: str,
     string_keys: Sequence[str] = (),
     known: Collection[str] | None = None,
+    refused: Collection[str] = (),
 ) -> "pyarrow.RecordBatch":
     """One row per message of ``batch`` (columns of ``kafka.SLICE_SCHEMA``) that is a record,
     with the columns of :data:`MAPPED_SCHEMA`. Pure Python, for the executors. Never raises
     for a bad message: it gets ``_map_reason``. ``string_keys`` are the key columns typed
     STRING: a non-object message key is their value as text (key ``42`` is ``"42"``).
     ``known``: the schema's column names; the top-level fields of the records that it does not
-    name are counted as they are parsed (``_unknown`` on the first row; None: not counted)."""
+    name are observed as they are parsed, with the types of their values
+    (:class:`~kafka_field_types.FieldObserver`; ``_unknown`` on the first row; None: not
+    observed). ``refused``: fields the schema does not take (schema evolution policy
+    ``none``): a record carrying one is a bad record naming it."""
     import pyarrow as pa
 
     if envelope not in ENVELOPES:
@@ -403,8 +429,8 @@ def map_messages(
     columns: dict[str, list[Any]] = {name: [] for name in schema.names if name != "_unknown"}
     named = None if known is None else frozenset(known)
     shapes: dict[tuple[str, ...], tuple[str, ...]] = {}  # a record's fields -> those not named
-    # name -> [records carrying it, partition and offset of the first]
-    unknown: dict[str, list[int]] = {}
+    observer = FieldObserver()
+    refused_names = frozenset(refused)
     data = batch.to_pydict()
     problems = data.get("problem") or [None] * batch.num_rows
     for partition, offset, key_text, value, problem in zip(
@@ -413,14 +439,14 @@ def map_messages(
         try:
             if problem is not None:
                 # Undecodable bytes (read_range said why): a bad record, judged by the batch's rule.
-                mapped: _Mapped | None = "", False, None, problem, ()
+                mapped: _Mapped | None = "", False, None, problem, _NO_FIELDS, None
             else:
                 mapped = mapper(value, _MessageKey(key_text, keys, strings), keys)
         except Exception as exc:  # a rule missed: the message is still only a bad record
-            mapped = value or "", False, None, f"message cannot be mapped ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})", ()
+            mapped = value or "", False, None, f"message cannot be mapped ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})", _NO_FIELDS, None
         if mapped is None:
             continue
-        raw, delete, position, reason, fields = mapped
+        raw, delete, position, reason, fields, connect_schema = mapped
         if named is not None:
             # Most records of a topic share one set of fields: judge each set once.
             shape = tuple(fields)
@@ -429,14 +455,10 @@ def map_messages(
                 names = tuple({name: None for name in shape if name not in named})
                 if len(shapes) < MAX_FIELD_SHAPES:
                     shapes[shape] = names
-            for name in names:
-                counted = unknown.get(name)
-                if counted is None:
-                    unknown[name] = [1, partition, offset]
-                else:
-                    counted[0] += 1
-                    if (partition, offset) < (counted[1], counted[2]):
-                        counted[1], counted[2] = partition, offset
+            if names:
+                _observe(observer, names, fields, connect_schema, partition, offset)
+                if reason is None:
+                    reason = _refused_reason(names, refused_names)
         columns["_file"].append(message_file(topic, partition, offset))
         columns["_partition"].append(str(partition))
         columns["_offset"].append(offset)
@@ -445,10 +467,50 @@ def map_messages(
         columns["_srcpos"].append(position)
         columns["_map_reason"].append(reason)
     columns["_unknown"] = [None] * len(columns["_file"])
-    if unknown:
-        columns["_unknown"][0] = [{"name": name, "records": records, "partition": partition, "offset": offset}
-                                  for name, (records, partition, offset) in sorted(unknown.items())]
+    if observer.fields:
+        columns["_unknown"][0] = observer.entries()
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _after_field_schemas(connect_schema: Any) -> Mapping[str, Any]:
+    """The Kafka Connect schemas of the fields of a change event's ``after``, by name; empty
+    when the event's schema does not describe them."""
+    if not isinstance(connect_schema, Mapping) or not isinstance(connect_schema.get("fields"), list):
+        return _NO_FIELDS
+    for envelope_field in connect_schema["fields"]:
+        if isinstance(envelope_field, Mapping) and envelope_field.get("field") == "after":
+            fields = envelope_field.get("fields")
+            if isinstance(fields, list):
+                return {f["field"]: f for f in fields if isinstance(f, Mapping) and isinstance(f.get("field"), str)}
+    return _NO_FIELDS
+
+
+def _observe(observer: FieldObserver, names: Iterable[str], fields: Mapping[str, Any], connect_schema: Any,
+             partition: int, offset: int) -> None:
+    """Observe the fields ``names`` of a record: typed by the change event's schema where it
+    describes them, else by their values."""
+    described = _after_field_schemas(connect_schema) if connect_schema is not None else _NO_FIELDS
+    for name in names:
+        try:
+            spark_type = connect_type(described[name]) if name in described else json_value_type(fields[name])
+        except UnsupportedFieldType as exc:
+            observer.observe(name, partition, offset, None, problem=str(exc))
+        else:
+            observer.observe(name, partition, offset, spark_type)
+
+
+def _refused_reason(names: Iterable[str], refused: frozenset[str]) -> str | None:
+    for name in names:
+        if name in refused:
+            return refused_field_reason(name)
+    return None
+
+
+def kafka_observed_fields(shard_id: str, topic: str, entries: Iterable[Mapping[str, Any]]) -> list[ObservedField]:
+    """The fields the schema does not name of a batch's records, with their types, from the
+    ``_unknown`` entries of its slice batches (``where``: the first message carrying one, as
+    ``_file`` names it). Raises BatchSchemaRefused when messages disagree on a field's type."""
+    return observed_fields(shard_id, entries, position=partial(message_file, topic))
 
 
 def kafka_field_counts(topic: str, counted: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, str]]:
@@ -466,10 +528,11 @@ def kafka_field_counts(topic: str, counted: Iterable[Mapping[str, Any]]) -> list
 
 def _map_all(
     batches: Iterator["pyarrow.RecordBatch"], topic: str, keys: tuple[str, ...], envelope: str, string_keys: tuple[str, ...],
-    known: tuple[str, ...],
+    known: tuple[str, ...], refused: tuple[str, ...],
 ) -> Iterator["pyarrow.RecordBatch"]:
     for batch in batches:
-        yield map_messages(batch, topic=topic, keys=keys, envelope=envelope, string_keys=string_keys, known=known)
+        yield map_messages(batch, topic=topic, keys=keys, envelope=envelope, string_keys=string_keys, known=known,
+                           refused=refused)
 
 
 def _string_keys(config: ShardConfig) -> tuple[str, ...]:
@@ -480,20 +543,22 @@ def _string_keys(config: ShardConfig) -> tuple[str, ...]:
 
 
 def kafka_batch_records(
-    spark: "SparkSession", config: ShardConfig, messages: "DataFrame", *, topic: str, envelope: str
+    spark: "SparkSession", config: ShardConfig, messages: "DataFrame", *, topic: str, envelope: str,
+    refused: Sequence[str] = (),
 ) -> BatchRecords:
     """The records of a batch read from Kafka (``messages``: columns of ``kafka.SLICE_SCHEMA``),
     each judged as a JSON Lines record is (``records.judge_lines``). ``records`` columns:
     ``_file`` (``kafka:<topic>/<partition>/<offset>``), ``_partition``, ``_offset``, ``_line``
     (0), ``_raw``, the user columns, ``_reason`` (why the message could not be mapped, else
     the validator's reason), ``_delete``, ``_srcpos`` (null without a source position) and
-    ``_unknown`` (the fields the schema does not name, counted per slice batch as the messages
-    are parsed: :func:`map_messages`)."""
+    ``_unknown`` (the fields the schema does not name, observed per slice batch as the messages
+    are parsed: :func:`map_messages`). ``refused``: fields whose records are bad records
+    (schema evolution policy ``none``)."""
     del spark  # the messages' session does the work; kept for the shape every source has
     if envelope not in ENVELOPES:
         raise ConfigurationError(f"unknown kafka envelope {envelope!r}; expected one of {ENVELOPES}", field="envelope")
     mapper = partial(_map_all, topic=topic, keys=tuple(config.keys), envelope=envelope, string_keys=_string_keys(config),
-                     known=tuple(config.column_names()))
+                     known=tuple(config.column_names()), refused=tuple(refused))
     mapped = messages.mapInArrow(mapper, MAPPED_SCHEMA)
     judged = judge_lines(
         mapped, config, passthrough=["_file", "_partition", "_offset", "_delete", "_srcpos", "_map_reason", "_unknown"]

@@ -26,7 +26,12 @@ from airflow_upsert_provider.engine.table.runs import (
     table_columns,
     write_bucketed,
 )
-from airflow_upsert_provider.engine.write.kafka_records import kafka_batch_records, kafka_field_counts, message_position
+from airflow_upsert_provider.engine.write.kafka_records import (
+    kafka_batch_records,
+    kafka_field_counts,
+    kafka_observed_fields,
+    message_position,
+)
 from airflow_upsert_provider.engine.write.records import (
     BatchRecords,
     UnknownField,
@@ -158,23 +163,47 @@ def _stage_kafka(
     messages: "DataFrame | None",
 ) -> StagedOutput:
     """A Kafka batch: the bound slice (prefetched, or read now on the executors), mapped from
-    its envelope and judged record by record as JSON lines are."""
+    its envelope and judged record by record as JSON lines are.
+
+    The fields the schema does not name are observed, with their types, by the same job that
+    writes the run (the messages are parsed once). When there are any, the shard's schema
+    evolution policy judges them (:func:`evolve_batch`: a new version is minted before the
+    batch commits), and the run is written again with the schema the batch evolved to, the
+    records carrying a field policy ``none`` refuses being bad records naming it. A batch
+    without such fields, nearly every one, costs no second pass."""
     ranges = {int(p): (int(r["from"]), int(r["to"])) for p, r in binding.ranges.items() if r["to"] > r["from"]}
     if not ranges:
         return StagedOutput({"path": _relative(shard, run_dir), "files": [], "rows": 0}, None, 0, 0, 0)
     job_started = time.monotonic()
     if messages is None:
         messages = shard.source.read_slice(spark, ranges)
-    batch = kafka_batch_records(
-        spark, shard.config, messages, topic=shard.source.topic, envelope=shard.kafka_options.envelope
-    )
+    topic, envelope = shard.source.topic, shard.kafka_options.envelope
+    known = shard.config.column_names()
+    batch = kafka_batch_records(spark, shard.config, messages, topic=topic, envelope=envelope)
     timings: dict[str, float] = {}
     counted: list[dict[str, Any]] = []
     rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings, unknown=counted)
+    refused: tuple[str, ...] = ()
+    try:
+        observed = kafka_observed_fields(shard.shard_id, topic, counted)
+        evolution = evolve_batch(shard, observed, ts=binding.ts) if observed else None
+    except Exception:
+        shard.blob.delete_tree(run_dir)  # never appended: a refused batch leaves no files
+        raise
+    if evolution is not None:
+        refused = evolution.unknown
+        if refused or shard.config.column_names() != known:
+            # Written with a schema that is not the batch's: never appended, so it can go.
+            shard.blob.delete_tree(run_dir)
+            batch = kafka_batch_records(spark, shard.config, messages, topic=topic, envelope=envelope, refused=refused)
+            counted = []
+            rows_in, rejected, run = _write_run(batch, shard, binding.ts, run_dir, timings, unknown=counted)
     timings["spark_job"] = time.monotonic() - job_started - timings["describe"]
     output = _finish(shard, binding, batch, rows_in, rejected, run, timings,
                      run_dir=run_dir, rejects_dir=rejects_dir, on_bad_record=on_bad_record)
-    return _with_unknown_fields(shard, binding, output, kafka_field_counts(shard.source.topic, counted))
+    # A refused field's records were rejected, not ignored: the rejects say so.
+    counts = [c for c in kafka_field_counts(topic, counted) if c[0] not in refused]
+    return _with_unknown_fields(shard, binding, output, counts)
 
 
 def _finish(
