@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.sources.lag import SEGMENTS
+
+if TYPE_CHECKING:
+    from airflow_upsert_provider.engine.sources.parquet_types import WideningRefusal
 
 # fullmatch everywhere: ``$`` in re.match also matches before a final newline.
 PARTITION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]*")
@@ -146,9 +149,13 @@ class DirectorySource:
         segments, clashes = split_duplicate_offsets(segments)
         return segments, bad + clashes
 
-    def unreadable_reason(self, segment: Segment, schema_fields: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
+    def unreadable_reason(
+        self, segment: Segment, schema_fields: list[dict[str, Any]], keys: tuple[str, ...],
+        refuse_widening: "WideningRefusal | None" = None,
+    ) -> str | None:
         """Why a segment cannot be read against the shard schema, or None. Checked when a
-        batch is bound, so that every writer agrees on which files the batch reads."""
+        batch is bound, so that every writer agrees on which files the batch reads. A Parquet
+        column in a wider type is readable when ``refuse_widening`` lets it widen."""
         try:
             if os.path.isdir(segment.path):
                 return "segment is a directory, not a file"
@@ -161,7 +168,7 @@ class DirectorySource:
                 return "not a Parquet file (bad magic bytes)"
             from airflow_upsert_provider.engine.sources.parquet_types import parquet_schema_problem
 
-            return parquet_schema_problem(segment.path, schema_fields, keys)
+            return parquet_schema_problem(segment.path, schema_fields, keys, refuse_widening)
         return None
 
 

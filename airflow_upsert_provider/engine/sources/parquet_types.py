@@ -11,7 +11,7 @@ TIMESTAMP_NTZ) in milli- or microseconds. Nested columns are checked structurall
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.types as pat
@@ -109,9 +109,44 @@ def _nested_problem(spark_type: dict[str, Any], arrow_type: pa.DataType, mismatc
     return f"column type {kind} is not supported in Parquet segments"
 
 
-def parquet_schema_problem(path: str, schema_fields: list[dict[str, Any]], keys: tuple[str, ...]) -> str | None:
+def _wider_types(spark_type: Any) -> list[str]:
+    """The types a column of ``spark_type`` may widen to, narrowest first (the widenings of
+    engine/table/schema_evolution.py ``widens``, within what Spark's Parquet reader reads)."""
+    if spark_type in _INT_BITS:
+        return [t for t, bits in _INT_BITS.items() if bits > _INT_BITS[spark_type]]
+    if spark_type == "float":
+        return ["double"]
+    decimal = _DECIMAL.fullmatch(spark_type) if isinstance(spark_type, str) else None
+    if decimal:
+        precision, scale = int(decimal.group(1)), int(decimal.group(2))
+        return [f"decimal({p},{scale})" for p in range(precision + 1, MAX_DECIMAL_PRECISION + 1)]
+    return []
+
+
+MAX_DECIMAL_PRECISION = 38  # Spark's DecimalType
+
+
+def widened_type(spark_type: Any, arrow_type: pa.DataType) -> str | None:
+    """The narrowest type a column of ``spark_type`` widens to so that it reads a Parquet
+    column of ``arrow_type`` with every value unchanged (int64 into an integer column: long;
+    double into a float column: double; decimal(12,2) into a decimal(10,2) column:
+    decimal(12,2)); None when the column reads it as it is, or no widening does. Pure."""
+    if type_problem(spark_type, arrow_type) is None:
+        return None
+    return next((t for t in _wider_types(spark_type) if type_problem(t, arrow_type) is None), None)
+
+
+# Why the policy refuses to widen column (name, its type, the wider type), or None: it widens.
+WideningRefusal = Callable[[str, Any, str], "str | None"]
+
+
+def parquet_schema_problem(
+    path: str, schema_fields: list[dict[str, Any]], keys: tuple[str, ...], refuse_widening: WideningRefusal | None = None
+) -> str | None:
     """A whole-file mismatch between a Parquet segment and the shard schema, or None.
-    A file's schema is immutable, so every writer reaches the same verdict."""
+    A file's schema is immutable, so every writer reaches the same verdict. A column the file
+    holds in a wider type (:func:`widened_type`) is no mismatch when ``refuse_widening``
+    answers None for it (the batch widens the column); otherwise its answer says why."""
     import pyarrow.parquet as pq
 
     try:
@@ -126,6 +161,12 @@ def parquet_schema_problem(path: str, schema_fields: list[dict[str, Any]], keys:
                 return f"missing key column '{name}'"
             continue
         problem = type_problem(spec["type"], fields[name].type)
-        if problem is not None:
+        if problem is None:
+            continue
+        target = widened_type(spec["type"], fields[name].type)
+        if target is None or refuse_widening is None:
             return f"field '{name}': {problem}"
+        refusal = refuse_widening(name, spec["type"], target)
+        if refusal is not None:
+            return f"field '{name}': {problem}, a widening to {target}: {refusal}"
     return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.store.records import Binding
@@ -15,6 +15,7 @@ from airflow_upsert_provider.engine.errors import BadInputError
 from airflow_upsert_provider.engine.store.source_index import SourceIndex
 from airflow_upsert_provider.engine.sources import DirectorySource, Segment
 from airflow_upsert_provider.engine.sources.planning import range_to, sort_out_new_names
+from airflow_upsert_provider.engine.table.schema_evolution import locked_columns, widening_refusal
 
 
 @dataclass
@@ -91,16 +92,24 @@ def plan_binding(
     on_bad_record: str,
     max_files: int | None,
     max_reported: int,
+    schema_policy: Callable[[], str],
 ) -> Binding | None:
     """binding(ts) from a survey: the lowest offsets first, at most ``max_files`` segments;
     unreadable ones among them and every bad file are problems (raised in fail mode, set
-    aside in quarantine mode). None when there is nothing to bind."""
+    aside in quarantine mode). None when there is nothing to bind. A Parquet file holding a
+    column in a wider type is readable when the shard's schema evolution policy (read from
+    ``schema_policy`` only for such a file) widens the column: the batch then widens it."""
     problems = survey.problems
     taken = survey.candidates[: max_files or config.max_files_per_batch]
     readable: list[Segment] = []
     schema_fields = config.schema_fields()
+    locked = locked_columns(config.keys, config.order_by)
+
+    def refuse_widening(column: str, old_type: Any, wider: str) -> str | None:
+        return widening_refusal(column, wider, schema_policy(), locked=locked)
+
     for segment in taken:
-        reason = source.unreadable_reason(segment, schema_fields, config.keys)
+        reason = source.unreadable_reason(segment, schema_fields, config.keys, refuse_widening)
         if reason is None:
             readable.append(segment)
         else:

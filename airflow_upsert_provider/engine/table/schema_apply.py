@@ -11,11 +11,14 @@ they converge on one version; any other move of the version is :class:`SchemaVer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from airflow_upsert_provider.engine.store.schema_policies import store_schema_policy, stored_schema_policy
 from airflow_upsert_provider.engine.store.table_schemas import config_at, mint_schema_version
 from airflow_upsert_provider.engine.table.schema_evolution import ADD_COLUMNS, Evolution, ObservedField, check_policy, evolve
-from airflow_upsert_provider.engine.table.shard import Shard
+
+if TYPE_CHECKING:  # shard.py asks for a batch's policy when it binds one
+    from airflow_upsert_provider.engine.table.shard import Shard
 
 # The policy of a shard created without one, and of a shard created before policies existed
 # (docs/schema.md says why).

@@ -188,7 +188,21 @@ class Evolution:
         return {k: list(v) for k, v in (("add", self.added), ("widen", self.widened)) if v}
 
 
-def _locked_columns(keys: Sequence[str], order_by: str | None) -> set[str]:
+def widening_refusal(column: str, wider: Any | None, policy: str, *, locked: set[str]) -> str | None:
+    """Why a batch may not widen ``column`` to ``wider`` (None: no widening holds its values)
+    under ``policy``, or None when it does: only ``add_and_widen`` widens, never a key or the
+    order column (``locked``). One rule for JSON values, Parquet files and Kafka fields. Pure."""
+    if column in locked:
+        return "a key or the order column never changes type"
+    if wider is None:
+        return ("a column's type never changes in place (only widens: int to bigint, float to double, "
+                "decimal precision up, nested fields added)")
+    if policy != ADD_AND_WIDEN:
+        return f"policy {policy} does not widen a column (add_and_widen does)"
+    return None
+
+
+def locked_columns(keys: Sequence[str], order_by: str | None) -> set[str]:
     return {*keys, *([order_by] if order_by else [])}
 
 
@@ -211,7 +225,7 @@ def evolve(
     check_policy(policy)
     fields = schema_fields(schema)
     by_lower = {f["name"].lower(): f for f in fields}
-    locked = _locked_columns(keys, order_by)
+    locked = locked_columns(keys, order_by)
     # One type per new field, first seen (by where, then name) naming where.
     new_types: dict[str, ObservedField] = {}
     widened: dict[str, dict[str, Any]] = {}
@@ -242,13 +256,8 @@ def evolve(
         target = merged_type(current, seen.type)
         if target == current:
             continue
-        if seen.name in locked or target is None or policy != ADD_AND_WIDEN:
-            what = (
-                "a key or the order column never changes type" if seen.name in locked
-                else f"policy {policy} does not widen a column (add_and_widen does)" if target is not None
-                else "a column's type never changes in place (only widens: int to bigint, float to double, "
-                     "decimal precision up, nested fields added)"
-            )
+        what = widening_refusal(seen.name, target, policy, locked=locked)
+        if what is not None:
             raise BatchSchemaRefused(
                 f"shard {shard_id!r}: column {seen.name!r} is {type_name(current)}, {seen.where} has it as "
                 f"{type_name(seen.type)}: {what}; fix the data upstream or write it to a new column",
@@ -273,7 +282,7 @@ def check_change(old: str, new: str, policy: str, *, keys: Sequence[str], order_
     check_policy(policy)
     old_fields, new_fields = schema_fields(old), schema_fields(new)
     new_by_name = {f["name"]: f for f in new_fields}
-    locked = _locked_columns(keys, order_by)
+    locked = locked_columns(keys, order_by)
 
     def refuse(column: str, old_type: Any, new_type: Any, what: str) -> SchemaChangeRefused:
         return SchemaChangeRefused(

@@ -8,6 +8,7 @@ minted, the three-way classification of a batch against the upper, and the paths
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from airflow_upsert_provider.engine.errors import (
     ReadOutdated,
     UpsertError,
 )
+from airflow_upsert_provider.engine.table.schema_apply import schema_policy
 from airflow_upsert_provider.engine.table.runs import current_buckets, file_problem, read_runs
 from airflow_upsert_provider.engine.table.binding_planner import (
     anchor_source_index,
@@ -303,7 +305,8 @@ class Shard:
             if existing is None:
                 raise
             return existing
-        planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED)
+        planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED,
+                               functools.cache(lambda: schema_policy(self)))
         minted = None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
         remember_settled(index, survey, minted)
         return minted

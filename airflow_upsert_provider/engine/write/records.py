@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_upsert_provider.engine.config import ShardConfig
 from airflow_upsert_provider.engine.errors import BatchSchemaRefused
 from airflow_upsert_provider.engine.table.runs import user_schema
-from airflow_upsert_provider.engine.table.schema_evolution import NONE, ObservedField
+from airflow_upsert_provider.engine.table.schema_evolution import NONE, ObservedField, locked_columns
 from airflow_upsert_provider.engine.sources import Segment
 
 if TYPE_CHECKING:
@@ -565,7 +565,7 @@ def widenable_columns(config: ShardConfig) -> dict[str, str]:
     value that overflows is a widening, which only ``add_and_widen`` makes and the others
     refuse, naming it): those of a type in :data:`FITS`, but a key or the order column (which
     never change type: a value that does not fit stays a bad record)."""
-    locked = {*config.keys, *([config.order_by] if config.order_by else [])}
+    locked = locked_columns(config.keys, config.order_by)
     return {f["name"]: f["type"] for f in config.schema_fields() if f["type"] in FITS and f["name"] not in locked}
 
 
@@ -598,19 +598,24 @@ def observed_jsonl_fields(
 
 def observed_parquet_fields(config: ShardConfig, segments: list[Segment], policy: str) -> list[ObservedField]:
     """The columns of a Parquet batch's files that the schema does not name, per file, typed
-    from the file's footer (no data read). A column type Spark cannot read into a column is
-    :class:`BatchSchemaRefused` naming the file. (A file whose column the schema names with
-    another type was refused when the batch was bound.)"""
+    from the file's footer (no data read), and the columns a file holds in a wider type, typed
+    as the column widened (:func:`widened_type`: the binding let them in, under a policy that
+    widens). A column type Spark cannot read into a column is :class:`BatchSchemaRefused`
+    naming the file. (A file whose column the schema names with another type was refused when
+    the batch was bound.)"""
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from airflow_upsert_provider.engine.sources.parquet_types import type_problem
+    from airflow_upsert_provider.engine.sources.parquet_types import type_problem, widened_type
 
-    known = set(config.column_names())
+    known = {f["name"]: f["type"] for f in config.schema_fields()}
     observed = []
     for segment in sorted(segments, key=lambda s: s.path):
         for field in pq.read_schema(segment.path):
             if field.name in known:
+                wider = widened_type(known[field.name], field.type)
+                if wider is not None:
+                    observed.append(ObservedField(field.name, wider, segment.path))
                 continue
             if policy == NONE:
                 observed.append(ObservedField(field.name, None, segment.path))
