@@ -193,3 +193,29 @@ def test_the_drivers_overflow_count_equals_sparks(spark, tmp_path):
                       for f, n, file in R._jsonl_field_counts_spark(spark, config, segments, widen=widen))
     assert on_driver == on_spark
     assert {f for f, _, _ in on_driver} >= {"b", "s", "i", "f"} and "d" not in {f for f, _, _ in on_driver}
+
+
+@sqlite_only
+def test_a_field_or_an_overflow_carried_only_by_rejected_records_changes_no_schema(spark, consensus, blob, tmp_path):
+    """Only records that pass the checks of the schema's columns are observed: a field (or an
+    overflowing value) seen only in a record rejected for invalid UTF-8, malformed JSON, a null
+    or missing key or a value of the wrong type becomes no column (and widens none); a field of
+    an accepted record does."""
+    shard, landing = shard_of(consensus, blob, tmp_path, "rejected", ADD_AND_WIDEN)
+    (landing / "p0").mkdir()
+    path = landing / "p0" / "1.jsonl"
+    path.write_bytes(b"\n".join([
+        b'{"id": 1, "v": 1, "kept": "k"}',
+        b'{"id": 2, "v": 2, "bad_utf8": "\xff"}',
+        b'{"id": 3, "v": 3, "trailing": 1} x',
+        b'{"id": null, "v": 4, "null_key": 1}',
+        b'{"v": 5, "no_key": 1}',
+        b'{"id": 6, "v": "six", "wrong_type": 1}',
+        b'{"id": null, "v": 1099511627776}',
+    ]) + b"\n")
+    result = Writer(shard, "w", spark_factory=lambda: spark, on_bad_record="quarantine").step()
+    assert (result.outcome, result.rows_in, result.rejected) == ("committed", 7, 6)
+    assert versions(shard) == [(2, {"add": [{"name": "kept", "type": "string"}]})]
+    assert columns_of(shard) == [("id", "long"), ("v", "integer"), ("kept", "string")]
+    assert table(shard) == {(1,): {"id": 1, "v": 1, "kept": "k"}}
+    assert [r["line"] for r in quarantined_records(shard)] == [2, 3, 4, 5, 6, 7]

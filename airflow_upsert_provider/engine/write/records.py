@@ -13,6 +13,7 @@ rejected (see :meth:`BatchRecords.rejected`), so a clean batch pays nothing for 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import os
 import re
@@ -44,6 +45,9 @@ JSON_OPTIONS = {
     "allowBackslashEscapingAnyCharacter": "false",
     "allowUnquotedControlChars": "false",
 }
+
+# Blank lines (JSON whitespace only) are not records.
+NOT_BLANK = "trim(BOTH ' \\t' FROM _raw) != ''"
 
 MALFORMED = "malformed JSON: not a JSON object"
 TRAILING = "malformed JSON: text after the object (one JSON object per line)"
@@ -115,8 +119,7 @@ def jsonl_records(
     )
     # Spark's text source drops a byte order mark at the start of a file (as its JSON reader
     # does); anywhere else U+FEFF is not JSON whitespace and the line is malformed.
-    # Blank lines (JSON whitespace only) are not records.
-    judged = judge_lines(lines.where("trim(BOTH ' \\t' FROM _raw) != ''"), config, passthrough=["_file", "_block", "_pos"],
+    judged = judge_lines(lines.where(NOT_BLANK), config, passthrough=["_file", "_block", "_pos"],
                          refused=refused)
     records = judged.selectExpr(
         "_file",
@@ -533,9 +536,36 @@ def _jsonl_field_counts_spark(
     spark: "SparkSession", config: ShardConfig, segments: list[Segment], *, widen: Mapping[str, str] | None = None
 ) -> list[tuple[str, int, str]]:
     """:func:`jsonl_field_counts` by Spark: (field, records, file as Spark names it)."""
+    lines = spark.read.text([s.path for s in segments]).selectExpr("_metadata.file_path AS _file", "value")
+    return _field_counts(lines, config, widen)
+
+
+# The widest type of each column type a JSON value may overflow (:data:`FITS`).
+WIDEST = {"byte": "long", "short": "long", "integer": "long", "float": "double"}
+
+
+def accepted_field_counts(
+    spark: "SparkSession", config: ShardConfig, paths: Sequence[str], *, widen: Mapping[str, str]
+) -> list[tuple[str, int, str]]:
+    """:func:`jsonl_field_counts` over only the records of the files ``paths`` that pass every
+    check of the columns the schema has (docs/input.md), each column of ``widen`` taken at its
+    widest type (:data:`WIDEST`: a value that overflows it is a widening, no reason): a field,
+    or an overflow, carried only by records rejected for another reason (invalid UTF-8,
+    malformed JSON, a missing or null key, a value of the wrong type) is not counted, so it
+    changes no schema. One Spark job, run only for a batch whose plain count found something."""
+    widest = {name: WIDEST[column_type] for name, column_type in widen.items()}
+    fields = [{**f, "type": widest.get(f["name"], f["type"])} for f in config.schema_fields()]
+    judged_as = dataclasses.replace(config, schema=json.dumps({**json.loads(config.schema), "fields": fields}))
+    lines = spark.read.text(list(paths)).selectExpr("_metadata.file_path AS _file", "value AS _raw")
+    accepted = (judge_lines(lines.where(NOT_BLANK), judged_as, passthrough=["_file"])
+                .where("_reason IS NULL").selectExpr("_file", "_raw AS value"))
+    return [(field, records, local_path(file)) for field, records, file in _field_counts(accepted, config, widen)]
+
+
+def _field_counts(lines: "DataFrame", config: ShardConfig, widen: Mapping[str, str] | None) -> list[tuple[str, int, str]]:
+    """(field, records, file) of :func:`jsonl_field_counts` over ``lines`` (``_file``, ``value``)."""
     from pyspark.sql import functions as F
 
-    lines = spark.read.text([s.path for s in segments]).selectExpr("_metadata.file_path AS _file", "value")
     named = ", ".join(sql_string(name) for name in config.column_names())
     fields = lines.selectExpr("_file", "explode(json_object_keys(value)) AS _field").where(f"NOT _field IN ({named})")
     for name, column_type in sorted((widen or {}).items()):
@@ -574,12 +604,16 @@ def observed_jsonl_fields(
 ) -> list[ObservedField]:
     """The top-level fields of a JSON Lines batch that may change the schema: each field the
     schema does not name, and each column a value overflows (:func:`widenable_columns`), per
-    file that carries it, typed by Spark's JSON inference over that file alone (a field null
-    in every record of a file says nothing of its type there). Only the files that carry one
-    are inferred; a batch of known fields that fit costs the field count alone. Under ``none``
-    a new field's type is not needed (no column is added): it is None."""
+    file that carries it in a record that passes the checks of the schema's columns
+    (:func:`accepted_field_counts`: a rejected record changes no schema), typed by Spark's
+    JSON inference over that file alone (a field null in every record of a file says nothing
+    of its type there). Only the files that carry one are checked and inferred; a batch of
+    known fields that fit costs the field count alone. Under ``none`` a new field's type is
+    not needed (no column is added): it is None."""
     widen = widenable_columns(config)
     counts = jsonl_field_counts(spark, config, segments, widen=widen)
+    if counts:  # rare: counted again from the records that pass (a rejected one changes no schema)
+        counts = accepted_field_counts(spark, config, sorted({file for _, _, file in counts}), widen=widen)
     by_file: dict[str, set[str]] = {}
     observed = []
     for name, _, file in counts:
