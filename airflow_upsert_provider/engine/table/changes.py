@@ -7,13 +7,15 @@ update or a delete replaces, the rows of those keys in the runs a read as of ``f
 merges. Bucket by bucket, as the Arrow reader reads the table (a key's rows are all in one
 bucket group of every run): the group's range rows are read whole (they are what changed),
 the runs as of ``from_ts`` are streamed a record batch at a time and only the rows of the
-changed keys are kept (one hash lookup per row), so memory follows a bucket's changes, not the
-table. Without pre-images (the default) only the keys, order value, tombstone flag and ts of
-the runs as of ``from_ts`` are decoded, not their values: most of what they hold. Per key:
+changed keys are kept (:func:`rows_of_keys`: a binary search per changed key in a sorted
+batch), so memory follows a bucket's changes, not the table. Without pre-images (the default)
+only the keys, order value, tombstone flag and ts of the runs as of ``from_ts`` are decoded,
+not their values: most of what they hold. Per key:
 
 - the winner as of ``from_ts`` (tombstones kept: a tombstone with a high order value still
-  beats a later row) and the winner as of ``to_ts`` (that one and the range's rows, merged by
-  the engine's rule: order value, then ``_ts``);
+  beats a later row; a key found once, in key order, is its own winner without a merge) and
+  the winner as of ``to_ts`` (that one and the range's rows, merged by the engine's rule:
+  order value, then ``_ts``), the two aligned by key;
 - the net change between the two rows, each absent when it is a tombstone or missing
   (``change_rules.net_change``): ``insert`` or ``update_postimage`` with the row as of
   ``to_ts``, ``delete`` (the key; with pre-images the row as of ``from_ts``), and with
