@@ -166,7 +166,7 @@ def test_rows_of_keys_keeps_the_same_rows_by_binary_search_hash_lookup_or_semi_j
 
 def test_aligning_winners_by_binary_search_gives_the_hash_joins_rows_and_a_key_once_is_its_own_winner():
     rng = numpy.random.default_rng(11)
-    for case in range(240):
+    for case in range(120):
         after_ids = numpy.unique(rng.integers(-20, 60, size=int(rng.integers(0, 30))))
         before_ids = numpy.sort(rng.choice(after_ids, size=int(rng.integers(0, len(after_ids) + 1)), replace=False))
         after = pa.table({"id": pa.array(after_ids, pa.int64()), "v": pa.array(after_ids * 2, pa.int64())})
