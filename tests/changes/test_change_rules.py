@@ -22,7 +22,12 @@ from airflow_upsert_provider.engine.table.change_rules import (
     retained_since,
     retention_start,
 )
-from airflow_upsert_provider.engine.table.changes import rows_of_keys, sorted_positions
+from airflow_upsert_provider.engine.table.changes import (
+    _left_join_sorted,
+    _strictly_increasing,
+    rows_of_keys,
+    sorted_positions,
+)
 
 
 def test_a_range_is_answerable_exactly_when_since_le_from_le_to_le_upper():
@@ -157,3 +162,31 @@ def test_rows_of_keys_keeps_the_same_rows_by_binary_search_hash_lookup_or_semi_j
         compound = changed.append_column("region", pa.array(numpy.array(changed.column("id")) % 3, pa.int64()))
         kept = [r for b in rows_of_keys(iter([batch]), compound, ["id", "region"]) for r in b.to_pylist()]
         assert sorted(r["v"] for r in kept) == [r["v"] for r in expected]
+
+
+def test_aligning_winners_by_binary_search_gives_the_hash_joins_rows_and_a_key_once_is_its_own_winner():
+    rng = numpy.random.default_rng(11)
+    for case in range(120):
+        after_ids = numpy.unique(rng.integers(-20, 60, size=int(rng.integers(0, 30))))
+        before_ids = numpy.sort(rng.choice(after_ids, size=int(rng.integers(0, len(after_ids) + 1)), replace=False))
+        after = pa.table({"id": pa.array(after_ids, pa.int64()), "v": pa.array(after_ids * 2, pa.int64())})
+        before = pa.table({"id": pa.array(before_ids, pa.int64()), "__from_v": pa.array(before_ids * 3, pa.int64()),
+                           "__in_from": pa.array(numpy.ones(len(before_ids), bool))})
+
+        def rows(table: pa.Table) -> list:
+            return sorted(table.to_pylist(), key=lambda r: r["id"])
+
+        expected = rows(after.join(before, ["id"], join_type="left outer"))
+        assert rows(_left_join_sorted(after, before, ["id"])) == expected
+        # Text keys and compound keys take the hash join: the same rows.
+        as_text = [t.set_column(0, "id", t.column("id").cast(pa.string())) for t in (after, before)]
+        assert rows(_left_join_sorted(*as_text, ["id"])) == rows(as_text[0].join(as_text[1], ["id"], join_type="left outer"))
+        ids = before_ids.copy()
+        if case % 3 == 1 and ids.size > 1:
+            ids[1] = ids[0]  # a key twice: not its own winner
+        elif case % 3 == 2 and ids.size > 1:
+            ids = ids[::-1].copy()
+        table = pa.table({"id": pa.array(ids, pa.int64())})
+        assert _strictly_increasing(table, ["id"]) == bool((ids[1:] > ids[:-1]).all())
+        assert not _strictly_increasing(table.set_column(0, "id", table.column("id").cast(pa.string())), ["id"])
+        assert not _strictly_increasing(table.append_column("r", table.column("id")), ["id", "r"])
