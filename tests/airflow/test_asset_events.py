@@ -96,9 +96,20 @@ class OutletEvents(dict):
         return self[asset]
 
 
-def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob, tmp_path, monkeypatch):
+def _run_second_try(sqlite_url, blob, monkeypatch):
+    """Try 2 of the task instance ``TRY`` names, on the shard ``orders`` of that store: its task
+    instance, operator, outlet events and report."""
     from types import SimpleNamespace
 
+    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
+        {"conn_type": "upsert", "extra": {"consensus_url": sqlite_url, "blob_root": blob.root}}))
+    ti = SimpleNamespace(dag_id="upsert_microbatch", run_id="manual__1", task_id="upsert", map_index=-1, try_number=2)
+    events = OutletEvents()
+    op = MicroBatchUpsertOperator(task_id="upsert", shard="orders")
+    return ti, op, events, op.execute({"ti": ti, "outlet_events": events})
+
+
+def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob, tmp_path, monkeypatch):
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from tests.helpers import batch, make_shard
 
@@ -108,12 +119,7 @@ def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob
     # Try 1 committed the only batch, then failed (its last append's outcome was unknown).
     assert shard.mint_binding(0, minted_by="try1") is not None
     shard.compare_and_append(0, 1, batch(0, token="t1", writer_id=TRY.format(1)), epoch=0)
-    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
-        {"conn_type": "upsert", "extra": {"consensus_url": sqlite_url, "blob_root": blob.root}}))
-    ti = SimpleNamespace(dag_id="upsert_microbatch", run_id="manual__1", task_id="upsert", map_index=-1, try_number=2)
-    events = OutletEvents()
-    op = MicroBatchUpsertOperator(task_id="upsert", shard="orders")
-    report = op.execute({"ti": ti, "outlet_events": events})
+    ti, op, events, report = _run_second_try(sqlite_url, blob, monkeypatch)
     assert report["committed"] == 0 and report["upper"] == 1  # nothing left to do: no Spark
     asset = shard_asset("upsert_default", "orders")
     assert [o.uri for o in op.outlets] == [asset.uri]
@@ -130,7 +136,6 @@ def test_a_retry_that_finds_its_batch_persisted_emits_the_event(sqlite_url, blob
 
 def test_a_retry_announces_its_earlier_trys_batch_below_a_peers_newer_one(sqlite_url, blob, tmp_path, monkeypatch):
     from dataclasses import replace
-    from types import SimpleNamespace
 
     from airflow_upsert_provider.engine.store.registry import open_consensus
     from tests.helpers import batch, make_shard
@@ -146,12 +151,7 @@ def test_a_retry_announces_its_earlier_trys_batch_below_a_peers_newer_one(sqlite
         assert shard.mint_binding(ts, minted_by=writer, max_files=1) is not None
         record = replace(batch(ts, token=f"t{ts}", writer_id=writer), stats={"rows_in": rows_in, "rows_out": rows_out})
         assert shard.compare_and_append(ts, ts + 1, record, epoch=0).outcome.value == "committed"
-    monkeypatch.setenv("AIRFLOW_CONN_UPSERT_DEFAULT", json.dumps(
-        {"conn_type": "upsert", "extra": {"consensus_url": sqlite_url, "blob_root": blob.root}}))
-    ti = SimpleNamespace(dag_id="upsert_microbatch", run_id="manual__1", task_id="upsert", map_index=-1, try_number=2)
-    events = OutletEvents()
-    op = MicroBatchUpsertOperator(task_id="upsert", shard="orders")
-    report = op.execute({"ti": ti, "outlet_events": events})
+    ti, op, events, report = _run_second_try(sqlite_url, blob, monkeypatch)
     assert report["committed"] == 0 and report["upper"] == 3  # the source is all bound and persisted
     asset = shard_asset("upsert_default", "orders")
     assert [o.uri for o in op.outlets] == [asset.uri]
