@@ -13,13 +13,13 @@ import uuid
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_upsert_provider.assets import ASSET_SCHEME
-from airflow_upsert_provider.engine.common.commit_events import commit_range
+from airflow_upsert_provider.engine.common.commit_events import CommittedBatch, commit_range, committed_batch
 from airflow_upsert_provider.engine.common.metrics import batch_metrics, live_runs_metrics, outcome_unknown_metrics
 from airflow_upsert_provider.engine.common.time_text import format_seconds
 from airflow_upsert_provider.engine.errors import ConfigurationError, OutcomeUnknown, UpsertError
@@ -129,38 +129,48 @@ def writer_id_for(dag_id: str, run_id: str, task_id: str, map_index: int, try_nu
     return f"airflow:{dag_id}:{run_id}:{task_id}{mapped}:try{try_number}"
 
 
-def is_earlier_try(writer_id: str, of: str) -> bool:
-    """Whether ``writer_id`` is an earlier try of the same task instance as ``of`` (both as
-    :func:`writer_id_for` makes them)."""
-    task, _, try_number = writer_id.rpartition(":try")
-    own_task, _, own_try = of.rpartition(":try")
-    if not (task and task == own_task and try_number.isdigit() and own_try.isdigit()):
-        return False
-    return int(try_number) < int(own_try)
-
-
 OWN_COMMIT_OUTCOMES = ("committed", "already_committed")
 
 
-def asset_event_due(batch_outcomes: list[str], newest_batch_writer: str | None, writer_id: str) -> bool:
-    """Whether a successful try emits the shard's Asset event: one of its batches was its own
-    commit (``committed``, or ``already_committed``: its own append found landed after a lost
-    connection), or the newest batch when the try started was committed by an earlier try of
-    this task instance. That try failed after its commit (an unknown outcome that had landed,
-    a failure after the commit), and a failed try registers no event: this retry, which finds
-    the batch persisted, does. A batch a peer persisted meanwhile (``already_persisted``) is the
-    peer's to announce: announcing it here too would start a DAG scheduled on the shard twice
-    for one set of batches."""
-    if any(outcome in OWN_COMMIT_OUTCOMES for outcome in batch_outcomes):
-        return True
-    return newest_batch_writer is not None and is_earlier_try(newest_batch_writer, writer_id)
+def earlier_try_writer_ids(writer_id: str) -> list[str]:
+    """The writer ids of the tries before ``writer_id`` of its task instance (as
+    :func:`writer_id_for` makes them); none for a first try or another kind of writer."""
+    task, _, try_number = writer_id.rpartition(":try")
+    if not (task and try_number.isdigit()):
+        return []
+    return [f"{task}:try{n}" for n in range(1, int(try_number))]
 
 
-def event_from_ts(upper_at_start: int, earlier_try_ts: int | None) -> int:
-    """Where the range of a try's Asset event starts: the upper when the try started, or the
-    batch an earlier try of the task instance committed (``earlier_try_ts``, the newest batch
-    then) when this try announces it. Pure."""
-    return upper_at_start if earlier_try_ts is None else min(upper_at_start, earlier_try_ts)
+class ProducerEvent(NamedTuple):
+    """What a try's Asset event announces: its range starts at ``from_ts`` (it ends at the
+    upper the try leaves); the rows are those of the batches this task instance committed."""
+
+    from_ts: int
+    rows_in: int
+    rows_out: int
+
+
+def producer_event(upper_at_start: int, own: Sequence[CommittedBatch],
+                   earlier_tries: Sequence[CommittedBatch]) -> ProducerEvent | None:
+    """The Asset event of a successful try, or None when none is due. Pure.
+
+    ``own``: the batches this try committed (``committed``, or ``already_committed``: its own
+    append found landed after a lost connection). ``earlier_tries``: the batches the failed
+    earlier tries of this task instance committed, found in the store's batch history by their
+    writer ids. A failed try registers no event, so whatever it committed is announced by the
+    retry, whichever batches peers committed since: the range starts at the lowest such batch
+    (or at the upper this try found) and ends at the upper it leaves, so it may hold peers'
+    batches in between; its rows count this task instance's batches only. A batch only a
+    peer persisted (``already_persisted``) is the peer's to announce: announcing it here too
+    would start a DAG scheduled on the shard once more for a set of batches."""
+    announced = [*own, *earlier_tries]
+    if not announced:
+        return None
+    return ProducerEvent(
+        from_ts=min([upper_at_start, *(b.ts for b in earlier_tries)]),
+        rows_in=sum(int(b.rows_in or 0) for b in announced),
+        rows_out=sum(int(b.rows_out or 0) for b in announced),
+    )
 
 
 def batch_line(batch: dict[str, Any]) -> str:
@@ -346,7 +356,6 @@ class MicroBatchUpsertOperator(BaseOperator):
             shard = hook.open_shard(self.shard, kafka_conn_id=kafka_conn_id, require_kafka_config=True)
             stream = require_ready(shard.consensus, self.shard)
             upper_at_start = shard.state().upper
-            newest = shard.consensus.get_batch(self.shard, upper_at_start - 1) if upper_at_start > 0 else None
             self.log.info(
                 "shard %s: upper %s; stream %s (epoch %s); writer %s; consensus %s; blob %s; spark %s",
                 self.shard, upper_at_start, stream.status.value, stream.epoch, writer_id,
@@ -368,6 +377,10 @@ class MicroBatchUpsertOperator(BaseOperator):
             # The table schema version at the upper (a batch may have added a column): the Asset
             # event and the lineage carry it (the commit-event contract).
             report["schema_version"] = shard.refresh_schema().schema_version
+            # What the failed earlier tries of this task instance committed: they announced none of it.
+            earlier_ids = earlier_try_writer_ids(writer_id)
+            earlier = [committed_batch(b.ts, b.stats, b.committed_at) for b in shard.consensus.batches(
+                self.shard, below=report["upper"], writer_ids=earlier_ids)] if earlier_ids else []
             self._lineage = capture(self, hook, report, shard=shard)
             send_metrics(lambda: [*(m for b in report.get("batches") or [] for m in batch_metrics(self.shard, b)),
                                   *live_runs_metrics(self.shard, len(shard.live_runs()))])
@@ -379,13 +392,9 @@ class MicroBatchUpsertOperator(BaseOperator):
             hook.close()
         report["task_seconds"] = round(time.monotonic() - started, 3)
         report.update(shard=self.shard, writer_id=writer_id, spark_mode=spark_mode)
-        due = asset_event_due([str(b.get("outcome")) for b in report.get("batches") or []],
-                              newest.writer_id if newest is not None else None, writer_id)
-        # A retry announcing an earlier try's batch: the range starts at that batch, not at
-        # the upper this try found (which is past it), so the event names what was committed.
-        from_ts = event_from_ts(upper_at_start, newest.ts if newest is not None and is_earlier_try(
-            newest.writer_id, writer_id) else None)
-        self._set_asset_event(context, report, due=due, upper_at_start=upper_at_start, from_ts=from_ts)
+        event = producer_event(upper_at_start, [committed_batch(int(b["ts"]), b, None) for b in report.get("batches") or []
+                                                if b.get("outcome") in OWN_COMMIT_OUTCOMES], earlier)
+        self._set_asset_event(context, report, due=event is not None, upper_at_start=upper_at_start, event=event)
         if report.get("stopped_because"):
             # A stop or a recovery began during the run: the batch in hand finished, no other started.
             self.log.warning("shard %s: run ended early, no further batch started: %s",
@@ -403,10 +412,10 @@ class MicroBatchUpsertOperator(BaseOperator):
 
     def _set_asset_event(
         self, context: Context, report: dict[str, Any], *, due: bool, upper_at_start: int,
-        from_ts: int | None = None,
+        event: ProducerEvent | None = None,
     ) -> None:
-        """The shard's Asset event, when ``due`` (:func:`asset_event_due`), with the run's
-        numbers; none otherwise.
+        """The shard's Asset event, when ``due``, with ``event``'s range and numbers
+        (:func:`producer_event`); none otherwise.
 
         Airflow registers an event for every Asset in the task's outlets when the task
         succeeds (the task runner sends ``ti.task.outlets`` as they are then); there is no
@@ -431,16 +440,14 @@ class MicroBatchUpsertOperator(BaseOperator):
             # Called outside a task runner (execute() from a script or a unit test): no event
             # is registered there, so there is no extra to set.
             return
-        batches = report.get("batches") or []
-        own = [b for b in batches if b.get("outcome") in OWN_COMMIT_OUTCOMES]
+        event = event or ProducerEvent(upper_at_start, 0, 0)
         events[asset].extra = {
             "upper": report.get("upper"),
             "upper_before": upper_at_start,
             "committed": report.get("committed"),
-            "rows_in": sum(int(b.get("rows_in") or 0) for b in own),
+            "rows_in": event.rows_in,
             # The commit-event contract, as ShardCommitTrigger's events carry it (docs/events.md).
-            **commit_range(upper_at_start if from_ts is None else from_ts, report.get("upper"), sum(int(b.get("rows_out") or 0) for b in own),
-                           report.get("schema_version")),
+            **commit_range(event.from_ts, report.get("upper"), event.rows_out, report.get("schema_version")),
         }
 
     def _log_batch(self, batch: dict[str, Any]) -> None:

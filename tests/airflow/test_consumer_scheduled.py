@@ -4,11 +4,12 @@ Real producer runs (the upsert operator in `airflow dags test`) emit events into
 database; the scheduler's own steps turn them into asset-triggered runs of
 `upsert_changes_consumer`, whose task runs with those events (tests/airflow/consumer_steps.py).
 The producers: a backfill; a scheduled run whose first try dies after its first commit, before
-its event, while a second backfill runs beside it, then is retried (and announces nothing: a
-peer's batch is newer than its own); a last scheduled run after new source segments. The
-consumer runs between them see a batch no event names and ranges that skip it; the files they
-deliver hold every committed batch exactly once (docs/changes.md, "Incremental
-consumers"). The cursor logic alone, over random histories: tests/changes/test_consumer.py."""
+its event, while a second backfill runs beside it, then is retried (and announces its first
+try's batch, below the peer's newer ones); a last scheduled run after new source segments. The
+consumer runs between them see a batch no event names yet and ranges that skip it, then a range
+they delivered already; the files they deliver hold every committed batch exactly once
+(docs/changes.md, "Incremental consumers"). The cursor logic alone, over random histories:
+tests/changes/test_consumer.py."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ STEPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "consumer_steps
 CONSUMER = "upsert_changes_consumer"
 URI = "upsert://upsert_default/orders"
 SPEC = SampleSpec(records=1000, keys=200, partitions=2, segments_per_partition=5, seed=17)
-# Two more segments per partition, written after the first producers, at the next offsets.
-LATER = SampleSpec(records=400, keys=200, partitions=2, segments_per_partition=2, seed=18,
+# One more segment per partition, written after the first producers, at the next offsets.
+LATER = SampleSpec(records=200, keys=200, partitions=2, segments_per_partition=1, seed=18,
                    first_seq=SPEC.first_seq + SPEC.segments_per_partition * SPEC.seq_step)
 
 
@@ -84,7 +85,7 @@ def test_scheduled_consumer_runs_deliver_every_committed_batch_once(airflow_home
         assert _delivered(home, first_run) == [[0, 1]]
 
         # A scheduled run commits ts 1, then its try dies before its event; a second backfill runs
-        # beside it and commits the rest (ts 2-4, event [2, 5)).
+        # beside it and commits the rest in one batch (ts 2, event [2, 3)).
         signal, go = str(tmp_path / "committed"), str(tmp_path / "go")
         dying = subprocess.Popen(
             [sys.executable, STEPS, "producer-dies-after-commit", "upsert_microbatch", signal, go],
@@ -93,39 +94,50 @@ def test_scheduled_consumer_runs_deliver_every_committed_batch_once(airflow_home
         try:
             assert wait_for(lambda: os.path.exists(signal) or dying.poll() is not None, timeout=600)
             assert dying.poll() is None, dying.stdout.read()[-6000:]
-            proc = airflow.dags_test("upsert_backfill", conf={"shard": "orders", "batch_size": 2})
+            proc = airflow.dags_test("upsert_backfill", conf={"shard": "orders", "batch_size": 6})
             assert proc.returncode == 0, failure_text(proc)
-            # A consumer run now: its event names [2, 5); ts 1 is committed and not yet announced.
+            # A consumer run now: its event names [2, 3); ts 1 is committed and not yet announced.
             [(second_run, state)] = _trigger_and_run(home, env)
-            assert state == "success" and _consumed_ranges(home, second_run) == [(2, 5)]
-            assert _delivered(home, second_run) == [[1, 5]]
+            assert state == "success" and _consumed_ranges(home, second_run) == [(2, 3)]
+            assert _delivered(home, second_run) == [[1, 3]]
         finally:
             open(go, "w").close()
             output = dying.communicate(timeout=600)[0]
-        # The retry (try 2) finds its earlier try's batch below a peer's newer batch: it announces
-        # nothing (its try 1's event is lost), and the scheduler creates no run.
+        # The retry (try 2) finds its earlier try's batch below a peer's newer ones and announces
+        # it: its range starts at ts 1 and runs to the upper, its rows are try 1's batch's.
         assert dying.returncode == 0, output[-6000:]
         producer_run = home.latest_run("upsert_microbatch")
         assert home.task_instance("upsert_microbatch", producer_run, "upsert") == ("success", 2)
-        assert [(e["from_ts"], e["to_ts"]) for e in home.asset_events(URI)] == [(0, 1), (2, 5)]
-        assert _trigger_and_run(home, env) == []
+        events = home.asset_events(URI)
+        assert [(e["from_ts"], e["to_ts"]) for e in events] == [(0, 1), (2, 3), (1, 3)]
+        consensus = open_consensus(url)
+        try:
+            try_one = consensus.get_batch("orders", 1)
+        finally:
+            consensus.dispose()
+        assert try_one.writer_id.endswith(":upsert:try1")
+        assert events[-1]["rows_out"] == try_one.stats["rows_out"] > 0 and events[-1]["committed"] == 0
+        # Its event triggers a consumer run; that range was delivered already: nothing new.
+        [(third_run, state)] = _trigger_and_run(home, env)
+        assert state == "success" and _consumed_ranges(home, third_run) == [(1, 3)]
+        assert _delivered(home, third_run) == []
 
-        # New segments, a scheduled run: ts 5-6, event [5, 7).
+        # New segments, a scheduled run: ts 3, event [3, 4).
         generate(landing, LATER)
         proc = airflow.dags_test("upsert_microbatch")
         assert proc.returncode == 0, failure_text(proc)
         [(fourth_run, state)] = _trigger_and_run(home, env)
-        assert state == "success" and _consumed_ranges(home, fourth_run) == [(5, 7)]
-        assert _delivered(home, fourth_run) == [[5, 7]]
+        assert state == "success" and _consumed_ranges(home, fourth_run) == [(3, 4)]
+        assert _delivered(home, fourth_run) == [[3, 4]]
 
     consensus = open_consensus(url)
     try:
         shard = Shard.open(consensus, open_blob(blob), "orders")
         batches = [b.ts for b in shard.batches()]
-        assert batches == list(range(7)) and shard.state().upper == 7
+        assert batches == list(range(4)) and shard.state().upper == 4
         # Every committed batch is in exactly one delivered file, and each file holds the feed of
         # its range: its rows are the shard's net changes there, nothing else.
-        ranges = [(0, 1), (1, 5), (5, 7)]
+        ranges = [(0, 1), (1, 3), (3, 4)]
         assert sorted(os.listdir(out_dir)) == [changes_file_name(a, b) for a, b in ranges]
         versions = []
         for from_ts, to_ts in ranges:
@@ -138,6 +150,6 @@ def test_scheduled_consumer_runs_deliver_every_committed_batch_once(airflow_home
             versions.append(file_versions)
         # No batch was read twice: the files' versions are disjoint; and none was missed.
         assert sum(len(v) for v in versions) == len(set().union(*versions))
-        assert set(range(7)) == {ts for a, b in ranges for ts in range(a, b)}
+        assert set(range(4)) == {ts for a, b in ranges for ts in range(a, b)}
     finally:
         consensus.dispose()

@@ -192,3 +192,24 @@ def test_consumer_runs_deliver_every_batch_exactly_once(consensus, blob, tmp_pat
             shard.config, history, low, high, committed_at, preimages=False)
     # Every delivery wrote one of those files: none of another range was ever written.
     assert set(deliveries) <= set(ranges)
+
+
+@sqlite_only
+def test_a_consumer_given_a_start_delivers_a_batch_below_its_first_events(consensus, blob, tmp_path):
+    # ts 0 was committed by a producer try that died before its event; a peer's event names
+    # [1, 2) only and triggers each consumer's first run.
+    shard = make_shard(consensus, blob, tmp_path, buckets=2, order_by=None)
+    rng = random.Random(5)
+    for _ in range(2):
+        commit_batch(shard, random_rows(rng, 8, order=False))
+    peer = [event(1, 2)]
+    started = str(tmp_path / "started")
+    assert consume_changes(shard, "from_start", peer, parquet_files_in(started), start_ts=0) == [(0, 2)]
+    assert delivered_ranges(started) == [(0, 2)]
+    # Without a start, the first read begins at the lowest from_ts of its events: ts 0 is not its.
+    assert consume_changes(shard, "from_events", peer, parquet_files_in(str(tmp_path / "events"))) == [(1, 2)]
+    # Once a cursor exists the start is ignored: nothing is delivered twice.
+    assert consume_changes(shard, "from_start", peer, parquet_files_in(started), start_ts=0) == []
+    for bad in (-1, "0", True):
+        with pytest.raises(ConfigurationError, match="start_ts"):
+            consume_changes(shard, "bad", peer, parquet_files_in(started), start_ts=bad)

@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Collection, Iterator, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -510,12 +510,17 @@ class Consensus:
         )
         return None if row is None else _batch_from_row(row)
 
-    def batches(self, shard_id: str, *, from_ts: int = 0, below: int | None = None) -> list[BatchRecord]:
+    def batches(self, shard_id: str, *, from_ts: int = 0, below: int | None = None,
+                writer_ids: Collection[str] | None = None) -> list[BatchRecord]:
+        """The batch records of ts in [from_ts, below), in ts order; only those ``writer_ids``
+        committed when given (what history truncation kept: a scan bounded by retention)."""
         query = sa.select(batches_table).where(
             batches_table.c.shard_id == shard_id, batches_table.c.ts >= from_ts
         )
         if below is not None:
             query = query.where(batches_table.c.ts < below)
+        if writer_ids is not None:
+            query = query.where(batches_table.c.writer_id.in_(list(writer_ids)))
         rows = self.read_in_snapshot(lambda conn: conn.execute(query.order_by(batches_table.c.ts)).all())
         return [_batch_from_row(r) for r in rows]
 

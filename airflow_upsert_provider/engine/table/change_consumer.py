@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_upsert_provider.engine.common.atomic_file import replacing
+from airflow_upsert_provider.engine.errors import ConfigurationError
 from airflow_upsert_provider.engine.store.change_feed import (
     ConsumerCursor,
     claim_range,
@@ -60,15 +61,23 @@ def parquet_files_in(directory: str) -> Deliver:
 
 
 def consume_changes(shard: "Shard", consumer: str, events: Iterable[Mapping[str, Any]],
-                    deliver: Deliver) -> list[tuple[int, int]]:
+                    deliver: Deliver, *, start_ts: int | None = None) -> list[tuple[int, int]]:
     """Deliver the changes ``consumer`` has not delivered, given the extras of the Asset events
     that triggered this run; the ranges this run delivered, in order (none when the events
-    name nothing new)."""
+    name nothing new).
+
+    :param start_ts: where the consumer's first read starts (its cursor's first position): the
+        ts its downstream holds everything below, e.g. 0 for a consumer of a new shard. None:
+        at the lowest ``from_ts`` of the events that trigger its first run (docs/changes.md,
+        "Where a consumer starts"). Ignored once the consumer has a cursor.
+    """
+    if start_ts is not None and (isinstance(start_ts, bool) or not isinstance(start_ts, int) or start_ts < 0):
+        raise ConfigurationError(f"start_ts must be a ts (an integer >= 0), got {start_ts!r}", field="start_ts")
     extras = [dict(e) for e in events]
     delivered: list[tuple[int, int]] = []
     for _ in range(MAX_ROUNDS):
         cursor = read_cursor(shard.consensus, shard.shard_id, consumer)
-        plan = plan_consumer_read(cursor.position if cursor else None, cursor.pending_to if cursor else None, extras)
+        plan = plan_consumer_read(cursor.position if cursor else start_ts, cursor.pending_to if cursor else None, extras)
         if plan.empty:
             break
         if plan.claimed:
