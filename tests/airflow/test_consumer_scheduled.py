@@ -65,6 +65,9 @@ def _consumed_ranges(home: AirflowHome, run_id: str) -> list[tuple[int, int]]:
     return [(e["from_ts"], e["to_ts"]) for e in extras]
 
 
+# Six Airflow processes and four Spark batches in one scenario: twelve minutes on a loaded
+# 2-core machine, beyond the suite's default per-test bound.
+@pytest.mark.timeout(1800)
 def test_scheduled_consumer_runs_deliver_every_committed_batch_once(airflow_home, tmp_path):
     landing = str(tmp_path / "landing")
     generate(landing, SPEC)
