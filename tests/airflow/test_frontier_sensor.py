@@ -657,6 +657,7 @@ def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, lande
     return shards
 
 
+@pytest.mark.long_process
 def test_the_sensor_pages_and_fails_in_poke_reschedule_and_deferrable_mode(airflow_home, tmp_path, pager):
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -713,6 +714,7 @@ with DAG(dag_id="frontier_blind_record", schedule=None, start_date=datetime(2026
 '''
 
 
+@pytest.mark.long_process
 def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_the_next_run(
         airflow_home, tmp_path, pager, pg_server, pg_url):
     """Issue 34 item 3: a run whose store refuses every write (a PostgreSQL database set read-only)
@@ -777,6 +779,7 @@ def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_
         consensus.dispose()
 
 
+@pytest.mark.long_process
 def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(airflow_home, tmp_path, pager):
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", open_blob(str(tmp_path / "blob"))
     blob.ensure_root()
