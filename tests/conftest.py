@@ -11,6 +11,13 @@ import uuid
 
 import pytest
 
+# Compiled bytecode is kept (in the gitignored __pycache__ directories) even where
+# PYTHONDONTWRITEBYTECODE is set, in this process and so in each xdist worker, not in the
+# processes tests start: without it every worker rewrites and compiles all the test modules
+# again at collection, about 12 s of CPU each (the main suite collected in 22 s of CPU without
+# caches, 10 s with them).
+sys.dont_write_bytecode = False
+
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # py4j logs from __del__ at interpreter exit, after pytest has closed the streams it captured.
 logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -44,11 +51,14 @@ ARCHIVE_LINE = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
-    """Build the class-data-sharing archive of the tests' Spark JVMs (once per checkout: a
+    """Register the ``long_process`` marker (see :data:`SCHEDULED_FIRST`), then build the
+    class-data-sharing archive of the tests' Spark JVMs (once per checkout: a
     usable one is kept) and hand it to every process the tests start through
     ``UPSERT_CLASS_ARCHIVE``. Only in the main pytest process, before xdist starts its
     workers, which inherit the variable. ``UPSERT_CLASS_ARCHIVE`` set by the caller (a path,
     or ``off``) is left alone."""
+    config.addinivalue_line("markers", "long_process: starts an Airflow or writer process but stays in "
+                                       "`make test-fast`; its module is scheduled first, as slow ones are")
     if hasattr(config, "workerinput") or "UPSERT_CLASS_ARCHIVE" in os.environ or config.option.collectonly:
         return
     from airflow_upsert_provider.engine.spark import class_archive
@@ -232,18 +242,23 @@ def pytest_collection_modifyitems(config, items):
     slow_modules_first(items)
 
 
+# Markers of tests that start long processes (Airflow, JVMs, writers): their modules go first.
+# ``slow`` ones are also left out of ``make test-fast``; ``long_process`` ones stay in it.
+SCHEDULED_FIRST = ("slow", "long_process")
+
+
 def slow_modules_first(items: list) -> None:
-    """Modules with the most ``slow`` tests go first, each module's tests kept together and
-    in their order. ``make test`` hands whole modules to its workers in this order
-    (``--dist loadfile --no-loadscope-reorder``), so the longest ones start at once instead of
-    ending the run on one worker while the other idles (xdist's own order, the modules with
+    """Modules with the most ``slow`` or ``long_process`` tests go first, each module's tests
+    kept together and in their order. ``make test`` hands whole modules to its workers in this
+    order (``--dist loadfile --no-loadscope-reorder``), so the longest ones start at once instead
+    of ending the run on one worker while the other idles (xdist's own order, the modules with
     the most tests first, put them last)."""
     first_seen: dict[str, int] = {}
     slow: dict[str, int] = {}
     for item in items:
         module = str(item.path)
         first_seen.setdefault(module, len(first_seen))
-        if item.get_closest_marker("slow") is not None:
+        if any(item.get_closest_marker(name) is not None for name in SCHEDULED_FIRST):
             slow[module] = slow.get(module, 0) + 1
     items.sort(key=lambda item: (-slow.get(str(item.path), 0), first_seen[str(item.path)]))
 

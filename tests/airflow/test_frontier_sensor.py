@@ -630,7 +630,8 @@ from airflow_upsert_provider.sensors.frontier import FrontierStallSensor
 
 QUICK = dict(cadence_seconds=0.5, stall_multiplier=2, min_stall_seconds=2, window_seconds=600,
              consecutive_breaches=2, watch_seconds=120, poke_interval=1, namespace="modes",
-             pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test")
+             pagerduty_events_conn_id="pagerduty_test", slack_webhook_conn_id="slack_test",
+             upsert_conn_id="upsert_modes")
 
 with DAG(dag_id="frontier_sensor_modes", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
     FrontierStallSensor(task_id="poke", shard="in_poke", mode="poke", **QUICK)
@@ -657,45 +658,100 @@ def stalled_shards(consensus, blob, tmp_path, shard_ids: Iterable[str], *, lande
     return shards
 
 
-def test_the_sensor_pages_and_fails_in_poke_reschedule_and_deferrable_mode(airflow_home, tmp_path, pager):
+@pytest.mark.long_process
+def test_the_sensor_pages_in_every_mode_and_the_monitor_dag_pages_only_the_stalled_shard(airflow_home, tmp_path,
+                                                                                         pager):
+    """Two DAGs, each on a store of its own, run one after the other in one Airflow process (their
+    point is what each run does, not a process of its own): the sensor in poke, reschedule and
+    deferrable mode, through the `upsert_modes` connection; then the monitor DAG, which lists
+    every shard of its store, through `upsert_default`."""
+    from tests.conftest import REPO_ROOT
+
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "frontier_sensor_modes.py").write_text(MODES_DAG)
+    (dags / "upsert_frontier_monitor.py").symlink_to(os.path.join(REPO_ROOT, "dags", "upsert_frontier_monitor.py"))
+    modes_url, modes_blob = f"sqlite:///{tmp_path / 'modes.db'}", open_blob(str(tmp_path / "modes-blob"))
     url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", open_blob(str(tmp_path / "blob"))
-    blob.ensure_root()
-    consensus = open_consensus(url)
+    for root in (modes_blob, blob):
+        root.ensure_root()
+    modes_consensus, consensus = open_consensus(modes_url), open_consensus(url)
     try:
-        stalled_shards(consensus, blob, tmp_path, ["in_poke", "in_reschedule", "in_deferrable"])
-        env = airflow_home.env(url, blob.root, AIRFLOW__CORE__DAGS_FOLDER=str(dags), **conn_env(pager))
-        proc = airflow_home.dags_test("frontier_sensor_modes", env)
-        run_id = airflow_home.latest_run("frontier_sensor_modes")
-        for task_id in ("poke", "reschedule", "deferrable"):
-            # Failed on its page, without retry.
-            assert airflow_home.task_instance("frontier_sensor_modes", run_id, task_id) == ("failed", 1), \
-                failure_text(proc)
-        pages = {e["payload"]["component"]: e for e in pager.events()}
-        assert sorted(pages) == ["in_deferrable", "in_poke", "in_reschedule"]
-        for shard_id, page in pages.items():
-            assert page["event_action"] == "trigger" and page["dedup_key"] == dedup_key(shard_id, "modes")
-            details = page["payload"]["custom_details"]
-            assert (details["status"], details["upper"], details["lag"], details["lag_unit"]) == \
-                ("STALLED", 0, 8, "segments")
-            assert details["run_ids"] == [run_id] and details["consecutive_breaches"] == 2
-            # Two rounds each (the first breach only counts), observed under the task's identity.
-            mine = [o for o in observations.observation_window(consensus, shard_id, 0, time.time() + 1)
-                    if o.observer == f"sensor:frontier_sensor_modes/{run_id}/{shard_id[3:]}"]
-            assert len(mine) == 2, (shard_id, [o.observer for o in mine])
-        output = proc.stdout + proc.stderr
-        for task_id in ("in_poke", "in_reschedule", "in_deferrable"):
-            assert f"shard {task_id}: frontier STALLED; upper 0 stuck since" in output
-        assert INTEGRATION_KEY not in output and "webhook-secret" not in output
-        assert len(pager.slack_messages()) == 3
-        # The reschedule mode did give its slot back between its pokes.
-        assert airflow_home.query(
-            "SELECT count(*) FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
-            "WHERE ti.dag_id = ? AND ti.task_id = 'reschedule'", "frontier_sensor_modes")[0][0] >= 1
+        stalled_shards(modes_consensus, modes_blob, tmp_path / "modes", ["in_poke", "in_reschedule", "in_deferrable"])
+        _, caught_up = stalled_shards(consensus, blob, tmp_path / "monitor", ["orders", "customers"], seen_ago=300)
+        # customers is caught up: everything in its source is committed.
+        while sum(caught_up.status().lag_offsets.values()):
+            commit_next(caught_up)
+        observations.record_observation(consensus, observations.observe(caught_up, observer="writer:w",
+                                                                        now=time.time() - 5))
+        modes_conn = json.loads(airflow_home.env(modes_url, modes_blob.root)["AIRFLOW_CONN_UPSERT_DEFAULT"])
+        env = airflow_home.env(url, blob.root, AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+                               AIRFLOW_CONN_UPSERT_MODES=json.dumps(modes_conn), **conn_env(pager))
+        conf = {"cadence_seconds": 60, "min_stall_seconds": 120, "window_seconds": 3600, "consecutive_breaches": 1,
+                "watch_seconds": 0, "namespace": "prod", "pagerduty_conn_id": "pagerduty_test",
+                "slack_conn_id": "slack_test"}
+        with airflow_home.dags_test_process(env) as airflow:
+            proc = airflow.dags_test("frontier_sensor_modes")
+            assert_sensor_modes_paged(airflow_home, modes_consensus, pager, proc)
+            sent_before = len(pager.events())
+            proc = airflow.dags_test("upsert_frontier_monitor", conf=conf)
+        assert_monitor_paged_only_the_stalled_shard(airflow_home, pager.events()[sent_before:], proc)
     finally:
+        modes_consensus.dispose()
         consensus.dispose()
+
+
+def assert_sensor_modes_paged(airflow_home, consensus, pager: PagerServer, proc) -> None:
+    run_id = airflow_home.latest_run("frontier_sensor_modes")
+    for task_id in ("poke", "reschedule", "deferrable"):
+        # Failed on its page, without retry.
+        assert airflow_home.task_instance("frontier_sensor_modes", run_id, task_id) == ("failed", 1), \
+            failure_text(proc)
+    pages = {e["payload"]["component"]: e for e in pager.events()}
+    assert sorted(pages) == ["in_deferrable", "in_poke", "in_reschedule"]
+    for shard_id, page in pages.items():
+        assert page["event_action"] == "trigger" and page["dedup_key"] == dedup_key(shard_id, "modes")
+        details = page["payload"]["custom_details"]
+        assert (details["status"], details["upper"], details["lag"], details["lag_unit"]) == \
+            ("STALLED", 0, 8, "segments")
+        assert details["run_ids"] == [run_id] and details["consecutive_breaches"] == 2
+        # Two rounds each (the first breach only counts), observed under the task's identity.
+        mine = [o for o in observations.observation_window(consensus, shard_id, 0, time.time() + 1)
+                if o.observer == f"sensor:frontier_sensor_modes/{run_id}/{shard_id[3:]}"]
+        assert len(mine) == 2, (shard_id, [o.observer for o in mine])
+    output = proc.stdout + proc.stderr
+    for task_id in ("in_poke", "in_reschedule", "in_deferrable"):
+        assert f"shard {task_id}: frontier STALLED; upper 0 stuck since" in output
+    assert INTEGRATION_KEY not in output and "webhook-secret" not in output
+    assert len(pager.slack_messages()) == 3
+    # The reschedule mode did give its slot back between its pokes.
+    assert airflow_home.query(
+        "SELECT count(*) FROM task_reschedule tr JOIN task_instance ti ON tr.ti_id = ti.id "
+        "WHERE ti.dag_id = ? AND ti.task_id = 'reschedule'", "frontier_sensor_modes")[0][0] >= 1
+
+
+def assert_monitor_paged_only_the_stalled_shard(airflow_home, pages: list[dict], proc) -> None:
+    run_id = airflow_home.latest_run("upsert_frontier_monitor")
+    assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "shards") == ("success", 1), \
+        failure_text(proc)
+    assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "prune_history") == ("success", 1), \
+        failure_text(proc)
+    states = dict(airflow_home.query(
+        "SELECT map_index, state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'watch'",
+        "upsert_frontier_monitor", run_id))
+    # The store lists shards by id: customers (0), orders (1).
+    assert states == {0: "success", 1: "failed"}, failure_text(proc)
+    [page] = pages
+    assert page["dedup_key"] == dedup_key("orders", "prod") and page["payload"]["group"] == "prod"
+    assert page["payload"]["custom_details"]["status"] == "STALLED"
+    rows = airflow_home.query(
+        "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'watch' AND map_index = 0 "
+        "AND key = 'return_value'", "upsert_frontier_monitor", run_id)
+    watched = json.loads(rows[0][0])
+    # It caught up within the window: the upper moved, nothing is pending.
+    assert (watched["shard"], watched["status"], watched["action"]) == ("customers", "OK", None)
+    assert (watched["evaluation"]["lag"], watched["evaluation"]["lag_unit"]) == (0, "segments")
+    assert watched["state"]["firing"] is False
 
 
 BLIND_DAG = '''
@@ -713,6 +769,7 @@ with DAG(dag_id="frontier_blind_record", schedule=None, start_date=datetime(2026
 '''
 
 
+@pytest.mark.long_process
 def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_the_next_run(
         airflow_home, tmp_path, pager, pg_server, pg_url):
     """Issue 34 item 3: a run whose store refuses every write (a PostgreSQL database set read-only)
@@ -774,47 +831,6 @@ def test_a_monitor_page_sent_while_the_store_refused_every_write_is_resolved_by_
         assert (state.blind, state.outbox) == (None, ())
     finally:
         read_only(False)
-        consensus.dispose()
-
-
-def test_the_monitor_dag_pages_the_stalled_shard_and_passes_the_caught_up_one(airflow_home, tmp_path, pager):
-    url, blob = f"sqlite:///{tmp_path / 'consensus.db'}", open_blob(str(tmp_path / "blob"))
-    blob.ensure_root()
-    consensus = open_consensus(url)
-    try:
-        _, caught_up = stalled_shards(consensus, blob, tmp_path, ["orders", "customers"], seen_ago=300)
-        # customers is caught up: everything in its source is committed.
-        while sum(caught_up.status().lag_offsets.values()):
-            commit_next(caught_up)
-        observations.record_observation(consensus, observations.observe(caught_up, observer="writer:w",
-                                                                        now=time.time() - 5))
-        env = airflow_home.env(url, blob.root, **conn_env(pager))
-        conf = {"cadence_seconds": 60, "min_stall_seconds": 120, "window_seconds": 3600, "consecutive_breaches": 1,
-                "watch_seconds": 0, "namespace": "prod", "pagerduty_conn_id": "pagerduty_test",
-                "slack_conn_id": "slack_test"}
-        proc = airflow_home.dags_test("upsert_frontier_monitor", env, conf=conf)
-        run_id = airflow_home.latest_run("upsert_frontier_monitor")
-        assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "shards") == ("success", 1), \
-            failure_text(proc)
-        assert airflow_home.task_instance("upsert_frontier_monitor", run_id, "prune_history") == ("success", 1), \
-            failure_text(proc)
-        states = dict(airflow_home.query(
-            "SELECT map_index, state FROM task_instance WHERE dag_id = ? AND run_id = ? AND task_id = 'watch'",
-            "upsert_frontier_monitor", run_id))
-        # The store lists shards by id: customers (0), orders (1).
-        assert states == {0: "success", 1: "failed"}, failure_text(proc)
-        [page] = pager.events()
-        assert page["dedup_key"] == dedup_key("orders", "prod") and page["payload"]["group"] == "prod"
-        assert page["payload"]["custom_details"]["status"] == "STALLED"
-        rows = airflow_home.query(
-            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'watch' AND map_index = 0 "
-            "AND key = 'return_value'", "upsert_frontier_monitor", run_id)
-        watched = json.loads(rows[0][0])
-        # It caught up within the window: the upper moved, nothing is pending.
-        assert (watched["shard"], watched["status"], watched["action"]) == ("customers", "OK", None)
-        assert (watched["evaluation"]["lag"], watched["evaluation"]["lag_unit"]) == (0, "segments")
-        assert watched["state"]["firing"] is False
-    finally:
         consensus.dispose()
 
 

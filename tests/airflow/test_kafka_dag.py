@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from airflow_upsert_provider.engine.store import streams
 from airflow_upsert_provider.engine.blob.files import open_blob
 from airflow_upsert_provider.engine.store.registry import open_consensus
@@ -21,6 +23,8 @@ from tests.kafka.conftest import kafka_bootstrap, kafka_topic  # noqa: F401 - fi
 from tests.helpers import table
 from tests.kafka.test_continuous import SECRET, Changes, client_config, kafka_shard
 from tests.pgserver import wait_for
+
+pytestmark = pytest.mark.long_process
 
 
 def test_the_kafka_example_dag_upserts_a_window_of_a_topic(airflow_home, tmp_path, kafka_bootstrap, kafka_topic):  # noqa: F811

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from airflow_upsert_provider.engine.frontier.blind import MONITOR_KEY
 from airflow_upsert_provider.engine.frontier.pages import dedup_key
 from airflow_upsert_provider.engine.store.registry import open_consensus
 from tests.airflow.conftest import airflow_home, failure_text  # noqa: F401 - the session fixture
 from tests.airflow.test_frontier_sensor import conn_env, pager  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.long_process
 
 DAG_ID = "upsert_frontier_monitor"
 CONF = {"watch_seconds": 0, "namespace": "listing", "pagerduty_conn_id": "pagerduty_test", "slack_conn_id": ""}
