@@ -11,13 +11,6 @@ import uuid
 
 import pytest
 
-# Compiled bytecode is kept (in the gitignored __pycache__ directories) even where
-# PYTHONDONTWRITEBYTECODE is set, in this process and so in each xdist worker, not in the
-# processes tests start: without it every worker rewrites and compiles all the test modules
-# again at collection, about 12 s of CPU each (the main suite collected in 22 s of CPU without
-# caches, 10 s with them).
-sys.dont_write_bytecode = False
-
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # py4j logs from __del__ at interpreter exit, after pytest has closed the streams it captured.
 logging.getLogger("py4j").setLevel(logging.WARNING)

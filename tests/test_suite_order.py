@@ -1,14 +1,10 @@
-"""How tests/conftest.py readies the collected tests for `make test`'s workers: the order it hands
-them out in, module by module (the modules of tests that start long processes first, `slow` or
-not), and the rewritten test modules it keeps for each worker to load."""
+"""The order tests/conftest.py gives the collected tests, which `make test` hands to its workers
+module by module: the modules of tests that start long processes first, `slow` or not."""
 
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import slow_modules_first
 
@@ -59,11 +55,3 @@ def test_modules_are_ordered_by_their_count_of_long_tests_and_each_keeps_its_tes
         for a, b in zip(order, order[1:]):
             if counts[order.index(a)] == counts[order.index(b)]:
                 assert first_seen.index(a) < first_seen.index(b), items
-
-
-def test_the_rewritten_test_modules_are_kept_for_the_next_worker_to_load():
-    # Each xdist worker collects every module; a cached rewrite is loaded instead of redone.
-    assert sys.dont_write_bytecode is False
-    cached = Path(__file__).parent / "__pycache__" / \
-        f"{Path(__file__).stem}.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
-    assert cached.is_file(), cached
