@@ -13,7 +13,7 @@ Under the shard's default policy ``add_columns`` (docs/schema.md), for each sour
 - ``kafka``: ``--kafka-rows`` Debezium change events (JsonConverter, schemas on) in a topic of
   librdkafka's mock cluster owned by this process, whose events carry an optional ``rank``
   field (int16) against a topic whose events do not. The mock cluster keeps at most 5 MiB per
-  partition (bench_kafka.py), about 6,000 of these events: 24,000 in its 4 partitions.
+  partition (bench_kafka.py), about 4,800 of these events: 19,000 in its 4 partitions.
 
 Each side runs on a fresh copy of its prepared store (the shard initialised, nothing
 committed), so every sample does the same one batch: warm (``Writer.run`` in this process, one
@@ -272,7 +272,7 @@ def median_timings(samples: list[dict]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000, help="records of the directory batches")
-    parser.add_argument("--kafka-rows", type=int, default=20_000, help="events of the Kafka batch (at most ~24,000)")
+    parser.add_argument("--kafka-rows", type=int, default=16_000, help="events of the Kafka batch (at most ~19,000)")
     parser.add_argument("--pairs", type=int, default=3, help="warm (adds, plain) pairs per source")
     parser.add_argument("--fresh-pairs", type=int, default=2, help="fresh-process pairs per source (0: skip)")
     parser.add_argument("--sources", default="jsonl,parquet,kafka", help="comma-separated: jsonl, parquet, kafka")
