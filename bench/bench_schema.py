@@ -196,7 +196,7 @@ def check(store: str, report: dict, rows: int, field: str, adds: bool) -> None:
     assert (field in columns) == adds, (field, columns)
 
 
-def warm_sample(spark, store: str) -> tuple[dict, float, float]:
+def warm_sample(spark, store: str, kafka_config=None) -> tuple[dict, float, float]:
     """One batch by ``Writer.run`` in this process: its report, wall and CPU seconds."""
     from airflow_upsert_provider.engine.blob.files import open_blob
     from airflow_upsert_provider.engine.store.registry import open_consensus
@@ -205,7 +205,7 @@ def warm_sample(spark, store: str) -> tuple[dict, float, float]:
 
     consensus = open_consensus(f"sqlite:///{store}/consensus.db")
     try:
-        shard = Shard.open(consensus, open_blob(f"{store}/blob"), "orders")
+        shard = Shard.open(consensus, open_blob(f"{store}/blob"), "orders", kafka_config=kafka_config)
         cpu = tree_cpu()
         started = time.perf_counter()
         report = Writer(shard, "bench-schema", spark_factory=lambda: spark).run(max_batches=1).to_dict()
@@ -286,8 +286,10 @@ def main() -> None:
         templates = {fmt: {adds: directory_template(work, fmt, args.rows, adds) for adds in (True, False)}
                      for fmt in ("jsonl", "parquet") if fmt in sources}
         environ = dict(os.environ, PYTHONPATH=REPO, SPARK_LOCAL_IP="127.0.0.1")
-        owner = None
+        owner = kafka_config = None
         if "kafka" in sources:
+            from airflow_upsert_provider.engine.sources.kafka import KafkaConfig
+
             from confluent_kafka import Producer
 
             owner = Producer({"test.mock.num.brokers": 1})  # the mock cluster lives as long as this client
@@ -296,12 +298,14 @@ def main() -> None:
             with open(os.path.join(work, "kafka.json"), "w") as handle:
                 json.dump({"bootstrap.servers": bootstrap}, handle)
             environ["UPSERT_KAFKA_CONFIG"] = os.path.join(work, "kafka.json")
+            kafka_config = KafkaConfig.from_dict({"bootstrap.servers": bootstrap})
         spark = get_spark("local[*]", app_name="bench-schema")
         for name in sources:
             rows = args.kafka_rows if name == "kafka" else args.rows
             # One batch first: the JVM's first jobs and the files' first read are not what is measured.
-            warm_sample(spark, fresh_store(templates[name][False], os.path.join(work, "sample")))
-            pairs_of(f"{name} warm", templates[name], rows, args.pairs, work, lambda store: warm_sample(spark, store))
+            warm_sample(spark, fresh_store(templates[name][False], os.path.join(work, "sample")), kafka_config)
+            pairs_of(f"{name} warm", templates[name], rows, args.pairs, work,
+                     lambda store: warm_sample(spark, store, kafka_config))
         spark.stop()
         if args.fresh_pairs:
             for name in sources:
