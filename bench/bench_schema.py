@@ -19,8 +19,9 @@ Each side runs on a fresh copy of its prepared store (the shard initialised, not
 committed), so every sample does the same one batch: warm (``Writer.run`` in this process, one
 Spark session) and as fresh processes (``upsertctl run-batch --max-batches 1``), pairs
 interleaved with the first side alternating. Per source and mode: the median seconds and CPU
-seconds (this process and every process below it: the JVM and its Python workers; for a fresh
-process, the command's) of each side, the ratio of the medians, the CPU pair ratios, and the
+seconds (warm: this process and every process below it, the JVM and its Python workers; for a
+fresh process, what ``getrusage`` gives for the command: its Python process, not the JVM it
+starts, which it does not wait for) of each side, the ratio of the medians, the CPU pair ratios, and the
 target (1.2x) met or missed. Each sample checks the batch committed all its records and that
 the column was added (or not).
 """
@@ -53,20 +54,27 @@ NEW_FIELD = {"jsonl": "email", "parquet": "email", "kafka": "rank"}
 KAFKA_PARTITIONS = 4  # what the mock cluster creates every topic with
 
 
-def tree_cpu() -> float:
-    """CPU seconds used so far by this process and every live process below it (and the
-    children they waited for)."""
+def tree_cpu() -> dict[int, float]:
+    """CPU seconds used so far by this process and each live process below it (with the
+    children each waited for), per process id."""
     import psutil
 
     me = psutil.Process()
-    total = 0.0
+    used: dict[int, float] = {}
     for process in [me, *me.children(recursive=True)]:
         try:
             t = process.cpu_times()
         except psutil.Error:  # ended between the listing and the read
             continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+        used[process.pid] = t.user + t.system + t.children_user + t.children_system
+    return used
+
+
+def cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the process tree used since ``before`` (:func:`tree_cpu`): a process that
+    ended meanwhile is not counted (Spark's Python workers outlive a job; an undercount, never
+    a negative figure)."""
+    return sum(max(0.0, used - before.get(pid, 0.0)) for pid, used in tree_cpu().items())
 
 
 # -- prepared stores ----------------------------------------------------------------------------
@@ -209,7 +217,7 @@ def warm_sample(spark, store: str, kafka_config=None) -> tuple[dict, float, floa
         cpu = tree_cpu()
         started = time.perf_counter()
         report = Writer(shard, "bench-schema", spark_factory=lambda: spark).run(max_batches=1).to_dict()
-        return report, time.perf_counter() - started, tree_cpu() - cpu
+        return report, time.perf_counter() - started, cpu_since(cpu)
     finally:
         consensus.dispose()
 
