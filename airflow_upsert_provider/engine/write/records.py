@@ -507,6 +507,11 @@ def _json_values(data: bytes) -> list:
     mark only at the start of the file (Spark's text source drops it there); blank and
     unparsable lines hold none. (A record with such bytes or such a mark elsewhere is a bad
     record, docs/input.md: its fields are counted as Spark counts them.)"""
+    return _parsed_lines(data)[0]
+
+
+def _parsed_lines(data: bytes) -> tuple[list, bool]:
+    """:func:`_json_values` of ``data``, and whether every line that is not blank parsed."""
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
     lines = [line for line in data.splitlines() if line.strip(b" \t")]  # LF, CRLF and CR, as Spark
@@ -515,7 +520,7 @@ def _json_values(data: bytes) -> list:
         return json.loads(text.decode("utf-8", errors="replace"), parse_constant=refuse_non_json_constant)
 
     try:
-        return parse(b"[" + b",".join(lines) + b"]")
+        return parse(b"[" + b",".join(lines) + b"]"), True
     except ValueError:  # a line that is not JSON: parse them one by one
         values = []
         for line in lines:
@@ -523,7 +528,54 @@ def _json_values(data: bytes) -> list:
                 values.append(parse(line))
             except ValueError:
                 continue
-        return values
+        return values, False
+
+
+_LONG_RANGE = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def _scalar_type(value: Any) -> str | None:
+    """Spark's JSON inference's type of a null, boolean, number or string ``value`` (None for
+    null and the empty string); raises ValueError for anything else (an object, an array, an integer beyond bigint,
+    which Spark reads as a decimal)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) and _LONG_RANGE[0] <= value <= _LONG_RANGE[1]:
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string" if value else None  # Spark's inference reads an empty string as null
+    raise ValueError(f"not a scalar Spark's JSON inference types alike: {type(value).__name__}")
+
+
+def jsonl_scalar_types(values: list, fields: set[str]) -> dict[str, str] | None:
+    """The type of each of ``fields`` that Spark's JSON inference (``dropFieldIfAllNull``) gives
+    a file whose records are ``values``, when every record is an object and each of their
+    values of ``fields`` is a null, boolean, number in bigint's range or string: an integral
+    number bigint, any other number double; bigint and double merge as double, any other two
+    types as string, as Spark merges them within a file; a field null (or the empty string)
+    in every record has no type (absent). None when any record or value is anything else: Spark's inference decides
+    those. Pure."""
+    types: dict[str, str] = {}
+    for record in values:
+        if not isinstance(record, dict):
+            return None  # Spark reads a line's top-level array as records, a scalar as corrupt
+        for name in fields & record.keys():
+            try:
+                seen = _scalar_type(record[name])
+            except ValueError:
+                return None
+            known = types.get(name)
+            if seen is None or known == seen:
+                continue
+            if known is None:
+                types[name] = seen
+            else:
+                types[name] = "double" if {known, seen} == {"long", "double"} else "string"
+    return types
 
 
 def refuse_non_json_constant(constant: str) -> Any:
@@ -621,11 +673,20 @@ def observed_jsonl_fields(
             observed.append(ObservedField(name, None, file))
         else:
             by_file.setdefault(file, set()).add(name)
+    # A Spark inference job per file costs about a second warm, however small the file: a
+    # batch the driver scans anyway is typed there when its new fields hold scalars.
+    on_driver = sum(os.path.getsize(s.path) for s in segments) <= DRIVER_SCAN_BYTES
     for file in sorted(by_file):
-        reader = spark.read.option("dropFieldIfAllNull", "true")
-        for option, setting in JSON_OPTIONS.items():
-            reader = reader.option(option, setting)
-        inferred = {f.name: f.dataType.jsonValue() for f in reader.json(file).schema.fields}
+        inferred = None
+        if on_driver:
+            values, every_line_parsed = _parsed_lines(_read(file))
+            # A line that does not parse may still hold a record to Spark's inference.
+            inferred = jsonl_scalar_types(values, by_file[file]) if every_line_parsed else None
+        if inferred is None:
+            reader = spark.read.option("dropFieldIfAllNull", "true")
+            for option, setting in JSON_OPTIONS.items():
+                reader = reader.option(option, setting)
+            inferred = {f.name: f.dataType.jsonValue() for f in reader.json(file).schema.fields}
         observed += [ObservedField(name, inferred[name], file) for name in sorted(by_file[file]) if name in inferred]
     return observed
 
