@@ -72,7 +72,8 @@ class Listener:
 
 def timed(argv: list[str], env: dict[str, str], cwd: str | None = None, cpu: list[float] | None = None) -> float:
     """The wall seconds of ``argv`` from start to exit; its CPU seconds (user + system of it and
-    every process it waited for) appended to ``cpu`` when given."""
+    the processes it waited for: the Python side, not the JVM PySpark starts, which is not waited
+    for) appended to ``cpu`` when given."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=1800)
