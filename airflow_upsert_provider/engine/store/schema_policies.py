@@ -2,7 +2,7 @@
 
 One row per shard whose policy was set (at ``init`` or by ``upsertctl schema policy``): which
 changes of the table's schema its batches may make. No row: the shard was created before
-policies existed and has the default (engine/table/schema_apply.py decides it; the names and
+policies existed and has the default (`schema_evolution.effective_policy` decides it; the names and
 rules are engine/table/schema_evolution.py's). A setting, not state: a batch reads it, never
 writes it.
 """

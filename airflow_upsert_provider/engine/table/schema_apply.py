@@ -11,25 +11,25 @@ they converge on one version; any other move of the version is :class:`SchemaVer
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from airflow_upsert_provider.engine.store.schema_policies import store_schema_policy, stored_schema_policy
 from airflow_upsert_provider.engine.store.table_schemas import config_at, mint_schema_version
-from airflow_upsert_provider.engine.table.schema_evolution import ADD_COLUMNS, Evolution, ObservedField, check_policy, evolve
+from airflow_upsert_provider.engine.table.schema_evolution import (
+    DEFAULT_POLICY,
+    Evolution,
+    ObservedField,
+    check_policy,
+    effective_policy,
+    evolve,
+)
+from airflow_upsert_provider.engine.table.shard import Shard
 
-if TYPE_CHECKING:  # shard.py asks for a batch's policy when it binds one
-    from airflow_upsert_provider.engine.table.shard import Shard
-
-# The policy of a shard created without one, and of a shard created before policies existed
-# (docs/schema.md says why).
-DEFAULT_POLICY = ADD_COLUMNS
+__all__ = ["DEFAULT_POLICY", "evolve_batch", "schema_policy", "set_schema_policy"]
 
 
 def schema_policy(shard: Shard) -> str:
-    """The schema evolution policy of ``shard``: the stored one, else :data:`DEFAULT_POLICY`.
-    A stored value this code does not know is an error, never a default."""
-    stored = stored_schema_policy(shard.consensus, shard.shard_id)
-    return DEFAULT_POLICY if stored is None else check_policy(stored)
+    """The schema evolution policy of ``shard`` (:func:`effective_policy` of what is stored)."""
+    return effective_policy(stored_schema_policy(shard.consensus, shard.shard_id))
 
 
 def set_schema_policy(shard: Shard, policy: str, changed_by: str) -> str:

@@ -83,6 +83,18 @@ def check_policy(policy: str) -> str:
     return policy
 
 
+# The policy of a shard created without one, and of a shard created before policies existed
+# (docs/schema.md says why).
+DEFAULT_POLICY = ADD_COLUMNS
+
+
+def effective_policy(stored: str | None) -> str:
+    """A shard's policy given what is stored for it: the stored one, else
+    :data:`DEFAULT_POLICY`. A stored value this code does not know is an error, never a
+    default. Pure."""
+    return DEFAULT_POLICY if stored is None else check_policy(stored)
+
+
 def _decimal(spark_type: Any) -> tuple[int, int] | None:
     match = _DECIMAL.match(spark_type) if isinstance(spark_type, str) else None
     return None if match is None else (int(match.group(1)), int(match.group(2)))

@@ -27,7 +27,8 @@ from airflow_upsert_provider.engine.errors import (
     ReadOutdated,
     UpsertError,
 )
-from airflow_upsert_provider.engine.table.schema_apply import schema_policy
+from airflow_upsert_provider.engine.store.schema_policies import stored_schema_policy
+from airflow_upsert_provider.engine.table.schema_evolution import effective_policy
 from airflow_upsert_provider.engine.table.runs import current_buckets, file_problem, read_runs
 from airflow_upsert_provider.engine.table.binding_planner import (
     anchor_source_index,
@@ -305,8 +306,9 @@ class Shard:
             if existing is None:
                 raise
             return existing
-        planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED,
-                               functools.cache(lambda: schema_policy(self)))
+        # The policy is read only for a file that needs a widening, once per binding.
+        policy = functools.cache(lambda: effective_policy(stored_schema_policy(self.consensus, self.shard_id)))
+        planned = plan_binding(ts, survey, self.source, self.config, mode, max_files, MAX_REPORTED, policy)
         minted = None if planned is None else self.consensus.mint_binding(self.shard_id, planned, minted_by)
         remember_settled(index, survey, minted)
         return minted
